@@ -1,0 +1,1 @@
+"""The TC grammar, installed as the package data `tcpy.grammar` (see pyproject.toml)."""

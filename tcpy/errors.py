@@ -1,0 +1,133 @@
+"""The one exception tree of tcpy, and source spans.
+
+Every error a user can cause is a `TCError`. Compile-time errors carry a `Span` and
+render the offending source line with a caret under it; call-time errors name the
+input, the dimension and the values involved. A broken internal invariant is an
+`InternalError`, which is deliberately *not* a `TCError`: it is a bug in tcpy, not
+in the user's program.
+
+All exceptions pickle (`__reduce__`), so worker processes can send them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A region of TC source: 1-based line and column of the first character,
+    and of the character just past the end (as lark reports them)."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def merge(self, other: Span) -> Span:
+        start = min((self.line, self.column), (other.line, other.column))
+        end = max((self.end_line, self.end_column), (other.end_line, other.end_column))
+        return Span(start[0], start[1], end[0], end[1])
+
+
+def render_caret(source: str, span: Span) -> str:
+    """The source line of `span` with carets under the spanned columns."""
+    lines = source.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return ""
+    text = lines[span.line - 1].expandtabs(1)
+    width = span.end_column - span.column if span.end_line == span.line else 1
+    width = max(1, min(width, len(text) - span.column + 2))
+    return f"{text}\n{' ' * (span.column - 1)}{'^' * width}"
+
+
+class TCError(Exception):
+    """Root of every error a user of tcpy can cause."""
+
+    def __init__(
+        self,
+        message: str,
+        span: Span | None = None,
+        source: str | None = None,
+        filename: str | None = None,
+    ) -> None:
+        self.message = message
+        self.span = span
+        self.source = source
+        self.filename = filename
+        super().__init__(message)
+
+    @property
+    def line(self) -> int | None:
+        return self.span.line if self.span else None
+
+    @property
+    def column(self) -> int | None:
+        return self.span.column if self.span else None
+
+    def with_source(self, source: str, filename: str | None = None) -> TCError:
+        """Attach the program text (if not attached yet) so `str()` can show the line."""
+        if self.source is None:
+            self.source = source
+        if self.filename is None:
+            self.filename = filename
+        return self
+
+    def __str__(self) -> str:
+        if self.span is None:
+            return self.message
+        where = f"{self.filename or '<tc>'}:{self.span.line}:{self.span.column}"
+        text = f"{where}: {self.message}"
+        if self.source is not None:
+            caret = render_caret(self.source, self.span)
+            if caret:
+                text += "\n" + caret
+        return text
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild, (type(self), self.message, self.span, self.source, self.filename))
+
+
+def _rebuild(cls, message, span, source, filename):  # type: ignore[no-untyped-def]
+    return cls(message, span, source, filename)
+
+
+class TCSyntaxError(TCError):
+    """The text is not a TC program (lexing or parsing failed)."""
+
+
+class TCSemanticError(TCError):
+    """Names, types or statements break a rule of the language."""
+
+
+class TCTypeError(TCSemanticError):
+    """An expression's types do not fit (promotion, casts, subscripts, operators)."""
+
+
+class TCRangeError(TCError):
+    """Range inference could not give every index a range, or gave an unsafe one."""
+
+
+class TCMappingError(TCError):
+    """Mapping options that are invalid or cannot be applied to this kernel."""
+
+
+class TCCompileError(TCError):
+    """The generated code did not build, or isl gave up within its budget."""
+
+
+class TCLaunchError(TCError):
+    """A compiled kernel failed to load or run."""
+
+
+class TCInputError(TCError):
+    """The inputs of a call do not fit the definition (count, rank, dtype, sizes),
+    or their values make the computation undefined (an index out of range)."""
+
+
+class TCWarning(UserWarning):
+    """A program that is legal but probably not what was meant."""
+
+
+class InternalError(Exception):
+    """A broken invariant inside tcpy: a bug to report, not a user error."""

@@ -1,0 +1,1 @@
+"""The front end: TC text -> AST (parse) -> checked definitions (sema, range inference)."""

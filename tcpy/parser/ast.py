@@ -1,0 +1,324 @@
+"""The TC abstract syntax tree: frozen dataclasses, every node with a source span.
+
+Abstract grammar (what the parser builds; sema fills `ty` and resolves names):
+
+    Program    = (Def*)
+    Def        = (name, Param*, Output*, Statement*)
+    Param      = (name, TensorType | None)          # None: written without a type
+    Output     = (name, TensorType | None)          # None: type and shape inferred
+    TensorType = (ScalarType, Dim*)                 # no dims: a 0-d (scalar) tensor
+    Dim        = SizeDim(name) | ConstDim(value)
+    Statement  = (tensor, index names, AssignOp, rhs: Expr, equivalent: Equivalent | None,
+                  where: Clause*)
+    Clause     = RangeClause(var, lo, hi)           # lo <= var < hi
+               | LetClause(var, value)              # inlined where var is used
+               | ExistsClause(expr)                 # accesses used for ranges only
+    Expr       = IntLit(value) | FloatLit(value) | Ident(name)
+               | Access(tensor, Expr*)              # a read; written T(...) or, 0-d, T
+               | Index(name) | SizeRef(name)        # made by sema from Ident
+               | Call(builtin, Expr*) | Cast(ScalarType, Expr)
+               | Unary(UnaryOp, Expr) | Binary(BinaryOp, Expr, Expr)
+               | Ternary(cond, then, else)
+
+`Apply` is what the parser makes of `NAME(args)`; sema turns it into an `Access` or a
+`Call`. Every expression carries `ty`, `None` until sema has typed it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tcpy.errors import Span
+from tcpy.types import ScalarType
+
+
+class AssignOp(enum.Enum):
+    ASSIGN = "="
+    SUM = "+="
+    PROD = "*="
+    MIN = "min="
+    MAX = "max="
+    SUM_INIT = "+=!"
+    PROD_INIT = "*=!"
+    MIN_INIT = "min=!"
+    MAX_INIT = "max=!"
+
+    @property
+    def is_reduction(self) -> bool:
+        return self is not AssignOp.ASSIGN
+
+    @property
+    def initializes(self) -> bool:
+        """The `!` forms set the written range to the identity before reducing."""
+        return self.value.endswith("!")
+
+    @property
+    def reduction(self) -> Reduction | None:
+        return None if self is AssignOp.ASSIGN else Reduction(self.value.rstrip("!")[:-1])
+
+
+class Reduction(enum.Enum):
+    SUM = "+"
+    PROD = "*"
+    MIN = "min"
+    MAX = "max"
+
+
+class BinaryOp(enum.Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    MOD = "%"
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    AND = "&&"
+    OR = "||"
+    MIN = "min"
+    MAX = "max"
+
+    @property
+    def is_comparison(self) -> bool:
+        return self in _COMPARISONS
+
+    @property
+    def is_logical(self) -> bool:
+        return self in (BinaryOp.AND, BinaryOp.OR)
+
+
+_COMPARISONS = frozenset(
+    {BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE}
+)
+
+
+class UnaryOp(enum.Enum):
+    NEG = "-"
+    NOT = "!"
+
+
+# --- declarations -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SizeDim:
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ConstDim:
+    value: int
+    span: Span
+
+
+Dim = SizeDim | ConstDim
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    scalar: ScalarType
+    dims: tuple[Dim, ...]
+    span: Span
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    type: TensorType | None
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    name: str
+    type: TensorType | None
+    span: Span
+
+
+# --- expressions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IntLit:
+    value: int
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FloatLit:
+    value: float
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ident:
+    """A bare name, before sema decides what it names."""
+
+    name: str
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """`NAME(args)`, before sema decides between a tensor access and a builtin call."""
+
+    name: str
+    args: tuple[Expr, ...]
+    span: Span
+    name_span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """An index variable used as a value (always int32)."""
+
+    name: str
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRef:
+    """A size symbol used as a value (always int32)."""
+
+    name: str
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A read of a tensor element; no subscripts for a 0-d tensor."""
+
+    tensor: str
+    args: tuple[Expr, ...]
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call of a builtin math function."""
+
+    name: str
+    args: tuple[Expr, ...]
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    to: ScalarType
+    value: Expr
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    op: UnaryOp
+    operand: Expr
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    op: BinaryOp
+    lhs: Expr
+    rhs: Expr
+    span: Span
+    ty: ScalarType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ternary:
+    cond: Expr
+    then: Expr
+    orelse: Expr
+    span: Span
+    ty: ScalarType | None = None
+
+
+Expr = (
+    IntLit | FloatLit | Ident | Apply | Index | SizeRef | Access | Call | Cast | Unary
+    | Binary | Ternary
+)
+
+
+# --- statements ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RangeClause:
+    var: str
+    lo: Expr
+    hi: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class LetClause:
+    var: str
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ExistsClause:
+    expr: Expr
+    span: Span
+
+
+Clause = RangeClause | LetClause | ExistsClause
+
+
+@dataclass(frozen=True, slots=True)
+class Equivalent:
+    """The `<=> name(args)` annotation: checked, then ignored."""
+
+    name: str
+    args: tuple[Expr, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    tensor: str
+    indices: tuple[str, ...]
+    index_spans: tuple[Span, ...]
+    op: AssignOp
+    rhs: Expr
+    equivalent: Equivalent | None
+    where: tuple[Clause, ...]
+    span: Span
+    lhs_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Def:
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Output, ...]
+    statements: tuple[Statement, ...]
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    defs: tuple[Def, ...]
+    source: str

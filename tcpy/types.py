@@ -1,0 +1,116 @@
+"""Scalar types of TC and the promotion rules of TC_LANGUAGE.md.
+
+`ScalarType` is the closed set of element types. `promote` is the one place that
+decides the type of mixed arithmetic; `assignable` says whether a value of one type
+may be stored into a tensor of another without a cast.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ScalarType(enum.Enum):
+    BOOL = "bool"
+    UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+
+    @classmethod
+    def from_name(cls, name: str) -> ScalarType:
+        """The type a TC type keyword names (`float` is float32, `double` float64)."""
+        return _ALIASES.get(name) or cls(name)
+
+    @property
+    def is_bool(self) -> bool:
+        return self is ScalarType.BOOL
+
+    @property
+    def is_float(self) -> bool:
+        return self in (ScalarType.FLOAT16, ScalarType.FLOAT32, ScalarType.FLOAT64)
+
+    @property
+    def is_integer(self) -> bool:
+        return not self.is_float and not self.is_bool
+
+    @property
+    def is_signed(self) -> bool:
+        return self.is_float or self.value.startswith("int")
+
+    @property
+    def bits(self) -> int:
+        return 1 if self.is_bool else int(self.value.lstrip("uintfloat"))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype of tensors of this type."""
+        return np.dtype(self.value)
+
+    @property
+    def compute(self) -> ScalarType:
+        """The type arithmetic on this type is carried out in: float16 is a storage
+        type, computed in float32."""
+        return ScalarType.FLOAT32 if self is ScalarType.FLOAT16 else self
+
+    @classmethod
+    def from_dtype(cls, dtype: np.dtype) -> ScalarType | None:
+        try:
+            return cls(np.dtype(dtype).name)
+        except ValueError:
+            return None
+
+
+_ALIASES = {"float": ScalarType.FLOAT32, "double": ScalarType.FLOAT64}
+
+TYPE_KEYWORDS = tuple(t.value for t in ScalarType) + tuple(_ALIASES)
+
+_INTEGERS = {
+    (signed, bits): t
+    for t in ScalarType
+    if t.is_integer
+    for signed, bits in [(t.is_signed, t.bits)]
+}
+
+
+def promote(a: ScalarType, b: ScalarType) -> ScalarType:
+    """The type of arithmetic mixing `a` and `b`.
+
+    Equal types stay; bool gives way to anything; an integer with a float gives the
+    float; two floats give the wider; two unsigned give the wider unsigned; a signed
+    with any integer gives a signed integer of the wider width.
+    """
+    if a is b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_float or b.is_float:
+        if a.is_float and b.is_float:
+            return a if a.bits >= b.bits else b
+        return a if a.is_float else b
+    bits = max(a.bits, b.bits)
+    if not a.is_signed and not b.is_signed:
+        return _INTEGERS[(False, bits)]
+    return _INTEGERS[(True, bits)]
+
+
+def assignable(value: ScalarType, target: ScalarType) -> bool:
+    """Whether a value of type `value` may be stored into `target` without a cast:
+    exactly when storing would not need a wider type than `target`."""
+    return promote(value, target) is target
+
+
+def builtin_result(args: tuple[ScalarType, ...]) -> ScalarType:
+    """Builtins compute in float, or in double if any argument is double."""
+    return ScalarType.FLOAT64 if ScalarType.FLOAT64 in args else ScalarType.FLOAT32
