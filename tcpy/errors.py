@@ -12,6 +12,7 @@ All exceptions pickle (`__reduce__`), so worker processes can send them back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +85,13 @@ class TCError(Exception):
                 text += "\n" + caret
         return text
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self.span, self.source, self.filename))
 
 
-def _rebuild(cls, message, span, source, filename):  # type: ignore[no-untyped-def]
+def _rebuild(
+    cls: type[TCError], message: str, span: Span | None, source: str | None, filename: str | None
+) -> TCError:
     return cls(message, span, source, filename)
 
 

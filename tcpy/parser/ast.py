@@ -27,7 +27,10 @@ Abstract grammar (what the parser builds; sema fills `ty` and resolves names):
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from tcpy.errors import Span
 from tcpy.types import ScalarType
@@ -63,6 +66,19 @@ class Reduction(enum.Enum):
     PROD = "*"
     MIN = "min"
     MAX = "max"
+
+    def identity(self, ty: ScalarType) -> int | float | bool:
+        """The value a `!` reduction starts from: 0, 1, or the largest / lowest
+        finite value of the type."""
+        if self is Reduction.SUM:
+            return 0
+        if self is Reduction.PROD:
+            return 1
+        if ty.is_bool:
+            return self is Reduction.MIN
+        limits = np.finfo(ty.dtype) if ty.is_float else np.iinfo(ty.dtype)
+        value = limits.max if self is Reduction.MIN else limits.min
+        return float(value) if ty.is_float else int(value)
 
 
 class BinaryOp(enum.Enum):
@@ -254,8 +270,18 @@ class Ternary:
 
 
 Expr = (
-    IntLit | FloatLit | Ident | Apply | Index | SizeRef | Access | Call | Cast | Unary
-    | Binary | Ternary
+    IntLit
+    | FloatLit
+    | Ident
+    | Apply
+    | Index
+    | SizeRef
+    | Access
+    | Call
+    | Cast
+    | Unary
+    | Binary
+    | Ternary
 )
 
 
@@ -322,3 +348,28 @@ class Def:
 class Program:
     defs: tuple[Def, ...]
     source: str
+
+
+# --- traversal ----------------------------------------------------------------------
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    match e:
+        case Apply(args=args) | Access(args=args) | Call(args=args):
+            return args
+        case Cast(value=v) | Unary(operand=v):
+            return (v,)
+        case Binary(lhs=a, rhs=b):
+            return (a, b)
+        case Ternary(cond=c, then=t, orelse=o):
+            return (c, t, o)
+    return ()
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every node of an expression, parents before children."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))

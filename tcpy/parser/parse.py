@@ -10,7 +10,9 @@ passes after the parser.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from importlib import resources
+from typing import Any
 
 import lark
 import numpy as np
@@ -41,7 +43,7 @@ def parse(source: str, filename: str | None = None) -> ast.Program:
     try:
         _check_nesting(source)
         tree = _parser().parse(source)
-        defs = tuple(_Builder(source).tc_def(d) for d in tree.children)
+        defs = tuple(_Builder(source).tc_def(d) for d in _kids(tree))
     except UnexpectedInput as e:
         raise _syntax_error(e, source).with_source(source, filename) from None
     except TCSyntaxError as e:
@@ -56,6 +58,11 @@ def _tok_span(tok: Token) -> Span:
     return Span(tok.line or 1, tok.column or 1, tok.end_line or 1, tok.end_column or 1)
 
 
+def _kids(tree: Tree) -> list[Any]:
+    """A lark node's children: tokens and subtrees, as the grammar rule lays them out."""
+    return tree.children
+
+
 def _tree_span(tree: Tree) -> Span:
     m = tree.meta
     return Span(m.line, m.column, m.end_line, m.end_column)
@@ -68,7 +75,7 @@ class _Builder:
         self.source = source
 
     def tc_def(self, t: Tree) -> ast.Def:
-        name, *rest = t.children
+        name, *rest = _kids(t)
         params, outputs, statements = [], [], []
         for child in rest:
             if not isinstance(child, Tree):
@@ -81,8 +88,12 @@ class _Builder:
                 case "statement":
                     statements.append(self.statement(child))
         return ast.Def(
-            self.name(name), tuple(params), tuple(outputs), tuple(statements),
-            _tree_span(t), _tok_span(name),
+            self.name(name),
+            tuple(params),
+            tuple(outputs),
+            tuple(statements),
+            _tree_span(t),
+            _tok_span(name),
         )
 
     def tensor_type(self, type_tok: Token, dims: Tree | None, span: Span) -> ast.TensorType:
@@ -93,8 +104,8 @@ class _Builder:
         if dims is None:
             return ()
         out: list[ast.Dim] = []
-        for d in dims.children:
-            tok = d.children[0]
+        for d in _kids(dims):
+            tok = _kids(d)[0]
             if d.data == "size_dim":
                 out.append(ast.SizeDim(self.name(tok), _tok_span(tok)))
             else:
@@ -103,21 +114,25 @@ class _Builder:
 
     def param(self, t: Tree) -> ast.Param:
         if t.data == "untyped_param":
-            name, _dims = t.children
+            name, _dims = _kids(t)
             return ast.Param(self.name(name), None, _tree_span(t))
-        type_tok, dims, name = t.children
-        return ast.Param(self.name(name), self.tensor_type(type_tok, dims, _tree_span(t)), _tree_span(t))
+        type_tok, dims, name = _kids(t)
+        return ast.Param(
+            self.name(name), self.tensor_type(type_tok, dims, _tree_span(t)), _tree_span(t)
+        )
 
     def output(self, t: Tree) -> ast.Output:
         if t.data == "untyped_output":
-            (name,) = t.children
+            (name,) = _kids(t)
             return ast.Output(self.name(name), None, _tree_span(t))
-        type_tok, dims, name = t.children
-        return ast.Output(self.name(name), self.tensor_type(type_tok, dims, _tree_span(t)), _tree_span(t))
+        type_tok, dims, name = _kids(t)
+        return ast.Output(
+            self.name(name), self.tensor_type(type_tok, dims, _tree_span(t)), _tree_span(t)
+        )
 
     def statement(self, t: Tree) -> ast.Statement:
-        name, indices, op, rhs, equivalent, where = t.children
-        index_toks = indices.children if indices is not None else []
+        name, indices, op, rhs, equivalent, where = _kids(t)
+        index_toks = _kids(indices) if indices is not None else []
         lhs_span = _tok_span(name)
         if indices is not None:
             lhs_span = lhs_span.merge(_tree_span(indices))
@@ -128,13 +143,13 @@ class _Builder:
             op=ast.AssignOp(str(op)),
             rhs=self.expr(rhs),
             equivalent=self.equivalent(equivalent) if equivalent is not None else None,
-            where=tuple(self.clause(c) for c in where.children) if where is not None else (),
+            where=tuple(self.clause(c) for c in _kids(where)) if where is not None else (),
             span=_tree_span(t),
             lhs_span=lhs_span,
         )
 
     def equivalent(self, t: Tree) -> ast.Equivalent:
-        name, *args = t.children
+        name, *args = _kids(t)
         return ast.Equivalent(
             self.name(name), tuple(self.expr(a) for a in args if a is not None), _tree_span(t)
         )
@@ -143,41 +158,43 @@ class _Builder:
         span = _tree_span(t)
         match t.data:
             case "range_clause":
-                var, lo, hi = t.children
+                var, lo, hi = _kids(t)
                 return ast.RangeClause(self.name(var), self.expr(lo), self.expr(hi), span)
             case "let_clause":
-                var, value = t.children
+                var, value = _kids(t)
                 return ast.LetClause(self.name(var), self.expr(value), span)
             case "exists_clause":
-                return ast.ExistsClause(self.expr(t.children[0]), span)
+                return ast.ExistsClause(self.expr(_kids(t)[0]), span)
         raise AssertionError(t.data)
 
-    def expr(self, t: Tree | Token) -> ast.Expr:
-        span = _tree_span(t) if isinstance(t, Tree) else _tok_span(t)
+    def expr(self, t: Tree) -> ast.Expr:
+        span = _tree_span(t)
         match t.data:
             case "int_lit":
-                return ast.IntLit(self.integer(t.children[0]), span)
+                return ast.IntLit(self.integer(_kids(t)[0]), span)
             case "float_lit":
-                return ast.FloatLit(self.floating(t.children[0]), span)
+                return ast.FloatLit(self.floating(_kids(t)[0]), span)
             case "ident":
-                return ast.Ident(self.name(t.children[0]), span)
+                return ast.Ident(self.name(_kids(t)[0]), span)
             case "apply":
-                name, *args = t.children
-                return ast.Apply(self.name(name), tuple(map(self.expr, args)), span, _tok_span(name))
+                name, *args = _kids(t)
+                return ast.Apply(
+                    self.name(name), tuple(map(self.expr, args)), span, _tok_span(name)
+                )
             case "cast":
-                type_tok, value = t.children
+                type_tok, value = _kids(t)
                 return ast.Cast(ScalarType.from_name(str(type_tok)), self.expr(value), span)
             case "minmax":
-                which, a, b = t.children
+                which, a, b = _kids(t)
                 return ast.Binary(ast.BinaryOp(str(which)), self.expr(a), self.expr(b), span)
             case "unary":
-                op, operand = t.children
+                op, operand = _kids(t)
                 return ast.Unary(ast.UnaryOp(str(op)), self.expr(operand), span)
             case "binary":
-                lhs, op, rhs = t.children
+                lhs, op, rhs = _kids(t)
                 return ast.Binary(ast.BinaryOp(str(op)), self.expr(lhs), self.expr(rhs), span)
             case "ternary":
-                cond, then, orelse = t.children
+                cond, then, orelse = _kids(t)
                 return ast.Ternary(self.expr(cond), self.expr(then), self.expr(orelse), span)
         raise AssertionError(t.data)
 
@@ -185,7 +202,9 @@ class _Builder:
         """A NAME token as a name; the contextual lexer lets keywords through as NAME
         where the keyword cannot appear, and TC reserves them everywhere."""
         if str(tok) in KEYWORDS:
-            raise TCSyntaxError(f"'{tok}' is a keyword and cannot be used as a name", _tok_span(tok))
+            raise TCSyntaxError(
+                f"'{tok}' is a keyword and cannot be used as a name", _tok_span(tok)
+            )
         return str(tok)
 
     def integer(self, tok: Token) -> int:
@@ -243,7 +262,7 @@ def check_depth(program: ast.Program) -> None:
                 _check_expr_depth(e)
 
 
-def _statement_exprs(st: ast.Statement):  # type: ignore[no-untyped-def]
+def _statement_exprs(st: ast.Statement) -> Iterator[ast.Expr]:
     yield st.rhs
     for c in st.where:
         match c:
@@ -256,19 +275,6 @@ def _statement_exprs(st: ast.Statement):  # type: ignore[no-untyped-def]
                 yield e
 
 
-def _children(e: ast.Expr) -> tuple[ast.Expr, ...]:
-    match e:
-        case ast.Apply(args=args) | ast.Access(args=args) | ast.Call(args=args):
-            return args
-        case ast.Cast(value=v) | ast.Unary(operand=v):
-            return (v,)
-        case ast.Binary(lhs=a, rhs=b):
-            return (a, b)
-        case ast.Ternary(cond=c, then=t, orelse=o):
-            return (c, t, o)
-    return ()
-
-
 def _check_expr_depth(root: ast.Expr) -> None:
     stack = [(root, 1)]
     while stack:
@@ -279,7 +285,7 @@ def _check_expr_depth(root: ast.Expr) -> None:
                 "split it into several statements",
                 e.span,
             )
-        stack.extend((c, depth + 1) for c in _children(e))
+        stack.extend((c, depth + 1) for c in ast.children(e))
 
 
 # --- lark errors -> TC messages -----------------------------------------------------
@@ -324,7 +330,7 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _open_construct(stack: list) -> tuple[str, str]:  # type: ignore[type-arg]
+def _open_construct(stack: list[Any]) -> tuple[str, str]:
     """What the innermost still-open '(' or '{' on the parser stack belongs to."""
     closes = {"RPAR": "LPAR", "RBRACE": "LBRACE"}
     pending: list[str] = []
@@ -344,7 +350,7 @@ def _open_construct(stack: list) -> tuple[str, str]:  # type: ignore[type-arg]
     return "", ""
 
 
-def _construct_name(kind: str, before: object, earlier: list) -> str:  # type: ignore[type-arg]
+def _construct_name(kind: str, before: object, earlier: list[Any]) -> str:
     if kind == "LBRACE":
         names = [t for t in earlier if isinstance(t, Token) and t.type == "NAME"]
         return f"the body of def {names[0]}" if names else "the body of the def"
@@ -355,7 +361,10 @@ def _construct_name(kind: str, before: object, earlier: list) -> str:  # type: i
                 return f"the inputs of def {before}"
             if str(before) in BUILTINS:
                 return f"the call of {before}"
-            if isinstance(prev, Token) and prev.type in ("LBRACE", "RBRACE"):
+            starts_statement = (isinstance(prev, Token) and prev.type == "LBRACE") or (
+                isinstance(prev, Tree) and prev.data == "statement"
+            )
+            if starts_statement:
                 return f"the indices of {before}"
             return f"the access of {before}"
         if before.type == "TYPE":
@@ -372,7 +381,8 @@ def _syntax_error(e: UnexpectedInput, source: str) -> TCSyntaxError:
     span = Span(line, column, line, column + 1)
     match e:
         case UnexpectedCharacters():
-            ch = source[e.pos_in_stream] if e.pos_in_stream < len(source) else ""
+            pos = e.pos_in_stream or 0
+            ch = source[pos] if pos < len(source) else ""
             return TCSyntaxError(f"unexpected character {ch!r}", span)
         case UnexpectedToken() | UnexpectedEOF():
             expected = set(e.expected) if e.expected else set()

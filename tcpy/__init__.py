@@ -1,0 +1,48 @@
+"""tcpy: a polyhedral compiler for Tensor Comprehensions.
+
+import tcpy
+engine = tcpy.ExecutionEngine()
+engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+C = engine.mm(A, B)
+"""
+
+from __future__ import annotations
+
+from tcpy.engine import ExecutionEngine
+from tcpy.errors import (
+    InternalError,
+    Span,
+    TCCompileError,
+    TCError,
+    TCInputError,
+    TCLaunchError,
+    TCMappingError,
+    TCRangeError,
+    TCSemanticError,
+    TCSyntaxError,
+    TCTypeError,
+    TCWarning,
+)
+from tcpy.parser import CheckedDef, check_source
+from tcpy.types import ScalarType
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckedDef",
+    "ExecutionEngine",
+    "InternalError",
+    "ScalarType",
+    "Span",
+    "TCCompileError",
+    "TCError",
+    "TCInputError",
+    "TCLaunchError",
+    "TCMappingError",
+    "TCRangeError",
+    "TCSemanticError",
+    "TCSyntaxError",
+    "TCTypeError",
+    "TCWarning",
+    "check_source",
+]

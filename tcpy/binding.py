@@ -1,0 +1,175 @@
+"""Call-time binding: the checks every target runs on a call's inputs.
+
+`bind` checks the inputs of a call against a `CheckedDef` (count, rank, dtype,
+fixed sizes, consistent size symbols), fixes the value of every size symbol, and
+evaluates every range and every deferred bounds proof at those sizes. Failures are
+`TCInputError` (about the inputs) or `TCRangeError` (about the program at these sizes),
+naming the input, the dimension and the values involved.
+
+No silent casting: an input must have exactly the declared dtype. A Python scalar is
+accepted for a 0-d input when its kind fits (bool, int within range, or a number for
+a float). Inputs that are not C-contiguous are copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tcpy.errors import TCInputError, TCRangeError
+from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The inputs of one call, checked, with the sizes they fix."""
+
+    arrays: tuple[np.ndarray, ...]
+    sizes: Mapping[str, int]
+
+    def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
+        return tuple(d.evaluate(self.sizes) for d in info.shape)
+
+    def ranges(self, st: CheckedStatement) -> dict[str, tuple[int, int]]:
+        return {r.var: (r.lo.evaluate(self.sizes), r.hi.evaluate(self.sizes)) for r in st.ranges}
+
+
+def signature_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What a compiled kernel depends on: the shape and dtype of every input."""
+    return tuple((np.shape(a), getattr(a, "dtype", type(a).__name__)) for a in args)
+
+
+def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
+    if len(args) != len(cdef.inputs):
+        names = ", ".join(t.name for t in cdef.inputs) or "none"
+        raise TCInputError(
+            f"{cdef.name} takes {len(cdef.inputs)} input(s) ({names}), but {len(args)} were given"
+        )
+    arrays = tuple(_as_array(info, a) for info, a in zip(cdef.inputs, args, strict=True))
+    sizes = _bind_sizes(cdef, arrays)
+    binding = Binding(arrays, sizes)
+    check_ranges(cdef, binding)
+    return binding
+
+
+def _as_array(info: TensorInfo, value: Any) -> np.ndarray:
+    want = info.scalar.dtype
+    if (
+        info.rank == 0
+        and isinstance(value, bool | int | float)
+        and not isinstance(value, np.generic)
+    ):
+        return _python_scalar(info, value)
+    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
+        array = np.asarray(value)
+    else:
+        raise TCInputError(
+            f"input {info.name} must be a NumPy array of {info.scalar.value}, "
+            f"not {type(value).__name__}"
+        )
+    if array.dtype != want:
+        raise TCInputError(
+            f"input {info.name} must be {info.scalar.value}, but the array is "
+            f"{array.dtype}; convert it explicitly, e.g. x.astype(np.{want.name})"
+        )
+    if array.ndim != info.rank:
+        raise TCInputError(
+            f"input {info.name} must have {info.rank} dimension(s), but has {array.ndim} "
+            f"(shape {array.shape})"
+        )
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array
+
+
+def _python_scalar(info: TensorInfo, value: bool | int | float) -> np.ndarray:
+    ty = info.scalar
+    ok = (
+        (ty.is_bool and isinstance(value, bool))
+        or (ty.is_integer and isinstance(value, int) and not isinstance(value, bool))
+        or (ty.is_float and not isinstance(value, bool))
+    )
+    if not ok:
+        raise TCInputError(
+            f"input {info.name} is {ty.value}, and {value!r} ({type(value).__name__}) "
+            "does not convert to it without loss"
+        )
+    if ty.is_integer:
+        limits = np.iinfo(ty.dtype)
+        if not limits.min <= value <= limits.max:
+            raise TCInputError(f"input {info.name} is {ty.value}, and {value} is out of its range")
+    return np.asarray(value, dtype=ty.dtype)
+
+
+def _bind_sizes(cdef: CheckedDef, arrays: tuple[np.ndarray, ...]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    source: dict[str, str] = {}
+    for info, array in zip(cdef.inputs, arrays, strict=True):
+        for k, (dim, actual) in enumerate(zip(info.shape, array.shape, strict=True)):
+            if dim.is_const:
+                if actual != dim.const:
+                    raise TCInputError(
+                        f"input {info.name} must have size {dim.const} in dimension {k}, "
+                        f"but has {actual} (shape {array.shape})"
+                    )
+                continue
+            (name,) = dim.symbols()
+            if name in sizes and sizes[name] != actual:
+                raise TCInputError(
+                    f"input {info.name} has {actual} in dimension {k} (size {name}), but "
+                    f"{source[name]} gave {name} = {sizes[name]}"
+                )
+            if actual > _INT32_MAX:
+                raise TCInputError(
+                    f"input {info.name} dimension {k} (size {name}) is {actual}, larger "
+                    "than int32 indices allow"
+                )
+            sizes[name] = actual
+            source[name] = f"input {info.name} dimension {k}"
+    return sizes
+
+
+def _where(sizes: Mapping[str, int], symbols: frozenset[str]) -> str:
+    shown = [f"{s}={sizes[s]}" for s in sorted(symbols) if s in sizes]
+    return f" (at {', '.join(shown)})" if shown else ""
+
+
+def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
+    """Every range non-empty, every deferred bounds proof true, at the bound sizes."""
+    sizes = binding.sizes
+    for st in cdef.statements:
+        for r in st.ranges:
+            lo, hi = r.lo.evaluate(sizes), r.hi.evaluate(sizes)
+            if hi <= lo:
+                raise TCRangeError(
+                    f"index {r.var} ranges over {r.lo}:{r.hi}, which is empty"
+                    f"{_where(sizes, r.lo.symbols() | r.hi.symbols())}",
+                    st.span,
+                    cdef.source,
+                )
+        for c in st.checks:
+            lo, hi, extent = (x.evaluate(sizes) for x in (c.lo, c.hi, c.extent))
+            if lo < 0 or hi >= extent:
+                bad = lo if lo < 0 else hi
+                syms = c.lo.symbols() | c.hi.symbols() | c.extent.symbols()
+                raise TCRangeError(
+                    f"this subscript of {c.tensor} reaches index {bad}, outside 0:{extent} "
+                    f"of its dimension {c.dim}{_where(sizes, syms)}",
+                    c.span,
+                    cdef.source,
+                )
+    for info in cdef.outputs + cdef.temporaries:
+        shape = binding.shape_of(info)
+        if any(d <= 0 for d in shape):
+            role = "output" if info.role is Role.OUTPUT else "temporary"
+            raise TCRangeError(
+                f"{role} {info.name} would have shape {shape}"
+                f"{_where(sizes, frozenset().union(*(d.symbols() for d in info.shape)))}",
+                info.span,
+                cdef.source,
+            )

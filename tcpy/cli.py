@@ -1,0 +1,108 @@
+"""The `tcpy` command: check TC files and run their definitions on random inputs.
+
+tcpy check FILE.tc
+tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from tcpy import targets
+from tcpy.engine import ExecutionEngine
+from tcpy.errors import TCError
+from tcpy.inputs import random_inputs, resolve_sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tcpy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="parse and check a TC file")
+    check.add_argument("file", type=Path)
+    run = sub.add_parser("run", help="run a def on random inputs")
+    run.add_argument("file", type=Path)
+    run.add_argument("--entry", help="the def to run (default: the only one)")
+    run.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
+    run.add_argument("--target", default=targets.DEFAULT_TARGET, choices=sorted(targets.TARGETS))
+    run.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        source = args.file.read_text()
+    except OSError as e:
+        print(f"tcpy: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "check":
+            return _check(source, str(args.file))
+        return _run(source, args)
+    except TCError as e:
+        print(f"error: {e}" if e.span is None else str(e), file=sys.stderr)
+        return 1
+
+
+def _check(source: str, filename: str) -> int:
+    engine = ExecutionEngine("reference")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = engine.define(source, filename)
+    for w in caught:
+        print(f"{filename}: warning: {w.message}", file=sys.stderr)
+    for name in names:
+        cdef = engine.checked(name)
+        shapes = ", ".join(
+            f"{t.name}: {t.scalar.value}[{', '.join(map(str, t.shape))}]" for t in cdef.outputs
+        )
+        print(f"{name}: ok -> {shapes}")
+    return 0
+
+
+def _parse_sizes(text: str) -> dict[str, int]:
+    sizes = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise TCError(f"--sizes expects NAME=INTEGER pairs, got {item!r}")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+def _run(source: str, args: argparse.Namespace) -> int:
+    engine = ExecutionEngine(args.target)
+    t0 = time.perf_counter()
+    names = engine.define(source, str(args.file))
+    t_define = time.perf_counter() - t0
+    entry = args.entry
+    if entry is None:
+        if len(names) != 1:
+            raise TCError(f"{args.file} defines {', '.join(names)}: choose one with --entry")
+        entry = names[0]
+    cdef = engine.checked(entry)
+    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
+    inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
+    t0 = time.perf_counter()
+    result = engine.run(entry, *inputs)
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.run(entry, *inputs)
+    t_second = time.perf_counter() - t0
+    outputs = result if isinstance(result, tuple) else (result,)
+    shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
+    print(f"{entry} on {args.target}, sizes {shown}")
+    for info, out in zip(cdef.outputs, outputs, strict=True):
+        checksum = float(np.sum(out, dtype=np.float64))
+        print(f"  {info.name}: {out.dtype}{list(out.shape)}  checksum {checksum:.6e}")
+    print(
+        f"  time: define {t_define * 1e3:.1f} ms, first call {t_first * 1e3:.1f} ms, "
+        f"second call {t_second * 1e3:.1f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""What the front end hands to every target: checked, typed, ranged definitions.
+
+A `CheckedDef` is a TC definition with every name resolved (`Index`, `SizeRef`,
+`Access`, `Call` instead of `Ident`/`Apply`, lets inlined), every expression typed,
+every tensor's element type and shape known (shapes as `Sym` in the size symbols),
+and every index variable of every statement given a range. It is the input of the
+`reference` interpreter and of the polyhedral core alike.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tcpy.errors import Span
+from tcpy.parser import ast
+from tcpy.parser.symbolic import Sym
+from tcpy.types import ScalarType
+
+
+class Role(enum.Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    TEMPORARY = "temporary"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    role: Role
+    scalar: ScalarType
+    shape: tuple[Sym, ...]
+    span: Span
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRange:
+    """`lo <= var < hi`, with bounds in the size symbols."""
+
+    var: str
+    lo: Sym
+    hi: Sym
+
+    def __str__(self) -> str:
+        return f"{self.var} in {self.lo}:{self.hi}"
+
+
+@dataclass(frozen=True, slots=True)
+class BoundsCheck:
+    """An affine subscript whose bounds were not proved at definition time: at each
+    call, `lo <= subscript <= hi` over the ranges must lie within `0:extent`."""
+
+    tensor: str
+    dim: int
+    lo: Sym
+    hi: Sym
+    extent: Sym
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedStatement:
+    tensor: str
+    indices: tuple[str, ...]  # left-hand side, in order: dimension k is indices[k]
+    reduction_indices: tuple[str, ...]
+    op: ast.AssignOp
+    rhs: ast.Expr  # typed, names resolved
+    ranges: tuple[IndexRange, ...]  # one per index, lhs indices first
+    checks: tuple[BoundsCheck, ...]
+    span: Span
+    text: str  # the statement as written, for comments in generated code
+
+    def range_of(self, var: str) -> IndexRange:
+        for r in self.ranges:
+            if r.var == var:
+                return r
+        raise KeyError(var)
+
+    @property
+    def all_indices(self) -> tuple[str, ...]:
+        return self.indices + self.reduction_indices
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedDef:
+    name: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    temporaries: tuple[TensorInfo, ...]
+    statements: tuple[CheckedStatement, ...]
+    size_symbols: tuple[str, ...]  # in order of first appearance in the inputs
+    span: Span
+    source: str
+
+    def tensor(self, name: str) -> TensorInfo:
+        for t in self.inputs + self.outputs + self.temporaries:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        return self.inputs + self.outputs + self.temporaries

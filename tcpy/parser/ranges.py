@@ -1,0 +1,299 @@
+"""Range inference (TC_LANGUAGE.md, "Range inference") and bounds proofs.
+
+Every tensor read (and `exists` access, and the write of a tensor whose shape is
+already known) gives, per dimension, the condition `0 <= subscript < extent`. Rounds
+then solve every index that some affine condition bounds on its own, replacing the
+indices solved in earlier rounds by their whole range, so that the range found is
+valid for every value of them; an index's range is the largest interval that
+satisfies all its conditions. `where i in lo:hi` fixes a range outright.
+
+After inference each affine subscript is proved in bounds over the ranges where the
+proof is symbolic (`A(i + 1)` with `i in 0:N-1`); what cannot be decided for every size
+becomes a `BoundsCheck` evaluated at call time, and what is false for every size is
+an error now. Non-affine subscripts (gathers, `%`, products of indices and sizes) give
+no condition; the targets check them on the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from tcpy.errors import Span, TCRangeError, TCSemanticError
+from tcpy.parser import ast
+from tcpy.parser.checked import BoundsCheck, IndexRange
+from tcpy.parser.symbolic import Sym, provably_le, sym_max, sym_min
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """An affine integer expression: sum of coefficient * index, plus a `Sym`."""
+
+    coeffs: tuple[tuple[str, int], ...]
+    rest: Sym
+
+    def coeff(self, var: str) -> int:
+        return dict(self.coeffs).get(var, 0)
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return tuple(v for v, _ in self.coeffs)
+
+    def __add__(self, other: Linear) -> Linear:
+        c = dict(self.coeffs)
+        for v, k in other.coeffs:
+            c[v] = c.get(v, 0) + k
+        return Linear(tuple(sorted((v, k) for v, k in c.items() if k)), self.rest + other.rest)
+
+    def scale(self, k: int) -> Linear:
+        return Linear(tuple((v, c * k) for v, c in self.coeffs if c * k), self.rest * k)
+
+
+def linear_form(e: ast.Expr) -> Linear | None:
+    """The affine form of a resolved integer expression, or None if it is not affine
+    in the indices with integer coefficients (gathers, %, index * size, ...)."""
+    match e:
+        case ast.IntLit(value=v):
+            return Linear((), Sym.of(v))
+        case ast.Index(name=n):
+            return Linear(((n, 1),), Sym())
+        case ast.SizeRef(name=n):
+            return Linear((), Sym.of(n))
+        case ast.Unary(op=ast.UnaryOp.NEG, operand=v):
+            inner = linear_form(v)
+            return inner.scale(-1) if inner else None
+        case ast.Cast(to=to, value=v) if to.is_integer and v.ty is not None and v.ty.is_integer:
+            return linear_form(v)
+        case ast.Binary(op=ast.BinaryOp.ADD | ast.BinaryOp.SUB as op, lhs=a, rhs=b):
+            la, lb = linear_form(a), linear_form(b)
+            if la is None or lb is None:
+                return None
+            return la + (lb if op is ast.BinaryOp.ADD else lb.scale(-1))
+        case ast.Binary(op=ast.BinaryOp.MUL, lhs=a, rhs=b):
+            la, lb = linear_form(a), linear_form(b)
+            if la is None or lb is None:
+                return None
+            for x, y in ((la, lb), (lb, la)):
+                if not x.coeffs and x.rest.is_const:
+                    return y.scale(x.rest.const)
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StatementShape:
+    """What range inference needs of one resolved statement."""
+
+    tensor: str
+    indices: tuple[str, ...]
+    index_spans: tuple[Span, ...]
+    reduction_indices: tuple[str, ...]
+    rhs: ast.Expr
+    exists: tuple[ast.Expr, ...]
+    fixed: Mapping[str, tuple[Sym, Sym]]  # from `where i in lo:hi`
+    span: Span
+    lhs_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class InferredRanges:
+    ranges: tuple[IndexRange, ...]
+    checks: tuple[BoundsCheck, ...]
+    lhs_shape: tuple[Sym, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Condition:
+    """0 <= subscript < extent, for one dimension of one access."""
+
+    linear: Linear
+    extent: Sym
+    tensor: str
+    dim: int
+    span: Span
+    proved: bool  # False for accesses only read under a condition, or in `exists`
+
+
+def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> InferredRanges:
+    """Ranges of every index of `st`; `shapes` holds the tensors whose shape is known."""
+    conditions = _conditions(st, shapes)
+    solved = _solve(st, conditions)
+    variables = st.indices + st.reduction_indices
+    missing = [v for v in variables if v not in solved]
+    if missing:
+        names = ", ".join(missing)
+        which = "index" if len(missing) == 1 else "indices"
+        lhs = [v for v in missing if v in st.indices]
+        role = "of the left-hand side" if lhs else "of the reduction"
+        raise TCRangeError(
+            f"cannot infer the range of {which} {names} {role}: no access bounds "
+            f"{'it' if len(missing) == 1 else 'them'} on its own; add "
+            f"where {missing[0]} in 0:<size>",
+            st.span,
+        )
+    ranges = tuple(IndexRange(v, *solved[v]) for v in variables)
+    for r, span in zip(
+        ranges, [*st.index_spans, *([st.span] * len(st.reduction_indices))], strict=True
+    ):
+        if provably_le(r.hi, r.lo):
+            raise TCRangeError(f"index {r.var} has an empty range {r.lo}:{r.hi}", span)
+
+    if st.tensor in shapes:
+        lhs_shape = shapes[st.tensor]
+    else:
+        for r, span in zip(ranges, st.index_spans, strict=False):
+            if r.lo != Sym():
+                raise TCRangeError(
+                    f"{st.tensor} would start at index {r.lo}, not 0, in its dimension "
+                    f"written by {r.var} (inferred {r.var} in {r.lo}:{r.hi}); add a where "
+                    f"clause such as where {r.var} in 0:{r.hi}, or shift the subscripts",
+                    span,
+                )
+        lhs_shape = tuple(r.hi for r in ranges[: len(st.indices)])
+    return InferredRanges(ranges, _bounds_checks(conditions, solved), lhs_shape)
+
+
+def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> list[_Condition]:
+    out: list[_Condition] = []
+    if st.tensor in shapes:
+        for k, (var, span) in enumerate(zip(st.indices, st.index_spans, strict=True)):
+            own = Linear(((var, 1),), Sym())
+            out.append(_Condition(own, shapes[st.tensor][k], st.tensor, k, span, True))
+    reads = [*_accesses(st.rhs), *((a, True) for e in st.exists for a, _ in _accesses(e))]
+    for node, guarded in reads:
+        if node.tensor not in shapes:
+            continue
+        for k, arg in enumerate(node.args):
+            lin = linear_form(arg)
+            if lin is not None:
+                extent = shapes[node.tensor][k]
+                out.append(_Condition(lin, extent, node.tensor, k, arg.span, not guarded))
+    return out
+
+
+def _accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:
+    """Every access of an expression, and whether it is read only under a condition
+    (a branch of ?:, the right operand of && or ||), where C evaluates it lazily."""
+    stack = [(e, False)]
+    while stack:
+        node, guarded = stack.pop()
+        if isinstance(node, ast.Access):
+            yield node, guarded
+        match node:
+            case ast.Ternary(cond=c, then=t, orelse=o):
+                stack += [(c, guarded), (t, True), (o, True)]
+            case ast.Binary(op=ast.BinaryOp.AND | ast.BinaryOp.OR, lhs=a, rhs=b):
+                stack += [(a, guarded), (b, True)]
+            case _:
+                stack += [(c, guarded) for c in ast.children(node)]
+
+
+def _solve(st: StatementShape, conditions: list[_Condition]) -> dict[str, tuple[Sym, Sym]]:
+    solved = dict(st.fixed)
+    variables = st.indices + st.reduction_indices
+    while True:
+        found: dict[str, tuple[Sym, Sym]] = {}
+        for v in variables:
+            if v in solved:
+                continue
+            lows, highs = [], []
+            for cond in conditions:
+                a = cond.linear.coeff(v)
+                others = [u for u in cond.linear.variables if u != v]
+                if a == 0 or any(u not in solved for u in others):
+                    continue
+                lo, hi = _bound_one(v, cond, solved)
+                lows.append(lo)
+                highs.append(hi)
+            if lows:
+                found[v] = (sym_max(lows), sym_min(highs))
+        if not found:
+            return solved
+        solved.update(found)
+
+
+def _extremes(
+    lin: Linear, ranges: Mapping[str, tuple[Sym, Sym]], skip: str = ""
+) -> tuple[Sym, Sym]:
+    """Least and greatest value of `lin` over the box `ranges` (ignoring `skip`)."""
+    lo, hi = lin.rest, lin.rest
+    for u, c in lin.coeffs:
+        if u == skip:
+            continue
+        first, last = ranges[u][0], ranges[u][1] - 1
+        lo = lo + (first * c if c > 0 else last * c)
+        hi = hi + (last * c if c > 0 else first * c)
+    return lo, hi
+
+
+def _bound_one(v: str, cond: _Condition, solved: Mapping[str, tuple[Sym, Sym]]) -> tuple[Sym, Sym]:
+    """The interval [lo, hi) of `v` for which 0 <= a*v + r <= extent-1 holds for every
+    value r of the rest of the subscript."""
+    a = cond.linear.coeff(v)
+    rmin, rmax = _extremes(cond.linear, solved, skip=v)
+    top = cond.extent - 1
+    if a > 0:
+        return (-rmin).ceildiv(a), (top - rmax).floordiv(a) + 1
+    b = -a
+    return (rmax - top).ceildiv(b), rmin.floordiv(b) + 1
+
+
+def _bounds_checks(
+    conditions: list[_Condition], ranges: Mapping[str, tuple[Sym, Sym]]
+) -> tuple[BoundsCheck, ...]:
+    checks = []
+    for cond in conditions:
+        if not cond.proved:
+            continue
+        lo, hi = _extremes(cond.linear, ranges)
+        low_ok = provably_le(Sym(), lo)
+        high_ok = provably_le(hi, cond.extent - 1)
+        if low_ok is False or high_ok is False:
+            index = lo if low_ok is False else hi
+            raise TCRangeError(
+                f"this subscript of {cond.tensor} reaches index {index}, outside 0:"
+                f"{cond.extent} of its dimension {cond.dim}, for every size",
+                cond.span,
+            )
+        if not (low_ok and high_ok):
+            checks.append(BoundsCheck(cond.tensor, cond.dim, lo, hi, cond.extent, cond.span))
+    return tuple(checks)
+
+
+def sym_of_bound(e: ast.Expr, sizes: Mapping[str, object], tensors: Mapping[str, object]) -> Sym:
+    """A `where` bound as an expression in the sizes (`/` is floor division)."""
+
+    def fail(msg: str, span: Span) -> TCSemanticError:
+        return TCSemanticError(msg, span)
+
+    match e:
+        case ast.IntLit(value=v):
+            return Sym.of(v)
+        case ast.Ident(name=n, span=span):
+            if n in sizes:
+                return Sym.of(n)
+            what = "a tensor" if n in tensors else "not a size"
+            raise fail(f"a range bound may use only sizes and integers, and {n} is {what}", span)
+        case ast.Unary(op=ast.UnaryOp.NEG, operand=v):
+            return -sym_of_bound(v, sizes, tensors)
+        case ast.Binary(op=op, lhs=a, rhs=b, span=span):
+            x, y = sym_of_bound(a, sizes, tensors), sym_of_bound(b, sizes, tensors)
+            match op:
+                case ast.BinaryOp.ADD:
+                    return x + y
+                case ast.BinaryOp.SUB:
+                    return x - y
+                case ast.BinaryOp.MUL if x.is_const or y.is_const:
+                    return y * x.const if x.is_const else x * y.const
+                case ast.BinaryOp.DIV if y.is_const and y.const > 0:
+                    return x.floordiv(y.const)
+                case ast.BinaryOp.MIN:
+                    return sym_min([x, y])
+                case ast.BinaryOp.MAX:
+                    return sym_max([x, y])
+            raise fail(
+                f"a range bound must be affine in the sizes; {op.value} is not allowed here "
+                "(products need a constant factor, division a positive constant)",
+                span,
+            )
+    raise fail("a range bound may use only sizes, integers, + - * / min max", e.span)

@@ -1,0 +1,534 @@
+"""Semantic analysis: names, types, reductions, and the statement-order rules of TC.
+
+`check_program` takes a parsed `Program` and returns one `CheckedDef` per definition,
+or raises a `TCSemanticError` / `TCTypeError` / `TCRangeError` pointing at the
+offending source. Statements are checked in source order, because a tensor's type and
+shape come from its first definition and later statements may read it.
+
+Rules beyond the language summary, decided here for safety:
+- an undeclared output or temporary may not be read before a statement writes it;
+- a reduction's right-hand side may not read the tensor it reduces into, and a plain
+  `=` may read its own tensor only at exactly the indices it writes (otherwise the
+  result would depend on the order of the loops, which TC leaves unspecified);
+- keyword-like misuse of names (a builtin as a tensor, a size as an index) is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tcpy.errors import Span, TCSemanticError, TCTypeError, TCWarning
+from tcpy.parser import ast
+from tcpy.parser.builtins import BUILTINS
+from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
+from tcpy.parser.ranges import StatementShape, infer_ranges, sym_of_bound
+from tcpy.parser.symbolic import Sym
+from tcpy.types import ScalarType, assignable, builtin_result, promote
+
+INT32 = ScalarType.INT32
+BOOL = ScalarType.BOOL
+
+
+def check_program(program: ast.Program) -> dict[str, CheckedDef]:
+    """Check every definition of a program; names must be unique across it."""
+    checked: dict[str, CheckedDef] = {}
+    for d in program.defs:
+        if d.name in checked:
+            raise TCSemanticError(f"def {d.name} is defined twice in this source", d.name_span)
+        checked[d.name] = _DefChecker(d, program.source).run()
+    return checked
+
+
+@dataclass
+class _Tensor:
+    name: str
+    role: Role
+    span: Span
+    scalar: ScalarType | None = None
+    shape: tuple[Sym, ...] | None = None
+    written: bool = False
+
+    def info(self) -> TensorInfo:
+        assert self.scalar is not None and self.shape is not None
+        return TensorInfo(self.name, self.role, self.scalar, self.shape, self.span)
+
+
+@dataclass
+class _DefChecker:
+    d: ast.Def
+    source: str
+    tensors: dict[str, _Tensor] = field(default_factory=dict)
+    sizes: dict[str, Span] = field(default_factory=dict)
+
+    def run(self) -> CheckedDef:
+        self.declare_inputs()
+        self.declare_outputs()
+        statements = tuple(self.statement(st) for st in self.d.statements)
+        for out in self.d.outputs:
+            if not self.tensors[out.name].written:
+                raise TCSemanticError(
+                    f"output {out.name} is never written by def {self.d.name}", out.span
+                )
+        by_role = {
+            role: tuple(t.info() for t in self.tensors.values() if t.role is role) for role in Role
+        }
+        outputs = tuple(self.tensors[o.name].info() for o in self.d.outputs)
+        return CheckedDef(
+            name=self.d.name,
+            inputs=by_role[Role.INPUT],
+            outputs=outputs,
+            temporaries=by_role[Role.TEMPORARY],
+            statements=statements,
+            size_symbols=tuple(self.sizes),
+            span=self.d.span,
+            source=self.source,
+        )
+
+    # --- declarations -------------------------------------------------------------
+
+    def declare_inputs(self) -> None:
+        for p in self.d.params:
+            if p.type is None:
+                raise TCSemanticError(
+                    f"input {p.name} has no type: declare it like float(N) {p.name}, "
+                    f"or float {p.name} for a scalar",
+                    p.span,
+                )
+            self.check_new_name(p.name, p.span, "input")
+            shape = self.declared_shape(p.type, defining=True)
+            self.tensors[p.name] = _Tensor(p.name, Role.INPUT, p.span, p.type.scalar, shape, True)
+        for name, span in self.sizes.items():
+            if name in self.tensors:
+                raise TCSemanticError(
+                    f"{name} names both a size and a tensor; sizes and tensors share one "
+                    "namespace (scalar inputs are values, not sizes)",
+                    span,
+                )
+
+    def declare_outputs(self) -> None:
+        if not self.d.outputs:
+            raise TCSemanticError(f"def {self.d.name} has no outputs", self.d.name_span)
+        for o in self.d.outputs:
+            if o.name in self.tensors and self.tensors[o.name].role is Role.INPUT:
+                raise TCSemanticError(
+                    f"{o.name} is both an input and an output; inputs are read-only, "
+                    "give the output another name",
+                    o.span,
+                )
+            self.check_new_name(o.name, o.span, "output")
+            if o.name in self.sizes:
+                raise TCSemanticError(f"{o.name} names both a size and an output", o.span)
+            t = _Tensor(o.name, Role.OUTPUT, o.span)
+            if o.type is not None:
+                t.scalar = o.type.scalar
+                t.shape = self.declared_shape(o.type, defining=False)
+            self.tensors[o.name] = t
+
+    def check_new_name(self, name: str, span: Span, what: str) -> None:
+        if name in self.tensors:
+            raise TCSemanticError(f"{what} {name} is declared twice", span)
+        if name in BUILTINS:
+            raise TCSemanticError(f"{name} is a builtin function and cannot name a tensor", span)
+
+    def declared_shape(self, ty: ast.TensorType, defining: bool) -> tuple[Sym, ...]:
+        shape = []
+        for dim in ty.dims:
+            match dim:
+                case ast.ConstDim(value=v, span=span):
+                    if v < 1:
+                        raise TCSemanticError(f"a fixed size must be at least 1, not {v}", span)
+                    shape.append(Sym.of(v))
+                case ast.SizeDim(name=n, span=span):
+                    if n in BUILTINS:
+                        raise TCSemanticError(f"{n} is a builtin function, not a size", span)
+                    if n not in self.sizes:
+                        if not defining:
+                            raise TCSemanticError(
+                                f"size {n} of this output is not a size of any input",
+                                span,
+                            )
+                        self.sizes[n] = span
+                    shape.append(Sym.of(n))
+        return tuple(shape)
+
+    # --- statements ---------------------------------------------------------------
+
+    def statement(self, st: ast.Statement) -> CheckedStatement:
+        lhs = self.lhs_tensor(st)
+        self.check_lhs_indices(st, lhs)
+        fixed, lets, exists = self.where_clauses(st)
+        resolver = _Resolver(self, st, lets)
+        rhs = resolver.expr(st.rhs)
+        exists_exprs = tuple(resolver.expr(e) for e in exists)
+        if st.equivalent is not None:
+            self.check_equivalent(st, resolver.indices)
+        reduction = tuple(
+            v for v in dict.fromkeys([*resolver.indices, *fixed]) if v not in st.indices
+        )
+        self.check_reduction(st, reduction, lhs)
+        self.check_self_reads(st, rhs)
+        self.check_store_type(st, rhs, lhs)
+
+        shape = infer_ranges(
+            StatementShape(
+                tensor=st.tensor,
+                indices=st.indices,
+                index_spans=st.index_spans,
+                reduction_indices=reduction,
+                rhs=rhs,
+                exists=exists_exprs,
+                fixed=fixed,
+                span=st.span,
+                lhs_span=st.lhs_span,
+            ),
+            {n: t.shape for n, t in self.tensors.items() if t.shape is not None},
+        )
+        if lhs.shape is None:
+            lhs.shape = shape.lhs_shape
+        lhs.written = True
+        return CheckedStatement(
+            tensor=st.tensor,
+            indices=st.indices,
+            reduction_indices=reduction,
+            op=st.op,
+            rhs=rhs,
+            ranges=shape.ranges,
+            checks=shape.checks,
+            span=st.span,
+            text=_statement_text(self.source, st.span),
+        )
+
+    def lhs_tensor(self, st: ast.Statement) -> _Tensor:
+        name = st.tensor
+        if name in self.sizes:
+            raise TCSemanticError(f"{name} is a size and cannot be written", st.lhs_span)
+        if name in BUILTINS:
+            raise TCSemanticError(
+                f"{name} is a builtin function and cannot be written", st.lhs_span
+            )
+        t = self.tensors.get(name)
+        if t is None:
+            t = self.tensors[name] = _Tensor(name, Role.TEMPORARY, st.lhs_span)
+        elif t.role is Role.INPUT:
+            raise TCSemanticError(
+                f"input {name} is read-only; write the result into an output or a temporary",
+                st.lhs_span,
+            )
+        if not t.written and st.op.is_reduction and not st.op.initializes:
+            warnings.warn(
+                f"line {st.span.line}: {name} is not initialised before this {st.op.value} "
+                f"reduction, so it starts from zero; write {st.op.value}! to say so",
+                TCWarning,
+                stacklevel=2,
+            )
+        return t
+
+    def check_lhs_indices(self, st: ast.Statement, lhs: _Tensor) -> None:
+        seen: set[str] = set()
+        for name, span in zip(st.indices, st.index_spans, strict=True):
+            if name in seen:
+                raise TCSemanticError(
+                    f"index {name} appears twice on the left-hand side; each dimension of "
+                    f"{st.tensor} needs its own index",
+                    span,
+                )
+            seen.add(name)
+            self.check_index_name(name, span)
+        if lhs.shape is not None and len(lhs.shape) != len(st.indices):
+            raise TCSemanticError(
+                f"{st.tensor} has {len(lhs.shape)} dimension(s) but is written with "
+                f"{len(st.indices)} index(es)",
+                st.lhs_span,
+            )
+
+    def check_index_name(self, name: str, span: Span) -> None:
+        if name in self.tensors:
+            raise TCSemanticError(f"{name} names a tensor and cannot be used as an index", span)
+        if name in self.sizes:
+            raise TCSemanticError(f"{name} names a size and cannot be used as an index", span)
+        if name in BUILTINS:
+            raise TCSemanticError(f"{name} is a builtin function, not an index", span)
+
+    def where_clauses(
+        self, st: ast.Statement
+    ) -> tuple[dict[str, tuple[Sym, Sym]], dict[str, ast.LetClause], list[ast.Expr]]:
+        fixed: dict[str, tuple[Sym, Sym]] = {}
+        lets: dict[str, ast.LetClause] = {}
+        exists: list[ast.Expr] = []
+        for c in st.where:
+            match c:
+                case ast.RangeClause(var=v, lo=lo, hi=hi, span=span):
+                    self.check_index_name(v, span)
+                    if v in fixed or v in lets:
+                        raise TCSemanticError(f"{v} has two where clauses", span)
+                    fixed[v] = (self.bound(lo), self.bound(hi))
+                case ast.LetClause(var=v, span=span):
+                    self.check_index_name(v, span)
+                    if v in fixed or v in lets:
+                        raise TCSemanticError(f"{v} has two where clauses", span)
+                    if v in st.indices:
+                        raise TCSemanticError(
+                            f"{v} is an index of the left-hand side and cannot be a let", span
+                        )
+                    lets[v] = c
+                case ast.ExistsClause(expr=e):
+                    exists.append(e)
+        return fixed, lets, exists
+
+    def bound(self, e: ast.Expr) -> Sym:
+        return sym_of_bound(e, self.sizes, self.tensors)
+
+    def check_reduction(self, st: ast.Statement, reduction: tuple[str, ...], lhs: _Tensor) -> None:
+        if reduction and not st.op.is_reduction:
+            names = ", ".join(reduction)
+            raise TCSemanticError(
+                f"index {names} appears only on the right-hand side, which makes it a "
+                f"reduction index: use a reduction such as +=! (or index {st.tensor} with it)",
+                st.span,
+            )
+        if (
+            st.op.is_reduction
+            and lhs.scalar is BOOL
+            and st.op.reduction
+            in (
+                ast.Reduction.SUM,
+                ast.Reduction.PROD,
+            )
+        ):
+            raise TCTypeError(
+                f"{st.op.value} needs a numeric tensor, and {st.tensor} is bool", st.lhs_span
+            )
+
+    def check_self_reads(self, st: ast.Statement, rhs: ast.Expr) -> None:
+        for acc in _accesses(rhs):
+            if acc.tensor != st.tensor:
+                continue
+            if st.op.is_reduction:
+                raise TCSemanticError(
+                    f"this reduction reads {st.tensor}, the tensor it reduces into; compute "
+                    "the reduction into a temporary first",
+                    acc.span,
+                )
+            same = len(acc.args) == len(st.indices) and all(
+                isinstance(a, ast.Index) and a.name == i
+                for a, i in zip(acc.args, st.indices, strict=True)
+            )
+            if not same:
+                raise TCSemanticError(
+                    f"{st.tensor} is read at other indices than it is written "
+                    f"({st.tensor}({', '.join(st.indices)})), so the result would depend on "
+                    "the loop order; write into another tensor",
+                    acc.span,
+                )
+
+    def check_store_type(self, st: ast.Statement, rhs: ast.Expr, lhs: _Tensor) -> None:
+        assert rhs.ty is not None
+        if lhs.scalar is None:
+            if (
+                st.op.is_reduction
+                and rhs.ty is BOOL
+                and st.op.reduction
+                in (
+                    ast.Reduction.SUM,
+                    ast.Reduction.PROD,
+                )
+            ):
+                raise TCTypeError(
+                    f"{st.op.value} needs numbers, and the right-hand side is bool; "
+                    "cast it, e.g. int32(...)",
+                    rhs.span,
+                )
+            lhs.scalar = rhs.ty
+        elif not assignable(rhs.ty, lhs.scalar):
+            raise TCTypeError(
+                f"cannot store a {rhs.ty.value} value into {lhs.scalar.value} tensor "
+                f"{st.tensor} without a cast; write {lhs.scalar.value}(...)",
+                rhs.span,
+            )
+
+    def check_equivalent(self, st: ast.Statement, indices: list[str]) -> None:
+        assert st.equivalent is not None
+        known = set(self.tensors) | set(self.sizes) | set(st.indices) | set(indices)
+        for e in st.equivalent.args:
+            for name, span in _names(e):
+                if name not in known:
+                    raise TCSemanticError(
+                        f"the <=> annotation names {name}, which is not a tensor, size or "
+                        "index of this statement",
+                        span,
+                    )
+
+
+class _Resolver:
+    """Resolves and types the expressions of one statement."""
+
+    def __init__(self, checker: _DefChecker, st: ast.Statement, lets: dict[str, ast.LetClause]):
+        self.c = checker
+        self.st = st
+        self.lets = lets
+        self.expanding: list[str] = []
+        self.indices: list[str] = []  # index variables met, in order
+
+    def expr(self, e: ast.Expr) -> ast.Expr:
+        match e:
+            case ast.IntLit():
+                return ast.IntLit(e.value, e.span, INT32)
+            case ast.FloatLit():
+                return ast.FloatLit(e.value, e.span, ScalarType.FLOAT32)
+            case ast.Ident(name=name, span=span):
+                return self.ident(name, span)
+            case ast.Apply():
+                return self.apply(e)
+            case ast.Cast(to=to, value=v, span=span):
+                return ast.Cast(to, self.expr(v), span, to)
+            case ast.Unary(op=op, operand=v, span=span):
+                return self.unary(op, self.expr(v), span)
+            case ast.Binary(op=op, lhs=a, rhs=b, span=span):
+                return self.binary(op, self.expr(a), self.expr(b), span)
+            case ast.Ternary(cond=c, then=t, orelse=o, span=span):
+                cond = self.expr(c)
+                _require(cond, BOOL, "the condition of ?:")
+                then, orelse = self.expr(t), self.expr(o)
+                return ast.Ternary(cond, then, orelse, span, promote(_ty(then), _ty(orelse)))
+        raise TypeError(f"unexpected node {type(e).__name__}")
+
+    def ident(self, name: str, span: Span) -> ast.Expr:
+        if name in self.lets:
+            if name in self.expanding:
+                raise TCSemanticError(f"let {name} is defined in terms of itself", span)
+            self.expanding.append(name)
+            value = self.expr(self.lets[name].value)
+            self.expanding.pop()
+            return value
+        if name in self.c.sizes:
+            return ast.SizeRef(name, span, INT32)
+        t = self.c.tensors.get(name)
+        if t is not None:
+            return self.access(t, (), span)
+        if name in BUILTINS:
+            raise TCSemanticError(f"{name} is a builtin function; call it as {name}(...)", span)
+        if name not in self.indices:
+            self.indices.append(name)
+        return ast.Index(name, span, INT32)
+
+    def apply(self, e: ast.Apply) -> ast.Expr:
+        name = e.name
+        t = self.c.tensors.get(name)
+        if t is not None:
+            args = tuple(self.expr(a) for a in e.args)
+            return self.access(t, args, e.span)
+        if name in BUILTINS:
+            arity = BUILTINS[name]
+            if len(e.args) != arity:
+                raise TCSemanticError(
+                    f"{name} takes {arity} argument(s), not {len(e.args)}", e.span
+                )
+            args = tuple(self.expr(a) for a in e.args)
+            for a in args:
+                _require_number(a, f"an argument of {name}")
+            return ast.Call(name, args, e.span, builtin_result(tuple(_ty(a) for a in args)))
+        if name in self.c.sizes:
+            raise TCSemanticError(f"{name} is a size, not a tensor or function", e.name_span)
+        if name in self.lets or name in self.st.indices:
+            raise TCSemanticError(f"{name} is an index, not a tensor or function", e.name_span)
+        candidates = [*self.c.tensors, *BUILTINS]
+        close = difflib.get_close_matches(name, candidates, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise TCSemanticError(f"unknown tensor or function {name}{hint}", e.name_span)
+
+    def access(self, t: _Tensor, args: tuple[ast.Expr, ...], span: Span) -> ast.Access:
+        if t.scalar is None or t.shape is None:
+            raise TCSemanticError(f"{t.name} is read before any statement writes it", span)
+        if len(args) != len(t.shape):
+            if not args:
+                raise TCSemanticError(
+                    f"{t.name} has {len(t.shape)} dimension(s); index it as {t.name}(...)",
+                    span,
+                )
+            raise TCSemanticError(
+                f"{t.name} has {len(t.shape)} dimension(s) but is accessed with "
+                f"{len(args)} subscript(s)",
+                span,
+            )
+        for a in args:
+            if _ty(a).is_float or _ty(a).is_bool:
+                raise TCTypeError(
+                    f"a subscript of {t.name} must be an integer, not {_ty(a).value}", a.span
+                )
+        if not t.written:
+            warnings.warn(
+                f"line {span.line}: {t.name} is read before any statement writes it; "
+                "it reads zeros",
+                TCWarning,
+                stacklevel=2,
+            )
+        return ast.Access(t.name, args, span, t.scalar)
+
+    def unary(self, op: ast.UnaryOp, v: ast.Expr, span: Span) -> ast.Expr:
+        if op is ast.UnaryOp.NOT:
+            _require(v, BOOL, "the operand of !")
+            return ast.Unary(op, v, span, BOOL)
+        _require_number(v, "the operand of -")
+        return ast.Unary(op, v, span, _ty(v))
+
+    def binary(self, op: ast.BinaryOp, a: ast.Expr, b: ast.Expr, span: Span) -> ast.Expr:
+        if op.is_logical:
+            _require(a, BOOL, f"the operands of {op.value}")
+            _require(b, BOOL, f"the operands of {op.value}")
+            return ast.Binary(op, a, b, span, BOOL)
+        if op.is_comparison:
+            if op in (ast.BinaryOp.EQ, ast.BinaryOp.NE) and _ty(a).is_bool and _ty(b).is_bool:
+                return ast.Binary(op, a, b, span, BOOL)
+            _require_number(a, f"the operands of {op.value}")
+            _require_number(b, f"the operands of {op.value}")
+            return ast.Binary(op, a, b, span, BOOL)
+        _require_number(a, f"the operands of {op.value}")
+        _require_number(b, f"the operands of {op.value}")
+        ty = promote(_ty(a), _ty(b))
+        if op is ast.BinaryOp.MOD and ty.is_float:
+            raise TCTypeError("% needs integer operands; use fmod(a, b) for floats", span)
+        return ast.Binary(op, a, b, span, ty)
+
+
+def _ty(e: ast.Expr) -> ScalarType:
+    assert e.ty is not None
+    return e.ty
+
+
+def _require(e: ast.Expr, ty: ScalarType, what: str) -> None:
+    if _ty(e) is not ty:
+        raise TCTypeError(f"{what} must be {ty.value}, not {_ty(e).value}", e.span)
+
+
+def _require_number(e: ast.Expr, what: str) -> None:
+    if _ty(e).is_bool:
+        raise TCTypeError(
+            f"{what} must be a number, not bool; cast with int32(...) or use ?:", e.span
+        )
+
+
+def _accesses(e: ast.Expr) -> Iterator[ast.Access]:
+    return (n for n in ast.walk(e) if isinstance(n, ast.Access))
+
+
+def _names(e: ast.Expr) -> Iterator[tuple[str, Span]]:
+    for n in ast.walk(e):
+        match n:
+            case ast.Ident(name=name, span=span):
+                yield name, span
+            case ast.Apply(name=name, name_span=span) if name not in BUILTINS:
+                yield name, span
+
+
+def _statement_text(source: str, span: Span) -> str:
+    lines = source.splitlines()[span.line - 1 : span.end_line]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0][span.column - 1 : span.end_column - 1].strip()
+    lines[0] = lines[0][span.column - 1 :]
+    lines[-1] = lines[-1][: span.end_column - 1]
+    return " ".join(line.strip() for line in lines)

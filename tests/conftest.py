@@ -1,0 +1,40 @@
+"""Shared test setup: the tests directory on sys.path (for corpus_cases), the golden
+accept switch, and the skipping of `gpu` tests where there is no GPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--accept",
+        action="store_true",
+        default=False,
+        help="rewrite golden files with the current output instead of comparing",
+    )
+
+
+@pytest.fixture
+def accept(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--accept")) or os.environ.get("TCPY_ACCEPT") == "1"
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
