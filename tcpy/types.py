@@ -49,7 +49,7 @@ class ScalarType(enum.Enum):
 
     @property
     def bits(self) -> int:
-        return 1 if self.is_bool else int(self.value.removeprefix("u").lstrip("intflo"))
+        return 1 if self.is_bool else int("".join(c for c in self.value if c.isdigit()))
 
     @property
     def dtype(self) -> np.dtype:

@@ -218,7 +218,9 @@ class _Builder:
 
     def floating(self, tok: Token) -> float:
         value = float(str(tok))
-        if not np.isfinite(np.float32(value)) or (value != 0 and np.float32(value) == 0):
+        with np.errstate(over="ignore", under="ignore"):
+            single = np.float32(value)
+        if not np.isfinite(single) or (value != 0 and single == 0):
             raise TCSyntaxError(
                 f"float literal {tok} is outside the range of float32; "
                 "write the value differently or use a double tensor",
@@ -346,7 +348,10 @@ def _open_construct(stack: list[Any]) -> tuple[str, str]:
                 pending.pop()
                 continue
             before = stack[i - 1] if i > 0 else None
-            return item.type, _construct_name(item.type, before, stack[: i - 1])
+            name = _construct_name(item.type, before, stack[: i - 1])
+            if item.type == "LPAR" and name != "the parenthesis":
+                name += f" opened at {item.line}:{item.column}"
+            return item.type, name
     return "", ""
 
 

@@ -1,0 +1,83 @@
+"""Readable dumps of the front end's results: S-expressions of the AST (without spans)
+and a summary of a checked definition (tensor types and shapes, index ranges). Used by
+golden tests and by `tcpy check --verbose`."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from tcpy.errors import Span
+from tcpy.parser import ast
+from tcpy.parser.checked import CheckedDef
+from tcpy.types import ScalarType
+
+
+def dump(node: object, indent: int = 0) -> str:
+    """An S-expression of an AST node, one child per line, spans left out."""
+    pad = "  " * indent
+    match node:
+        case tuple() | list():
+            if not node:
+                return pad + "()"
+            return "\n".join(dump(n, indent) for n in node)
+        case ScalarType() | enum.Enum():
+            return pad + str(node.value)
+        case str() | int() | float() | None:
+            return pad + repr(node)
+    assert dataclasses.is_dataclass(node)
+    fields = [
+        f
+        for f in dataclasses.fields(node)
+        if f.name not in ("span", "name_span", "lhs_span", "index_spans", "source")
+    ]
+    atoms, nested = [], []
+    for f in fields:
+        value = getattr(node, f.name)
+        if _is_atom(value):
+            atoms.append(f"{f.name}={_atom(value)}")
+        else:
+            nested.append((f.name, value))
+    head = f"{pad}({type(node).__name__}" + "".join(" " + a for a in atoms)
+    if not nested:
+        return head + ")"
+    lines = [head]
+    for name, value in nested:
+        lines.append(f"{pad}  :{name}")
+        lines.append(dump(value, indent + 2))
+    return "\n".join(lines) + ")"
+
+
+def _is_atom(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(isinstance(v, str) for v in value)
+    return value is None or isinstance(value, str | int | float | enum.Enum | Span)
+
+
+def _atom(value: object) -> str:
+    match value:
+        case tuple():
+            return "(" + " ".join(value) + ")"
+        case ScalarType():
+            return value.value
+        case enum.Enum():
+            return repr(value.value)
+    return repr(value)
+
+
+def summary(cdef: CheckedDef) -> str:
+    """Tensors with their types and shapes, then each statement with its index ranges."""
+    lines = [f"def {cdef.name}  sizes: {' '.join(cdef.size_symbols) or '-'}"]
+    for t in cdef.tensors:
+        shape = ", ".join(map(str, t.shape))
+        lines.append(f"  {t.role.value:9} {t.name}: {t.scalar.value}[{shape}]")
+    for st in cdef.statements:
+        lines.append(f"  {st.text}")
+        for r in st.ranges:
+            kind = "reduction" if r.var in st.reduction_indices else "index"
+            lines.append(f"    {kind:9} {r}")
+        for c in st.checks:
+            lines.append(
+                f"    check     {c.tensor} dim {c.dim}: {c.lo} .. {c.hi} within 0:{c.extent}"
+            )
+    return "\n".join(lines)
