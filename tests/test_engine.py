@@ -1,0 +1,165 @@
+"""The public API on the reference target: define, run, call by attribute, call-time
+checks, kernel reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy import TCError, TCInputError, TCRangeError
+
+SOURCE = """
+def mm(float(M,K) A, float(K,N) B) -> (C) {
+    C(m,n) +=! A(m,k) * B(k,n)
+}
+def scale(float(N) X, float alpha) -> (Y, s) {
+    Y(i) = X(i) * alpha
+    s +=! Y(i)
+}
+def fixed(float(N, 4) A) -> (O) {
+    O(i) +=! A(i, j)
+}
+def shrink(float(N) A) -> (O) {
+    O(i) = A(i) + A(i + 1) where i in 0:N-1
+}
+def third(float(N) I) -> (O) {
+    O(i) = I(3 * i)
+}
+"""
+
+rng = np.random.default_rng(7)
+
+
+@pytest.fixture
+def engine() -> tcpy.ExecutionEngine:
+    e = tcpy.ExecutionEngine(target="reference")
+    assert e.define(SOURCE) == ("mm", "scale", "fixed", "shrink", "third")
+    return e
+
+
+def test_run_and_attribute_agree(engine: tcpy.ExecutionEngine) -> None:
+    A = rng.standard_normal((5, 3)).astype(np.float32)
+    B = rng.standard_normal((3, 4)).astype(np.float32)
+    C = engine.run("mm", A, B)
+    assert isinstance(C, np.ndarray) and C.dtype == np.float32 and C.shape == (5, 4)
+    np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(engine.mm(A, B), C)
+
+
+def test_several_outputs_are_a_tuple(engine: tcpy.ExecutionEngine) -> None:
+    X = np.arange(4, dtype=np.float32)
+    Y, s = engine.scale(X, np.float32(2.0))
+    np.testing.assert_array_equal(Y, X * 2)
+    assert s.shape == () and s.dtype == np.float32 and float(s) == 12.0
+
+
+@pytest.mark.parametrize("alpha", [2.0, 2, np.float32(2.0), np.array(2.0, dtype=np.float32)])
+def test_scalar_inputs(engine: tcpy.ExecutionEngine, alpha: object) -> None:
+    Y, _ = engine.scale(np.ones(3, dtype=np.float32), alpha)
+    np.testing.assert_array_equal(Y, [2, 2, 2])
+
+
+def test_non_contiguous_inputs_are_read_correctly(engine: tcpy.ExecutionEngine) -> None:
+    A = rng.standard_normal((6, 3)).astype(np.float32)[::2]
+    B = np.asfortranarray(rng.standard_normal((3, 4)).astype(np.float32))
+    np.testing.assert_allclose(engine.mm(A, B), A @ B, rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_are_reused_per_signature(engine: tcpy.ExecutionEngine) -> None:
+    A = np.ones((2, 3), np.float32)
+    B = np.ones((3, 2), np.float32)
+    engine.mm(A, B)
+    engine.mm(A, B)
+    engine.mm(np.ones((4, 3), np.float32), B)
+    assert (engine.misses, engine.hits) == (2, 1)
+
+
+def test_redefining_replaces(engine: tcpy.ExecutionEngine) -> None:
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) max=! A(m,k) * B(k,n) }")
+    A = np.array([[1, 2]], np.float32)
+    B = np.array([[3], [5]], np.float32)
+    assert engine.mm(A, B)[0, 0] == 10.0
+
+
+def test_unknown_entry(engine: tcpy.ExecutionEngine) -> None:
+    with pytest.raises(TCError, match="no def named 'nope'"):
+        engine.run("nope")
+    with pytest.raises(AttributeError):
+        engine.nope  # noqa: B018
+
+
+def test_unknown_target() -> None:
+    with pytest.raises(TCError, match="unknown target 'tpu'"):
+        tcpy.ExecutionEngine(target="tpu")
+
+
+def test_define_returns_nothing_partial_on_error() -> None:
+    e = tcpy.ExecutionEngine()
+    with pytest.raises(TCError):
+        e.define("def ok(float(N) A) -> (B) { B(i) = A(i) }\ndef bad(float(N) A) -> (B) { }")
+    assert e.entries == ()
+
+
+# --- call-time input errors ---------------------------------------------------------
+
+
+def _call_error(engine: tcpy.ExecutionEngine, entry: str, *args: object) -> TCError:
+    with pytest.raises(TCError) as info:
+        engine.run(entry, *args)
+    return info.value
+
+
+def test_wrong_input_count(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "mm", np.ones((2, 2), np.float32))
+    assert isinstance(err, TCInputError)
+    assert "takes 2 input(s) (A, B), but 1 were given" in str(err)
+
+
+def test_wrong_dtype_is_not_cast(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "mm", np.ones((2, 2)), np.ones((2, 2), np.float32))
+    assert isinstance(err, TCInputError)
+    assert "input A must be float32, but the array is float64" in str(err)
+
+
+def test_wrong_rank(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "mm", np.ones(2, np.float32), np.ones((2, 2), np.float32))
+    assert "input A must have 2 dimension(s), but has 1" in str(err)
+
+
+def test_inconsistent_sizes(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "mm", np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    assert isinstance(err, TCInputError)
+    assert "input B has 4 in dimension 0 (size K), but input A dimension 1 gave K = 3" in str(err)
+
+
+def test_fixed_size_mismatch(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "fixed", np.ones((2, 5), np.float32))
+    assert "input A must have size 4 in dimension 1, but has 5" in str(err)
+
+
+def test_float_scalar_for_int_input_is_rejected() -> None:
+    e = tcpy.ExecutionEngine()
+    e.define("def f(int32 k, float(N) A) -> (B) { B(i) = A(i) * k }")
+    with pytest.raises(TCInputError, match="does not convert"):
+        e.f(1.5, np.ones(2, np.float32))
+    with pytest.raises(TCInputError, match="out of its range"):
+        e.f(2**40, np.ones(2, np.float32))
+
+
+def test_non_array_input(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "mm", "text", np.ones((2, 2), np.float32))
+    assert "must be a NumPy array of float32, not str" in str(err)
+
+
+def test_empty_range_at_call_time(engine: tcpy.ExecutionEngine) -> None:
+    err = _call_error(engine, "shrink", np.ones(1, np.float32))
+    assert isinstance(err, TCRangeError)
+    assert "empty (at N=1)" in str(err)
+    assert err.line == 13
+
+
+def test_deferred_bounds_hold(engine: tcpy.ExecutionEngine) -> None:
+    for n in (1, 2, 3, 7, 10):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(engine.third(x), x[::3])
