@@ -8,7 +8,6 @@ import dataclasses
 import enum
 
 from tcpy.errors import Span
-from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
 from tcpy.types import ScalarType
 
