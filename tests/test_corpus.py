@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpus_cases import CASES, Case
 
 import tcpy
-from corpus_cases import CASES, Case
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -43,7 +43,7 @@ def make_inputs(case: Case, sizes: dict[str, int]) -> tuple:
 
 def check_outputs(case: Case, got: tuple, want: tuple) -> None:
     assert len(got) == len(want), f"{case.name}: {len(got)} outputs, expected {len(want)}"
-    for k, (g, w) in enumerate(zip(got, want)):
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype, f"{case.name} output {k}: dtype {g.dtype}, expected {w.dtype}"
         assert g.shape == w.shape, f"{case.name} output {k}: shape {g.shape}, expected {w.shape}"
@@ -55,13 +55,25 @@ def check_outputs(case: Case, got: tuple, want: tuple) -> None:
             )
 
 
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")  # nonbang.tc warns on purpose
 @pytest.mark.parametrize(("case", "sizes"), _params())
 def test_corpus_reference(case: Case, sizes: dict[str, int]) -> None:
     inputs = make_inputs(case, sizes)
     want = case.expected(*inputs)
+    before = [np.array(x, copy=True) for x in inputs]
     engine = _engine(case.file)
     got = _as_tuple(engine.run(case.entry, *inputs))
     check_outputs(case, got, want)
+    for k, (x, saved) in enumerate(zip(inputs, before, strict=True)):
+        np.testing.assert_array_equal(x, saved, err_msg=f"{case.name}: input {k} was modified")
+
+
+def test_nonbang_reductions_warn() -> None:
+    """A non-! reduction into a tensor no statement has written starts from zero, and
+    defining it says so."""
+    engine = tcpy.ExecutionEngine(target="reference")
+    with pytest.warns(tcpy.TCWarning, match="starts from zero"):
+        engine.define((CORPUS / "nonbang.tc").read_text())
 
 
 def test_corpus_is_large_enough() -> None:
@@ -91,3 +103,24 @@ def test_case_inputs_are_well_formed() -> None:
                     assert x.flags.c_contiguous, case.name
         if case.sizes:
             assert case.odd_sizes, f"{case.name} has no odd sizes"
+
+
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+def test_case_inputs_match_declared_types() -> None:
+    """Every input has exactly the dtype and rank its TC declaration says, every size
+    set names exactly the size symbols of the entry, and every def is run by a case."""
+    from tcpy.parser import check_source
+
+    entries = {(c.file, c.entry) for c in CASES}
+    for path in sorted(CORPUS.glob("*.tc")):
+        for name in check_source(path.read_text(), str(path)):
+            assert (path.name, name) in entries, f"{path.name}: def {name} has no case"
+    for case in CASES:
+        cdef = check_source((CORPUS / case.file).read_text())[case.entry]
+        for sizes in (case.sizes, *case.odd_sizes):
+            assert set(sizes) == set(cdef.size_symbols), case.name
+            inputs = make_inputs(case, sizes)
+            assert len(inputs) == len(cdef.inputs), case.name
+            for x, info in zip(inputs, cdef.inputs, strict=True):
+                assert np.asarray(x).dtype == info.scalar.dtype, f"{case.name}: {info.name}"
+                assert np.ndim(x) == info.rank, f"{case.name}: {info.name}"

@@ -163,3 +163,13 @@ def test_deferred_bounds_hold(engine: tcpy.ExecutionEngine) -> None:
     for n in (1, 2, 3, 7, 10):
         x = np.arange(n, dtype=np.float32)
         np.testing.assert_array_equal(engine.third(x), x[::3])
+
+
+def test_deferred_bounds_fail_at_call_time() -> None:
+    e = tcpy.ExecutionEngine()
+    e.define("def f(float(N) A, float(M) B) -> (O) { O(i) = A(i) + B(i) where i in 0:N }")
+    np.testing.assert_array_equal(e.f(np.ones(2, np.float32), np.ones(3, np.float32)), [2, 2])
+    with pytest.raises(
+        TCRangeError, match=r"reaches index 2, outside 0:2 of its dimension 0 \(at M=2, N=3\)"
+    ):
+        e.f(np.ones(3, np.float32), np.ones(2, np.float32))

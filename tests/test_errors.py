@@ -525,3 +525,17 @@ def test_internal_error_is_not_a_tc_error() -> None:
 def test_warnings(source: str, fragment: str) -> None:
     with pytest.warns(tcpy.TCWarning, match=fragment):
         tcpy.ExecutionEngine().define(source)
+
+
+def test_guarded_read_that_narrows_a_range_warns() -> None:
+    source = (
+        "def pad(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
+        "  O(n,f,h,w) +=! (h+kh-1 >= 0 && h+kh-1 < H && w+kw-1 >= 0 && w+kw-1 < W)\n"
+        "      ? I(n,c,h+kh-1,w+kw-1) * W1(f,c,kh,kw) : 0.0 where h in 0:H, w in 0:W\n}"
+    )
+    with pytest.warns(tcpy.TCWarning, match="line 3: a read of I under a condition narrows"):
+        tcpy.ExecutionEngine().define(source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fixed = source.replace("w in 0:W", "w in 0:W, kh in 0:KH, kw in 0:KW")
+        tcpy.ExecutionEngine().define(fixed)

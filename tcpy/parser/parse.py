@@ -409,6 +409,8 @@ def _syntax_error(e: UnexpectedInput, source: str) -> TCSyntaxError:
                 msg = f"expected {_describe_expected(expected)}, found {found}"
                 if kind == "LPAR" and construct != "the parenthesis":
                     msg += f" (in {construct})"
+            if token is not None and token.type == "COMPARE":
+                msg += "; comparisons do not chain: write a < b && b < c"
             return TCSyntaxError(msg, span)
     return TCSyntaxError(str(e).splitlines()[0], span)
 

@@ -16,10 +16,11 @@ no condition; the targets check them on the data.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from tcpy.errors import Span, TCRangeError, TCSemanticError
+from tcpy.errors import Span, TCRangeError, TCSemanticError, TCWarning
 from tcpy.parser import ast
 from tcpy.parser.checked import BoundsCheck, IndexRange
 from tcpy.parser.symbolic import Sym, provably_le, sym_max, sym_min
@@ -112,12 +113,14 @@ class _Condition:
     dim: int
     span: Span
     proved: bool  # False for accesses only read under a condition, or in `exists`
+    guarded: bool = False  # read only under a condition (?: branch, right of && or ||)
 
 
 def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> InferredRanges:
     """Ranges of every index of `st`; `shapes` holds the tensors whose shape is known."""
     conditions = _conditions(st, shapes)
     solved = _solve(st, conditions)
+    _warn_guarded_narrowing(st, conditions, solved)
     variables = st.indices + st.reduction_indices
     missing = [v for v in variables if v not in solved]
     if missing:
@@ -159,15 +162,17 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
         for k, (var, span) in enumerate(zip(st.indices, st.index_spans, strict=True)):
             own = Linear(((var, 1),), Sym())
             out.append(_Condition(own, shapes[st.tensor][k], st.tensor, k, span, True))
-    reads = [*_accesses(st.rhs), *((a, True) for e in st.exists for a, _ in _accesses(e))]
-    for node, guarded in reads:
+    reads = [(a, g, False) for a, g in _accesses(st.rhs)]
+    reads += [(a, False, True) for e in st.exists for a, _ in _accesses(e)]
+    for node, guarded, exists in reads:
         if node.tensor not in shapes:
             continue
         for k, arg in enumerate(node.args):
             lin = linear_form(arg)
             if lin is not None:
                 extent = shapes[node.tensor][k]
-                out.append(_Condition(lin, extent, node.tensor, k, arg.span, not guarded))
+                proved = not (guarded or exists)
+                out.append(_Condition(lin, extent, node.tensor, k, arg.span, proved, guarded))
     return out
 
 
@@ -210,6 +215,30 @@ def _solve(st: StatementShape, conditions: list[_Condition]) -> dict[str, tuple[
         if not found:
             return solved
         solved.update(found)
+
+
+def _warn_guarded_narrowing(
+    st: StatementShape, conditions: list[_Condition], solved: Mapping[str, tuple[Sym, Sym]]
+) -> None:
+    """TC infers ranges from every read, guarded or not; a guard written to pad a
+    convolution then silently narrows the reduction instead. Say so."""
+    for cond in conditions:
+        if not cond.guarded or len(cond.linear.variables) < 2:
+            continue
+        without = _solve(st, [c for c in conditions if c is not cond])
+        for var in cond.linear.variables:
+            if var in st.fixed or var not in without or without[var] == solved[var]:
+                continue
+            lo, hi = solved[var]
+            warnings.warn(
+                f"line {cond.span.line}: a read of {cond.tensor} under a condition narrows "
+                f"the range of {var} to {lo}:{hi} (from {without[var][0]}:{without[var][1]});"
+                f" if the condition pads the read, give {var} its range with "
+                f"where {var} in ...",
+                TCWarning,
+                stacklevel=4,
+            )
+            return
 
 
 def _extremes(

@@ -207,8 +207,31 @@ def _extremum(args: Iterable[Sym], smallest: bool) -> Sym:
 
 
 def provably_le(a: Sym, b: Sym) -> bool | None:
-    """True or False when `a <= b` is decided for every size, None when unknown."""
+    """True when `a <= b` holds for every value of the sizes, False when it fails for
+    every value (a constant difference), None when this cannot tell."""
     diff = b - a
     if diff.is_const:
         return diff.const >= 0
+    for bound in _lower_bounds(diff):
+        if bound.is_const and bound.const >= 0:
+            return True
     return None
+
+
+def _lower_bounds(e: Sym, budget: int = 16) -> list[Sym]:
+    """Expressions <= e with the non-linear atoms replaced by linear bounds:
+    d*floor(x/d) >= x - d + 1, d*floor(x/d) <= x, max(x, y) >= x, min(x, y) <= x."""
+    results = [Sym((), e.const)]
+    for atom, c in e.terms:
+        options: list[Sym] = []
+        match atom:
+            case FloorDiv(num=x, den=d) if c % d == 0:
+                options = [(x - (d - 1)) * (c // d)] if c > 0 else [x * (c // d)]
+            case MaxOf(args=args) if c > 0:
+                options = [x * c for x in args]
+            case MinOf(args=args) if c < 0:
+                options = [x * c for x in args]
+            case _:
+                options = [Sym(((atom, c),), 0)]
+        results = [r + o for r in results for o in options][:budget]
+    return results
