@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_cases import CASES, Case
 
 import tcpy
+
+from corpus_cases import CASES, Case
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from golden_util import GOLDEN, check_golden
 from tcpy.errors import TCSyntaxError
 from tcpy.parser import ast
 from tcpy.parser.parse import parse
 from tcpy.parser.printer import dump
 from tcpy.types import ScalarType
+
+from golden_util import GOLDEN, check_golden
 
 PARSE_GOLDENS = sorted((GOLDEN / "parse").glob("*.tc"))
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from golden_util import check_golden
 from tcpy.errors import TCRangeError
 from tcpy.parser import check_source
 from tcpy.parser.printer import summary
 from tcpy.parser.symbolic import Sym, sym_min
+
+from golden_util import check_golden
 
 N, H, W, KH, KW, P, Q, M = (Sym.of(s) for s in ("N", "H", "W", "KH", "KW", "P", "Q", "M"))
 ZERO = Sym()

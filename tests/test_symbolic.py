@@ -12,7 +12,7 @@ N, M = Sym.of("N"), Sym.of("M")
 
 def test_canonical_sum() -> None:
     assert N + M - 3 == (M - 1) + (N - 2)
-    assert (N - N) == Sym()
+    assert Sym() == (N - N)
     assert str(N - Sym.of("KH") + 1) == "N - KH + 1"
 
 
