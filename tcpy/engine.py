@@ -15,21 +15,27 @@ import numpy as np
 
 from tcpy import targets
 from tcpy.binding import bind, signature_key
-from tcpy.errors import TCError
+from tcpy.errors import TCError, TCInputError
+from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.targets import Kernel
 
 
 class ExecutionEngine:
-    """Runs TC definitions on one target (`"reference"`: the NumPy interpreter)."""
+    """Runs TC definitions on one target: `"cpu"` (the default: C with OpenMP) or
+    `"reference"` (the NumPy interpreter)."""
 
     def __init__(self, target: str | None = None) -> None:
         self.target = target or targets.DEFAULT_TARGET
-        self._prepare = targets.get(self.target)
+        self._target = targets.get(self.target)
         self._defs: dict[str, CheckedDef] = {}
-        self._kernels: dict[tuple[str, tuple[Any, ...]], Kernel] = {}
-        self.hits = 0
-        self.misses = 0
+        self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
+        self._session = targets.Session(targets.open_disk_cache())
+
+    @property
+    def stats(self) -> targets.Stats:
+        """Kernels reused from memory, loaded from the disk cache, and compiled."""
+        return self._session.stats
 
     def define(self, source: str, filename: str | None = None) -> tuple[str, ...]:
         """Parse and check every def of `source`; returns their names."""
@@ -50,22 +56,29 @@ class ExecutionEngine:
             known = ", ".join(self._defs) or "none yet"
             raise TCError(f"no def named {entry!r} is defined (defined: {known})") from None
 
-    def run(self, entry: str, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def run(
+        self, entry: str, *inputs: Any, options: MappingOptions | None = None
+    ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run `entry` on `inputs`; one output is returned bare, several as a tuple."""
+        return self.compile(entry, *inputs, options=options)(*inputs)
+
+    def compile(self, entry: str, *inputs: Any, options: MappingOptions | None = None) -> Compiled:
+        """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
+        first request, then reused from memory or from the disk cache)."""
         cdef = self.checked(entry)
+        options = options if options is not None else self._target.default_options()
         try:
             binding = bind(cdef, inputs)
-            key = (entry, signature_key(binding.arrays))
+            key = (entry, signature_key(binding.arrays), options.to_json())
             kernel = self._kernels.get(key)
             if kernel is None:
-                self.misses += 1
-                kernel = self._kernels[key] = self._prepare(cdef, binding)
+                kernel = self._target.prepare(cdef, binding, options, self._session)
+                self._kernels[key] = kernel
             else:
-                self.hits += 1
-            outputs = kernel(binding)
+                self._session.stats.memory_hits += 1
         except TCError as e:
             raise e.with_source(cdef.source) from None
-        return outputs[0] if len(outputs) == 1 else outputs
+        return Compiled(cdef, options, kernel, key[1])
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         defs = self.__dict__.get("_defs", {})
@@ -75,3 +88,31 @@ class ExecutionEngine:
 
     def __dir__(self) -> list[str]:
         return [*super().__dir__(), *self._defs]
+
+
+class Compiled:
+    """A kernel for one signature: `.source` is the generated code, `.options` the
+    mapping options it was built with; call it with inputs of that signature."""
+
+    def __init__(self, cdef: CheckedDef, options: MappingOptions, kernel: Kernel, signature: Any):
+        self.cdef = cdef
+        self.options = options
+        self._kernel = kernel
+        self._signature = signature
+
+    @property
+    def source(self) -> str:
+        return self._kernel.source
+
+    def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        try:
+            binding = bind(self.cdef, inputs)
+            if signature_key(binding.arrays) != self._signature:
+                raise TCInputError(
+                    f"this kernel of {self.cdef.name} was compiled for other input shapes or "
+                    "dtypes; compile it again (or call the engine) for these"
+                )
+            outputs = self._kernel(binding)
+        except TCError as e:
+            raise e.with_source(self.cdef.source) from None
+        return outputs[0] if len(outputs) == 1 else outputs

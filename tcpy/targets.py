@@ -1,42 +1,161 @@
 """The targets an `ExecutionEngine` can run on, by name.
 
-A target turns a checked definition and a call's binding into a `Kernel`, something
-that computes the outputs from a binding. Targets share the front end and the call-time
-checks; they differ in how they compute.
+A target turns a checked definition, the shapes of a call and mapping options into a
+`Kernel`: something that computes the outputs of a binding. Targets share the front
+end and the call-time checks; they differ in their mapping, printer and runtime.
+
+- `reference`: the NumPy interpreter (no compilation).
+- `cpu`: the polyhedral pipeline to C with OpenMP, built with the system compiler.
 """
 
 from __future__ import annotations
 
+import abc
+import tempfile
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
+from tcpy import knobs
 from tcpy.binding import Binding
+from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
+from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
+from tcpy.parser.printer import summary
 from tcpy.reference import interpreter
 
 
 class Kernel(Protocol):
+    @property
+    def source(self) -> str: ...
+
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]: ...
 
 
-Prepare = Callable[[CheckedDef, Binding], Kernel]
+@dataclass
+class Stats:
+    """What the engine's caches did: kernels found in memory, found on disk, built."""
+
+    memory_hits: int = 0
+    disk_hits: int = 0
+    compiles: int = 0
 
 
-def _reference(cdef: CheckedDef, binding: Binding) -> Kernel:
-    return lambda b: interpreter.run(cdef, b)
+@dataclass
+class Session:
+    """What a target may use while preparing kernels: the disk cache and the counters."""
+
+    disk: DiskCache | None
+    stats: Stats = field(default_factory=Stats)
 
 
-TARGETS: dict[str, Prepare] = {"reference": _reference}
+@dataclass(frozen=True)
+class ReferenceKernel:
+    cdef: CheckedDef
+    source: str
 
-DEFAULT_TARGET = "reference"
+    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+        return interpreter.run(self.cdef, binding)
 
 
-def get(name: str) -> Prepare:
+@dataclass(frozen=True)
+class CpuKernel:
+    cdef: CheckedDef
+    source: str
+    run: Callable[[list[int], list[np.ndarray]], None]
+
+    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+        cdef = self.cdef
+        outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
+        temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
+        sizes = [binding.sizes[s] for s in cdef.size_symbols]
+        self.run(sizes, [*binding.arrays, *outputs, *temporaries])
+        return tuple(outputs)
+
+
+class Target(abc.ABC):
+    name: str = ""
+
+    def default_options(self) -> MappingOptions:
+        return MappingOptions()
+
+    @abc.abstractmethod
+    def prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
+    ) -> Kernel: ...
+
+
+class Reference(Target):
+    name = "reference"
+
+    def prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
+    ) -> Kernel:
+        return ReferenceKernel(cdef, summary(cdef))
+
+
+class Cpu(Target):
+    name = "cpu"
+
+    def default_options(self) -> MappingOptions:
+        return MappingOptions.cpu()
+
+    def prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
+    ) -> Kernel:
+        from tcpy.pipeline import lower_to_c
+        from tcpy.runtime import cpu as runtime
+
+        sizes = dict(binding.sizes)
+
+        def build(directory: Path) -> dict[str, Any]:
+            session.stats.compiles += 1
+            source = lower_to_c(cdef, sizes, options).source
+            (directory / "kernel.c").write_text(source)
+            runtime.build(directory / "kernel.c", directory / "kernel.so")
+            return {"def": cdef.name, "options": options.to_dict()}
+
+        signature = [(a.shape, a.dtype) for a in binding.arrays]
+        key = cache_key(
+            cdef,
+            signature,
+            options.to_json(),
+            self.name,
+            runtime.device_identity(),
+            runtime.compiler_identity(),
+        )
+        if session.disk is None:
+            directory = Path(tempfile.mkdtemp(prefix="tcpy-")) / key
+            directory.mkdir(parents=True, exist_ok=True)
+            build(directory)
+        else:
+            found = session.disk.lookup(key)
+            if found is not None:
+                session.stats.disk_hits += 1
+                directory = found
+            else:
+                directory = session.disk.store(key, build)
+        kernel = runtime.CpuKernel(directory / "kernel.so")
+        return CpuKernel(cdef, (directory / "kernel.c").read_text(), kernel)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu())}
+
+DEFAULT_TARGET = "cpu"
+
+
+def get(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
         known = ", ".join(sorted(TARGETS))
         raise TCError(f"unknown target {name!r}; the targets are: {known}") from None
+
+
+def open_disk_cache() -> DiskCache | None:
+    root = knobs.cache_dir()
+    return DiskCache(root) if root is not None else None

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Compiled kernels of the test suite go to their own cache (reused by a second run of
+# the suite), never to the user's; tests of the cache itself use their own directories.
+os.environ.setdefault(
+    "TCPY_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"tcpy-test-cache-{os.getuid()}")
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

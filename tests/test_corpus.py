@@ -3,9 +3,7 @@ sizes and at its odd sizes, compared with an independent NumPy computation."""
 
 from __future__ import annotations
 
-import zlib
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,17 +11,7 @@ import pytest
 import tcpy
 
 from corpus_cases import CASES, Case
-
-CORPUS = Path(__file__).parent / "corpus"
-
-
-def _params() -> list:
-    params = []
-    for case in CASES:
-        for k, sizes in enumerate((case.sizes, *case.odd_sizes)):
-            label = "default" if k == 0 else f"odd{k}"
-            params.append(pytest.param(case, sizes, id=f"{case.name}-{label}"))
-    return params
+from differential import CORPUS, as_tuple, check_outputs, corpus_params, make_inputs
 
 
 @cache
@@ -33,37 +21,14 @@ def _engine(file: str) -> tcpy.ExecutionEngine:
     return engine
 
 
-def _as_tuple(out: object) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-def make_inputs(case: Case, sizes: dict[str, int]) -> tuple:
-    seed = zlib.crc32(f"{case.name}:{sorted(sizes.items())}".encode())
-    return case.inputs(np.random.default_rng(seed), dict(sizes))
-
-
-def check_outputs(case: Case, got: tuple, want: tuple) -> None:
-    assert len(got) == len(want), f"{case.name}: {len(got)} outputs, expected {len(want)}"
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype, f"{case.name} output {k}: dtype {g.dtype}, expected {w.dtype}"
-        assert g.shape == w.shape, f"{case.name} output {k}: shape {g.shape}, expected {w.shape}"
-        if w.dtype == np.bool_ or np.issubdtype(w.dtype, np.integer):
-            np.testing.assert_array_equal(g, w, err_msg=f"{case.name} output {k}")
-        else:
-            np.testing.assert_allclose(
-                g, w, rtol=case.rtol, atol=case.atol, err_msg=f"{case.name} output {k}"
-            )
-
-
 @pytest.mark.filterwarnings("ignore::tcpy.TCWarning")  # nonbang.tc warns on purpose
-@pytest.mark.parametrize(("case", "sizes"), _params())
+@pytest.mark.parametrize(("case", "sizes"), corpus_params())
 def test_corpus_reference(case: Case, sizes: dict[str, int]) -> None:
     inputs = make_inputs(case, sizes)
     want = case.expected(*inputs)
     before = [np.array(x, copy=True) for x in inputs]
     engine = _engine(case.file)
-    got = _as_tuple(engine.run(case.entry, *inputs))
+    got = as_tuple(engine.run(case.entry, *inputs))
     check_outputs(case, got, want)
     for k, (x, saved) in enumerate(zip(inputs, before, strict=True)):
         np.testing.assert_array_equal(x, saved, err_msg=f"{case.name}: input {k} was modified")

@@ -102,9 +102,10 @@ def no_hang() -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def exercise(source: str) -> None:
-    """Define `source` and run every def that checks; only TCError may escape."""
-    engine = tcpy.ExecutionEngine()
+def exercise(source: str, target: str = "reference") -> None:
+    """Define `source` and run every def that checks; only TCError may escape, and on
+    a compiled target a program that checks must also compile."""
+    engine = tcpy.ExecutionEngine(target)
     with no_hang(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -119,6 +120,8 @@ def exercise(source: str) -> None:
                 sizes = resolve_sizes(cdef, {s: 3 for s in cdef.size_symbols})
                 inputs = random_inputs(cdef, sizes, np.random.default_rng(0))
                 engine.run(name, *inputs)
+            except (tcpy.TCCompileError, tcpy.TCLaunchError):
+                raise
             except tcpy.TCError as e:
                 str(e)
 
@@ -163,6 +166,12 @@ def test_mutated_programs(source: str) -> None:
 def test_token_soup(source: str) -> None:
     exercise("def f(float(N) A) -> (B) { " + source + " }")
     exercise(source)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutated_programs_compile_on_cpu(source: str) -> None:
+    exercise(source, "cpu")
 
 
 @settings(max_examples=100, deadline=None)

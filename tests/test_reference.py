@@ -16,7 +16,7 @@ from tcpy.types import ScalarType
 
 
 def run(source: str, *args: object) -> object:
-    e = tcpy.ExecutionEngine()
+    e = tcpy.ExecutionEngine("reference")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tcpy.TCWarning)
         (name, *_) = e.define(source)

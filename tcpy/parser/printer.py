@@ -8,6 +8,7 @@ import dataclasses
 import enum
 
 from tcpy.errors import Span
+from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
 from tcpy.types import ScalarType
 
@@ -80,3 +81,41 @@ def summary(cdef: CheckedDef) -> str:
                 f"    check     {c.tensor} dim {c.dim}: {c.lo} .. {c.hi} within 0:{c.extent}"
             )
     return "\n".join(lines)
+
+
+def expr_text(e: ast.Expr) -> str:
+    """A typed expression as TC text, fully parenthesised, with its types."""
+    match e:
+        case ast.IntLit(value=v) | ast.FloatLit(value=v):
+            return repr(v)
+        case ast.Index(name=n) | ast.SizeRef(name=n) | ast.Ident(name=n):
+            return n
+        case ast.Access(tensor=t, args=args):
+            return f"{t}({', '.join(map(expr_text, args))})" if args else t
+        case ast.Call(name=n, args=args) | ast.Apply(name=n, args=args):
+            return f"{n}({', '.join(map(expr_text, args))})"
+        case ast.Cast(to=to, value=v):
+            return f"{to.value}({expr_text(v)})"
+        case ast.Unary(op=op, operand=v):
+            return f"({op.value}{expr_text(v)})"
+        case ast.Binary(op=op, lhs=a, rhs=b) if op in (ast.BinaryOp.MIN, ast.BinaryOp.MAX):
+            return f"{op.value}({expr_text(a)}, {expr_text(b)})"
+        case ast.Binary(op=op, lhs=a, rhs=b):
+            return f"({expr_text(a)} {op.value} {expr_text(b)})"
+        case ast.Ternary(cond=c, then=t, orelse=o):
+            return f"({expr_text(c)} ? {expr_text(t)} : {expr_text(o)})"
+    raise TypeError(type(e).__name__)
+
+
+def canonical(cdef: CheckedDef) -> str:
+    """The definition in one canonical form: formatting, comments and the def's own
+    name do not matter; tensors, sizes, indices, types and ranges do."""
+    parts = []
+    for t in cdef.tensors:
+        parts.append(f"{t.role.value} {t.scalar.value}({', '.join(map(str, t.shape))}) {t.name}")
+    for st in cdef.statements:
+        ranges = ", ".join(str(r) for r in st.ranges)
+        parts.append(
+            f"{st.tensor}({', '.join(st.indices)}) {st.op.value} {expr_text(st.rhs)} where {ranges}"
+        )
+    return "; ".join(parts)

@@ -162,8 +162,8 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
         for k, (var, span) in enumerate(zip(st.indices, st.index_spans, strict=True)):
             own = Linear(((var, 1),), Sym())
             out.append(_Condition(own, shapes[st.tensor][k], st.tensor, k, span, True))
-    reads = [(a, g, False) for a, g in _accesses(st.rhs)]
-    reads += [(a, False, True) for e in st.exists for a, _ in _accesses(e)]
+    reads = [(a, g, False) for a, g in guarded_accesses(st.rhs)]
+    reads += [(a, False, True) for e in st.exists for a, _ in guarded_accesses(e)]
     for node, guarded, exists in reads:
         if node.tensor not in shapes:
             continue
@@ -176,7 +176,7 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
     return out
 
 
-def _accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:
+def guarded_accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:
     """Every access of an expression, and whether it is read only under a condition
     (a branch of ?:, the right operand of && or ||), where C evaluates it lazily."""
     stack = [(e, False)]

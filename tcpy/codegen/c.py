@@ -1,0 +1,232 @@
+"""isl AST -> C with OpenMP: one method per AST node kind.
+
+The kernel is `int tc_kernel(const int64_t *sizes, void *const *buffers)`: sizes in
+the order of the definition's size symbols, buffers in the order inputs, outputs,
+temporaries; it returns 0, or a status code when the data made the computation
+undefined (an integer division by zero, an index out of range).
+
+Marks in the schedule tree become pragmas on the loop the marked band generates (the
+mark `omp_parallel@3` belongs to the loop of schedule depth 3, which isl names `c3`,
+and to no loop if isl dropped that loop as a single iteration):
+`omp_parallel` -> `#pragma omp parallel for`, `omp_simd` -> `#pragma omp simd`; the
+innermost loops get `#pragma GCC unroll` when the options ask for unrolling. The TC
+statements computed by each top-level loop nest are printed as comments above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from tcpy.codegen.ast_build import Ast
+from tcpy.codegen.c_helpers import helper_source
+from tcpy.codegen.dialect import C, Dialect
+from tcpy.codegen.exprs import (
+    BodyPrinter,
+    Helpers,
+    extent_name,
+    isl_expr,
+    size_name,
+    sym_expr,
+    tensor_name,
+)
+from tcpy.errors import InternalError
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser.checked import CheckedDef, Role
+from tcpy.poly.isl_helpers import ast_children, isl_name
+from tcpy.poly.scop import Kind, Scop
+
+KERNEL_SYMBOL = "tc_kernel"
+_FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
+_IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
+PARALLEL_MARK = "omp_parallel"
+SIMD_MARK = "omp_simd"
+
+
+@dataclass
+class _Printer:
+    scop: Scop
+    ast: Ast
+    options: MappingOptions
+    dialect: Dialect = C
+    helpers: Helpers = field(default_factory=Helpers)
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers)
+        self.names = {isl_name(p): size_name(p) for p in self.scop.params}
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    # --- nodes ------------------------------------------------------------------
+    def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
+        kind = node.get_type()
+        if kind == _FOR:
+            self.for_(node, depth, marks)
+        elif kind == _IF:
+            self.if_(node, depth, marks)
+        elif kind == isl.ast_node_type.block:
+            for child in ast_children(node):
+                self.node(child, depth, marks)
+        elif kind == isl.ast_node_type.mark:
+            name = node.mark_get_id().get_name()
+            self.node(node.mark_get_node(), depth, (*marks, name))
+        elif kind == isl.ast_node_type.user:
+            self.user(node, depth)
+        else:
+            raise InternalError(f"unexpected isl AST node {kind}")
+
+    def for_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+        iterator = isl_expr(node.for_get_iterator(), self.names)
+        init = isl_expr(node.for_get_init(), self.names, top=True)
+        cond = isl_expr(node.for_get_cond(), self.names, top=True)
+        inc = isl_expr(node.for_get_inc(), self.names, top=True)
+        body = node.for_get_body()
+        here = tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
+        for pragma in self.pragmas(here, innermost=not _contains_for(body)):
+            self.emit(depth, pragma)
+        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
+        self.emit(depth, f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{")
+        self.node(body, depth + 1, marks)
+        self.emit(depth, "}")
+
+    def pragmas(self, marks: tuple[str, ...], innermost: bool) -> list[str]:
+        out = []
+        parallel, simd = PARALLEL_MARK in marks, SIMD_MARK in marks
+        threads = f" num_threads({self.options.threads})" if self.options.threads else ""
+        if parallel and simd:
+            out.append(f"#pragma omp parallel for simd{threads}")
+        elif parallel:
+            out.append(f"#pragma omp parallel for{threads}")
+        elif simd:
+            out.append("#pragma omp simd")
+        if innermost and self.options.unroll > 1 and not out:  # OpenMP loops take no other pragma
+            out.append(f"#pragma GCC unroll {self.options.unroll}")
+        return out
+
+    def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+        self.emit(depth, f"if ({isl_expr(node.if_get_cond(), self.names, top=True)}) {{")
+        self.node(node.if_get_then_node(), depth + 1, marks)
+        if node.if_has_else_node():
+            self.emit(depth, "} else {")
+            self.node(node.if_get_else_node(), depth + 1, marks)
+        self.emit(depth, "}")
+
+    def user(self, node: isl.AstNode, depth: int) -> None:
+        user = self.ast.user(node)
+        stmt = self.scop.statement(user.statement)
+        values = {
+            var: isl_expr(e, self.names, top=True)
+            for var, e in zip(stmt.dims, user.indices, strict=True)
+        }
+        source = stmt.source(self.scop.cdef)
+        self.emit(depth, self.bodies.statement(source, stmt.kind is Kind.INIT, values))
+
+    # --- the kernel -------------------------------------------------------------
+    def top_level(self, depth: int) -> None:
+        root = self.ast.root
+        nests = list(ast_children(root)) if root.get_type() == isl.ast_node_type.block else [root]
+        for nest in nests:
+            for comment in self.comments(nest):
+                self.emit(depth, comment)
+            self.node(nest, depth)
+
+    def comments(self, nest: isl.AstNode) -> list[str]:
+        seen: list[tuple[int, bool]] = []
+        for name in _user_statements(nest, self.ast):
+            stmt = self.scop.statement(name)
+            key = (stmt.index, stmt.kind is Kind.INIT)
+            if key not in seen:
+                seen.append(key)
+        out = []
+        for index, init in sorted(seen, key=lambda t: (t[0], not t[1])):
+            text = self.scop.cdef.statements[index].text.replace("*/", "* /")
+            out.append(f"/* {text}{'  [initialisation]' if init else ''} */")
+        return out
+
+
+def _contains_for(node: isl.AstNode) -> bool:
+    kind = node.get_type()
+    if kind == _FOR:
+        return True
+    if kind == isl.ast_node_type.block:
+        return any(_contains_for(c) for c in ast_children(node))
+    if kind == _IF:
+        return _contains_for(node.if_get_then_node()) or (
+            node.if_has_else_node() and _contains_for(node.if_get_else_node())
+        )
+    if kind == isl.ast_node_type.mark:
+        return _contains_for(node.mark_get_node())
+    return False
+
+
+def _user_statements(node: isl.AstNode, ast: Ast) -> list[str]:
+    kind = node.get_type()
+    if kind == isl.ast_node_type.user:
+        return [ast.user(node).statement]
+    if kind == _FOR:
+        return _user_statements(node.for_get_body(), ast)
+    if kind == isl.ast_node_type.block:
+        return [s for c in ast_children(node) for s in _user_statements(c, ast)]
+    if kind == _IF:
+        out = _user_statements(node.if_get_then_node(), ast)
+        if node.if_has_else_node():
+            out += _user_statements(node.if_get_else_node(), ast)
+        return out
+    if kind == isl.ast_node_type.mark:
+        return _user_statements(node.mark_get_node(), ast)
+    return []
+
+
+def buffer_order(scop: Scop) -> list[str]:
+    """The tensors in the order of the kernel's buffers: inputs, outputs, temporaries."""
+    cdef = scop.cdef
+    return [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
+
+
+def print_c(scop: Scop, ast: Ast, options: MappingOptions, sizes: Mapping[str, int] | None) -> str:
+    """The C translation unit of a kernel; with `sizes`, the sizes are constants."""
+    printer = _Printer(scop, ast, options)
+    cdef = scop.cdef
+    body: list[str] = []
+    printer.lines = body
+    for k, p in enumerate(scop.params):
+        value = str(sizes[p]) if sizes is not None else f"tc_sizes[{k}]"
+        printer.emit(1, f"const int64_t {size_name(p)} = {value};")
+    for k, name in enumerate(buffer_order(scop)):
+        info = cdef.tensor(name)
+        ctype = printer.dialect.ctype(info.scalar)
+        const = "const " if info.role is Role.INPUT else ""
+        printer.emit(
+            1, f"{const}{ctype} *restrict {tensor_name(name)} = ({const}{ctype} *)tc_buffers[{k}];"
+        )
+        for d, extent in enumerate(info.shape):
+            printer.emit(1, f"const int64_t {extent_name(name, d)} = {sym_expr(extent)};")
+    printer.emit(1, "int tc_status_value = 0;")
+    printer.emit(1, "int *tc_status = &tc_status_value;")
+    printer.top_level(1)
+    printer.emit(1, "return tc_status_value;")
+
+    header = [
+        f"/* {cdef.name}: generated by tcpy from */",
+        *(f"/*   {line.replace('*/', '* /')} */" for line in _def_text(cdef).splitlines()),
+        "#include <stdint.h>",
+        "#include <stdbool.h>",
+        "#include <math.h>",
+        "",
+        helper_source(printer.helpers),
+        "",
+        f"int {KERNEL_SYMBOL}(const int64_t *restrict tc_sizes,",
+        "              void *const *restrict tc_buffers) {",
+    ]
+    tail = ["}", ""]
+    unused = "  (void)tc_sizes;" if sizes is not None or not scop.params else None
+    return "\n".join([*header, *([unused] if unused else []), *body, *tail])
+
+
+def _def_text(cdef: CheckedDef) -> str:
+    lines = cdef.source.splitlines()
+    return "\n".join(lines[cdef.span.line - 1 : cdef.span.end_line])

@@ -1,0 +1,143 @@
+"""Helper functions of generated C: index arithmetic, checked division and indexing,
+and the CUDA math functions that C's math library lacks, under CUDA's names.
+
+Only the helpers a kernel uses are emitted. The special functions are computed in
+double (Newton steps on erf/erfc for the inverses, series and asymptotic expansions
+for the Bessel functions), accurate well beyond float precision.
+"""
+
+from __future__ import annotations
+
+from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, Helpers
+
+INDEX = """\
+static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
+static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
+"""
+
+CHECKED_INDEX = f"""\
+static inline int64_t tc_index(int64_t i, int64_t n, int *tc_status) {{
+  if (i < 0 || i >= n) {{ __atomic_store_n(tc_status, {STATUS_INDEX_OUT_OF_RANGE}, __ATOMIC_RELAXED); return 0; }}
+  return i;
+}}
+"""
+
+
+def _division(ctype: str) -> str:
+    signed = not ctype.startswith("u")
+    overflow = ""
+    if signed:
+        # INT_MIN / -1 traps like a division by zero; C wraps it to INT_MIN.
+        overflow = f"  if (b == -1) return ({ctype})(0 - (u{ctype})a);\n"
+    return f"""\
+static inline {ctype} tc_div_{ctype}({ctype} a, {ctype} b, int *tc_status) {{
+  if (b == 0) {{ __atomic_store_n(tc_status, {STATUS_DIVISION_BY_ZERO}, __ATOMIC_RELAXED); return 0; }}
+{overflow}  return a / b;
+}}
+static inline {ctype} tc_mod_{ctype}({ctype} a, {ctype} b, int *tc_status) {{
+  if (b == 0) {{ __atomic_store_n(tc_status, {STATUS_DIVISION_BY_ZERO}, __ATOMIC_RELAXED); return 0; }}
+{"  if (b == -1) return 0;" + chr(10) if signed else ""}  return a % b;
+}}
+"""
+
+
+_DOUBLE_MATH = {
+    "rsqrt": "static inline double rsqrt(double x) { return 1.0 / sqrt(x); }",
+    "rcbrt": "static inline double rcbrt(double x) { return 1.0 / cbrt(x); }",
+    "cospi": "static inline double cospi(double x) { return cos(M_PI * x); }",
+    "sinpi": "static inline double sinpi(double x) { return sin(M_PI * x); }",
+    "fdivide": "static inline double fdivide(double x, double y) { return x / y; }",
+    "rhypot": "static inline double rhypot(double x, double y) { return 1.0 / hypot(x, y); }",
+    "norm3d": "static inline double norm3d(double a, double b, double c) "
+    "{ return sqrt(a * a + b * b + c * c); }",
+    "rnorm3d": "static inline double rnorm3d(double a, double b, double c) "
+    "{ return 1.0 / sqrt(a * a + b * b + c * c); }",
+    "norm4d": "static inline double norm4d(double a, double b, double c, double d) "
+    "{ return sqrt(a * a + b * b + c * c + d * d); }",
+    "rnorm4d": "static inline double rnorm4d(double a, double b, double c, double d) "
+    "{ return 1.0 / sqrt(a * a + b * b + c * c + d * d); }",
+    "normcdf": "static inline double normcdf(double x) { return 0.5 * erfc(-x * M_SQRT1_2); }",
+    "erfcx": """\
+static inline double erfcx(double x) {
+  if (x < 25.0) return exp(x * x) * erfc(x);
+  double r = 1.0 / (x * x);  /* asymptotic series */
+  return (1.0 - 0.5 * r * (1.0 - 1.5 * r * (1.0 - 2.5 * r))) / (x * 1.7724538509055160273);
+}""",
+    "erfinv": """\
+static inline double erfinv(double y) {
+  if (y <= -1.0) return y == -1.0 ? -HUGE_VAL : NAN;
+  if (y >= 1.0) return y == 1.0 ? HUGE_VAL : NAN;
+  /* a closed-form first guess (a = 0.147), then Newton steps on erf */
+  double l = log((1.0 - y) * (1.0 + y)), t = 2.0 / (M_PI * 0.147) + 0.5 * l;
+  double x = copysign(sqrt(sqrt(t * t - l / 0.147) - t), y);
+  for (int k = 0; k < 3; k++)
+    x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x));
+  return x;
+}""",
+    "erfcinv": """\
+static inline double erfcinv(double y) {
+  if (y <= 0.0) return y == 0.0 ? HUGE_VAL : NAN;
+  if (y >= 2.0) return y == 2.0 ? -HUGE_VAL : NAN;
+  double x = erfinv(1.0 - y);
+  if (!isfinite(x)) x = y < 1.0 ? sqrt(-log(y)) : -sqrt(-log(2.0 - y));
+  for (int k = 0; k < 4; k++)
+    x += (erfc(x) - y) / (1.1283791670955126 * exp(-x * x));
+  return x;
+}""",
+    "normcdfinv": "static inline double normcdfinv(double p) { return -M_SQRT2 * erfcinv(2.0 * p); }",
+    "cyl_bessel_i0": """\
+static inline double cyl_bessel_i0(double x) {
+  double a = fabs(x);
+  if (a > 30.0) {  /* asymptotic expansion */
+    double r = 1.0 / (8.0 * a);
+    return exp(a) / sqrt(2.0 * M_PI * a) * (1.0 + r * (1.0 + r * (4.5 + r * 37.5)));
+  }
+  double q = 0.25 * a * a, term = 1.0, sum = 1.0;
+  for (int k = 1; k < 200 && term > 1e-17 * sum; k++) { term *= q / ((double)k * k); sum += term; }
+  return sum;
+}""",
+    "cyl_bessel_i1": """\
+static inline double cyl_bessel_i1(double x) {
+  double a = fabs(x), s;
+  if (a > 30.0) {
+    double r = 1.0 / (8.0 * a);
+    s = exp(a) / sqrt(2.0 * M_PI * a) * (1.0 - r * (3.0 + r * (7.5 + r * 52.5)));
+  } else {
+    double q = 0.25 * a * a, term = 0.5 * a; s = term;
+    for (int k = 1; k < 200 && term > 1e-17 * s; k++) { term *= q / ((double)k * (k + 1)); s += term; }
+  }
+  return x < 0 ? -s : s;
+}""",
+}
+
+# The float versions compute in double and round once.
+_DEPENDS = {"erfcinv": ["erfinv"], "normcdfinv": ["erfcinv", "erfinv"]}
+_ARITY = {"fdivide": 2, "rhypot": 2, "norm3d": 3, "rnorm3d": 3, "norm4d": 4, "rnorm4d": 4}
+
+
+def _float_version(name: str) -> str:
+    n = _ARITY.get(name, 1)
+    params = ", ".join(f"float x{i}" for i in range(n))
+    args = ", ".join(f"(double)x{i}" for i in range(n))
+    return f"static inline float {name}f({params}) {{ return (float){name}({args}); }}"
+
+
+def helper_source(helpers: Helpers) -> str:
+    parts = [INDEX]
+    if helpers.checked_index:
+        parts.append(CHECKED_INDEX)
+    parts.extend(_division(t) for t in sorted(helpers.divisions))
+    wanted: list[str] = []
+    for fn in sorted(helpers.builtins):
+        base = fn[:-1] if fn.endswith("f") and fn[:-1] in _DOUBLE_MATH else fn
+        if base in _DOUBLE_MATH:
+            for dep in [*_DEPENDS.get(base, []), base]:
+                if dep not in wanted:
+                    wanted.append(dep)
+    order = [name for name in _DOUBLE_MATH if name in wanted]
+    parts.extend(_DOUBLE_MATH[name] for name in order)
+    for fn in sorted(helpers.builtins):
+        if fn.endswith("f") and fn[:-1] in _DOUBLE_MATH:
+            parts.append(_float_version(fn[:-1]))
+    return "\n".join(parts)

@@ -1,0 +1,38 @@
+"""What differs between the C and the CUDA spelling of generated code, in one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcpy.types import ScalarType
+
+_C_TYPES = {
+    ScalarType.BOOL: "bool",
+    ScalarType.UINT8: "uint8_t",
+    ScalarType.UINT16: "uint16_t",
+    ScalarType.UINT32: "uint32_t",
+    ScalarType.UINT64: "uint64_t",
+    ScalarType.INT8: "int8_t",
+    ScalarType.INT16: "int16_t",
+    ScalarType.INT32: "int32_t",
+    ScalarType.INT64: "int64_t",
+    ScalarType.FLOAT16: "_Float16",
+    ScalarType.FLOAT32: "float",
+    ScalarType.FLOAT64: "double",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    types: dict[ScalarType, str] = field(default_factory=lambda: dict(_C_TYPES))
+    index_type: str = "int64_t"
+    restrict: str = "restrict"
+    function_prefix: str = "static inline"  # of the helper functions
+    status_store: str = "__atomic_store_n(tc_status, {code}, __ATOMIC_RELAXED)"
+
+    def ctype(self, ty: ScalarType) -> str:
+        return self.types[ty]
+
+
+C = Dialect("c")

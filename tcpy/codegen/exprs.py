@@ -1,0 +1,293 @@
+"""Expressions of generated code: isl AST expressions (loop bounds, indices) and the
+typed TC expressions of statement bodies.
+
+Index arithmetic is 64-bit. TC values keep TC's types: an index or a size used as a
+value is int32, arithmetic is carried out in the type sema assigned (float16 in
+float32), integer `/` and `%` go through helpers that report a zero divisor instead of
+trapping, and a subscript that range inference did not prove in bounds (a gather, a
+`%`, a read under a condition) goes through a helper that reports it out of range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import islpy as isl
+import numpy as np
+
+from tcpy.codegen.dialect import Dialect
+from tcpy.errors import InternalError
+from tcpy.parser import ast
+from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.ranges import guarded_accesses, linear_form
+from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
+from tcpy.types import ScalarType, promote
+
+STATUS_DIVISION_BY_ZERO = 1
+STATUS_INDEX_OUT_OF_RANGE = 2
+
+
+def tensor_name(name: str) -> str:
+    return f"t_{name}"
+
+
+def size_name(name: str) -> str:
+    return f"s_{name}"
+
+
+def extent_name(tensor: str, dim: int) -> str:
+    return f"e_{tensor}_{dim}"
+
+
+# --- isl AST expressions ---------------------------------------------------------------
+
+_BINARY = {
+    isl.ast_expr_op_type.add: "+",
+    isl.ast_expr_op_type.sub: "-",
+    isl.ast_expr_op_type.mul: "*",
+    isl.ast_expr_op_type.div: "/",
+    isl.ast_expr_op_type.pdiv_q: "/",
+    isl.ast_expr_op_type.pdiv_r: "%",
+    isl.ast_expr_op_type.zdiv_r: "%",
+    isl.ast_expr_op_type.and_: "&&",  # type: ignore[attr-defined]
+    isl.ast_expr_op_type.and_then: "&&",
+    isl.ast_expr_op_type.or_: "||",  # type: ignore[attr-defined]
+    isl.ast_expr_op_type.or_else: "||",
+    isl.ast_expr_op_type.eq: "==",
+    isl.ast_expr_op_type.le: "<=",
+    isl.ast_expr_op_type.lt: "<",
+    isl.ast_expr_op_type.ge: ">=",
+    isl.ast_expr_op_type.gt: ">",
+}
+
+
+def isl_expr(e: isl.AstExpr, names: Mapping[str, str], top: bool = False) -> str:
+    """An isl AST expression in C, with isl's parameter names mapped by `names`.
+    Fully parenthesised except at the top (OpenMP wants bare loop conditions)."""
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.int:
+        return str(e.int_get_val().to_python())
+    if kind == isl.ast_expr_type.id:
+        name = e.id_get_id().get_name()
+        return names.get(name, name)
+    op = e.op_get_type()
+    args = [isl_expr(e.op_get_arg(i), names) for i in range(e.op_get_n_arg())]
+    if op in _BINARY:
+        text = f" {_BINARY[op]} ".join(args)
+        return text if top else f"({text})"
+    if op == isl.ast_expr_op_type.minus:
+        return f"(-{args[0]})"
+    if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
+        fn = "tc_min" if op == isl.ast_expr_op_type.min else "tc_max"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
+        return out
+    if op == isl.ast_expr_op_type.fdiv_q:
+        return f"tc_floord({args[0]}, {args[1]})"
+    if op in (isl.ast_expr_op_type.cond, isl.ast_expr_op_type.select):
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    raise InternalError(f"unexpected isl AST operation {op}")
+
+
+def sym_expr(e: Sym) -> str:
+    """A size expression in C (64-bit, floor division as isl means it)."""
+    terms: list[str] = []
+    for atom, c in e.terms:
+        match atom:
+            case str():
+                text = size_name(atom)
+            case FloorDiv(num=n, den=d):
+                text = f"tc_floord({sym_expr(n)}, {d})"
+            case MinOf(args=args) | MaxOf(args=args):
+                fn = "tc_min" if isinstance(atom, MinOf) else "tc_max"
+                text = sym_expr(args[0])
+                for a in args[1:]:
+                    text = f"{fn}({text}, {sym_expr(a)})"
+        terms.append(text if c == 1 else f"{c} * {text}")
+    if e.const or not terms:
+        terms.append(str(e.const))
+    return "(" + " + ".join(terms) + ")" if len(terms) > 1 else terms[0]
+
+
+# --- statement bodies ---------------------------------------------------------------------
+
+
+@dataclass
+class Helpers:
+    """The helper functions a translation unit needs, collected while printing."""
+
+    divisions: set[str] = field(default_factory=set)  # C integer types
+    checked_index: bool = False
+    builtins: set[str] = field(default_factory=set)  # C function names used
+
+
+@dataclass
+class BodyPrinter:
+    """Prints the bodies of one definition's statements."""
+
+    cdef: CheckedDef
+    dialect: Dialect
+    helpers: Helpers
+
+    def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
+        """One statement instance in C; `indices` maps each TC index to its value."""
+        ctx = _Context(self, st, indices)
+        tensor = self.cdef.tensor(st.tensor)
+        target = (
+            f"{tensor_name(st.tensor)}[{ctx.flat(st.tensor, [indices[v] for v in st.indices])}]"
+        )
+        store = self.dialect.ctype(tensor.scalar)
+        compute = tensor.scalar.compute
+        if init:
+            reduction = st.op.reduction
+            assert reduction is not None
+            value = _literal(reduction.identity(tensor.scalar), tensor.scalar)
+            return f"{target} = {value};"
+        value = ctx.expr(st.rhs, compute)
+        reduction = st.op.reduction
+        if reduction is not None:
+            current = _convert(target, tensor.scalar, compute, self.dialect)
+            value = ctx.combine(reduction, current, value, compute)
+        if store != self.dialect.ctype(compute):
+            value = f"({store})({value})"
+        return f"{target} = {value};"
+
+
+class _Context:
+    """Printing state for one statement: its index values and unproved accesses."""
+
+    def __init__(self, printer: BodyPrinter, st: CheckedStatement, indices: Mapping[str, str]):
+        self.p = printer
+        self.st = st
+        self.indices = indices
+        self.unproved = {id(a) for a, guarded in guarded_accesses(st.rhs) if guarded}
+
+    @property
+    def d(self) -> Dialect:
+        return self.p.dialect
+
+    def flat(self, tensor: str, subscripts: list[str]) -> str:
+        if not subscripts:
+            return "0"
+        out = f"({self.d.index_type})({subscripts[0]})"
+        for k, sub in enumerate(subscripts[1:], start=1):
+            out = f"({out} * {extent_name(tensor, k)} + ({sub}))"
+        return out
+
+    def expr(self, e: ast.Expr, want: ScalarType) -> str:
+        """`e` converted to the compute type `want`."""
+        assert e.ty is not None
+        return _convert(self.value(e), e.ty.compute, want, self.d)
+
+    def value(self, e: ast.Expr) -> str:
+        """`e` in its own compute type."""
+        assert e.ty is not None
+        ty = e.ty.compute
+        match e:
+            case ast.IntLit(value=v):
+                return str(v)
+            case ast.FloatLit(value=v):
+                return _literal(v, ScalarType.FLOAT32)
+            case ast.Index(name=n):
+                return f"((int32_t)({self.indices[n]}))"
+            case ast.SizeRef(name=n):
+                return f"((int32_t){size_name(n)})"
+            case ast.Access():
+                return self.access(e)
+            case ast.Cast(to=to, value=v):
+                inner = self.value(v)
+                assert v.ty is not None
+                if to is ScalarType.FLOAT16:
+                    return f"(({self.d.ctype(ty)})({self.d.ctype(to)})({inner}))"
+                return _convert(inner, v.ty.compute, ty, self.d)
+            case ast.Call(name=name, args=args):
+                fn = name + ("f" if ty is ScalarType.FLOAT32 else "")
+                self.p.helpers.builtins.add(fn)
+                return f"{fn}({', '.join(self.expr(a, ty) for a in args)})"
+            case ast.Unary(op=ast.UnaryOp.NOT, operand=v):
+                return f"(!{self.value(v)})"
+            case ast.Unary(op=ast.UnaryOp.NEG, operand=v):
+                return f"(-{self.expr(v, ty)})"
+            case ast.Binary():
+                return self.binary(e)
+            case ast.Ternary(cond=c, then=t, orelse=o):
+                return f"({self.value(c)} ? {self.expr(t, ty)} : {self.expr(o, ty)})"
+        raise InternalError(f"unexpected expression {type(e).__name__}")
+
+    def binary(self, e: ast.Binary) -> str:
+        assert e.ty is not None and e.lhs.ty is not None and e.rhs.ty is not None
+        op = e.op
+        if op.is_logical:
+            return f"({self.value(e.lhs)} {op.value} {self.value(e.rhs)})"
+        if op.is_comparison:
+            common = promote(e.lhs.ty, e.rhs.ty).compute
+            return f"({self.expr(e.lhs, common)} {op.value} {self.expr(e.rhs, common)})"
+        ty = e.ty.compute
+        a, b = self.expr(e.lhs, ty), self.expr(e.rhs, ty)
+        if op in (ast.BinaryOp.DIV, ast.BinaryOp.MOD) and ty.is_integer:
+            ctype = self.d.ctype(ty)
+            self.p.helpers.divisions.add(ctype)
+            fn = "div" if op is ast.BinaryOp.DIV else "mod"
+            return f"tc_{fn}_{ctype}({a}, {b}, tc_status)"
+        if op in (ast.BinaryOp.MIN, ast.BinaryOp.MAX):
+            return _extremum(op is ast.BinaryOp.MIN, a, b, ty, self.p.helpers)
+        return f"({a} {op.value} {b})"
+
+    def access(self, e: ast.Access) -> str:
+        info = self.p.cdef.tensor(e.tensor)
+        subscripts = []
+        for k, arg in enumerate(e.args):
+            # a plain index is used as the 64-bit loop value it is
+            text = self.indices[arg.name] if isinstance(arg, ast.Index) else self.value(arg)
+            if id(e) in self.unproved or linear_form(arg) is None:
+                self.p.helpers.checked_index = True
+                text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
+            subscripts.append(text)
+        load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
+        return _convert(load, info.scalar, info.scalar.compute, self.d)
+
+    def combine(self, reduction: ast.Reduction, current: str, value: str, ty: ScalarType) -> str:
+        match reduction:
+            case ast.Reduction.SUM:
+                return f"{current} + {value}"
+            case ast.Reduction.PROD:
+                return f"{current} * {value}"
+            case ast.Reduction.MIN | ast.Reduction.MAX:
+                return _extremum(reduction is ast.Reduction.MIN, current, value, ty, self.p.helpers)
+        raise InternalError(str(reduction))
+
+
+def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) -> str:
+    if ty.is_float:
+        fn = ("fmin" if smallest else "fmax") + ("f" if ty is ScalarType.FLOAT32 else "")
+        helpers.builtins.add(fn)
+        return f"{fn}({a}, {b})"
+    cmp = "<" if smallest else ">"
+    return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+
+
+def _convert(text: str, have: ScalarType, want: ScalarType, dialect: Dialect) -> str:
+    if have is want:
+        return text
+    return f"(({dialect.ctype(want)}){text})"
+
+
+def _literal(value: float | int | bool, ty: ScalarType) -> str:
+    if ty.is_bool:
+        return "1" if value else "0"
+    if ty.is_float:
+        if ty is ScalarType.FLOAT64:
+            return repr(float(value))
+        text = str(np.float32(value))
+        if "e" not in text and "." not in text:
+            text += ".0"
+        if ty is ScalarType.FLOAT16:
+            return f"(({'float'})({text}f))"
+        return text + "f"
+    v = int(value)
+    if v in (-(2**31), -(2**63)):  # the literal of the magnitude would overflow
+        return f"({v + 1}{'LL' if v < -(2**31) else ''} - 1)"
+    suffix = "ULL" if v > 2**63 - 1 else ("LL" if abs(v) > 2**31 - 1 else "")
+    return f"{v}{suffix}"

@@ -1,0 +1,31 @@
+"""Every environment variable tcpy reads, in one place.
+
+- `TCPY_CACHE_DIR`: the on-disk compile cache (default: `$XDG_CACHE_HOME/tcpy`, else
+  `~/.cache/tcpy`). `TCPY_CACHE_DIR=off` disables the disk cache.
+- `TCPY_CC`: the C compiler of the `cpu` target (default `cc`).
+- `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path | None:
+    value = os.environ.get("TCPY_CACHE_DIR")
+    if value == "off":
+        return None
+    if value:
+        return Path(value)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tcpy"
+
+
+def c_compiler() -> str:
+    return os.environ.get("TCPY_CC", "cc")
+
+
+def verify_schedules() -> bool:
+    """`TCPY_VERIFY=1` checks the schedule against the dependences after every pass."""
+    return os.environ.get("TCPY_VERIFY") == "1"

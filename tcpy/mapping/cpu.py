@@ -1,0 +1,130 @@
+"""CPU mapping: tiling, interchange for unit stride, OpenMP parallel and simd marks.
+
+`map_to_cpu(schedule, scop, options)` expects a valid schedule of `scop` and returns
+one that is still valid: the outermost bands tiled as `options.tile` says, the point
+loops of fused statements distributed when intra-tile fusion is `Min`, each innermost
+permutable band reordered so that the loop walking the innermost array dimension is
+innermost (or as `options.interchange` says), the outermost parallel loop of each nest
+marked `omp_parallel`, and the innermost loop marked `omp_simd` when it is parallel.
+Permutations stay inside permutable bands and marks change no order, so every
+dependence is still respected; coincidence flags travel with their members.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.codegen.c import PARALLEL_MARK, SIMD_MARK
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser import ast
+from tcpy.parser.ranges import Linear, linear_form
+from tcpy.parser.symbolic import Sym
+from tcpy.poly.schedule import member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import (
+    distribute_point_bands,
+    insert_mark,
+    is_band,
+    map_innermost_bands,
+    permute_band,
+    tile_outermost_bands,
+)
+
+
+def map_to_cpu(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -> isl.Schedule:
+    schedule = tile_outermost_bands(schedule, options.tile)
+    if options.tile and options.intra_tile_schedule_fusion is Fusion.MIN:
+        schedule = distribute_point_bands(schedule)
+    schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))
+    if options.vectorize:
+        schedule = map_innermost_bands(schedule, _mark_simd)
+    if options.parallel:
+        schedule = _mark_parallel(schedule.get_root()).get_schedule()
+    return schedule
+
+
+# --- interchange ----------------------------------------------------------------------
+
+
+def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> isl.ScheduleNode:
+    n = node.band_n_member()
+    if n < 2 or not node.band_get_permutable():
+        return node
+    if options.interchange:
+        if len(options.interchange) == n:
+            return permute_band(node, list(options.interchange))
+        return node
+    scores = [_stride_score(node, k, scop) for k in range(n)]
+    coincident = [node.band_member_get_coincident(k) for k in range(n)]
+    best = max(range(n), key=lambda k: (scores[k], coincident[k], k))
+    order = [k for k in range(n) if k != best] + [best]
+    return permute_band(node, order)
+
+
+def _stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
+    """How well running band member `member` innermost walks memory: +2 per access
+    it walks with unit stride, -2 per access it strides across, 0 when invariant."""
+    score = 0
+    for stmt_name, position in member_variables(node, member).items():
+        if position is None:
+            continue
+        var = scop.statement(stmt_name).dims[position]
+        for subscripts in _accesses(scop, stmt_name):
+            score += _stride(subscripts, var)
+    return score
+
+
+def _accesses(scop: Scop, stmt_name: str) -> list[list[Linear | None]]:
+    stmt = scop.statement(stmt_name)
+    st = stmt.source(scop.cdef)
+    lhs: list[Linear | None] = [Linear(((v, 1),), Sym()) for v in st.indices]
+    out = [lhs]
+    if stmt.kind is Kind.COMPUTE:
+        out += [
+            [linear_form(a) for a in node.args]
+            for node in ast.walk(st.rhs)
+            if isinstance(node, ast.Access) and node.args
+        ]
+    return out
+
+
+def _stride(subscripts: list[Linear | None], var: str) -> int:
+    uses = [k for k, s in enumerate(subscripts) if s is None or s.coeff(var)]
+    if not uses:
+        return 0
+    last = len(subscripts) - 1
+    s = subscripts[last]
+    if uses == [last] and s is not None and abs(s.coeff(var)) == 1:
+        return 2
+    return -2
+
+
+# --- marks ------------------------------------------------------------------------------
+
+
+def _mark(node: isl.ScheduleNode, name: str, member: int) -> isl.ScheduleNode:
+    """Mark band member `member`: the mark names the member's schedule depth, which is
+    the loop the pragma belongs to (isl drops loops of a single iteration, so the first
+    loop under a mark may come from elsewhere). Returns the mark node."""
+    depth = node.get_schedule_depth() + member
+    return insert_mark(node, f"{name}@{depth}").parent()
+
+
+def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    last = node.band_n_member() - 1
+    if not node.band_member_get_coincident(last):
+        return node
+    return _mark(node, SIMD_MARK, last)
+
+
+def _mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Mark the first coincident member of the outermost band of every nest (looking
+    deeper where a band has none); returns the node at the position it was given."""
+    if is_band(node):
+        n = node.band_n_member()
+        first = next((k for k in range(n) if node.band_member_get_coincident(k)), None)
+        if first is not None:
+            return _mark(node, PARALLEL_MARK, first)
+    for i in range(node.n_children()):
+        node = _mark_parallel(node.child(i)).parent()
+    return node

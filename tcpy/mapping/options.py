@@ -1,0 +1,258 @@
+"""`MappingOptions`: the compiler's input, the tuner's genome, the options cache's value.
+
+One frozen dataclass with every option of the original TC plus the CPU ones, validated
+on construction (a `TCMappingError` names the field and the rule), with a JSON
+round-trip and named presets. Targets use the fields that apply to them: the CPU
+target reads the scheduling, tiling, unrolling and CPU fields; the GPU fields are
+the CUDA target's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tcpy.errors import TCMappingError
+
+
+class Fusion(enum.Enum):
+    """How the isl scheduler may fuse statements into one loop nest."""
+
+    MAX = "Max"  # fuse whatever can be fused
+    PRESERVE3_COINCIDENT = "Preserve3Coincident"  # fuse only keeping outer loops parallel
+    MIN = "Min"  # never fuse: one loop nest per statement
+
+
+@dataclass(frozen=True, slots=True)
+class MappingOptions:
+    # --- scheduling -------------------------------------------------------------------
+    outer_schedule_fusion: Fusion = Fusion.PRESERVE3_COINCIDENT
+    """Fusion strategy of the isl scheduler for the whole kernel."""
+    intra_tile_schedule_fusion: Fusion = Fusion.PRESERVE3_COINCIDENT
+    """Fusion inside a tile: MIN distributes the point loops of the fused statements,
+    one point-loop nest per statement under the shared tile loops."""
+    allow_skewing: bool = False
+    """Accept schedules that combine several indices in one loop (i + j)."""
+    positive_orthant: bool = True
+    """Accept only schedules whose loops run forwards over every index."""
+    fix_parameters_before_scheduling: bool = False
+    """Schedule (and generate code) for the call's sizes as constants rather than
+    for any size; the kernel is compiled per shape either way."""
+
+    # --- tiling and unrolling ---------------------------------------------------------
+    tile: tuple[int, ...] = ()
+    """Tile sizes of the outermost permutable band, member by member; 0 (or a missing
+    entry) leaves that loop untiled. Empty: no tiling."""
+    tile_imperfectly_nested: bool = False
+    """Also tile a band whose loops do not all enclose every statement (not yet used)."""
+    unroll: int = 1
+    """Unroll factor requested for the innermost loops (1: no unrolling)."""
+    interchange: tuple[int, ...] = ()
+    """A permutation of the members of the tiled band's point loops, outermost first;
+    empty lets the mapping choose (the unit-stride loop innermost)."""
+
+    # --- GPU mapping (the CUDA target) ------------------------------------------------
+    map_to_blocks: tuple[int, ...] = ()
+    """Grid size: blocks along x, y, z. Empty: as large as the mapped loops need."""
+    map_to_threads: tuple[int, ...] = ()
+    """Block size: threads along x, y, z (at most 1024 in all)."""
+    use_shared_memory: bool = False
+    """Promote reused or uncoalesced tensor tiles to shared memory."""
+    use_private_memory: bool = False
+    """Promote per-thread data (reduction accumulators) to registers."""
+    unroll_copy_shared: bool = False
+    """Unroll the copies into shared memory."""
+    max_shared_memory: int = 0
+    """Bytes of shared memory a block may use (0: the device's limit)."""
+    use_readonly_cache: bool = False
+    """Read tensors that are only read through the read-only data cache (__ldg)."""
+    shared_depth: int = 0
+    """Schedule depth at which shared-memory promotion happens (0: the mapping's choice)."""
+    private_depth: int = 0
+    """Schedule depth at which register promotion happens (0: the mapping's choice)."""
+    match_library_calls: bool = False
+    """Replace recognised operations by library calls (reserved)."""
+
+    # --- CPU mapping ------------------------------------------------------------------
+    parallel: bool = True
+    """Run the outermost parallel loop of each loop nest with `omp parallel for`."""
+    vectorize: bool = True
+    """Mark the innermost loop `omp simd` when its iterations are independent."""
+    threads: int = 0
+    """OpenMP threads (0: OpenMP's default)."""
+
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Not an option: kept empty (present so that options stay a plain record)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # --- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = (
+                value.value
+                if isinstance(value, Fusion)
+                else (list(value) if isinstance(value, tuple) else value)
+            )
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MappingOptions:
+        names = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        unknown = set(data) - set(names)
+        if unknown:
+            raise TCMappingError(f"unknown mapping option(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            default = names[name].default
+            if isinstance(default, Fusion):
+                try:
+                    values[name] = Fusion(value)
+                except ValueError:
+                    choices = ", ".join(f.value for f in Fusion)
+                    raise TCMappingError(
+                        f"{name} must be one of {choices}, not {value!r}"
+                    ) from None
+            elif isinstance(default, tuple):
+                if not isinstance(value, list | tuple):
+                    raise TCMappingError(f"{name} must be a list of integers, not {value!r}")
+                values[name] = tuple(value)
+            else:
+                values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> MappingOptions:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TCMappingError(f"mapping options are not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise TCMappingError("mapping options must be a JSON object")
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> MappingOptions:
+        return dataclasses.replace(self, **changes)
+
+    # --- presets ----------------------------------------------------------------------
+    @classmethod
+    def naive(cls) -> MappingOptions:
+        """No tiling or fusion decisions beyond isl's; 32x8 threads, strided grid."""
+        return cls(
+            outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT,
+            map_to_threads=(32, 8),
+            map_to_blocks=(256, 256),
+        )
+
+    @classmethod
+    def pointwise(cls) -> MappingOptions:
+        """Elementwise kernels: fuse everything, 32-wide tiles."""
+        return cls(
+            outer_schedule_fusion=Fusion.MAX,
+            tile=(32, 32, 32),
+            map_to_threads=(32, 4),
+            map_to_blocks=(256, 256),
+            unroll=4,
+        )
+
+    @classmethod
+    def mlp(cls) -> MappingOptions:
+        """Fully connected layers: keep the reduction inside the tile."""
+        return cls(
+            outer_schedule_fusion=Fusion.MAX,
+            tile=(16, 32, 32),
+            map_to_threads=(32, 8),
+            map_to_blocks=(128, 128),
+            unroll=4,
+            use_readonly_cache=True,
+        )
+
+    @classmethod
+    def conv(cls) -> MappingOptions:
+        """Convolutions: tile the output's spatial dimensions."""
+        return cls(
+            outer_schedule_fusion=Fusion.MAX,
+            tile=(1, 8, 8, 32),
+            map_to_threads=(32, 4, 2),
+            map_to_blocks=(64, 32, 32),
+            unroll=2,
+        )
+
+    @classmethod
+    def cpu(cls) -> MappingOptions:
+        """The CPU default: sizes fixed, one loop nest per statement (so a reduction's
+        loops form one band), tiles of up to three loops, the unit-stride loop innermost
+        and vectorised, the outermost parallel loop on OpenMP threads."""
+        return cls(
+            outer_schedule_fusion=Fusion.MIN,
+            fix_parameters_before_scheduling=True,
+            tile=(32, 128, 64),
+            unroll=4,
+        )
+
+    @classmethod
+    def preset(cls, name: str) -> MappingOptions:
+        presets = {"naive": cls.naive, "pointwise": cls.pointwise, "mlp": cls.mlp,
+                   "conv": cls.conv, "cpu": cls.cpu}  # fmt: skip
+        try:
+            return presets[name]()
+        except KeyError:
+            raise TCMappingError(
+                f"unknown preset {name!r}; the presets are {', '.join(presets)}"
+            ) from None
+
+
+def _validate(o: MappingOptions) -> None:
+    def fail(message: str) -> None:
+        raise TCMappingError(message)
+
+    for name in ("outer_schedule_fusion", "intra_tile_schedule_fusion"):
+        if not isinstance(getattr(o, name), Fusion):
+            fail(f"{name} must be a Fusion, not {getattr(o, name)!r}")
+    for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
+                 "tile_imperfectly_nested", "use_shared_memory", "use_private_memory",
+                 "unroll_copy_shared", "use_readonly_cache", "match_library_calls",
+                 "parallel", "vectorize"):  # fmt: skip
+        if not isinstance(getattr(o, name), bool):
+            fail(f"{name} must be true or false, not {getattr(o, name)!r}")
+    for name in ("tile", "map_to_blocks", "map_to_threads", "interchange"):
+        value = getattr(o, name)
+        if not isinstance(value, tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            fail(f"{name} must be a tuple of integers, not {value!r}")
+    for name in ("unroll", "max_shared_memory", "shared_depth", "private_depth", "threads"):
+        value = getattr(o, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            fail(f"{name} must be an integer, not {value!r}")
+    if any(t < 0 for t in o.tile):
+        fail(f"tile sizes must be 0 (untiled) or positive, not {o.tile}")
+    if o.unroll < 1:
+        fail(f"unroll must be at least 1, not {o.unroll}")
+    if len(o.map_to_blocks) > 3 or any(b < 1 for b in o.map_to_blocks):
+        fail(f"map_to_blocks takes 1 to 3 positive sizes, not {o.map_to_blocks}")
+    if len(o.map_to_threads) > 3 or any(t < 1 for t in o.map_to_threads):
+        fail(f"map_to_threads takes 1 to 3 positive sizes, not {o.map_to_threads}")
+    threads = 1
+    for t in o.map_to_threads:
+        threads *= t
+    if threads > 1024:
+        fail(f"map_to_threads {o.map_to_threads} asks for {threads} threads a block; at most 1024")
+    if sorted(o.interchange) != list(range(len(o.interchange))):
+        fail(
+            f"interchange must be a permutation of 0..{len(o.interchange) - 1}, not {o.interchange}"
+        )
+    for name in ("max_shared_memory", "shared_depth", "private_depth", "threads"):
+        if getattr(o, name) < 0:
+            fail(f"{name} must not be negative")

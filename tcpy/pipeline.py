@@ -1,0 +1,71 @@
+"""The compiler, stage by stage, in one screen.
+
+    checked def ──scop──> ──dependences──> ──schedule──> ──mapping──> ──isl AST──> ──C──
+
+Each stage is a function of the previous stage's result and the options; with
+verification on (tests, `TCPY_VERIFY=1`) the schedule is checked against every
+dependence after each pass that changes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy import knobs
+from tcpy.codegen.ast_build import Ast, build_ast
+from tcpy.codegen.c import print_c
+from tcpy.mapping.cpu import map_to_cpu
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser.checked import CheckedDef
+from tcpy.poly.dependences import Dependences, compute_dependences
+from tcpy.poly.isl_helpers import isl_errors
+from tcpy.poly.schedule import schedule_scop
+from tcpy.poly.scop import Scop, build_scop
+from tcpy.poly.transforms import verify
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Lowered:
+    """Everything one compilation produced, for inspection (`tcpy compile --emit`)."""
+
+    cdef: CheckedDef
+    options: MappingOptions
+    scop: Scop
+    dependences: Dependences
+    schedule: isl.Schedule  # after mapping
+    ast: Ast
+    source: str
+
+
+def lower_to_c(
+    cdef: CheckedDef,
+    sizes: Mapping[str, int],
+    options: MappingOptions,
+    check: bool | None = None,
+) -> Lowered:
+    check = knobs.verify_schedules() if check is None else check
+    fixed = sizes if options.fix_parameters_before_scheduling else None
+    # 1. Iteration domains and accesses, parametric or at the call's sizes.
+    scop = build_scop(cdef, fixed)
+    # 2. Every order the program's meaning depends on.
+    deps = compute_dependences(scop)
+    # 3. isl's scheduler picks loop order and fusion under the fusion strategy.
+    schedule = schedule_scop(scop, deps, options)
+    _verify(check, schedule, scop, deps)
+    # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
+    with isl_errors(f"mapping {cdef.name} to the CPU"):
+        schedule = map_to_cpu(schedule, scop, options)
+    _verify(check, schedule, scop, deps)
+    # 5. isl's AST generator turns the schedule tree into loops.
+    ast = build_ast(scop, schedule)
+    # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
+    source = print_c(scop, ast, options, fixed)
+    return Lowered(cdef, options, scop, deps, schedule, ast, source)
+
+
+def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:
+    if check:
+        verify(schedule, deps.all, scop.domain)

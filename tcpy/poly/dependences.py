@@ -1,0 +1,56 @@
+"""Dependences of a scop: read-after-write, write-after-read and write-after-write,
+from isl's dataflow analysis against the original order.
+
+Writes are exact (the left-hand side is indexed by plain indices) and are must-sources;
+reads may over-approximate (gathers), so they are may-sources of the anti dependences.
+A reduction's self-dependences serialise its reduction loops and leave its left-hand
+loops parallel, which is exactly TC's meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.poly.isl_helpers import isl_errors
+from tcpy.poly.scop import Scop
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Dependences:
+    raw: isl.UnionMap
+    war: isl.UnionMap
+    waw: isl.UnionMap
+
+    @property
+    def all(self) -> isl.UnionMap:
+        return self.raw.union(self.war).union(self.waw).coalesce()
+
+
+def compute_dependences(scop: Scop) -> Dependences:
+    empty = isl.UnionMap.empty(scop.writes.get_space())
+
+    def flow(sink: isl.UnionMap, must: isl.UnionMap, may: isl.UnionMap) -> isl.UnionMap:
+        info = (
+            isl.UnionAccessInfo.from_sink(sink)
+            .set_must_source(must)
+            .set_may_source(may)
+            .set_schedule_map(scop.order)
+        )
+        return info.compute_flow().get_may_dependence()
+
+    scop.ctx.reset_operations()
+    with isl_errors(f"dependence analysis of {scop.cdef.name}"):
+        return Dependences(
+            raw=flow(scop.reads, scop.writes, empty),
+            war=flow(scop.writes, empty, scop.reads),
+            waw=flow(scop.writes, scop.writes, empty),
+        )
+
+
+def respects(schedule: isl.Schedule, deps: isl.UnionMap) -> bool:
+    """Whether `schedule` runs the source of every dependence strictly before its sink."""
+    order = schedule.get_map()
+    before = order.lex_lt_union_map(order)
+    return deps.is_subset(before)

@@ -1,0 +1,168 @@
+"""Scheduling: isl's scheduler under a TC fusion strategy, and the fallback order.
+
+Validity, proximity and coincidence constraints are all the dependences. Stock isl
+has no fusion callback, so the three strategies are context options:
+
+- `Min`: `schedule_serialize_sccs`: every statement gets its own loop nest over all
+  its indices (softmax becomes five nests; a matmul's reduction keeps its three loops
+  in one permutable band, ready for 3-D tiling).
+- `Preserve3Coincident`: `schedule_outer_coincidence` with whole components: fuse
+  only while the outer loops stay parallel (softmax fuses per row `n`, each statement
+  keeping its own inner `d` loop; a matmul's initialisation joins the `m, n` loops).
+- `Max`: whole components without the coincidence requirement: fuse as much as the
+  dependences allow (an MLP layer's product, bias and ReLU share the `b, n` loops).
+
+All three forbid constant shifts (`schedule_max_constant_term = 0`), so that fusion
+never concatenates loops by offsetting them.
+
+TC's `allow_skewing` and `positive_orthant` have no isl switch either: a schedule that
+combines indices in one loop (when skewing is not allowed) or runs an index backwards
+(in the positive orthant) is replaced by the one that serialises every statement; if
+that one breaks the rule too, by the original loop order, which always respects the
+dependences of a TC program.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.poly.dependences import Dependences
+from tcpy.poly.isl_helpers import isl_errors, list_items, schedule_children, union_map_maps
+from tcpy.poly.scop import PolyStatement, Scop
+
+
+def schedule_scop(scop: Scop, deps: Dependences, options: MappingOptions) -> isl.Schedule:
+    """An isl schedule of `scop` that respects `deps`, fused as the options say."""
+    with isl_errors(f"scheduling {scop.cdef.name}"):
+        schedule = _isl_schedule(scop, deps, options.outer_schedule_fusion)
+        if _acceptable(schedule, options):
+            return schedule
+        if options.outer_schedule_fusion is not Fusion.MIN:
+            schedule = _isl_schedule(scop, deps, Fusion.MIN)
+            if _acceptable(schedule, options):
+                return schedule
+        return original_order(scop, deps)
+
+
+def _isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
+    ctx = scop.ctx
+    ctx.reset_operations()
+    ctx.set_schedule_serialize_sccs(1 if fusion is Fusion.MIN else 0)
+    ctx.set_schedule_outer_coincidence(1 if fusion is Fusion.PRESERVE3_COINCIDENT else 0)
+    ctx.set_schedule_maximize_band_depth(0)
+    ctx.set_schedule_whole_component(0 if fusion is Fusion.MIN else 1)
+    ctx.set_schedule_treat_coalescing(1)
+    ctx.set_schedule_max_constant_term(0)
+    every = deps.all
+    constraints = (
+        isl.ScheduleConstraints.on_domain(scop.domain)
+        .set_context(scop.context)
+        .set_validity(every)
+        .set_proximity(every)
+        .set_coincidence(every)
+    )
+    return constraints.compute_schedule()
+
+
+def _acceptable(schedule: isl.Schedule, options: MappingOptions) -> bool:
+    if options.allow_skewing and not options.positive_orthant:
+        return True
+    for node in bands(schedule):
+        for member in range(node.band_n_member()):
+            upa = node.band_get_partial_schedule().get_union_pw_aff(member)
+            for _name, coefficients in pieces(upa):
+                nonzero = [c for c in coefficients if c != 0]
+                if not options.allow_skewing and len(nonzero) > 1:
+                    return False
+                if options.positive_orthant and any(c < 0 for c in nonzero):
+                    return False
+    return True
+
+
+def pieces(upa: isl.UnionPwAff) -> list[tuple[str, list[int]]]:
+    """Each piece of a union of affine functions as (statement name, coefficients of
+    the statement's indices). No isl callbacks: they would swallow exceptions."""
+    out = []
+    for pa in list_items(upa.get_pw_aff_list()):
+        for _set, aff in pa.get_pieces():
+            name = aff.get_domain_space().get_tuple_name(isl.dim_type.set)
+            n = aff.dim(isl.dim_type.in_)
+            coefficients = [
+                aff.get_coefficient_val(isl.dim_type.in_, i).to_python() for i in range(n)
+            ]
+            out.append((name, coefficients))
+    return out
+
+
+def member_variables(node: isl.ScheduleNode, member: int) -> dict[str, int | None]:
+    """For each statement under a band, the position of the statement index that band
+    member `member` walks (a unit coefficient on one index, nothing else varying),
+    or None when the member combines indices or is constant."""
+    out: dict[str, int | None] = {}
+    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
+    for name, coefficients in pieces(upa):
+        used = [i for i, c in enumerate(coefficients) if c != 0]
+        found = used[0] if len(used) == 1 and abs(coefficients[used[0]]) == 1 else None
+        out[name] = found if out.get(name, found) == found else None
+    return out
+
+
+def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
+    """Every band node of a schedule tree, outermost first."""
+    found: list[isl.ScheduleNode] = []
+    stack = [schedule.get_root()]
+    while stack:
+        node = stack.pop()
+        if node.get_type() == isl.schedule_node_type.band:
+            found.append(node)
+        stack.extend(reversed(list(schedule_children(node))))
+    return found
+
+
+def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
+    """Statements in source order, each with one band over its own indices in their
+    original order (lhs indices, then reductions). Members are coincident when no
+    dependence is carried by them."""
+    schedule = isl.Schedule.from_domain(scop.domain)
+    root = schedule.get_root().child(0)
+    filters = isl.UnionSetList.alloc(scop.ctx, len(scop.statements))
+    for s in scop.statements:
+        filters = filters.add(isl.UnionSet.from_set(s.domain))
+    node = root.insert_sequence(filters)
+    for pos, s in enumerate(scop.statements):
+        child = node.child(pos).child(0)
+        if s.dims:
+            mupa = _identity_band(s)
+            child = child.insert_partial_schedule(mupa)
+            child = child.band_set_permutable(1)
+            for member in range(len(s.dims)):
+                carried = _carries(deps.all, s.name, member)
+                child = child.band_member_set_coincident(member, 0 if carried else 1)
+        node = child.parent().parent()
+    return node.get_schedule()
+
+
+def _identity_band(s: PolyStatement) -> isl.MultiUnionPwAff:
+    space = s.domain.get_space()
+    maff = isl.MultiAff.identity(space.map_from_set())
+    return isl.MultiUnionPwAff.from_multi_pw_aff(isl.MultiPwAff.from_multi_aff(maff))
+
+
+def _carries(deps: isl.UnionMap, stmt: str, member: int) -> bool:
+    """Whether some dependence from `stmt` to itself changes index `member` while the
+    indices before it stay equal."""
+    for m in union_map_maps(deps):
+        if m.get_tuple_name(isl.dim_type.in_) != stmt or m.get_tuple_name(isl.dim_type.out) != stmt:
+            continue
+        same = m
+        for k in range(member):
+            same = same.equate(isl.dim_type.in_, k, isl.dim_type.out, k)
+        moved = same.intersect(
+            isl.Map.universe(same.get_space()).equate(
+                isl.dim_type.in_, member, isl.dim_type.out, member
+            )
+        )
+        if not same.is_subset(moved):
+            return True
+    return False

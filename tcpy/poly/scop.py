@@ -1,0 +1,192 @@
+"""The polyhedral model of a checked definition (a "scop").
+
+Every TC statement becomes one isl statement `S<k>` whose domain is the box of its
+inferred index ranges (lhs indices first, then reduction indices), parametric in the
+size symbols; a `!` reduction also gets an initialisation statement `I<k>` over its
+left-hand indices, ordered just before it. Accesses are isl maps from statement
+instances to tensor elements: exact for affine subscripts, and for any other
+subscript (a gather, `%`, an index times a size) every element along that dimension,
+which over-approximates safely. A reduction reads the element it updates.
+
+The original order (statements in source order, each over its loops in index order)
+is the schedule the dependences are computed against.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.parser import ast
+from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.ranges import Linear, linear_form
+from tcpy.poly.isl_helpers import (
+    isl_errors,
+    isl_name,
+    linear_text,
+    new_context,
+    read_set,
+    read_union_map,
+    sym_str,
+)
+
+
+class Kind(enum.Enum):
+    INIT = "init"  # T(lhs) = identity, for the `!` reductions
+    COMPUTE = "compute"
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class PolyStatement:
+    name: str  # the isl tuple name: S<k> or I<k>
+    kind: Kind
+    index: int  # position of the TC statement in the definition
+    dims: tuple[str, ...]  # TC index names, in the order of the domain's dimensions
+    domain: isl.Set
+
+    def source(self, cdef: CheckedDef) -> CheckedStatement:
+        return cdef.statements[self.index]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Scop:
+    cdef: CheckedDef
+    ctx: isl.Context
+    params: tuple[str, ...]
+    context: isl.Set  # what holds of the sizes at every call
+    statements: tuple[PolyStatement, ...]
+    domain: isl.UnionSet
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+    order: isl.UnionMap  # the original (source-order) schedule
+    sizes: Mapping[str, int] | None  # the sizes fixed before scheduling, if any
+
+    def statement(self, name: str) -> PolyStatement:
+        for s in self.statements:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop:
+    """The scop of `cdef`; with `sizes`, every size symbol is fixed to its value."""
+    ctx = new_context()
+    params = cdef.size_symbols
+    with isl_errors(f"building the polyhedral model of {cdef.name}"):
+        statements: list[PolyStatement] = []
+        reads: list[str] = []
+        writes: list[str] = []
+        for k, st in enumerate(cdef.statements):
+            if st.op.initializes:
+                statements.append(_statement(ctx, params, f"I{k}", Kind.INIT, k, st, st.indices))
+                writes.append(_lhs_access(f"I{k}", st))
+            statements.append(_statement(ctx, params, f"S{k}", Kind.COMPUTE, k, st, st.all_indices))
+            writes.append(_lhs_access(f"S{k}", st))
+            if st.op.is_reduction:
+                reads.append(_lhs_access(f"S{k}", st))
+            reads.extend(_read_accesses(cdef, f"S{k}", st))
+
+        context = read_set(ctx, params, ": " + _context_constraints(cdef))
+        if sizes is not None:
+            values = " and ".join(f"{isl_name(p)} = {sizes[p]}" for p in params)
+            context = context.intersect(read_set(ctx, params, ": " + (values or "true")))
+        domain = isl.UnionSet.empty(context.get_space())
+        for s in statements:
+            domain = domain.union(isl.UnionSet.from_set(s.domain.intersect_params(context)))
+        depth = max((len(s.dims) for s in statements), default=0)
+        order = read_union_map(
+            ctx, params, "; ".join(_order(pos, s, depth) for pos, s in enumerate(statements))
+        )
+        read_map = read_union_map(ctx, params, "; ".join(reads)).intersect_domain(domain)
+        write_map = read_union_map(ctx, params, "; ".join(writes)).intersect_domain(domain)
+    return Scop(
+        cdef=cdef,
+        ctx=ctx,
+        params=params,
+        context=context,
+        statements=tuple(
+            PolyStatement(s.name, s.kind, s.index, s.dims, s.domain.intersect_params(context))
+            for s in statements
+        ),
+        domain=domain,
+        reads=read_map,
+        writes=write_map,
+        order=order.intersect_domain(domain),
+        sizes=dict(sizes) if sizes is not None else None,
+    )
+
+
+def _statement(
+    ctx: isl.Context,
+    params: tuple[str, ...],
+    name: str,
+    kind: Kind,
+    index: int,
+    st: CheckedStatement,
+    dims: tuple[str, ...],
+) -> PolyStatement:
+    constraints = []
+    for v in dims:
+        r = st.range_of(v)
+        constraints.append(f"{sym_str(r.lo)} <= {isl_name(v)} < {sym_str(r.hi)}")
+    body = f"{name}[{', '.join(map(isl_name, dims))}]"
+    if constraints:
+        body += " : " + " and ".join(constraints)
+    return PolyStatement(name, kind, index, dims, read_set(ctx, params, body))
+
+
+def _tuple(name: str, dims: tuple[str, ...]) -> str:
+    return f"{name}[{', '.join(map(isl_name, dims))}]"
+
+
+def _lhs_access(stmt: str, st: CheckedStatement) -> str:
+    dims = st.indices if stmt.startswith("I") else st.all_indices
+    return f"{_tuple(stmt, dims)} -> {isl_name(st.tensor)}[{', '.join(map(isl_name, st.indices))}]"
+
+
+def linear_str(lin: Linear) -> str:
+    rest = sym_str(lin.rest)
+    text = linear_text([(c, isl_name(v)) for v, c in lin.coeffs], 0)
+    if not lin.coeffs:
+        return rest
+    return text if rest == "0" else f"{text} + {rest}"
+
+
+def _read_accesses(cdef: CheckedDef, stmt: str, st: CheckedStatement) -> list[str]:
+    out = []
+    for node in ast.walk(st.rhs):
+        if not isinstance(node, ast.Access):
+            continue
+        subscripts, free = [], []
+        for k, arg in enumerate(node.args):
+            lin = linear_form(arg)
+            if lin is None:
+                name = f"_o{k}"
+                extent = cdef.tensor(node.tensor).shape[k]
+                subscripts.append(name)
+                free.append(f"0 <= {name} < {sym_str(extent)}")
+            else:
+                subscripts.append(linear_str(lin))
+        text = f"{_tuple(stmt, st.all_indices)} -> {isl_name(node.tensor)}[{', '.join(subscripts)}]"
+        if free:
+            text += " : " + " and ".join(free)
+        out.append(text)
+    return out
+
+
+def _context_constraints(cdef: CheckedDef) -> str:
+    """Sizes are positive and every range is non-empty: the call-time checks ensure it."""
+    facts = [f"{isl_name(p)} >= 1" for p in cdef.size_symbols]
+    for st in cdef.statements:
+        for r in st.ranges:
+            if r.lo.symbols() or r.hi.symbols():
+                facts.append(f"{sym_str(r.hi)} > {sym_str(r.lo)}")
+    return " and ".join(facts) or "true"
+
+
+def _order(pos: int, s: PolyStatement, depth: int) -> str:
+    dims = [isl_name(d) for d in s.dims] + ["0"] * (depth - len(s.dims))
+    return f"{_tuple(s.name, s.dims)} -> [{', '.join([str(pos), *dims])}]"

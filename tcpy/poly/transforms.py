@@ -1,0 +1,144 @@
+"""Schedule-tree transforms. Each takes a schedule and returns a new one.
+
+Every transform keeps the schedule valid for a TC program's dependences; `verify`
+checks that claim (the tests run it after every pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import islpy as isl
+
+from tcpy.errors import InternalError
+from tcpy.poly.isl_helpers import multi_val, schedule_children
+
+Rewrite = Callable[[isl.ScheduleNode], isl.ScheduleNode]
+
+
+def is_band(node: isl.ScheduleNode) -> bool:
+    return node.get_type() == isl.schedule_node_type.band
+
+
+def map_outermost_bands(schedule: isl.Schedule, rewrite: Rewrite) -> isl.Schedule:
+    """Apply `rewrite` to every band that has no band above it; `rewrite` returns the
+    node at the position of the band it was given."""
+    return _map_bands(schedule.get_root(), rewrite, outermost=True).get_schedule()
+
+
+def map_innermost_bands(schedule: isl.Schedule, rewrite: Rewrite) -> isl.Schedule:
+    """Apply `rewrite` to every band that has no band below it."""
+    return _map_bands(schedule.get_root(), rewrite, outermost=False).get_schedule()
+
+
+def _has_band_below(node: isl.ScheduleNode) -> bool:
+    return any(is_band(c) or _has_band_below(c) for c in schedule_children(node))
+
+
+def _map_bands(node: isl.ScheduleNode, rewrite: Rewrite, outermost: bool) -> isl.ScheduleNode:
+    """Walk the subtree at `node`, rewriting the chosen bands; returns the node at the
+    same position in the rewritten tree."""
+    if is_band(node) and (outermost or not _has_band_below(node)):
+        return rewrite(node)
+    for i in range(node.n_children()):
+        node = _map_bands(node.child(i), rewrite, outermost).parent()
+    return node
+
+
+# --- tiling ---------------------------------------------------------------------------
+
+
+def tile_band(node: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
+    """Tile a permutable band: member k by sizes[k] (0 or missing: not tiled, the loop
+    stays whole in the tile band). Returns the tile band; the point band is its child.
+    Coincidence and permutability carry over to both bands."""
+    n = node.band_n_member()
+    padded = [sizes[k] if k < len(sizes) else 0 for k in range(n)]
+    if not any(padded) or not node.band_get_permutable():
+        return node
+    values = [s if s > 0 else 1 for s in padded]
+    return node.band_tile(multi_val(node.band_get_space(), values))
+
+
+def tile_outermost_bands(schedule: isl.Schedule, sizes: tuple[int, ...]) -> isl.Schedule:
+    """Tile the outermost band of every loop nest (contract: permutable bands only;
+    the tile band keeps the band's coincidence flags, the point band is permutable)."""
+    if not any(sizes):
+        return schedule
+    return map_outermost_bands(schedule, lambda n: tile_band(n, sizes))
+
+
+# --- distribution, merging, permutation -------------------------------------------------
+
+
+def distribute_point_bands(schedule: isl.Schedule) -> isl.Schedule:
+    """Intra-tile `Min` fusion: a point band (the child of a tile band) whose child is a
+    sequence or set is sunk into each branch, so every statement gets its own point
+    loops under the shared tile loops. Legal because the branches' order is kept."""
+
+    def sink(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        child = node.child(0)
+        if (
+            is_band(child)
+            and child.n_children() == 1
+            and child.child(0).get_type()
+            in (
+                isl.schedule_node_type.sequence,
+                isl.schedule_node_type.set,
+            )
+        ):
+            child = child.band_sink()
+            return child.parent()
+        return node
+
+    return map_outermost_bands(schedule, sink)
+
+
+def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
+    """Reorder the members of a permutable band (member order[k] becomes member k).
+    Any order of a permutable band respects the dependences."""
+    n = node.band_n_member()
+    if sorted(order) != list(range(n)):
+        raise InternalError(f"permute_band needs a permutation of {n} members, got {order}")
+    if order == list(range(n)):
+        return node
+    if not node.band_get_permutable():
+        raise InternalError("permute_band on a band that is not permutable")
+    mupa = node.band_get_partial_schedule()
+    coincident = [node.band_member_get_coincident(k) for k in range(n)]
+    upas = isl.UnionPwAffList.alloc(node.get_ctx(), n)
+    for k in order:
+        upas = upas.add(mupa.get_union_pw_aff(k))
+    permuted = isl.MultiUnionPwAff.from_union_pw_aff_list(mupa.get_space(), upas)
+    node = node.delete().insert_partial_schedule(permuted)
+    node = node.band_set_permutable(1)
+    for k, old in enumerate(order):
+        node = node.band_member_set_coincident(k, coincident[old])
+    return node
+
+
+def split_band(node: isl.ScheduleNode, position: int) -> isl.ScheduleNode:
+    """Split a band after `position` members; returns the outer part."""
+    if 0 < position < node.band_n_member():
+        return node.band_split(position)
+    return node
+
+
+def insert_mark(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
+    """Insert a mark above `node`; returns the node below the mark."""
+    return node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
+
+
+# --- verification ----------------------------------------------------------------------
+
+
+def verify(schedule: isl.Schedule, deps: isl.UnionMap, domain: isl.UnionSet) -> None:
+    """Raise InternalError unless `schedule` covers `domain` and runs the source of
+    every dependence before its sink."""
+    if not schedule.get_domain().is_equal(domain):
+        raise InternalError("the schedule does not cover the statement instances exactly")
+    order = schedule.get_map()
+    before = order.lex_lt_union_map(order)
+    if not deps.is_subset(before):
+        violated = deps.subtract(before)
+        raise InternalError(f"the schedule violates dependences: {violated}")

@@ -1,0 +1,108 @@
+"""CPU runtime: build generated C with the system compiler and call it through ctypes.
+
+`cc -O3 -march=native -fopenmp -shared -fPIC` builds a shared library; ctypes releases
+the GIL for the duration of the call. A compiler failure is a `TCCompileError` with the
+compiler's message and the path of the kept source.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tcpy import knobs
+from tcpy.codegen.c import KERNEL_SYMBOL
+from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
+from tcpy.errors import TCCompileError, TCInputError, TCLaunchError
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w")
+
+
+def compiler() -> str:
+    cc = knobs.c_compiler()
+    if shutil.which(cc) is None:
+        raise TCCompileError(f"the C compiler {cc!r} was not found; install gcc or set TCPY_CC")
+    return cc
+
+
+@functools.cache
+def compiler_identity() -> str:
+    """The compiler's version line and flags: part of every CPU cache key."""
+    cc = compiler()
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60)
+        version = done.stdout.splitlines()[0] if done.stdout else cc
+    except (OSError, subprocess.SubprocessError):
+        version = cc
+    return f"{version} {' '.join(FLAGS)}"
+
+
+@functools.cache
+def device_identity() -> str:
+    """The CPU the kernels are built for (-march=native): model and feature flags."""
+    model, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == platform.machine():
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = hashlib.sha256(value.strip().encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return f"{model} {flags}".strip()
+
+
+def build(source_path: Path, library_path: Path) -> None:
+    """Compile `source_path` into the shared library `library_path`."""
+    cmd = [compiler(), *FLAGS, "-o", str(library_path), str(source_path), "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise TCCompileError(f"the C compiler ran for over 10 minutes on {source_path}") from None
+    if done.returncode != 0:
+        kept = Path(tempfile.mkdtemp(prefix="tcpy-failed-")) / source_path.name
+        shutil.copy(source_path, kept)
+        log = (done.stderr or done.stdout).strip().replace(str(source_path), str(kept))
+        raise TCCompileError(
+            f"the C compiler failed on the generated source (kept at {kept}):\n{log}"
+        )
+
+
+class CpuKernel:
+    """A loaded kernel: call it with the sizes and the buffers in kernel order."""
+
+    def __init__(self, library_path: Path) -> None:
+        try:
+            self._lib = ctypes.CDLL(os.fspath(library_path))
+            fn = getattr(self._lib, KERNEL_SYMBOL)
+        except (OSError, AttributeError) as e:
+            raise TCLaunchError(f"cannot load the compiled kernel {library_path}: {e}") from None
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self.path = library_path
+
+    def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
+        c_sizes = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
+        c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
+        status = self._fn(c_sizes, c_buffers)
+        if status == STATUS_DIVISION_BY_ZERO:
+            raise TCInputError("an integer division by zero happened in the kernel")
+        if status == STATUS_INDEX_OUT_OF_RANGE:
+            raise TCInputError(
+                "the kernel read a tensor at an index outside its extent (through a gather, "
+                "a modulo or a guarded subscript); check the index inputs"
+            )
+        if status != 0:
+            raise TCLaunchError(f"the kernel returned the unknown status {status}")

@@ -1,0 +1,87 @@
+"""The `cpu` target against the `reference` target: every corpus program, at its
+default and odd sizes with the default CPU options, and under option sets drawn by
+hypothesis (fusion strategies, tile sizes including 0 and 1, intra-tile fusion,
+unrolling, fixed or parametric sizes, OpenMP on or off)."""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tcpy
+from tcpy.mapping.options import Fusion, MappingOptions
+
+from corpus_cases import CASES, Case
+from differential import CORPUS, as_tuple, check_outputs, corpus_params, make_inputs
+
+
+@cache
+def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
+    cpu, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    source = (CORPUS / file).read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        cpu.define(source)
+        reference.define(source)
+    return cpu, reference
+
+
+def differential(case: Case, sizes: dict[str, int], options: MappingOptions | None) -> None:
+    inputs = make_inputs(case, sizes)
+    cpu, reference = _engines(case.file)
+    want = as_tuple(reference.run(case.entry, *inputs))
+    got = as_tuple(cpu.run(case.entry, *inputs, options=options))
+    check_outputs(case, got, want, f" on cpu with {options}")
+
+
+@pytest.mark.parametrize(("case", "sizes"), corpus_params())
+def test_corpus_cpu_default_options(case: Case, sizes: dict[str, int]) -> None:
+    differential(case, sizes, None)
+
+
+options_strategy = st.builds(
+    MappingOptions,
+    outer_schedule_fusion=st.sampled_from(list(Fusion)),
+    intra_tile_schedule_fusion=st.sampled_from(list(Fusion)),
+    fix_parameters_before_scheduling=st.booleans(),
+    tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 7, 16, 32]), max_size=4).map(tuple),
+    unroll=st.sampled_from([1, 2, 4, 8]),
+    parallel=st.booleans(),
+    vectorize=st.booleans(),
+    allow_skewing=st.booleans(),
+    positive_orthant=st.booleans(),
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=options_strategy, which=st.integers(0, 2))
+def test_corpus_cpu_drawn_options(case: Case, options: MappingOptions, which: int) -> None:
+    size_sets = (case.sizes, *case.odd_sizes)
+    differential(case, size_sets[which % len(size_sets)], options)
+
+
+def test_cpu_is_the_default_target() -> None:
+    assert tcpy.ExecutionEngine().target == "cpu"
+
+
+def test_gather_out_of_range_on_cpu() -> None:
+    e = tcpy.ExecutionEngine("cpu")
+    e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    t = np.ones((3, 2), np.float32)
+    np.testing.assert_array_equal(e.g(t, np.array([0, 2], np.int32)), np.ones((2, 2)))
+    with pytest.raises(tcpy.TCInputError, match="outside its extent"):
+        e.g(t, np.array([0, 3], np.int32))
+
+
+def test_integer_division_by_zero_on_cpu() -> None:
+    e = tcpy.ExecutionEngine("cpu")
+    e.define("def f(int32(N) A) -> (Q) { Q(i) = 10 / A(i) }")
+    with pytest.raises(tcpy.TCInputError, match="division by zero"):
+        e.f(np.array([1, 0], np.int32))
+    np.testing.assert_array_equal(e.f(np.array([3, -4], np.int32)), [3, -2])
