@@ -8,7 +8,7 @@ C = engine.mm(A, B)
 
 from __future__ import annotations
 
-from tcpy.engine import ExecutionEngine
+from tcpy.engine import Compiled, ExecutionEngine
 from tcpy.errors import (
     InternalError,
     Span,
@@ -23,6 +23,7 @@ from tcpy.errors import (
     TCTypeError,
     TCWarning,
 )
+from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.types import ScalarType
 
@@ -30,8 +31,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckedDef",
+    "Compiled",
     "ExecutionEngine",
+    "Fusion",
     "InternalError",
+    "MappingOptions",
     "ScalarType",
     "Span",
     "TCCompileError",

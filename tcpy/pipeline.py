@@ -25,6 +25,7 @@ from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.schedule import schedule_scop
 from tcpy.poly.scop import Scop, build_scop
 from tcpy.poly.transforms import verify
+from tcpy.runtime import cpu as runtime
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -57,12 +58,12 @@ def lower_to_c(
     _verify(check, schedule, scop, deps)
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
     with isl_errors(f"mapping {cdef.name} to the CPU"):
-        schedule = map_to_cpu(schedule, scop, options)
+        schedule = map_to_cpu(schedule, scop, deps, options)
     _verify(check, schedule, scop, deps)
     # 5. isl's AST generator turns the schedule tree into loops.
     ast = build_ast(scop, schedule)
     # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
-    source = print_c(scop, ast, options, fixed)
+    source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
     return Lowered(cdef, options, scop, deps, schedule, ast, source)
 
 

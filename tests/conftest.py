@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest

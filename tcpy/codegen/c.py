@@ -9,23 +9,28 @@ Marks in the schedule tree become pragmas on the loop the marked band generates 
 mark `omp_parallel@3` belongs to the loop of schedule depth 3, which isl names `c3`,
 and to no loop if isl dropped that loop as a single iteration):
 `omp_parallel` -> `#pragma omp parallel for`, `omp_simd` -> `#pragma omp simd`; the
-innermost loops get `#pragma GCC unroll` when the options ask for unrolling. The TC
-statements computed by each top-level loop nest are printed as comments above it.
+innermost loops get `#pragma GCC unroll` when the options ask for unrolling. A loop
+that only reduces into one element keeps its accumulator in a local (register
+promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
+allows. The TC statements computed by each top-level loop nest are printed as
+comments above it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcpy.codegen.ast_build import Ast
-from tcpy.codegen.c_helpers import helper_source
+from tcpy.codegen.ast_build import Ast, UserStatement
+from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
 from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import (
     BodyPrinter,
     Helpers,
+    StatementParts,
     extent_name,
     isl_expr,
     size_name,
@@ -34,6 +39,7 @@ from tcpy.codegen.exprs import (
 )
 from tcpy.errors import InternalError
 from tcpy.mapping.options import MappingOptions
+from tcpy.parser import ast as tc
 from tcpy.parser.checked import CheckedDef, Role
 from tcpy.poly.isl_helpers import ast_children, isl_name
 from tcpy.poly.scop import Kind, Scop
@@ -41,6 +47,12 @@ from tcpy.poly.scop import Kind, Scop
 KERNEL_SYMBOL = "tc_kernel"
 _FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
 _IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
+_OPENMP_REDUCTION = {
+    tc.Reduction.SUM: "+",
+    tc.Reduction.PROD: "*",
+    tc.Reduction.MIN: "min",
+    tc.Reduction.MAX: "max",
+}
 PARALLEL_MARK = "omp_parallel"
 SIMD_MARK = "omp_simd"
 
@@ -86,11 +98,45 @@ class _Printer:
         inc = isl_expr(node.for_get_inc(), self.names, top=True)
         body = node.for_get_body()
         here = tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
+        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
+        header = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
+        accumulator = None if here else self.accumulator(body, iterator)
+        if accumulator is not None:
+            self.promoted(accumulator, header, depth)
+            return
         for pragma in self.pragmas(here, innermost=not _contains_for(body)):
             self.emit(depth, pragma)
-        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
-        self.emit(depth, f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{")
+        self.emit(depth, header)
         self.node(body, depth + 1, marks)
+        self.emit(depth, "}")
+
+    def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
+        """The parts of the statement of a loop that only reduces into one element (the
+        loop's index is not among the element's), whose accumulator can then live in a
+        register across the loop."""
+        if body.get_type() != isl.ast_node_type.user:
+            return None
+        user = self.ast.user(body)
+        stmt = self.scop.statement(user.statement)
+        source = stmt.source(self.scop.cdef)
+        if stmt.kind is Kind.INIT or source.op.reduction is None:
+            return None
+        values = self.index_values(user)
+        word = re.compile(rf"\b{iterator}\b")
+        if any(word.search(values[v]) for v in source.indices):
+            return None
+        return self.bodies.parts(source, values)
+
+    def promoted(self, parts: StatementParts, header: str, depth: int) -> None:
+        assert parts.reduction is not None
+        clause = _OPENMP_REDUCTION[parts.reduction]
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
+        self.emit(depth + 1, f"#pragma omp simd reduction({clause}:tc_acc)")
+        self.emit(depth + 1, header)
+        self.emit(depth + 2, f"tc_acc = {parts.combine('tc_acc')};")
+        self.emit(depth + 1, "}")
+        self.emit(depth + 1, f"{parts.target} = {parts.store('tc_acc')};")
         self.emit(depth, "}")
 
     def pragmas(self, marks: tuple[str, ...], innermost: bool) -> list[str]:
@@ -115,15 +161,19 @@ class _Printer:
             self.node(node.if_get_else_node(), depth + 1, marks)
         self.emit(depth, "}")
 
-    def user(self, node: isl.AstNode, depth: int) -> None:
-        user = self.ast.user(node)
+    def index_values(self, user: UserStatement) -> dict[str, str]:
         stmt = self.scop.statement(user.statement)
-        values = {
+        return {
             var: isl_expr(e, self.names, top=True)
             for var, e in zip(stmt.dims, user.indices, strict=True)
         }
+
+    def user(self, node: isl.AstNode, depth: int) -> None:
+        user = self.ast.user(node)
+        stmt = self.scop.statement(user.statement)
         source = stmt.source(self.scop.cdef)
-        self.emit(depth, self.bodies.statement(source, stmt.kind is Kind.INIT, values))
+        init = stmt.kind is Kind.INIT
+        self.emit(depth, self.bodies.statement(source, init, self.index_values(user)))
 
     # --- the kernel -------------------------------------------------------------
     def top_level(self, depth: int) -> None:
@@ -187,8 +237,15 @@ def buffer_order(scop: Scop) -> list[str]:
     return [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
 
 
-def print_c(scop: Scop, ast: Ast, options: MappingOptions, sizes: Mapping[str, int] | None) -> str:
-    """The C translation unit of a kernel; with `sizes`, the sizes are constants."""
+def print_c(
+    scop: Scop,
+    ast: Ast,
+    options: MappingOptions,
+    sizes: Mapping[str, int] | None,
+    vector_math: bool = False,
+) -> str:
+    """The C translation unit of a kernel; with `sizes`, the sizes are constants; with
+    `vector_math`, the math functions libmvec vectorises are declared `simd`."""
     printer = _Printer(scop, ast, options)
     cdef = scop.cdef
     body: list[str] = []
@@ -216,6 +273,7 @@ def print_c(scop: Scop, ast: Ast, options: MappingOptions, sizes: Mapping[str, i
         "#include <stdint.h>",
         "#include <stdbool.h>",
         "#include <math.h>",
+        vector_math_declarations(printer.helpers.builtins) if vector_math else "",
         "",
         helper_source(printer.helpers),
         "",

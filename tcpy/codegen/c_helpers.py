@@ -141,3 +141,26 @@ def helper_source(helpers: Helpers) -> str:
         if fn.endswith("f") and fn[:-1] in _DOUBLE_MATH:
             parts.append(_float_version(fn[:-1]))
     return "\n".join(parts)
+
+
+# Functions glibc's libmvec provides in vector form (glibc 2.35 and later); declaring
+# them `simd` lets the compiler vectorise loops that call them.
+VECTOR_MATH = frozenset(
+    {"acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cos", "cosh",
+     "erf", "erfc", "exp", "exp10", "exp2", "expm1", "hypot", "log", "log10", "log1p",
+     "log2", "pow", "sin", "sinh", "tan", "tanh"}
+)  # fmt: skip
+_ARITY2 = {"atan2", "hypot", "pow"}
+
+
+def vector_math_declarations(builtins: set[str]) -> str:
+    lines = []
+    for fn in sorted(builtins):
+        single = fn.endswith("f") and fn[:-1] in VECTOR_MATH
+        if not single and fn not in VECTOR_MATH:
+            continue
+        base = fn[:-1] if single else fn
+        ctype = "float" if single else "double"
+        params = ", ".join([ctype] * (2 if base in _ARITY2 else 1))
+        lines.append(f'{ctype} {fn}({params}) __attribute__((simd("notinbranch")));')
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ trapping, and a subscript that range inference did not prove in bounds (a gather
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -133,26 +133,63 @@ class BodyPrinter:
 
     def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
         """One statement instance in C; `indices` maps each TC index to its value."""
+        parts = self.parts(st, indices, init)
+        if init:
+            return f"{parts.target} = {parts.identity};"
+        value = parts.value
+        if parts.reduction is not None:
+            value = parts.combine(parts.current)
+        return f"{parts.target} = {parts.store(value)};"
+
+    def parts(
+        self, st: CheckedStatement, indices: Mapping[str, str], init: bool = False
+    ) -> StatementParts:
+        """The pieces of a statement instance (of its initialisation when `init`: the
+        right-hand side, which uses the reduction indices, is then left out)."""
         ctx = _Context(self, st, indices)
         tensor = self.cdef.tensor(st.tensor)
-        target = (
-            f"{tensor_name(st.tensor)}[{ctx.flat(st.tensor, [indices[v] for v in st.indices])}]"
-        )
-        store = self.dialect.ctype(tensor.scalar)
+        lhs = ctx.flat(st.tensor, [indices[v] for v in st.indices])
         compute = tensor.scalar.compute
-        if init:
-            reduction = st.op.reduction
-            assert reduction is not None
-            value = _literal(reduction.identity(tensor.scalar), tensor.scalar)
-            return f"{target} = {value};"
-        value = ctx.expr(st.rhs, compute)
+        target = f"{tensor_name(st.tensor)}[{lhs}]"
         reduction = st.op.reduction
-        if reduction is not None:
-            current = _convert(target, tensor.scalar, compute, self.dialect)
-            value = ctx.combine(reduction, current, value, compute)
-        if store != self.dialect.ctype(compute):
-            value = f"({store})({value})"
-        return f"{target} = {value};"
+        identity = (
+            "" if reduction is None else _literal(reduction.identity(tensor.scalar), tensor.scalar)
+        )
+        value = "" if init else ctx.expr(st.rhs, compute)
+
+        def combine(current: str) -> str:
+            if reduction is None:
+                return value
+            return ctx.combine(reduction, current, value, compute)
+
+        return StatementParts(
+            target=target,
+            current=_convert(target, tensor.scalar, compute, self.dialect),
+            value=value,
+            identity=identity,
+            reduction=reduction,
+            compute=self.dialect.ctype(compute),
+            storage=self.dialect.ctype(tensor.scalar),
+            combine=combine,
+        )
+
+
+@dataclass
+class StatementParts:
+    """The pieces of a statement, for printers that rearrange them (register
+    promotion of an accumulator keeps `current` in a local across a loop)."""
+
+    target: str  # the element written, as an lvalue
+    current: str  # its value in the compute type
+    value: str  # the right-hand side in the compute type
+    identity: str  # the reduction's identity ("" for `=`)
+    reduction: ast.Reduction | None
+    compute: str  # C type of the computation
+    storage: str  # C type of the tensor
+    combine: Callable[[str], str]  # accumulator -> combined value
+
+    def store(self, value: str) -> str:
+        return value if self.compute == self.storage else f"({self.storage})({value})"
 
 
 class _Context:
@@ -260,11 +297,8 @@ class _Context:
 
 
 def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) -> str:
-    if ty.is_float:
-        fn = ("fmin" if smallest else "fmax") + ("f" if ty is ScalarType.FLOAT32 else "")
-        helpers.builtins.add(fn)
-        return f"{fn}({a}, {b})"
-    cmp = "<" if smallest else ">"
+    """min/max by a comparison (vectorisable, unlike a call of fminf)."""
+    cmp = "<=" if smallest else ">="
     return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
 
 

@@ -1,7 +1,8 @@
 """CPU mapping: tiling, interchange for unit stride, OpenMP parallel and simd marks.
 
 `map_to_cpu(schedule, scop, options)` expects a valid schedule of `scop` and returns
-one that is still valid: the outermost bands tiled as `options.tile` says, the point
+one that is still valid: the outermost bands tiled as `options.tile` says (or, when it
+is empty, with sizes chosen from the loop extents), the point
 loops of fused statements distributed when intra-tile fusion is `Min`, each innermost
 permutable band reordered so that the loop walking the innermost array dimension is
 innermost (or as `options.interchange` says), the outermost parallel loop of each nest
@@ -19,6 +20,7 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import ast
 from tcpy.parser.ranges import Linear, linear_form
 from tcpy.parser.symbolic import Sym
+from tcpy.poly.dependences import Dependences, respects
 from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import (
@@ -26,21 +28,85 @@ from tcpy.poly.transforms import (
     insert_mark,
     is_band,
     map_innermost_bands,
+    map_outermost_bands,
     permute_band,
+    tile_band,
     tile_outermost_bands,
 )
 
 
-def map_to_cpu(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -> isl.Schedule:
-    schedule = tile_outermost_bands(schedule, options.tile)
-    if options.tile and options.intra_tile_schedule_fusion is Fusion.MIN:
-        schedule = distribute_point_bands(schedule)
+def map_to_cpu(
+    schedule: isl.Schedule, scop: Scop, deps: Dependences, options: MappingOptions
+) -> isl.Schedule:
+    if options.tile:
+        schedule = tile_outermost_bands(schedule, options.tile)
+    else:
+        schedule = map_outermost_bands(schedule, lambda b: _auto_tile(b, scop))
+    if options.intra_tile_schedule_fusion is Fusion.MIN:
+        # Distributing point loops reorders statements inside a tile; a dependence from
+        # a later statement back to an earlier one at a later point would forbid it.
+        distributed = distribute_point_bands(schedule)
+        if respects(distributed, deps.all):
+            schedule = distributed
     schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))
     if options.vectorize:
         schedule = map_innermost_bands(schedule, _mark_simd)
     if options.parallel:
         schedule = _mark_parallel(schedule.get_root()).get_schedule()
     return schedule
+
+
+# --- automatic tiling -----------------------------------------------------------------
+
+VECTOR_TILE = 256  # the unit-stride loop: long enough for the vector units and prefetch
+REDUCTION_TILE = 128  # a reduction loop: the slice of the operands kept in cache
+OUTER_TILE = 32  # the innermost other parallel loop: rows sharing the cached slice
+SMALL = 8  # loops this short (kernel windows) stay whole
+
+
+def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
+    """Tile sizes from the loop extents when the options give none: the loop that
+    walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
+    the innermost other parallel loop by OUTER_TILE; short loops and outer parallel
+    loops stay whole (batch dimensions become the parallel tile loops)."""
+    n = node.band_n_member()
+    if not node.band_get_permutable():
+        return node
+    extents = [_extent(node, k) for k in range(n)]
+    coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
+    scores = [_stride_score(node, k, scop) for k in range(n)]
+    vector = max(range(n), key=lambda k: (scores[k], coincident[k], k))
+
+    def fit(k: int, size: int) -> int:
+        e = extents[k]
+        return size if e is None else min(e, size)
+
+    sizes = [0] * n
+    rows = [k for k in range(n) if coincident[k] and k != vector and not _short(extents[k])]
+    for k in range(n):
+        if _short(extents[k]):
+            continue
+        if k == vector:
+            sizes[k] = fit(k, VECTOR_TILE if n > 1 else 16 * VECTOR_TILE)
+        elif not coincident[k]:
+            sizes[k] = fit(k, REDUCTION_TILE)
+        elif rows and k == rows[-1]:
+            sizes[k] = fit(k, OUTER_TILE)
+    return tile_band(node, tuple(sizes))
+
+
+def _short(extent: int | None) -> bool:
+    return extent is not None and extent <= SMALL
+
+
+def _extent(node: isl.ScheduleNode, member: int) -> int | None:
+    """The number of values band member `member` takes, when the sizes are fixed."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
+    upa = upa.intersect_domain(node.get_domain())
+    lo, hi = upa.min_val(), upa.max_val()
+    if not (lo.is_int() and hi.is_int()):
+        return None
+    return int(hi.to_python()) - int(lo.to_python()) + 1
 
 
 # --- interchange ----------------------------------------------------------------------

@@ -45,7 +45,8 @@ class MappingOptions:
     # --- tiling and unrolling ---------------------------------------------------------
     tile: tuple[int, ...] = ()
     """Tile sizes of the outermost permutable band, member by member; 0 (or a missing
-    entry) leaves that loop untiled. Empty: no tiling."""
+    entry) leaves that loop untiled, so (0,) asks for no tiling at all. Empty: the
+    target chooses (the CPU mapping picks sizes from the loop extents)."""
     tile_imperfectly_nested: bool = False
     """Also tile a band whose loops do not all enclose every statement (not yet used)."""
     unroll: int = 1
@@ -192,12 +193,11 @@ class MappingOptions:
     @classmethod
     def cpu(cls) -> MappingOptions:
         """The CPU default: sizes fixed, one loop nest per statement (so a reduction's
-        loops form one band), tiles of up to three loops, the unit-stride loop innermost
-        and vectorised, the outermost parallel loop on OpenMP threads."""
+        loops form one band), tile sizes chosen from the loop extents, the unit-stride
+        loop innermost and vectorised, the outermost parallel loop on OpenMP threads."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,
-            tile=(32, 128, 64),
             unroll=4,
         )
 

@@ -44,7 +44,7 @@ def compiler_identity() -> str:
         version = done.stdout.splitlines()[0] if done.stdout else cc
     except (OSError, subprocess.SubprocessError):
         version = cc
-    return f"{version} {' '.join(FLAGS)}"
+    return f"{version} {' '.join(FLAGS)} libmvec={vector_math()}"
 
 
 @functools.cache
@@ -63,9 +63,21 @@ def device_identity() -> str:
     return f"{model} {flags}".strip()
 
 
+@functools.cache
+def vector_math() -> bool:
+    """Whether glibc's vector math library (libmvec, glibc 2.35+) can be linked, so that
+    loops calling exp, tanh, ... vectorise."""
+    try:
+        lib = ctypes.CDLL("libmvec.so.1")
+        return hasattr(lib, "_ZGVdN8v_tanhf")
+    except OSError:
+        return False
+
+
 def build(source_path: Path, library_path: Path) -> None:
     """Compile `source_path` into the shared library `library_path`."""
-    cmd = [compiler(), *FLAGS, "-o", str(library_path), str(source_path), "-lm"]
+    libs = ["-lmvec", "-lm"] if vector_math() else ["-lm"]
+    cmd = [compiler(), *FLAGS, "-o", str(library_path), str(source_path), *libs]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,255 @@
+# ruff: noqa: E741  (tensor names as in the TC)
+"""The benchmark suite of DESIGN.md: each kernel as TC, its NumPy peer, its inputs,
+and the work it does (floating-point operations, and the fewest bytes it must move).
+
+Shared by `bench/cpu.py` (against NumPy) and `bench/gpu.py` (against PyTorch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    tc: str
+    entry: str
+    sizes: dict[str, int]
+    inputs: Callable[[np.random.Generator, dict[str, int]], tuple[np.ndarray, ...]]
+    numpy: Callable[..., object]
+    flops: Callable[[dict[str, int]], float]
+    bytes: Callable[[dict[str, int]], float]
+    memory_bound: bool = False
+
+
+def f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+    return (x - mean) / np.sqrt(var + np.float32(1e-5)) * g + b
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    c = np.float32(0.7978845608)
+    return np.float32(0.5) * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def _conv(x: np.ndarray, w: np.ndarray, stride: int = 1) -> np.ndarray:
+    kh, kw = w.shape[2:]
+    windows = sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride]
+    return np.einsum("nchwij,fcij->nfhw", windows, w, optimize=True)
+
+
+def _group_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    kh, kw = w.shape[3:]
+    windows = sliding_window_view(x, (kh, kw), axis=(3, 4))
+    return np.einsum("ngchwij,gfcij->ngfhw", windows, w, optimize=True)
+
+
+def _maxpool(x: np.ndarray) -> np.ndarray:
+    n, c, h, w = x.shape
+    return x[:, :, : h // 2 * 2, : w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+
+
+SUITE: tuple[Kernel, ...] = (
+    Kernel(
+        "matmul",
+        "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        "matmul",
+        {"M": 512, "K": 512, "N": 512},
+        lambda r, s: (f32(r, s["M"], s["K"]), f32(r, s["K"], s["N"])),
+        lambda A, B: A @ B,
+        lambda s: 2 * s["M"] * s["N"] * s["K"],
+        lambda s: 4 * (s["M"] * s["K"] + s["K"] * s["N"] + s["M"] * s["N"]),
+    ),
+    Kernel(
+        "matmul_transposed",
+        "def mtt(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }",
+        "mtt",
+        {"M": 512, "K": 512, "N": 512},
+        lambda r, s: (f32(r, s["K"], s["M"]), f32(r, s["N"], s["K"])),
+        lambda A, B: A.T @ B.T,
+        lambda s: 2 * s["M"] * s["N"] * s["K"],
+        lambda s: 4 * (s["M"] * s["K"] + s["K"] * s["N"] + s["M"] * s["N"]),
+    ),
+    Kernel(
+        "batch_matmul",
+        "def bmm(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }",
+        "bmm",
+        {"B": 32, "M": 128, "K": 128, "N": 128},
+        lambda r, s: (f32(r, s["B"], s["M"], s["K"]), f32(r, s["B"], s["K"], s["N"])),
+        lambda X, Y: X @ Y,
+        lambda s: 2 * s["B"] * s["M"] * s["N"] * s["K"],
+        lambda s: 4 * s["B"] * (s["M"] * s["K"] + s["K"] * s["N"] + s["M"] * s["N"]),
+    ),
+    Kernel(
+        "tensordot",
+        "def td(float(N,C1,C2,H,W) I0, float(N,C2,C3,H,W) I1) -> (O) {"
+        " O(n,c1,c3,h,w) +=! I0(n,c1,c2,h,w) * I1(n,c2,c3,h,w) }",
+        "td",
+        {"N": 8, "C1": 32, "C2": 32, "C3": 32, "H": 16, "W": 16},
+        lambda r, s: (
+            f32(r, s["N"], s["C1"], s["C2"], s["H"], s["W"]),
+            f32(r, s["N"], s["C2"], s["C3"], s["H"], s["W"]),
+        ),
+        lambda A, B: np.einsum("nabhw,nbchw->nachw", A, B, optimize=True),
+        lambda s: 2 * s["N"] * s["C1"] * s["C2"] * s["C3"] * s["H"] * s["W"],
+        lambda s: 4 * s["N"] * s["H"] * s["W"] * (2 * s["C1"] * s["C2"] + s["C1"] * s["C3"]),
+    ),
+    Kernel(
+        "bias_add_grad",
+        "def bias_add_grad(float(B,N) G) -> (gb) { gb(n) +=! G(b,n) }",
+        "bias_add_grad",
+        {"B": 2048, "N": 1024},
+        lambda r, s: (f32(r, s["B"], s["N"]),),
+        lambda G: G.sum(axis=0),
+        lambda s: s["B"] * s["N"],
+        lambda s: 4 * (s["B"] * s["N"] + s["N"]),
+        memory_bound=True,
+    ),
+    Kernel(
+        "softmax",
+        """def softmax(float(N, D) I) -> (O) {
+            maxVal(n) max=! I(n, d)
+            expDist(n, d) = exp(I(n, d) - maxVal(n))
+            expSum(n) +=! expDist(n, d)
+            O(n, d) = expDist(n, d) / expSum(n)
+        }""",
+        "softmax",
+        {"N": 2048, "D": 1024},
+        lambda r, s: (f32(r, s["N"], s["D"]),),
+        _softmax,
+        lambda s: 5 * s["N"] * s["D"],
+        lambda s: 8 * s["N"] * s["D"],
+        memory_bound=True,
+    ),
+    Kernel(
+        "layernorm",
+        """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
+            mean(n) +=! X(n, d) / D
+            var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
+            O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
+        }""",
+        "layernorm",
+        {"N": 2048, "D": 1024},
+        lambda r, s: (f32(r, s["N"], s["D"]), f32(r, s["D"]), f32(r, s["D"])),
+        _layernorm,
+        lambda s: 9 * s["N"] * s["D"],
+        lambda s: 8 * s["N"] * s["D"],
+        memory_bound=True,
+    ),
+    Kernel(
+        "gelu",
+        "def gelu(float(N, D) X) -> (O) {"
+        " O(n, d) = 0.5 * X(n, d) * (1.0 + tanh(0.7978845608 * (X(n, d)"
+        " + 0.044715 * X(n, d) * X(n, d) * X(n, d)))) }",
+        "gelu",
+        {"N": 2048, "D": 1024},
+        lambda r, s: (f32(r, s["N"], s["D"]),),
+        _gelu,
+        lambda s: 10 * s["N"] * s["D"],
+        lambda s: 8 * s["N"] * s["D"],
+        memory_bound=True,
+    ),
+    Kernel(
+        "mlp",
+        """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+            O(b, n) +=! I(b, k) * W(n, k)
+            O(b, n) = O(b, n) + bias(n)
+            O(b, n) = fmax(O(b, n), 0)
+        }""",
+        "mlp",
+        {"B": 256, "K": 512, "N": 512},
+        lambda r, s: (f32(r, s["B"], s["K"]), f32(r, s["N"], s["K"]), f32(r, s["N"])),
+        lambda I, W, bias: np.maximum(I @ W.T + bias, 0),
+        lambda s: 2 * s["B"] * s["N"] * s["K"] + 2 * s["B"] * s["N"],
+        lambda s: 4 * (s["B"] * s["K"] + s["N"] * s["K"] + s["B"] * s["N"]),
+    ),
+    Kernel(
+        "conv2d",
+        "def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
+        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }",
+        "conv2d",
+        {"N": 8, "C": 32, "H": 34, "W": 34, "F": 32, "KH": 3, "KW": 3},
+        lambda r, s: (
+            f32(r, s["N"], s["C"], s["H"], s["W"]),
+            f32(r, s["F"], s["C"], s["KH"], s["KW"]),
+        ),
+        _conv,
+        lambda s: 2 * s["N"] * s["F"] * (s["H"] - 2) * (s["W"] - 2) * s["C"] * 9,
+        lambda s: 4 * (s["N"] * s["C"] * s["H"] * s["W"] + s["N"] * s["F"] * (s["H"] - 2) ** 2),
+    ),
+    Kernel(
+        "conv2d_strided",
+        "def sconv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
+        " O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * K(f,c,kh,kw) }",
+        "sconv",
+        {"N": 8, "C": 32, "H": 65, "W": 65, "F": 32, "KH": 3, "KW": 3},
+        lambda r, s: (
+            f32(r, s["N"], s["C"], s["H"], s["W"]),
+            f32(r, s["F"], s["C"], s["KH"], s["KW"]),
+        ),
+        lambda I, K: _conv(I, K, stride=2),
+        lambda s: 2 * s["N"] * s["F"] * 32 * 32 * s["C"] * 9,
+        lambda s: 4 * (s["N"] * s["C"] * s["H"] * s["W"] + s["N"] * s["F"] * 32 * 32),
+    ),
+    Kernel(
+        "group_conv",
+        "def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) K) -> (O) {"
+        " O(n,g,f,h,w) +=! I(n,g,c,h+kh,w+kw) * K(g,f,c,kh,kw) }",
+        "gconv",
+        {"N": 8, "G": 4, "C": 8, "H": 34, "W": 34, "F": 8, "KH": 3, "KW": 3},
+        lambda r, s: (
+            f32(r, s["N"], s["G"], s["C"], s["H"], s["W"]),
+            f32(r, s["G"], s["F"], s["C"], s["KH"], s["KW"]),
+        ),
+        _group_conv,
+        lambda s: 2 * s["N"] * s["G"] * s["F"] * 32 * 32 * s["C"] * 9,
+        lambda s: 4 * s["N"] * s["G"] * (s["C"] * s["H"] * s["W"] + s["F"] * 32 * 32),
+    ),
+    Kernel(
+        "maxpool",
+        "def maxpool(float(N,C,H,W) I) -> (O) {"
+        " O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:2, kw in 0:2 }",
+        "maxpool",
+        {"N": 16, "C": 32, "H": 64, "W": 64},
+        lambda r, s: (f32(r, s["N"], s["C"], s["H"], s["W"]),),
+        _maxpool,
+        lambda s: s["N"] * s["C"] * s["H"] * s["W"],
+        lambda s: 4 * s["N"] * s["C"] * s["H"] * s["W"] * 5 / 4,
+        memory_bound=True,
+    ),
+    Kernel(
+        "two_table_lookup",
+        """def lookup(float(E1,D) LUT1, int32(B,L1) I1, float(E2,D) LUT2, int32(B,L2) I2)
+               -> (O1, O2) {
+            O1(b, d) +=! LUT1(I1(b, l1), d)
+            O2(b, d) +=! LUT2(I2(b, l2), d)
+        }""",
+        "lookup",
+        {"E1": 10000, "E2": 10000, "D": 64, "B": 256, "L1": 50, "L2": 50},
+        lambda r, s: (
+            f32(r, s["E1"], s["D"]),
+            r.integers(0, s["E1"], (s["B"], s["L1"]), dtype=np.int32),
+            f32(r, s["E2"], s["D"]),
+            r.integers(0, s["E2"], (s["B"], s["L2"]), dtype=np.int32),
+        ),
+        lambda L1, I1, L2, I2: (L1[I1].sum(axis=1), L2[I2].sum(axis=1)),
+        lambda s: s["B"] * s["D"] * (s["L1"] + s["L2"]),
+        lambda s: 4 * s["B"] * s["D"] * (s["L1"] + s["L2"] + 2),
+        memory_bound=True,
+    ),
+)
