@@ -60,6 +60,7 @@ def measure(kernel: Kernel, reps: int) -> dict[str, object]:
     tcpy_s, numpy_s = statistics.median(ours), statistics.median(peer)
     return {
         "kernel": kernel.name,
+        "options": compiled.options.to_dict(),
         "sizes": kernel.sizes,
         "memory_bound": kernel.memory_bound,
         "compile_s": round(compile_s, 4),

@@ -18,6 +18,7 @@ from tcpy import targets
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCError
 from tcpy.inputs import random_inputs, resolve_sizes
+from tcpy.mapping.options import MappingOptions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
     run.add_argument("--target", default=targets.DEFAULT_TARGET, choices=sorted(targets.TARGETS))
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--options", help="mapping options: a preset name or a JSON object")
+    comp = sub.add_parser("compile", help="print the generated C, schedule tree or isl AST")
+    comp.add_argument("file", type=Path)
+    comp.add_argument("--entry", help="the def to compile (default: the only one)")
+    comp.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
+    comp.add_argument("--emit", choices=("c", "schedule", "ast"), default="c")
+    comp.add_argument("--options", help="mapping options: a preset name or a JSON object")
     args = parser.parse_args(argv)
     try:
         source = args.file.read_text()
@@ -40,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(source, str(args.file))
+        if args.command == "compile":
+            return _compile(source, args)
         return _run(source, args)
     except TCError as e:
         print(f"error: {e}" if e.span is None else str(e), file=sys.stderr)
@@ -72,24 +82,55 @@ def _parse_sizes(text: str) -> dict[str, int]:
     return sizes
 
 
+def _options(text: str | None) -> MappingOptions | None:
+    if text is None:
+        return None
+    if text.lstrip().startswith("{"):
+        return MappingOptions.from_json(text)
+    return MappingOptions.preset(text)
+
+
+def _entry(names: tuple[str, ...], entry: str | None, file: Path) -> str:
+    if entry is not None:
+        return entry
+    if len(names) != 1:
+        raise TCError(f"{file} defines {', '.join(names)}: choose one with --entry")
+    return names[0]
+
+
+def _compile(source: str, args: argparse.Namespace) -> int:
+    from tcpy.pipeline import lower_to_c
+
+    engine = ExecutionEngine("reference")
+    names = engine.define(source, str(args.file))
+    cdef = engine.checked(_entry(names, args.entry, args.file))
+    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
+    options = _options(args.options) or MappingOptions.cpu()
+    lowered = lower_to_c(cdef, sizes, options)
+    if args.emit == "c":
+        print(lowered.source)
+    elif args.emit == "schedule":
+        print(lowered.schedule.get_root().to_str())
+    else:
+        print(lowered.ast.root.to_C_str())
+    return 0
+
+
 def _run(source: str, args: argparse.Namespace) -> int:
     engine = ExecutionEngine(args.target)
     t0 = time.perf_counter()
     names = engine.define(source, str(args.file))
     t_define = time.perf_counter() - t0
-    entry = args.entry
-    if entry is None:
-        if len(names) != 1:
-            raise TCError(f"{args.file} defines {', '.join(names)}: choose one with --entry")
-        entry = names[0]
+    entry = _entry(names, args.entry, args.file)
     cdef = engine.checked(entry)
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
     inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
+    options = _options(args.options)
     t0 = time.perf_counter()
-    result = engine.run(entry, *inputs)
+    result = engine.run(entry, *inputs, options=options)
     t_first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    engine.run(entry, *inputs)
+    engine.run(entry, *inputs, options=options)
     t_second = time.perf_counter() - t0
     outputs = result if isinstance(result, tuple) else (result,)
     shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"

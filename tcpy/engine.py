@@ -66,7 +66,7 @@ class ExecutionEngine:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
         first request, then reused from memory or from the disk cache)."""
         cdef = self.checked(entry)
-        options = options if options is not None else self._target.default_options()
+        options = options if options is not None else self._target.default_options(cdef)
         try:
             binding = bind(cdef, inputs)
             key = (entry, signature_key(binding.arrays), options.to_json())
@@ -83,7 +83,7 @@ class ExecutionEngine:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         defs = self.__dict__.get("_defs", {})
         if name in defs:
-            return lambda *inputs: self.run(name, *inputs)
+            return lambda *inputs, options=None: self.run(name, *inputs, options=options)
         raise AttributeError(f"{type(self).__name__} has no attribute or def {name!r}")
 
     def __dir__(self) -> list[str]:

@@ -80,7 +80,7 @@ class CpuKernel:
 class Target(abc.ABC):
     name: str = ""
 
-    def default_options(self) -> MappingOptions:
+    def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions()
 
     @abc.abstractmethod
@@ -101,7 +101,7 @@ class Reference(Target):
 class Cpu(Target):
     name = "cpu"
 
-    def default_options(self) -> MappingOptions:
+    def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions.cpu()
 
     def prepare(

@@ -78,6 +78,8 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
     vector = max(range(n), key=lambda k: (scores[k], coincident[k], k))
 
     def fit(k: int, size: int) -> int:
+        # a loop shorter than its tile becomes one tile: its point loop then takes
+        # part in the interchange of the point band
         e = extents[k]
         return size if e is None else min(e, size)
 
@@ -188,7 +190,11 @@ def _mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
     deeper where a band has none); returns the node at the position it was given."""
     if is_band(node):
         n = node.band_n_member()
-        first = next((k for k in range(n) if node.band_member_get_coincident(k)), None)
+        # a loop of one iteration (a single tile) is dropped by isl: look past it
+        first = next(
+            (k for k in range(n) if node.band_member_get_coincident(k) and _extent(node, k) != 1),
+            None,
+        )
         if first is not None:
             return _mark(node, PARALLEL_MARK, first)
     for i in range(node.n_children()):

@@ -1,0 +1,106 @@
+"""Generated C: goldens of two small kernels (rewrite with `pytest --accept`), the
+compiled code checked against the reference, and the printer's details."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_c
+
+from golden_util import check_golden
+
+GOLDENS = {
+    "matmul": (
+        "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        {"M": 64, "K": 48, "N": 80},
+        MappingOptions.cpu(),
+    ),
+    "softmax": (
+        """def softmax(float(N, D) I) -> (O) {
+            maxVal(n) max=! I(n, d)
+            expDist(n, d) = exp(I(n, d) - maxVal(n))
+            expSum(n) +=! expDist(n, d)
+            O(n, d) = expDist(n, d) / expSum(n)
+        }""",
+        {"N": 16, "D": 40},
+        MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT),
+    ),
+}
+
+
+def _lower(source: str, sizes: dict[str, int], options: MappingOptions):  # type: ignore[no-untyped-def]
+    (cdef,) = check_source(source).values()
+    return lower_to_c(cdef, sizes, options, check=True)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS))
+def test_golden_c(name: str, accept: bool) -> None:
+    source, sizes, options = GOLDENS[name]
+    text = _lower(source, sizes, options).source
+    # The libmvec declarations depend on the machine's C library, not on tcpy.
+    text = "\n".join(line for line in text.splitlines() if "__attribute__((simd" not in line)
+    check_golden(f"c/{name}.c", text, accept)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS))
+def test_golden_kernels_compute_the_reference(name: str) -> None:
+    source, sizes, options = GOLDENS[name]
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    (entry,) = engine.define(source)
+    reference.define(source)
+    cdef = engine.checked(entry)
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal([d.evaluate(sizes) for d in t.shape]).astype(np.float32)
+              for t in cdef.inputs]  # fmt: skip
+    got = engine.run(entry, *inputs, options=options)
+    np.testing.assert_allclose(got, reference.run(entry, *inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_statement_comments_and_pragmas() -> None:
+    source, sizes, options = GOLDENS["matmul"]
+    text = _lower(source, sizes, options).source
+    assert "/* C(m,n) +=! A(m,k) * B(k,n) */" in text
+    assert "/* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */" in text
+    assert "#pragma omp parallel for" in text
+    assert "#pragma omp simd" in text
+    for line in text.splitlines():
+        if line.strip().startswith("for ("):
+            condition = line.split(";")[1].strip()
+            assert not condition.startswith("("), line  # OpenMP rejects (cond)
+
+
+def test_reductions_keep_their_accumulator_in_a_register() -> None:
+    text = _lower(
+        "def rowsum(float(N, D) X) -> (S) { S(n) +=! X(n, d) }",
+        {"N": 8, "D": 1000},
+        MappingOptions.cpu(),
+    ).source
+    assert "#pragma omp simd reduction(+:tc_acc)" in text
+
+
+def test_options_off_remove_pragmas() -> None:
+    source, sizes, _ = GOLDENS["matmul"]
+    options = MappingOptions.cpu().replace(parallel=False, vectorize=False, unroll=1)
+    text = _lower(source, sizes, options).source
+    assert "omp parallel" not in text and "pragma omp simd\n" not in text
+    assert "GCC unroll" not in text
+
+
+def test_parametric_sizes_come_from_the_call() -> None:
+    source, _, _ = GOLDENS["matmul"]
+    options = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
+    text = _lower(source, {"M": 5, "K": 6, "N": 7}, options).source
+    assert "const int64_t s_M = tc_sizes[0];" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine = tcpy.ExecutionEngine("cpu")
+        engine.define(source)
+    A = np.ones((5, 6), np.float32)
+    B = np.ones((6, 7), np.float32)
+    np.testing.assert_array_equal(engine.matmul(A, B, options=options), np.full((5, 7), 6.0))
