@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # Compiled kernels of the test suite go to their own cache (reused by a second run of
 # the suite), never to the user's; tests of the cache itself use their own directories.
+# Every schedule transform is checked against the dependences while testing.
+os.environ.setdefault("TCPY_VERIFY", "1")
 os.environ.setdefault(
     "TCPY_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"tcpy-test-cache-{os.getuid()}")
 )

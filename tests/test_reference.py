@@ -163,3 +163,11 @@ def test_zero_initialised_output_read_before_write() -> None:
         np.ones(2, np.float32),
     )
     np.testing.assert_array_equal(o[1], [1, 1])
+
+
+def test_out_of_range_scalar_subscript_is_reported() -> None:
+    # found by the fuzzer: a non-affine constant subscript beyond the extent
+    with pytest.raises(TCInputError, match="index 4 of its dimension 0, outside 0:2"):
+        run("def f(float(N) A) -> (O) { O(i) = A(i) + A(N * N) }", np.ones(2, np.float32))
+    with pytest.raises(TCInputError, match="at the only point"):
+        run("def f(float(N) A) -> (s) { s = A(N * N) }", np.ones(2, np.float32))

@@ -206,7 +206,8 @@ class _Grid:
             extent = array.shape[k]
             bad = _and(mask, (idx < 0) | (idx >= extent))
             if np.any(bad):
-                first = np.broadcast_to(idx, np.broadcast(idx, bad).shape)[np.nonzero(bad)][0]
+                values, where = np.broadcast_arrays(idx, bad)
+                first = values[where].flat[0]
                 raise TCInputError(
                     f"{e.tensor} is read at index {first} of its dimension {k}, outside "
                     f"0:{extent}, at {self.describe(bad)}",
@@ -218,6 +219,8 @@ class _Grid:
     def describe(self, where: np.ndarray) -> str:
         """The index values of the first point of the grid where `where` holds."""
         full = np.broadcast_to(where, tuple(self._extent(v) for v in self.axis))
+        if full.ndim == 0:
+            return "the only point of the statement"
         point = [int(p[0]) for p in np.nonzero(full)]
         return ", ".join(
             f"{v}={self.chunk[v][0] + p}" for v, p in zip(self.axis, point, strict=True)
