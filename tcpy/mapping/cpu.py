@@ -131,14 +131,18 @@ def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> 
 
 def _stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
     """How well running band member `member` innermost walks memory: +2 per access
-    it walks with unit stride, -2 per access it strides across, 0 when invariant."""
+    it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
+    when it is a reduction loop, whose accumulator then stays in a register."""
     score = 0
     for stmt_name, position in member_variables(node, member).items():
         if position is None:
             continue
-        var = scop.statement(stmt_name).dims[position]
+        stmt = scop.statement(stmt_name)
+        var = stmt.dims[position]
         for subscripts in _accesses(scop, stmt_name):
             score += _stride(subscripts, var)
+        if stmt.kind is Kind.COMPUTE and var in stmt.source(scop.cdef).reduction_indices:
+            score += 1
     return score
 
 
