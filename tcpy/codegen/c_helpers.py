@@ -8,36 +8,56 @@ for the Bessel functions), accurate well beyond float precision.
 
 from __future__ import annotations
 
+from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, Helpers
+from tcpy.types import ScalarType
 
-INDEX = """\
-static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
-static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+def index_helpers(d: Dialect) -> str:
+    i = d.index_type
+    return f"""\
+{d.function_prefix} {i} tc_floord({i} a, {i} b) {{ return (a >= 0) ? a / b : -((-a + b - 1) / b); }}
+{d.function_prefix} {i} tc_min({i} a, {i} b) {{ return a < b ? a : b; }}
+{d.function_prefix} {i} tc_max({i} a, {i} b) {{ return a > b ? a : b; }}
 """
 
-CHECKED_INDEX = f"""\
-static inline int64_t tc_index(int64_t i, int64_t n, int *tc_status) {{
-  if (i < 0 || i >= n) {{ __atomic_store_n(tc_status, {STATUS_INDEX_OUT_OF_RANGE}, __ATOMIC_RELAXED); return 0; }}
+
+def checked_index(d: Dialect) -> str:
+    i = d.index_type
+    store = d.status_store.format(code=STATUS_INDEX_OUT_OF_RANGE)
+    return f"""\
+{d.function_prefix} {i} tc_index({i} i, {i} n, int *tc_status) {{
+  if (i < 0 || i >= n) {{ {store}; return 0; }}
   return i;
 }}
 """
 
 
-def _division(ctype: str) -> str:
-    signed = not ctype.startswith("u")
-    overflow = ""
-    if signed:
+_UNSIGNED = {
+    ScalarType.INT8: ScalarType.UINT8,
+    ScalarType.INT16: ScalarType.UINT16,
+    ScalarType.INT32: ScalarType.UINT32,
+    ScalarType.INT64: ScalarType.UINT64,
+}
+
+
+def _division(ty: ScalarType, d: Dialect) -> str:
+    ctype, name = d.ctype(ty), ty.value
+    store = d.status_store.format(code=STATUS_DIVISION_BY_ZERO)
+    overflow = mod_overflow = ""
+    if ty in _UNSIGNED:
         # INT_MIN / -1 traps like a division by zero; C wraps it to INT_MIN.
-        overflow = f"  if (b == -1) return ({ctype})(0 - (u{ctype})a);\n"
+        unsigned = d.ctype(_UNSIGNED[ty])
+        overflow = f"  if (b == -1) return ({ctype})(({unsigned})0 - ({unsigned})a);\n"
+        mod_overflow = "  if (b == -1) return 0;\n"
     return f"""\
-static inline {ctype} tc_div_{ctype}({ctype} a, {ctype} b, int *tc_status) {{
-  if (b == 0) {{ __atomic_store_n(tc_status, {STATUS_DIVISION_BY_ZERO}, __ATOMIC_RELAXED); return 0; }}
+{d.function_prefix} {ctype} tc_div_{name}({ctype} a, {ctype} b, int *tc_status) {{
+  if (b == 0) {{ {store}; return 0; }}
 {overflow}  return a / b;
 }}
-static inline {ctype} tc_mod_{ctype}({ctype} a, {ctype} b, int *tc_status) {{
-  if (b == 0) {{ __atomic_store_n(tc_status, {STATUS_DIVISION_BY_ZERO}, __ATOMIC_RELAXED); return 0; }}
-{"  if (b == -1) return 0;" + chr(10) if signed else ""}  return a % b;
+{d.function_prefix} {ctype} tc_mod_{name}({ctype} a, {ctype} b, int *tc_status) {{
+  if (b == 0) {{ {store}; return 0; }}
+{mod_overflow}  return a % b;
 }}
 """
 
@@ -123,13 +143,23 @@ def _float_version(name: str) -> str:
     return f"static inline float {name}f({params}) {{ return (float){name}({args}); }}"
 
 
-def helper_source(helpers: Helpers) -> str:
-    parts = [INDEX]
+def helper_source(helpers: Helpers, d: Dialect = C) -> str:
+    """The helpers a kernel uses; for CUDA only the index helpers, since every math
+    function exists on the device (and in the emulator's header)."""
+    parts = [index_helpers(d)]
     if helpers.checked_index:
-        parts.append(CHECKED_INDEX)
-    parts.extend(_division(t) for t in sorted(helpers.divisions))
+        parts.append(checked_index(d))
+    parts.extend(_division(t, d) for t in sorted(helpers.divisions, key=lambda t: t.value))
+    if d is not C:
+        return "\n".join(parts)
+    return "\n".join(p for p in [*parts, math_helpers(helpers.builtins)] if p)
+
+
+def math_helpers(builtins: set[str]) -> str:
+    """C versions of the CUDA math functions C lacks, for the functions in `builtins`."""
+    parts: list[str] = []
     wanted: list[str] = []
-    for fn in sorted(helpers.builtins):
+    for fn in sorted(builtins):
         base = fn[:-1] if fn.endswith("f") and fn[:-1] in _DOUBLE_MATH else fn
         if base in _DOUBLE_MATH:
             for dep in [*_DEPENDS.get(base, []), base]:
@@ -137,7 +167,7 @@ def helper_source(helpers: Helpers) -> str:
                     wanted.append(dep)
     order = [name for name in _DOUBLE_MATH if name in wanted]
     parts.extend(_DOUBLE_MATH[name] for name in order)
-    for fn in sorted(helpers.builtins):
+    for fn in sorted(builtins):
         if fn.endswith("f") and fn[:-1] in _DOUBLE_MATH:
             parts.append(_float_version(fn[:-1]))
     return "\n".join(parts)

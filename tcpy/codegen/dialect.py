@@ -22,6 +22,21 @@ _C_TYPES = {
 }
 
 
+_CUDA_TYPES = {
+    ScalarType.BOOL: "bool",
+    ScalarType.UINT8: "unsigned char",
+    ScalarType.UINT16: "unsigned short",
+    ScalarType.UINT32: "unsigned int",
+    ScalarType.UINT64: "unsigned long long",
+    ScalarType.INT8: "signed char",
+    ScalarType.INT16: "short",
+    ScalarType.INT32: "int",
+    ScalarType.INT64: "long long",
+    ScalarType.FLOAT32: "float",
+    ScalarType.FLOAT64: "double",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Dialect:
     name: str
@@ -36,3 +51,14 @@ class Dialect:
 
 
 C = Dialect("c")
+
+# CUDA source is self-contained (no includes): types are C++'s own, helpers are device
+# functions, and an error status is recorded with an atomic exchange.
+CUDA = Dialect(
+    "cuda",
+    types=dict(_CUDA_TYPES),
+    index_type="long long",
+    restrict="__restrict__",
+    function_prefix="static __device__ __forceinline__",
+    status_store="atomicExch(tc_status, {code})",
+)

@@ -118,7 +118,7 @@ def sym_expr(e: Sym) -> str:
 class Helpers:
     """The helper functions a translation unit needs, collected while printing."""
 
-    divisions: set[str] = field(default_factory=set)  # C integer types
+    divisions: set[ScalarType] = field(default_factory=set)  # integer types divided
     checked_index: bool = False
     builtins: set[str] = field(default_factory=set)  # C function names used
 
@@ -264,10 +264,9 @@ class _Context:
         ty = e.ty.compute
         a, b = self.expr(e.lhs, ty), self.expr(e.rhs, ty)
         if op in (ast.BinaryOp.DIV, ast.BinaryOp.MOD) and ty.is_integer:
-            ctype = self.d.ctype(ty)
-            self.p.helpers.divisions.add(ctype)
+            self.p.helpers.divisions.add(ty)
             fn = "div" if op is ast.BinaryOp.DIV else "mod"
-            return f"tc_{fn}_{ctype}({a}, {b}, tc_status)"
+            return f"tc_{fn}_{ty.value}({a}, {b}, tc_status)"
         if op in (ast.BinaryOp.MIN, ast.BinaryOp.MAX):
             return _extremum(op is ast.BinaryOp.MIN, a, b, ty, self.p.helpers)
         return f"({a} {op.value} {b})"
