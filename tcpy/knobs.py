@@ -3,6 +3,7 @@
 - `TCPY_CACHE_DIR`: the on-disk compile cache (default: `$XDG_CACHE_HOME/tcpy`, else
   `~/.cache/tcpy`). `TCPY_CACHE_DIR=off` disables the disk cache.
 - `TCPY_CC`: the C compiler of the `cpu` target (default `cc`).
+- `TCPY_CXX`: the C++ compiler of the `cuda-emu` target (default `g++`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 """
 
@@ -29,3 +30,7 @@ def c_compiler() -> str:
 def verify_schedules() -> bool:
     """`TCPY_VERIFY=1` checks the schedule against the dependences after every pass."""
     return os.environ.get("TCPY_VERIFY") == "1"
+
+
+def cxx_compiler() -> str:
+    return os.environ.get("TCPY_CXX", "g++")

@@ -17,7 +17,9 @@ import islpy as isl
 from tcpy import knobs
 from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import print_c
+from tcpy.codegen.cuda import print_cuda
 from tcpy.mapping.cpu import map_to_cpu
+from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.dependences import Dependences, compute_dependences
@@ -65,6 +67,43 @@ def lower_to_c(
     # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
     source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
     return Lowered(cdef, options, scop, deps, schedule, ast, source)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class LoweredCuda:
+    cdef: CheckedDef
+    options: MappingOptions
+    scop: Scop
+    mapping: GpuMapping
+    asts: tuple[Ast, ...]
+    source: str
+
+
+def lower_to_cuda(
+    cdef: CheckedDef,
+    sizes: Mapping[str, int],
+    options: MappingOptions,
+    check: bool | None = None,
+) -> LoweredCuda:
+    check = knobs.verify_schedules() if check is None else check
+    fixed = sizes if options.fix_parameters_before_scheduling else None
+    # 1-3. As for the CPU: domains and accesses, dependences, isl's schedule.
+    scop = build_scop(cdef, fixed)
+    deps = compute_dependences(scop)
+    schedule = schedule_scop(scop, deps, options)
+    _verify(check, schedule, scop, deps)
+    # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
+    with isl_errors(f"mapping {cdef.name} to the GPU"):
+        mapping = map_to_gpu(schedule, scop, options)
+    _verify(check, mapping.unbound, scop, deps)
+    # 5. One isl AST per kernel, the block and thread ids bounded in its context.
+    asts = tuple(
+        build_ast(scop, mapping.schedule.intersect_domain(k.domain), mapping.context(scop, k))
+        for k in mapping.kernels
+    )
+    # 6. The CUDA printer: one __global__ function per kernel.
+    source = print_cuda(scop, mapping, list(asts), options, fixed)
+    return LoweredCuda(cdef, options, scop, mapping, asts, source)
 
 
 def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:

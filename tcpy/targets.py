@@ -6,11 +6,14 @@ end and the call-time checks; they differ in their mapping, printer and runtime.
 
 - `reference`: the NumPy interpreter (no compilation).
 - `cpu`: the polyhedral pipeline to C with OpenMP, built with the system compiler.
+- `cuda-emu`: the pipeline mapped to CUDA blocks and threads; the CUDA source is built
+  by the host C++ compiler with an emulation header and run on the CPU.
 """
 
 from __future__ import annotations
 
 import abc
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,22 +131,93 @@ class Cpu(Target):
             runtime.device_identity(),
             runtime.compiler_identity(),
         )
-        if session.disk is None:
-            directory = Path(tempfile.mkdtemp(prefix="tcpy-")) / key
-            directory.mkdir(parents=True, exist_ok=True)
-            build(directory)
-        else:
-            found = session.disk.lookup(key)
-            if found is not None:
-                session.stats.disk_hits += 1
-                directory = found
-            else:
-                directory = session.disk.store(key, build)
+        directory = _cached(session, key, build)
         kernel = runtime.CpuKernel(directory / "kernel.so")
         return CpuKernel(cdef, (directory / "kernel.c").read_text(), kernel)
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu())}
+@dataclass(frozen=True)
+class LaunchedKernels:
+    """Compiled CUDA kernels of one definition, launched in order on a binding."""
+
+    cdef: CheckedDef
+    source: str
+    run: Callable[[list[int], list[np.ndarray]], None]
+
+    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+        cdef = self.cdef
+        outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
+        temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
+        sizes = [binding.sizes[s] for s in cdef.size_symbols]
+        self.run(sizes, [*binding.arrays, *outputs, *temporaries])
+        return tuple(outputs)
+
+
+class CudaEmu(Target):
+    """The CUDA source of the `cuda` target, run on the CPU by the emulator."""
+
+    name = "cuda-emu"
+
+    def default_options(self, cdef: CheckedDef) -> MappingOptions:
+        return MappingOptions.cuda()
+
+    def prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
+    ) -> Kernel:
+        from tcpy.codegen.cuda import kernel_parameters
+        from tcpy.pipeline import lower_to_cuda
+        from tcpy.runtime import emulator
+
+        sizes = dict(binding.sizes)
+        launches: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+        def build(directory: Path) -> dict[str, Any]:
+            session.stats.compiles += 1
+            lowered = lower_to_cuda(cdef, sizes, options)
+            (directory / "kernel.cu").write_text(lowered.source)
+            params = kernel_parameters(lowered.scop)
+            launchers = "".join(
+                emulator.launcher(k.index, params, len(cdef.size_symbols), False)
+                for k in lowered.mapping.kernels
+            )
+            emulator.build(lowered.source, launchers, directory)
+            (directory / "tc_emu.h").unlink()
+            (directory / "kernel-emu.cpp").unlink()
+            dims = [[*k.launch_dims()[0], *k.launch_dims()[1]] for k in lowered.mapping.kernels]
+            (directory / "launches.json").write_text(json.dumps(dims))
+            return {"def": cdef.name, "options": options.to_dict()}
+
+        signature = [(a.shape, a.dtype) for a in binding.arrays]
+        key = cache_key(
+            cdef,
+            signature,
+            options.to_json(),
+            self.name,
+            "host",
+            emulator.compiler_identity(),
+        )
+        directory = _cached(session, key, build)
+        dims = json.loads((directory / "launches.json").read_text())
+        launches = [(tuple(d[:3]), tuple(d[3:])) for d in dims]
+        kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
+        return LaunchedKernels(cdef, (directory / "kernel.cu").read_text(), kernels)
+
+
+def _cached(session: Session, key: str, build: Callable[[Path], dict[str, Any]]) -> Path:
+    """The cache entry of `key`, built with `build` when missing (or no disk cache)."""
+    if session.disk is None:
+        directory = Path(tempfile.mkdtemp(prefix="tcpy-")) / key
+        directory.mkdir(parents=True, exist_ok=True)
+        build(directory)
+        return directory
+    found = session.disk.lookup(key)
+    if found is not None:
+        session.stats.disk_hits += 1
+        return found
+    return session.disk.store(key, build)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu())}
 
 DEFAULT_TARGET = "cpu"
 

@@ -31,7 +31,8 @@ class Ast:
         return self.statements[node.get_annotation().get_name()]
 
 
-def build_ast(scop: Scop, schedule: isl.Schedule) -> Ast:
+def build_ast(scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None) -> Ast:
+    """The AST of `schedule`; `context` (default: the scop's) bounds the parameters."""
     ctx = scop.ctx
     ctx.reset_operations()
     ctx.set_ast_build_atomic_upper_bound(1)
@@ -49,7 +50,7 @@ def build_ast(scop: Scop, schedule: isl.Schedule) -> Ast:
         return node.set_annotation(isl.Id(key, context=ctx))
 
     with isl_errors(f"building the loop nest of {scop.cdef.name}"):
-        build = isl.AstBuild.from_context(scop.context)
+        build = isl.AstBuild.from_context(context if context is not None else scop.context)
         build, _callback = build.set_at_each_domain(at_each_domain)
         root = build.node_from_schedule(schedule)
     return Ast(root, statements)

@@ -130,6 +130,7 @@ class BodyPrinter:
     cdef: CheckedDef
     dialect: Dialect
     helpers: Helpers
+    readonly: frozenset[str] = frozenset()  # tensors read through the read-only cache
 
     def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
         """One statement instance in C; `indices` maps each TC index to its value."""
@@ -282,6 +283,8 @@ class _Context:
                 text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
             subscripts.append(text)
         load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
+        if e.tensor in self.p.readonly:
+            load = f"__ldg(&{load})"
         return _convert(load, info.scalar, info.scalar.compute, self.d)
 
     def combine(self, reduction: ast.Reduction, current: str, value: str, ty: ScalarType) -> str:

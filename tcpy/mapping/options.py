@@ -202,9 +202,20 @@ class MappingOptions:
         )
 
     @classmethod
+    def cuda(cls) -> MappingOptions:
+        """The CUDA default: sizes fixed, one kernel per statement, 32-wide tiles of the
+        parallel loops on blocks, 32x8 threads, reductions sequential in each thread."""
+        return cls(
+            outer_schedule_fusion=Fusion.MIN,
+            fix_parameters_before_scheduling=True,
+            map_to_threads=(32, 8),
+            unroll=4,
+        )
+
+    @classmethod
     def preset(cls, name: str) -> MappingOptions:
         presets = {"naive": cls.naive, "pointwise": cls.pointwise, "mlp": cls.mlp,
-                   "conv": cls.conv, "cpu": cls.cpu}  # fmt: skip
+                   "conv": cls.conv, "cpu": cls.cpu, "cuda": cls.cuda}  # fmt: skip
         try:
             return presets[name]()
         except KeyError:

@@ -22,8 +22,8 @@ import numpy as np
 
 from tcpy import knobs
 from tcpy.codegen.c import KERNEL_SYMBOL
-from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
-from tcpy.errors import TCCompileError, TCInputError, TCLaunchError
+from tcpy.errors import TCCompileError, TCLaunchError
+from tcpy.runtime.status import check_status
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w")
 
@@ -108,13 +108,4 @@ class CpuKernel:
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
         c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
-        status = self._fn(c_sizes, c_buffers)
-        if status == STATUS_DIVISION_BY_ZERO:
-            raise TCInputError("an integer division by zero happened in the kernel")
-        if status == STATUS_INDEX_OUT_OF_RANGE:
-            raise TCInputError(
-                "the kernel read a tensor at an index outside its extent (through a gather, "
-                "a modulo or a guarded subscript); check the index inputs"
-            )
-        if status != 0:
-            raise TCLaunchError(f"the kernel returned the unknown status {status}")
+        check_status(self._fn(c_sizes, c_buffers))

@@ -1,0 +1,83 @@
+"""The `cuda-emu` target (the generated CUDA run on the CPU) against `reference`:
+every corpus program with the default CUDA options at its default and odd sizes, and
+under option sets drawn by hypothesis: tile sizes, grid and block sizes smaller and
+larger than the problem, each fusion strategy, unrolling, the read-only cache, fixed or
+parametric sizes."""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tcpy
+from tcpy.mapping.options import Fusion, MappingOptions
+
+from corpus_cases import CASES, Case
+from differential import CORPUS, as_tuple, check_outputs, corpus_params, make_inputs
+
+
+@cache
+def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
+    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
+    source = (CORPUS / file).read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        emu.define(source)
+        reference.define(source)
+    return emu, reference
+
+
+def differential(case: Case, sizes: dict[str, int], options: MappingOptions | None) -> None:
+    inputs = make_inputs(case, sizes)
+    emu, reference = _engines(case.file)
+    want = as_tuple(reference.run(case.entry, *inputs))
+    got = as_tuple(emu.run(case.entry, *inputs, options=options))
+    check_outputs(case, got, want, f" on cuda-emu with {options}")
+
+
+@pytest.mark.parametrize(("case", "sizes"), corpus_params())
+def test_corpus_cuda_emu_default_options(case: Case, sizes: dict[str, int]) -> None:
+    differential(case, sizes, None)
+
+
+# Grids and blocks both smaller and larger than the loops they run; kept moderate, since
+# the emulator runs every (block, thread) pair, idle or not.
+grids = st.lists(st.sampled_from([1, 2, 3, 7, 32, 100]), max_size=3).map(tuple)
+blocks = st.lists(st.sampled_from([1, 2, 4, 8, 32]), max_size=3).map(tuple)
+options_strategy = st.builds(
+    MappingOptions,
+    outer_schedule_fusion=st.sampled_from(list(Fusion)),
+    fix_parameters_before_scheduling=st.booleans(),
+    tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 16, 32]), max_size=4).map(tuple),
+    map_to_blocks=grids.filter(lambda g: np.prod(g) <= 4096),
+    map_to_threads=blocks.filter(lambda b: np.prod(b) <= 256),
+    unroll=st.sampled_from([1, 2, 4]),
+    use_readonly_cache=st.booleans(),
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=options_strategy, which=st.integers(0, 2))
+def test_corpus_cuda_emu_drawn_options(case: Case, options: MappingOptions, which: int) -> None:
+    size_sets = (case.sizes, *case.odd_sizes)
+    differential(case, size_sets[which % len(size_sets)], options)
+
+
+def test_memory_promotion_is_refused_not_ignored() -> None:
+    e = tcpy.ExecutionEngine("cuda-emu")
+    e.define("def f(float(N) A) -> (B) { B(i) = A(i) }")
+    with pytest.raises(tcpy.TCMappingError, match="use_shared_memory"):
+        e.f(np.ones(4, np.float32), options=MappingOptions.cuda().replace(use_shared_memory=True))
+
+
+def test_gather_out_of_range_on_cuda_emu() -> None:
+    e = tcpy.ExecutionEngine("cuda-emu")
+    e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    with pytest.raises(tcpy.TCInputError, match="outside its extent"):
+        e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
