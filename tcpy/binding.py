@@ -19,18 +19,65 @@ from typing import Any
 
 import numpy as np
 
-from tcpy.errors import TCInputError, TCRangeError
+from tcpy.errors import InternalError, TCInputError, TCRangeError
 from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
 
 _INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class DeviceInput:
+    """An input that lives in GPU memory (PyTorch, CuPy, ...), seen through
+    `__cuda_array_interface__`: used where it is, without a copy."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    pointer: int
+    owner: Any
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _device_input(info: TensorInfo, value: Any) -> DeviceInput:
+    face = value.__cuda_array_interface__
+    shape = tuple(int(d) for d in face["shape"])
+    dtype = np.dtype(face["typestr"])
+    strides = face.get("strides")
+    if strides is not None:
+        expected, step = [], dtype.itemsize
+        for d in reversed(shape):
+            expected.append(step)
+            step *= d
+        if tuple(strides) != tuple(reversed(expected)) and 0 not in shape:
+            raise TCInputError(
+                f"input {info.name} is a strided view in GPU memory; pass a contiguous "
+                "tensor (for example x.contiguous())"
+            )
+    return DeviceInput(shape, dtype, int(face["data"][0]), value)
 
 
 @dataclass(frozen=True, slots=True)
 class Binding:
     """The inputs of one call, checked, with the sizes they fix."""
 
-    arrays: tuple[np.ndarray, ...]
+    arrays: tuple[np.ndarray | DeviceInput, ...]
     sizes: Mapping[str, int]
+
+    @property
+    def on_device(self) -> bool:
+        return any(isinstance(a, DeviceInput) for a in self.arrays)
+
+    @property
+    def host_arrays(self) -> tuple[np.ndarray, ...]:
+        """The inputs as NumPy arrays (for the targets that run on the host)."""
+        out = []
+        for a in self.arrays:
+            if isinstance(a, DeviceInput):
+                raise InternalError("a device input reached a host target")
+            out.append(a)
+        return tuple(out)
 
     def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
         return tuple(d.evaluate(self.sizes) for d in info.shape)
@@ -57,8 +104,11 @@ def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
     return binding
 
 
-def _as_array(info: TensorInfo, value: Any) -> np.ndarray:
-    want = info.scalar.dtype
+def _as_array(info: TensorInfo, value: Any) -> np.ndarray | DeviceInput:
+    if hasattr(value, "__cuda_array_interface__"):
+        device = _device_input(info, value)
+        _check_kind(info, device.dtype, device.ndim, device.shape)
+        return device
     if (
         info.rank == 0
         and isinstance(value, bool | int | float)
@@ -72,19 +122,23 @@ def _as_array(info: TensorInfo, value: Any) -> np.ndarray:
             f"input {info.name} must be a NumPy array of {info.scalar.value}, "
             f"not {type(value).__name__}"
         )
-    if array.dtype != want:
-        raise TCInputError(
-            f"input {info.name} must be {info.scalar.value}, but the array is "
-            f"{array.dtype}; convert it explicitly, e.g. x.astype(np.{want.name})"
-        )
-    if array.ndim != info.rank:
-        raise TCInputError(
-            f"input {info.name} must have {info.rank} dimension(s), but has {array.ndim} "
-            f"(shape {array.shape})"
-        )
+    _check_kind(info, array.dtype, array.ndim, array.shape)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array
+
+
+def _check_kind(info: TensorInfo, dtype: np.dtype, ndim: int, shape: tuple[int, ...]) -> None:
+    want = info.scalar.dtype
+    if dtype != want:
+        raise TCInputError(
+            f"input {info.name} must be {info.scalar.value}, but the array is "
+            f"{dtype}; convert it explicitly, e.g. x.astype(np.{want.name})"
+        )
+    if ndim != info.rank:
+        raise TCInputError(
+            f"input {info.name} must have {info.rank} dimension(s), but has {ndim} (shape {shape})"
+        )
 
 
 def _python_scalar(info: TensorInfo, value: bool | int | float) -> np.ndarray:
@@ -106,7 +160,7 @@ def _python_scalar(info: TensorInfo, value: bool | int | float) -> np.ndarray:
     return np.asarray(value, dtype=ty.dtype)
 
 
-def _bind_sizes(cdef: CheckedDef, arrays: tuple[np.ndarray, ...]) -> dict[str, int]:
+def _bind_sizes(cdef: CheckedDef, arrays: tuple[np.ndarray | DeviceInput, ...]) -> dict[str, int]:
     sizes: dict[str, int] = {}
     source: dict[str, str] = {}
     for info, array in zip(cdef.inputs, arrays, strict=True):

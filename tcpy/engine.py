@@ -69,6 +69,11 @@ class ExecutionEngine:
         options = options if options is not None else self._target.default_options(cdef)
         try:
             binding = bind(cdef, inputs)
+            if binding.on_device and not self._target.accepts_device_arrays:
+                raise TCInputError(
+                    f"the {self.target} target takes NumPy arrays, and an input of "
+                    f"{entry} is in GPU memory; use the cuda target or copy it to the host"
+                )
             key = (entry, signature_key(binding.arrays), options.to_json())
             kernel = self._kernels.get(key)
             if kernel is None:

@@ -4,6 +4,8 @@
   `~/.cache/tcpy`). `TCPY_CACHE_DIR=off` disables the disk cache.
 - `TCPY_CC`: the C compiler of the `cpu` target (default `cc`).
 - `TCPY_CXX`: the C++ compiler of the `cuda-emu` target (default `g++`).
+- `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
+  pycuda when installed, else cuda.bindings).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 """
 
@@ -34,3 +36,7 @@ def verify_schedules() -> bool:
 
 def cxx_compiler() -> str:
     return os.environ.get("TCPY_CXX", "g++")
+
+
+def cuda_driver() -> str | None:
+    return os.environ.get("TCPY_CUDA_DRIVER") or None

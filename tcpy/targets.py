@@ -8,6 +8,7 @@ end and the call-time checks; they differ in their mapping, printer and runtime.
 - `cpu`: the polyhedral pipeline to C with OpenMP, built with the system compiler.
 - `cuda-emu`: the pipeline mapped to CUDA blocks and threads; the CUDA source is built
   by the host C++ compiler with an emulation header and run on the CPU.
+- `cuda`: the same CUDA source, compiled by NVRTC to a cubin and run on the GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
 from tcpy.mapping.options import MappingOptions
-from tcpy.parser.checked import CheckedDef
+from tcpy.parser.checked import CheckedDef, Role
 from tcpy.parser.printer import summary
 from tcpy.reference import interpreter
 
@@ -76,12 +77,13 @@ class CpuKernel:
         outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
         temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        self.run(sizes, [*binding.arrays, *outputs, *temporaries])
+        self.run(sizes, [*binding.host_arrays, *outputs, *temporaries])
         return tuple(outputs)
 
 
 class Target(abc.ABC):
     name: str = ""
+    accepts_device_arrays = False
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions()
@@ -149,7 +151,7 @@ class LaunchedKernels:
         outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
         temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        self.run(sizes, [*binding.arrays, *outputs, *temporaries])
+        self.run(sizes, [*binding.host_arrays, *outputs, *temporaries])
         return tuple(outputs)
 
 
@@ -217,7 +219,114 @@ def _cached(session: Session, key: str, build: Callable[[Path], dict[str, Any]])
     return session.disk.store(key, build)
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu())}
+@dataclass(frozen=True)
+class GpuKernels:
+    """Compiled CUDA kernels of one definition on the GPU. NumPy inputs are copied to
+    the device and the outputs back; device inputs are used in place, and the outputs
+    then stay on the device (`DeviceArray`, which PyTorch and CuPy take without copy)."""
+
+    cdef: CheckedDef
+    source: str
+    functions: list[Any]
+    launches: list[tuple[tuple[int, int, int], tuple[int, int, int]]]
+
+    def __call__(self, binding: Binding) -> tuple[Any, ...]:
+        from tcpy.binding import DeviceInput
+        from tcpy.runtime import cuda as runtime
+        from tcpy.runtime.status import check_status
+
+        drv = runtime.driver()
+        cdef = self.cdef
+        owned: list[int] = []
+
+        def device_zeros(shape: tuple[int, ...], dtype: np.dtype) -> int:
+            pointer = drv.alloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+            drv.to_device(pointer, np.zeros(shape, dtype))
+            return pointer
+
+        try:
+            pointers = []
+            for a in binding.arrays:
+                if isinstance(a, DeviceInput):
+                    pointers.append(a.pointer)
+                else:
+                    pointer = drv.alloc(a.nbytes)
+                    owned.append(pointer)
+                    drv.to_device(pointer, a)
+                    pointers.append(pointer)
+            results = []
+            for t in (*cdef.outputs, *cdef.temporaries):
+                shape = binding.shape_of(t)
+                pointer = device_zeros(shape, t.scalar.dtype)
+                results.append((t, shape, pointer))
+                pointers.append(pointer)
+            status = device_zeros((1,), np.dtype(np.int32))
+            owned.append(status)
+            args = [("i64", binding.sizes[s]) for s in cdef.size_symbols]
+            args += [("ptr", p) for p in pointers] + [("ptr", status)]
+            for function, (grid, block) in zip(self.functions, self.launches, strict=True):
+                drv.launch(function, grid, block, args)
+            code = np.zeros(1, np.int32)
+            drv.to_host(code, status)
+            check_status(int(code[0]))
+            outputs: list[Any] = []
+            for t, shape, pointer in results:
+                if t.role is not Role.OUTPUT:
+                    owned.append(pointer)
+                elif binding.on_device:
+                    outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv))
+                else:
+                    host = np.empty(shape, t.scalar.dtype)
+                    drv.to_host(host, pointer)
+                    owned.append(pointer)
+                    outputs.append(host)
+            return tuple(outputs)
+        finally:
+            for pointer in owned:
+                drv.free(pointer)
+
+
+class Cuda(Target):
+    """The CUDA target: NVRTC to a cubin for the device, launched through the driver."""
+
+    name = "cuda"
+    accepts_device_arrays = True
+
+    def default_options(self, cdef: CheckedDef) -> MappingOptions:
+        return MappingOptions.cuda()
+
+    def prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
+    ) -> Kernel:
+        from tcpy.pipeline import lower_to_cuda
+        from tcpy.runtime import cuda as runtime
+        from tcpy.runtime import nvrtc
+
+        drv = runtime.driver()
+        arch = drv.arch()
+        sizes = dict(binding.sizes)
+
+        def build(directory: Path) -> dict[str, Any]:
+            session.stats.compiles += 1
+            lowered = lower_to_cuda(cdef, sizes, options)
+            (directory / "kernel.cu").write_text(lowered.source)
+            (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
+            dims = [[*k.launch_dims()[0], *k.launch_dims()[1]] for k in lowered.mapping.kernels]
+            (directory / "launches.json").write_text(json.dumps(dims))
+            return {"def": cdef.name, "options": options.to_dict(), "arch": arch}
+
+        signature = [(a.shape, a.dtype) for a in binding.arrays]
+        device = f"{drv.device_name()} {arch}"
+        key = cache_key(cdef, signature, options.to_json(), self.name, device, nvrtc.identity())
+        directory = _cached(session, key, build)
+        dims = json.loads((directory / "launches.json").read_text())
+        launches = [((d[0], d[1], d[2]), (d[3], d[4], d[5])) for d in dims]
+        names = [f"tc_kernel_{k}" for k in range(len(launches))]
+        functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
+        return GpuKernels(cdef, (directory / "kernel.cu").read_text(), functions, launches)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu(), Cuda())}
 
 DEFAULT_TARGET = "cpu"
 

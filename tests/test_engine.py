@@ -173,3 +173,46 @@ def test_deferred_bounds_fail_at_call_time() -> None:
         TCRangeError, match=r"reaches index 2, outside 0:2 of its dimension 0 \(at M=2, N=3\)"
     ):
         e.f(np.ones(3, np.float32), np.ones(2, np.float32))
+
+
+class _FakeDeviceArray:
+    """Something that says it lives in GPU memory, like a CUDA tensor."""
+
+    def __init__(self, shape: tuple[int, ...], typestr: str, strides: object = None):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (12345, False), "version": 3,
+            "strides": strides,
+        }  # fmt: skip
+
+
+def test_device_inputs_are_checked_without_copy() -> None:
+    from tcpy.binding import DeviceInput, bind
+
+    e = tcpy.ExecutionEngine("reference")
+    e.define(SOURCE)
+    cdef = e.checked("mm")
+    binding = bind(cdef, [_FakeDeviceArray((2, 3), "<f4"), _FakeDeviceArray((3, 4), "<f4")])
+    assert isinstance(binding.arrays[0], DeviceInput) and binding.arrays[0].pointer == 12345
+    assert binding.sizes == {"M": 2, "K": 3, "N": 4}
+    with pytest.raises(TCInputError, match="must be float32, but the array is float64"):
+        bind(cdef, [_FakeDeviceArray((2, 3), "<f8"), _FakeDeviceArray((3, 4), "<f4")])
+    with pytest.raises(TCInputError, match="strided view in GPU memory"):
+        bind(cdef, [_FakeDeviceArray((2, 3), "<f4", (4, 8)), _FakeDeviceArray((3, 4), "<f4")])
+
+
+def test_host_targets_refuse_device_inputs() -> None:
+    e = tcpy.ExecutionEngine("cpu")
+    e.define(SOURCE)
+    with pytest.raises(TCInputError, match="in GPU memory; use the cuda target"):
+        e.mm(_FakeDeviceArray((2, 3), "<f4"), _FakeDeviceArray((3, 4), "<f4"))
+
+
+def test_cuda_target_without_gpu_says_so() -> None:
+    from tcpy.runtime import cuda as runtime
+
+    if runtime.has_gpu():
+        pytest.skip("this machine has a GPU")
+    e = tcpy.ExecutionEngine("cuda")
+    e.define(SOURCE)
+    with pytest.raises(tcpy.TCLaunchError, match="no CUDA GPU could be used"):
+        e.mm(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))

@@ -229,9 +229,9 @@ class _Context:
             case ast.FloatLit(value=v):
                 return _literal(v, ScalarType.FLOAT32)
             case ast.Index(name=n):
-                return f"((int32_t)({self.indices[n]}))"
+                return f"(({self.d.ctype(ScalarType.INT32)})({self.indices[n]}))"
             case ast.SizeRef(name=n):
-                return f"((int32_t){size_name(n)})"
+                return f"(({self.d.ctype(ScalarType.INT32)}){size_name(n)})"
             case ast.Access():
                 return self.access(e)
             case ast.Cast(to=to, value=v):
@@ -283,7 +283,7 @@ class _Context:
                 text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
             subscripts.append(text)
         load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
-        if e.tensor in self.p.readonly:
+        if e.tensor in self.p.readonly and not info.scalar.is_bool:  # no __ldg for bool
             load = f"__ldg(&{load})"
         return _convert(load, info.scalar, info.scalar.compute, self.d)
 

@@ -43,7 +43,7 @@ _UFUNCS = {
 def run(cdef: CheckedDef, binding: Binding) -> tuple[np.ndarray, ...]:
     """Evaluate `cdef` on checked inputs; returns the outputs in declaration order."""
     tensors: dict[str, np.ndarray] = {
-        info.name: array for info, array in zip(cdef.inputs, binding.arrays, strict=True)
+        info.name: array for info, array in zip(cdef.inputs, binding.host_arrays, strict=True)
     }
     for info in cdef.tensors:
         if info.role is not Role.INPUT:

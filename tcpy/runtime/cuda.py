@@ -1,0 +1,214 @@
+"""The CUDA runtime: a small driver layer with two implementations, chosen at run time.
+
+`driver()` returns the pycuda implementation when pycuda is installed, else the one on
+`cuda.bindings.driver`; the rest of tcpy only sees the `Driver` interface: the device's
+name and compute capability, loading a cubin, device memory, copies, and launching a
+kernel with its grid, block and arguments. Every call is checked, and a failed launch
+(checked by synchronising after it) is a `TCLaunchError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from tcpy import knobs
+from tcpy.errors import TCLaunchError
+
+
+class Driver(Protocol):
+    name: str
+
+    def device_name(self) -> str: ...
+    def arch(self) -> str: ...
+    def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]: ...
+    def alloc(self, nbytes: int) -> int: ...
+    def free(self, pointer: int) -> None: ...
+    def to_device(self, pointer: int, array: np.ndarray) -> None: ...
+    def to_host(self, array: np.ndarray, pointer: int) -> None: ...
+    def launch(
+        self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+        args: Sequence[tuple[str, int]],
+    ) -> None: ...  # fmt: skip
+    def synchronize(self) -> None: ...
+
+
+def has_gpu() -> bool:
+    try:
+        driver()
+    except TCLaunchError:
+        return False
+    return True
+
+
+def driver() -> Driver:
+    """The driver `TCPY_CUDA_DRIVER` names, else pycuda if it is installed, else
+    cuda.bindings'; a TCLaunchError when none can reach a GPU."""
+    return _driver(knobs.cuda_driver())
+
+
+@functools.cache
+def _driver(choice: str | None) -> Driver:
+    errors = []
+    makers = {"pycuda": (_PyCuda,), "bindings": (_Bindings,)}.get(choice or "", (_PyCuda, _Bindings))
+    for make in makers:
+        try:
+            return make()
+        except ImportError as e:
+            errors.append(f"{make.name}: not installed ({e.name})")
+        except Exception as e:  # any failure to initialise means no usable GPU here
+            errors.append(f"{make.name}: {e}")
+    raise TCLaunchError("no CUDA GPU could be used: " + "; ".join(errors))
+
+
+class _PyCuda:
+    name = "pycuda"
+
+    def __init__(self) -> None:
+        import pycuda.driver as cuda
+
+        cuda.init()
+        self.cuda = cuda
+        self.device = cuda.Device(0)
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+
+    def device_name(self) -> str:
+        return str(self.device.name())
+
+    def arch(self) -> str:
+        major, minor = self.device.compute_capability()
+        return f"sm_{major}{minor}"
+
+    def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]:
+        module = self.cuda.module_from_buffer(cubin)
+        self._modules = [*getattr(self, "_modules", []), module]  # keep them loaded
+        return [module.get_function(f) for f in functions]
+
+    def alloc(self, nbytes: int) -> int:
+        allocation = self.cuda.mem_alloc(max(nbytes, 1))
+        self._allocations = getattr(self, "_allocations", {})
+        self._allocations[int(allocation)] = allocation  # freed when dropped
+        return int(allocation)
+
+    def free(self, pointer: int) -> None:
+        allocation = self._allocations.pop(pointer, None)
+        if allocation is not None:
+            allocation.free()
+
+    def to_device(self, pointer: int, array: np.ndarray) -> None:
+        self.cuda.memcpy_htod(pointer, array)
+
+    def to_host(self, array: np.ndarray, pointer: int) -> None:
+        self.cuda.memcpy_dtoh(array, pointer)
+
+    def launch(self, function: Any, grid: Any, block: Any, args: Any) -> None:
+        values = [np.int64(v) if kind == "i64" else np.uintp(v) for kind, v in args]
+        try:
+            function(*values, grid=grid, block=block)
+            self.cuda.Context.synchronize()
+        except self.cuda.Error as e:
+            raise TCLaunchError(f"the kernel launch failed: {e}") from None
+
+    def synchronize(self) -> None:
+        self.cuda.Context.synchronize()
+
+
+class _Bindings:
+    name = "cuda.bindings"
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver as cu
+
+        self.cu = cu
+        self._check(cu.cuInit(0), "cuInit")
+        self.device = self._check(cu.cuDeviceGet(0), "cuDeviceGet")
+        self.context = self._check(cu.cuDevicePrimaryCtxRetain(self.device), "retain context")
+        self._check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._modules: list[Any] = []
+
+    def _check(self, result: Any, what: str) -> Any:
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if int(err) != 0:
+            raise TCLaunchError(f"{what} failed: {err}")
+        return rest[0] if len(rest) == 1 else rest
+
+    def device_name(self) -> str:
+        name = self._check(self.cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        return bytes(name).split(b"\0")[0].decode()
+
+    def arch(self) -> str:
+        attr = self.cu.CUdevice_attribute
+        get = self.cu.cuDeviceGetAttribute
+        major = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device)
+        minor = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device)
+        return f"sm_{self._check(major, 'attribute')}{self._check(minor, 'attribute')}"
+
+    def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]:
+        module = self._check(self.cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._modules.append(module)
+        return [self._check(self.cu.cuModuleGetFunction(module, f.encode()), f) for f in functions]
+
+    def alloc(self, nbytes: int) -> int:
+        return int(self._check(self.cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc"))
+
+    def free(self, pointer: int) -> None:
+        self._check(self.cu.cuMemFree(pointer), "cuMemFree")
+
+    def to_device(self, pointer: int, array: np.ndarray) -> None:
+        self._check(self.cu.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
+
+    def to_host(self, array: np.ndarray, pointer: int) -> None:
+        self._check(self.cu.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
+
+    def launch(self, function: Any, grid: Any, block: Any, args: Any) -> None:
+        values = [ctypes.c_int64(v) if kind == "i64" else ctypes.c_void_p(v) for kind, v in args]
+        pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        self._check(
+            self.cu.cuLaunchKernel(function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0),
+            "cuLaunchKernel",
+        )
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        err = self.cu.cuCtxSynchronize()
+        if int(err[0] if isinstance(err, tuple) else err) != 0:
+            raise TCLaunchError(f"the kernel failed while running: {err}")
+
+
+class DeviceArray:
+    """An array in GPU memory that tcpy allocated (the outputs of a call whose inputs
+    were device arrays). It exposes `__cuda_array_interface__`, so PyTorch
+    (`torch.as_tensor`) and CuPy (`cupy.asarray`) take it without a copy; `get()`
+    copies it to a NumPy array. The memory is freed with the object."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver):
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.ndim = len(shape)
+        self.pointer = pointer
+        self._driver = drv
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.pointer, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    def get(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        self._driver.to_host(out, self.pointer)
+        return out
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # the context may be gone at interpreter exit
+            self._driver.free(self.pointer)

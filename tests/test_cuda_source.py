@@ -1,0 +1,92 @@
+"""Generated CUDA: every corpus program compiles with NVRTC for sm_80 and sm_90, and
+goldens of a mapped matmul and a softmax (rewrite with `pytest --accept`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_cuda
+from tcpy.runtime import nvrtc
+
+from corpus_cases import CASES, Case
+from differential import CORPUS
+from golden_util import check_golden
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
+
+
+def _lower(source: str, entry: str, sizes: dict[str, int], options: MappingOptions):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)[entry]
+    return lower_to_cuda(cdef, sizes, options, check=True)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_corpus_compiles_with_nvrtc(case: Case) -> None:
+    source = (CORPUS / case.file).read_text()
+    fixed = _lower(source, case.entry, case.sizes, MappingOptions.cuda())
+    parametric = _lower(
+        source, case.entry, case.sizes, MappingOptions.naive().replace(use_readonly_cache=True)
+    )
+    for lowered in (fixed, parametric):
+        for arch in ("sm_80", "sm_90"):
+            assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
+
+
+GOLDENS = {
+    "matmul": (
+        "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        "matmul",
+        {"M": 64, "K": 48, "N": 80},
+    ),
+    "softmax": (
+        """def softmax(float(N, D) I) -> (O) {
+            maxVal(n) max=! I(n, d)
+            expDist(n, d) = exp(I(n, d) - maxVal(n))
+            expSum(n) +=! expDist(n, d)
+            O(n, d) = expDist(n, d) / expSum(n)
+        }""",
+        "softmax",
+        {"N": 16, "D": 40},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS))
+def test_golden_cuda(name: str, accept: bool) -> None:
+    source, entry, sizes = GOLDENS[name]
+    lowered = _lower(source, entry, sizes, MappingOptions.cuda())
+    check_golden(f"cuda/{name}.cu", lowered.source, accept)
+
+
+def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
+    source, entry, sizes = GOLDENS["matmul"]
+    lowered = _lower(source, entry, sizes, MappingOptions.cuda())
+    _init, product = lowered.mapping.kernels
+    assert product.block == (32, 8) and product.grid == (3, 2)  # n: 80 -> 3 tiles, m: 2
+    text = lowered.source.split("tc_kernel_1")[1]
+    # n (the last subscript of C and B) is the thread x loop: coalesced accesses
+    assert (
+        "t_B[((long long)(c2) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))]"
+        in text
+    )
+
+
+def test_launch_sizes_are_tightened() -> None:
+    source, entry, _ = GOLDENS["matmul"]
+    lowered = _lower(source, entry, {"M": 5, "K": 3, "N": 7}, MappingOptions.cuda())
+    assert [(k.grid, k.block) for k in lowered.mapping.kernels] == [((1, 1), (7, 5))] * 2
+    assert "__launch_bounds__(35)" in lowered.source
+
+
+def test_nest_without_parallel_loop_runs_in_one_thread() -> None:
+    lowered = _lower("def total(float(N) A) -> (s) { s +=! A(i) }", "total", {"N": 10},
+                     MappingOptions.cuda())  # fmt: skip
+    assert all(k.grid == () and k.block == () for k in lowered.mapping.kernels)
+    assert "__launch_bounds__(1)" in lowered.source

@@ -1,0 +1,65 @@
+"""The `cuda` target on a real GPU, with both driver layers (pycuda and cuda.bindings):
+every corpus program against `reference`, and device arrays used without a copy.
+Marked `gpu`: skipped cleanly on machines without one."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.runtime import cuda as runtime
+
+from corpus_cases import CASES, Case
+from differential import CORPUS, as_tuple, check_outputs, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+DRIVERS = ["pycuda", "bindings"]
+
+
+@pytest.fixture(params=DRIVERS)
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("TCPY_CUDA_DRIVER", request.param)
+    try:
+        runtime.driver()
+    except tcpy.TCLaunchError as e:
+        pytest.skip(f"driver {request.param} unavailable: {e}")
+    return str(request.param)
+
+
+def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
+    gpu, reference = tcpy.ExecutionEngine("cuda"), tcpy.ExecutionEngine("reference")
+    source = (CORPUS / file).read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        gpu.define(source)
+        reference.define(source)
+    return gpu, reference
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_corpus_on_gpu(case: Case, driver: str) -> None:
+    gpu, reference = _engines(case.file)
+    for sizes in (case.sizes, *case.odd_sizes):
+        inputs = make_inputs(case, sizes)
+        want = as_tuple(reference.run(case.entry, *inputs))
+        got = as_tuple(gpu.run(case.entry, *inputs))
+        check_outputs(case, got, want, f" on cuda ({driver})")
+
+
+def test_torch_tensors_stay_on_the_device(driver: str) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    A = torch.rand(33, 17, device="cuda")
+    B = torch.rand(17, 9, device="cuda")
+    C = engine.mm(A, B)
+    assert isinstance(C, runtime.DeviceArray)
+    got = torch.as_tensor(C, device="cuda")
+    torch.testing.assert_close(got, A @ B, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(C.get(), (A @ B).cpu().numpy(), rtol=1e-4, atol=1e-4)
