@@ -240,8 +240,9 @@ class GpuKernels:
         owned: list[int] = []
 
         def device_zeros(shape: tuple[int, ...], dtype: np.dtype) -> int:
-            pointer = drv.alloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-            drv.to_device(pointer, np.zeros(shape, dtype))
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            pointer = drv.alloc(nbytes)
+            drv.zero(pointer, nbytes)
             return pointer
 
         try:

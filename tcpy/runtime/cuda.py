@@ -30,6 +30,7 @@ class Driver(Protocol):
     def alloc(self, nbytes: int) -> int: ...
     def free(self, pointer: int) -> None: ...
     def to_device(self, pointer: int, array: np.ndarray) -> None: ...
+    def zero(self, pointer: int, nbytes: int) -> None: ...
     def to_host(self, array: np.ndarray, pointer: int) -> None: ...
     def launch(
         self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -55,7 +56,11 @@ def driver() -> Driver:
 @functools.cache
 def _driver(choice: str | None) -> Driver:
     errors = []
-    makers = {"pycuda": (_PyCuda,), "bindings": (_Bindings,)}.get(choice or "", (_PyCuda, _Bindings))
+    makers: tuple[type[_PyCuda] | type[_Bindings], ...] = (_PyCuda, _Bindings)
+    if choice == "pycuda":
+        makers = (_PyCuda,)
+    elif choice == "bindings":
+        makers = (_Bindings,)
     for make in makers:
         try:
             return make()
@@ -103,6 +108,9 @@ class _PyCuda:
 
     def to_device(self, pointer: int, array: np.ndarray) -> None:
         self.cuda.memcpy_htod(pointer, array)
+
+    def zero(self, pointer: int, nbytes: int) -> None:
+        self.cuda.memset_d8(pointer, 0, nbytes)
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
         self.cuda.memcpy_dtoh(array, pointer)
@@ -162,6 +170,9 @@ class _Bindings:
 
     def to_device(self, pointer: int, array: np.ndarray) -> None:
         self._check(self.cu.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
+
+    def zero(self, pointer: int, nbytes: int) -> None:
+        self._check(self.cu.cuMemsetD8(pointer, 0, nbytes), "cuMemsetD8")
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
         self._check(self.cu.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
