@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("file", type=Path)
     comp.add_argument("--entry", help="the def to compile (default: the only one)")
     comp.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
-    comp.add_argument("--emit", choices=("c", "schedule", "ast"), default="c")
+    comp.add_argument("--emit", choices=("c", "schedule", "ast"), default="c",
+                      help="the generated code (C, or CUDA with --gpu), the schedule tree, "
+                      "or the isl AST")  # fmt: skip
+    comp.add_argument("--gpu", action="store_true", help="the CUDA mapping instead of the CPU one")
     comp.add_argument("--options", help="mapping options: a preset name or a JSON object")
     args = parser.parse_args(argv)
     try:
@@ -99,20 +102,28 @@ def _entry(names: tuple[str, ...], entry: str | None, file: Path) -> str:
 
 
 def _compile(source: str, args: argparse.Namespace) -> int:
-    from tcpy.pipeline import lower_to_c
+    from tcpy.pipeline import lower_to_c, lower_to_cuda
 
     engine = ExecutionEngine("reference")
     names = engine.define(source, str(args.file))
     cdef = engine.checked(_entry(names, args.entry, args.file))
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
-    options = _options(args.options) or MappingOptions.cpu()
-    lowered = lower_to_c(cdef, sizes, options)
+    if args.gpu:
+        gpu = lower_to_cuda(cdef, sizes, _options(args.options) or MappingOptions.cuda())
+        if args.emit == "c":
+            print(gpu.source)
+        elif args.emit == "schedule":
+            print(gpu.mapping.schedule.get_root().to_str())
+        else:
+            print("\n".join(ast.root.to_C_str() for ast in gpu.asts))
+        return 0
+    cpu = lower_to_c(cdef, sizes, _options(args.options) or MappingOptions.cpu())
     if args.emit == "c":
-        print(lowered.source)
+        print(cpu.source)
     elif args.emit == "schedule":
-        print(lowered.schedule.get_root().to_str())
+        print(cpu.schedule.get_root().to_str())
     else:
-        print(lowered.ast.root.to_C_str())
+        print(cpu.ast.root.to_C_str())
     return 0
 
 

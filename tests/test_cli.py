@@ -73,3 +73,18 @@ def test_check_prints_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "/nonexistent.tc"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    ([], "int tc_kernel("),
+    (["--emit", "schedule"], "omp_parallel@"),
+    (["--emit", "ast"], "for (int c0"),
+    (["--gpu"], '__global__ void __launch_bounds__'),
+    (["--gpu", "--emit", "ast"], "c2 = t1"),
+])  # fmt: skip
+def test_compile_emits(flags: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["compile", str(ROOT / "examples/matmul.tc"), "--sizes", "M=64,N=64,K=64", *flags])
+        == 0
+    )
+    assert fragment in capsys.readouterr().out
