@@ -51,13 +51,7 @@ def lower_to_c(
 ) -> Lowered:
     check = knobs.verify_schedules() if check is None else check
     fixed = sizes if options.fix_parameters_before_scheduling else None
-    # 1. Iteration domains and accesses, parametric or at the call's sizes.
-    scop = build_scop(cdef, fixed)
-    # 2. Every order the program's meaning depends on.
-    deps = compute_dependences(scop)
-    # 3. isl's scheduler picks loop order and fusion under the fusion strategy.
-    schedule = schedule_scop(scop, deps, options)
-    _verify(check, schedule, scop, deps)
+    scop, deps, schedule = _schedule(cdef, fixed, options, check)
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
     with isl_errors(f"mapping {cdef.name} to the CPU"):
         schedule = map_to_cpu(schedule, scop, deps, options)
@@ -87,11 +81,7 @@ def lower_to_cuda(
 ) -> LoweredCuda:
     check = knobs.verify_schedules() if check is None else check
     fixed = sizes if options.fix_parameters_before_scheduling else None
-    # 1-3. As for the CPU: domains and accesses, dependences, isl's schedule.
-    scop = build_scop(cdef, fixed)
-    deps = compute_dependences(scop)
-    schedule = schedule_scop(scop, deps, options)
-    _verify(check, schedule, scop, deps)
+    scop, deps, schedule = _schedule(cdef, fixed, options, check)
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
     with isl_errors(f"mapping {cdef.name} to the GPU"):
         mapping = map_to_gpu(schedule, scop, options)
@@ -104,6 +94,20 @@ def lower_to_cuda(
     # 6. The CUDA printer: one __global__ function per kernel.
     source = print_cuda(scop, mapping, list(asts), options, fixed)
     return LoweredCuda(cdef, options, scop, mapping, asts, source)
+
+
+def _schedule(
+    cdef: CheckedDef, fixed: Mapping[str, int] | None, options: MappingOptions, check: bool
+) -> tuple[Scop, Dependences, isl.Schedule]:
+    """The stages every target shares."""
+    # 1. Iteration domains and accesses, parametric or at the call's sizes.
+    scop = build_scop(cdef, fixed)
+    # 2. Every order the program's meaning depends on.
+    deps = compute_dependences(scop)
+    # 3. isl's scheduler picks loop order and fusion under the fusion strategy.
+    schedule = schedule_scop(scop, deps, options)
+    _verify(check, schedule, scop, deps)
+    return scop, deps, schedule
 
 
 def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:

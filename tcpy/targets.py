@@ -67,7 +67,10 @@ class ReferenceKernel:
 
 
 @dataclass(frozen=True)
-class CpuKernel:
+class HostKernel:
+    """Compiled code that runs on the host (C, or emulated CUDA): outputs and
+    temporaries are allocated zero-filled here, then `run(sizes, buffers)` fills them."""
+
     cdef: CheckedDef
     source: str
     run: Callable[[list[int], list[np.ndarray]], None]
@@ -135,24 +138,7 @@ class Cpu(Target):
         )
         directory = _cached(session, key, build)
         kernel = runtime.CpuKernel(directory / "kernel.so")
-        return CpuKernel(cdef, (directory / "kernel.c").read_text(), kernel)
-
-
-@dataclass(frozen=True)
-class LaunchedKernels:
-    """Compiled CUDA kernels of one definition, launched in order on a binding."""
-
-    cdef: CheckedDef
-    source: str
-    run: Callable[[list[int], list[np.ndarray]], None]
-
-    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
-        cdef = self.cdef
-        outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
-        temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
-        sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        self.run(sizes, [*binding.host_arrays, *outputs, *temporaries])
-        return tuple(outputs)
+        return HostKernel(cdef, (directory / "kernel.c").read_text(), kernel)
 
 
 class CudaEmu(Target):
@@ -202,7 +188,7 @@ class CudaEmu(Target):
         dims = json.loads((directory / "launches.json").read_text())
         launches = [(tuple(d[:3]), tuple(d[3:])) for d in dims]
         kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
-        return LaunchedKernels(cdef, (directory / "kernel.cu").read_text(), kernels)
+        return HostKernel(cdef, (directory / "kernel.cu").read_text(), kernels)
 
 
 def _cached(session: Session, key: str, build: Callable[[Path], dict[str, Any]]) -> Path:

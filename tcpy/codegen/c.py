@@ -127,12 +127,17 @@ class _Printer:
             return None
         return self.bodies.parts(source, values)
 
+    def reduction_pragmas(self, clause: str) -> list[str]:
+        """Pragmas of a loop whose accumulator lives in a register."""
+        return [f"#pragma omp simd reduction({clause}:tc_acc)"]
+
     def promoted(self, parts: StatementParts, header: str, depth: int) -> None:
         assert parts.reduction is not None
         clause = _OPENMP_REDUCTION[parts.reduction]
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
-        self.emit(depth + 1, f"#pragma omp simd reduction({clause}:tc_acc)")
+        for pragma in self.reduction_pragmas(clause):
+            self.emit(depth + 1, pragma)
         self.emit(depth + 1, header)
         self.emit(depth + 2, f"tc_acc = {parts.combine('tc_acc')};")
         self.emit(depth + 1, "}")

@@ -21,7 +21,6 @@ from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import (
     BodyPrinter,
-    StatementParts,
     extent_name,
     size_name,
     sym_expr,
@@ -44,14 +43,8 @@ class _CudaPrinter(_Printer):
             return [f"#pragma unroll {self.options.unroll}"]
         return []
 
-    def promoted(self, parts: StatementParts, header: str, depth: int) -> None:
-        self.emit(depth, "{")
-        self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
-        self.emit(depth + 1, header)
-        self.emit(depth + 2, f"tc_acc = {parts.combine('tc_acc')};")
-        self.emit(depth + 1, "}")
-        self.emit(depth + 1, f"{parts.target} = {parts.store('tc_acc')};")
-        self.emit(depth, "}")
+    def reduction_pragmas(self, clause: str) -> list[str]:
+        return []
 
 
 def kernel_name(kernel: Kernel) -> str:

@@ -21,7 +21,7 @@ from tcpy.parser import ast
 from tcpy.parser.ranges import Linear, linear_form
 from tcpy.parser.symbolic import Sym
 from tcpy.poly.dependences import Dependences, respects
-from tcpy.poly.schedule import member_variables
+from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import (
     distribute_point_bands,
@@ -72,7 +72,7 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
     n = node.band_n_member()
     if not node.band_get_permutable():
         return node
-    extents = [_extent(node, k) for k in range(n)]
+    extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     scores = [_stride_score(node, k, scop) for k in range(n)]
     vector = max(range(n), key=lambda k: (scores[k], coincident[k], k))
@@ -99,16 +99,6 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
 
 def _short(extent: int | None) -> bool:
     return extent is not None and extent <= SMALL
-
-
-def _extent(node: isl.ScheduleNode, member: int) -> int | None:
-    """The number of values band member `member` takes, when the sizes are fixed."""
-    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
-    upa = upa.intersect_domain(node.get_domain())
-    lo, hi = upa.min_val(), upa.max_val()
-    if not (lo.is_int() and hi.is_int()):
-        return None
-    return int(hi.to_python()) - int(lo.to_python()) + 1
 
 
 # --- interchange ----------------------------------------------------------------------
@@ -196,7 +186,11 @@ def _mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
         n = node.band_n_member()
         # a loop of one iteration (a single tile) is dropped by isl: look past it
         first = next(
-            (k for k in range(n) if node.band_member_get_coincident(k) and _extent(node, k) != 1),
+            (
+                k
+                for k in range(n)
+                if node.band_member_get_coincident(k) and member_extent(node, k) != 1
+            ),
             None,
         )
         if first is not None:

@@ -33,7 +33,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
 from tcpy.parser.ranges import linear_form
 from tcpy.poly.isl_helpers import multi_val, read_set
-from tcpy.poly.schedule import member_variables
+from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import is_band, permute_band
 
@@ -147,7 +147,7 @@ def _map_band(
     tiled = node.band_get_permutable() and any(tile)
     if tiled:
         node = node.band_tile(multi_val(node.band_get_space(), [t if t else 1 for t in tile]))
-    extents = [_extent(node, k) for k in range(mapped)]
+    extents = [member_extent(node, k) for k in range(mapped)]
     grid_option = options.map_to_blocks or ()
     grid = []
     for j in range(mapped):  # x is the last mapped member
@@ -162,7 +162,7 @@ def _map_band(
         point = node.child(0)
         threads = min(mapped, len(options.map_to_threads) or 2)
         block_option = options.map_to_threads or DEFAULT_BLOCK[:threads]
-        point_extents = [_extent(point, k) for k in range(threads)]
+        point_extents = [member_extent(point, k) for k in range(threads)]
         for j in range(threads):
             member = mapped - 1 - j
             size = block_option[j] if j < len(block_option) else 1
@@ -203,15 +203,6 @@ def _bind(
     values = isl.MultiUnionPwAff.from_union_pw_aff_list(space, exprs)
     filter_ = values.bind(isl.MultiId.from_id_list(space, ids))
     return node.insert_filter(filter_).child(0)
-
-
-def _extent(node: isl.ScheduleNode, member: int) -> int | None:
-    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
-    upa = upa.intersect_domain(node.get_domain())
-    lo, hi = upa.min_val(), upa.max_val()
-    if not (lo.is_int() and hi.is_int()):
-        return None
-    return int(hi.to_python()) - int(lo.to_python()) + 1
 
 
 def _unit_stride_member(node: isl.ScheduleNode, scop: Scop, candidates: list[int]) -> int:

@@ -108,6 +108,17 @@ def member_variables(node: isl.ScheduleNode, member: int) -> dict[str, int | Non
     return out
 
 
+def member_extent(node: isl.ScheduleNode, member: int) -> int | None:
+    """How many values band member `member` takes over the instances reaching the band
+    (max - min + 1), when the sizes are fixed; None when it depends on them."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(member)
+    upa = upa.intersect_domain(node.get_domain())
+    lo, hi = upa.min_val(), upa.max_val()
+    if not (lo.is_int() and hi.is_int()):
+        return None
+    return int(hi.to_python()) - int(lo.to_python()) + 1
+
+
 def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
     """Every band node of a schedule tree, outermost first."""
     found: list[isl.ScheduleNode] = []

@@ -23,28 +23,19 @@ import numpy as np
 from tcpy import knobs
 from tcpy.codegen.c import KERNEL_SYMBOL
 from tcpy.errors import TCCompileError, TCLaunchError
+from tcpy.runtime import toolchain
 from tcpy.runtime.status import check_status
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w")
 
 
 def compiler() -> str:
-    cc = knobs.c_compiler()
-    if shutil.which(cc) is None:
-        raise TCCompileError(f"the C compiler {cc!r} was not found; install gcc or set TCPY_CC")
-    return cc
+    return toolchain.require(knobs.c_compiler(), "C compiler", "TCPY_CC", "gcc")
 
 
-@functools.cache
 def compiler_identity() -> str:
     """The compiler's version line and flags: part of every CPU cache key."""
-    cc = compiler()
-    try:
-        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60)
-        version = done.stdout.splitlines()[0] if done.stdout else cc
-    except (OSError, subprocess.SubprocessError):
-        version = cc
-    return f"{version} {' '.join(FLAGS)} libmvec={vector_math()}"
+    return f"{toolchain.version_line(compiler())} {' '.join(FLAGS)} libmvec={vector_math()}"
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from tcpy import knobs
 from tcpy.codegen.c_helpers import math_helpers
 from tcpy.errors import TCCompileError, TCLaunchError
 from tcpy.parser.builtins import BUILTINS
+from tcpy.runtime import toolchain
 from tcpy.runtime.status import check_status
 
 FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC", "-std=gnu++17", "-w")
@@ -66,21 +67,11 @@ def header() -> str:
 
 
 def compiler() -> str:
-    cxx = knobs.cxx_compiler()
-    if shutil.which(cxx) is None:
-        raise TCCompileError(f"the C++ compiler {cxx!r} was not found; install g++ or set TCPY_CXX")
-    return cxx
+    return toolchain.require(knobs.cxx_compiler(), "C++ compiler", "TCPY_CXX", "g++")
 
 
-@functools.cache
 def compiler_identity() -> str:
-    cxx = compiler()
-    try:
-        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
-        version = done.stdout.splitlines()[0] if done.stdout else cxx
-    except (OSError, subprocess.SubprocessError):
-        version = cxx
-    return f"{version} {' '.join(FLAGS)}"
+    return f"{toolchain.version_line(compiler())} {' '.join(FLAGS)}"
 
 
 def launcher(index: int, parameters: list[str], n_sizes: int, synchronises: bool) -> str:

@@ -1,0 +1,28 @@
+"""Finding the host compilers and naming them (for cache keys)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+from tcpy.errors import TCCompileError
+
+
+def require(program: str, what: str, variable: str, package: str) -> str:
+    """`program` if it is on the PATH, else a TCCompileError saying how to get it."""
+    if shutil.which(program) is None:
+        raise TCCompileError(
+            f"the {what} {program!r} was not found; install {package} or set {variable}"
+        )
+    return program
+
+
+@functools.cache
+def version_line(program: str) -> str:
+    """The first line `program --version` prints (the program's name if none)."""
+    try:
+        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return program
+    return done.stdout.splitlines()[0] if done.stdout else program
