@@ -81,3 +81,41 @@ def test_gather_out_of_range_on_cuda_emu() -> None:
     e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
     with pytest.raises(tcpy.TCInputError, match="outside its extent"):
         e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
+
+
+CROSS = """def cross(float(N) A) -> (O, T) {
+    T(i) = A(i) * 2.0
+    O(i) = T(i) + T(N - 1 - i) where i in 0:N
+}"""
+
+
+@pytest.mark.parametrize("fusion", list(Fusion))
+def test_dependences_across_threads_are_kernel_boundaries(fusion: Fusion) -> None:
+    """O(i) reads T at another element than the thread that wrote it: whatever the
+    fusion strategy, the two statements run as two kernels, in order."""
+    from tcpy.parser import check_source
+    from tcpy.pipeline import lower_to_cuda
+
+    options = MappingOptions.cuda().replace(outer_schedule_fusion=fusion)
+    (cdef,) = check_source(CROSS).values()
+    lowered = lower_to_cuda(cdef, {"N": 100}, options, check=True)
+    assert len(lowered.mapping.kernels) == 2
+    emu = tcpy.ExecutionEngine("cuda-emu")
+    emu.define(CROSS)
+    a = np.arange(100, dtype=np.float32)
+    o, t = emu.cross(a, options=options)
+    np.testing.assert_array_equal(o, 2 * a + 2 * a[::-1])
+
+
+def test_fused_statements_share_their_thread() -> None:
+    """Statements fused under one mapped band depend on each other only within an
+    element, so one kernel runs them without barriers."""
+    from tcpy.parser import check_source
+    from tcpy.pipeline import lower_to_cuda
+
+    source = (CORPUS / "softmax.tc").read_text()
+    options = MappingOptions.cuda().replace(outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT)
+    cdef = check_source(source)["softmax"]
+    lowered = lower_to_cuda(cdef, {"N": 64, "D": 48}, options, check=True)
+    assert len(lowered.mapping.kernels) == 1
+    assert "__syncthreads" not in lowered.source
