@@ -104,6 +104,7 @@ def test_dependences_across_threads_are_kernel_boundaries(fusion: Fusion) -> Non
     emu.define(CROSS)
     a = np.arange(100, dtype=np.float32)
     o, t = emu.cross(a, options=options)
+    np.testing.assert_array_equal(t, 2 * a)
     np.testing.assert_array_equal(o, 2 * a + 2 * a[::-1])
 
 
