@@ -6,6 +6,8 @@
 - `TCPY_CXX`: the C++ compiler of the `cuda-emu` target (default `g++`).
 - `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
   pycuda when installed, else cuda.bindings).
+- `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
+  (default `sm_90`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 """
 
@@ -40,3 +42,7 @@ def cxx_compiler() -> str:
 
 def cuda_driver() -> str | None:
     return os.environ.get("TCPY_CUDA_DRIVER") or None
+
+
+def cuda_arch() -> str:
+    return os.environ.get("TCPY_CUDA_ARCH", "sm_90")

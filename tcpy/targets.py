@@ -289,8 +289,11 @@ class Cuda(Target):
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime import nvrtc
 
-        drv = runtime.driver()
-        arch = drv.arch()
+        try:
+            drv: runtime.Driver | None = runtime.driver()
+        except TCError:
+            drv = None  # no GPU here: build the source and a cubin, refuse to run
+        arch = drv.arch() if drv is not None else knobs.cuda_arch()
         sizes = dict(binding.sizes)
 
         def build(directory: Path) -> dict[str, Any]:
@@ -303,14 +306,31 @@ class Cuda(Target):
             return {"def": cdef.name, "options": options.to_dict(), "arch": arch}
 
         signature = [(a.shape, a.dtype) for a in binding.arrays]
-        device = f"{drv.device_name()} {arch}"
+        device = f"{drv.device_name() if drv is not None else 'no device'} {arch}"
         key = cache_key(cdef, signature, options.to_json(), self.name, device, nvrtc.identity())
         directory = _cached(session, key, build)
+        source = (directory / "kernel.cu").read_text()
+        if drv is None:
+            return NoGpu(source)
         dims = json.loads((directory / "launches.json").read_text())
         launches = [((d[0], d[1], d[2]), (d[3], d[4], d[5])) for d in dims]
         names = [f"tc_kernel_{k}" for k in range(len(launches))]
         functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
-        return GpuKernels(cdef, (directory / "kernel.cu").read_text(), functions, launches)
+        return GpuKernels(cdef, source, functions, launches)
+
+
+@dataclass(frozen=True)
+class NoGpu:
+    """CUDA kernels compiled on a machine without a GPU: the source (and a cubin for
+    `TCPY_CUDA_ARCH`) exist, running them is an error."""
+
+    source: str
+
+    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+        from tcpy.runtime import cuda as runtime
+
+        runtime.driver()  # raises the TCLaunchError that says why there is no GPU
+        raise TCError("a GPU appeared after these kernels were compiled; compile again")
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu(), Cuda())}

@@ -120,3 +120,10 @@ def test_fused_statements_share_their_thread() -> None:
     lowered = lower_to_cuda(cdef, {"N": 64, "D": 48}, options, check=True)
     assert len(lowered.mapping.kernels) == 1
     assert "__syncthreads" not in lowered.source
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_corpus_cuda_emu_naive_preset(case: Case) -> None:
+    """The naive preset (parametric sizes, Preserve3Coincident fusion, 32x8 threads), its
+    grid cut to 32x32 blocks: the emulator runs every block, busy or idle."""
+    differential(case, case.sizes, MappingOptions.naive().replace(map_to_blocks=(32, 32)))

@@ -214,5 +214,8 @@ def test_cuda_target_without_gpu_says_so() -> None:
         pytest.skip("this machine has a GPU")
     e = tcpy.ExecutionEngine("cuda")
     e.define(SOURCE)
+    A, B = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    compiled = e.compile("mm", A, B)  # the source is still produced
+    assert "__global__ void" in compiled.source
     with pytest.raises(tcpy.TCLaunchError, match="no CUDA GPU could be used"):
-        e.mm(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+        e.mm(A, B)
