@@ -174,6 +174,12 @@ def test_mutated_programs_compile_on_cpu(source: str) -> None:
     exercise(source, "cpu")
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutated_programs_compile_on_cuda_emu(source: str) -> None:
+    exercise(source, "cuda-emu")
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=200))
 def test_arbitrary_text(source: str) -> None:
