@@ -112,4 +112,4 @@ def _schedule(
 
 def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:
     if check:
-        verify(schedule, deps.all, scop.domain)
+        verify(schedule, deps.validity, scop.domain)

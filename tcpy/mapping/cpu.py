@@ -29,6 +29,7 @@ from tcpy.poly.transforms import (
     is_band,
     map_innermost_bands,
     map_outermost_bands,
+    merge_child_bands,
     permute_band,
     tile_band,
     tile_outermost_bands,
@@ -38,6 +39,7 @@ from tcpy.poly.transforms import (
 def map_to_cpu(
     schedule: isl.Schedule, scop: Scop, deps: Dependences, options: MappingOptions
 ) -> isl.Schedule:
+    schedule = map_outermost_bands(schedule, lambda b: merge_child_bands(b, deps.validity))
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:
@@ -46,7 +48,7 @@ def map_to_cpu(
         # Distributing point loops reorders statements inside a tile; a dependence from
         # a later statement back to an earlier one at a later point would forbid it.
         distributed = distribute_point_bands(schedule)
-        if respects(distributed, deps.all):
+        if respects(distributed, deps.validity):
             schedule = distributed
     schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))
     if options.vectorize:
@@ -75,7 +77,8 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     scores = [_stride_score(node, k, scop) for k in range(n)]
-    vector = max(range(n), key=lambda k: (scores[k], coincident[k], k))
+    # a short loop (a kernel window) makes a poor vector loop, whatever its strides
+    vector = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
 
     def fit(k: int, size: int) -> int:
         # a loop shorter than its tile becomes one tile: its point loop then takes
@@ -114,7 +117,8 @@ def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> 
         return node
     scores = [_stride_score(node, k, scop) for k in range(n)]
     coincident = [node.band_member_get_coincident(k) for k in range(n)]
-    best = max(range(n), key=lambda k: (scores[k], coincident[k], k))
+    extents = [member_extent(node, k) for k in range(n)]
+    best = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
     order = [k for k in range(n) if k != best] + [best]
     return permute_band(node, order)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from tcpy.poly.isl_helpers import isl_errors
-from tcpy.poly.scop import Scop
+from tcpy.poly.scop import Kind, Scop
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -22,10 +22,19 @@ class Dependences:
     raw: isl.UnionMap
     war: isl.UnionMap
     waw: isl.UnionMap
+    reductions: isl.UnionMap  # between instances of one reduction statement
 
     @property
     def all(self) -> isl.UnionMap:
         return self.raw.union(self.war).union(self.waw).coalesce()
+
+    @property
+    def validity(self) -> isl.UnionMap:
+        """What every schedule must respect. TC's reductions are associative and
+        commutative, and a reduction never reads its target otherwise, so the order of
+        a reduction's own updates is free: those dependences constrain parallelism
+        (they stay coincidence constraints) but not order."""
+        return self.all.subtract(self.reductions).coalesce()
 
 
 def compute_dependences(scop: Scop) -> Dependences:
@@ -42,11 +51,16 @@ def compute_dependences(scop: Scop) -> Dependences:
 
     scop.ctx.reset_operations()
     with isl_errors(f"dependence analysis of {scop.cdef.name}"):
-        return Dependences(
-            raw=flow(scop.reads, scop.writes, empty),
-            war=flow(scop.writes, empty, scop.reads),
-            waw=flow(scop.writes, scop.writes, empty),
-        )
+        raw = flow(scop.reads, scop.writes, empty)
+        war = flow(scop.writes, empty, scop.reads)
+        waw = flow(scop.writes, scop.writes, empty)
+        reductions = isl.UnionMap.empty(raw.get_space())
+        for s in scop.statements:
+            if s.kind is Kind.COMPUTE and s.source(scop.cdef).op.is_reduction:
+                own = isl.UnionSet.from_set(s.domain)
+                every = raw.union(war).union(waw)
+                reductions = reductions.union(every.intersect_domain(own).intersect_range(own))
+        return Dependences(raw, war, waw, reductions)
 
 
 def respects(schedule: isl.Schedule, deps: isl.UnionMap) -> bool:

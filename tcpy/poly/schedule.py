@@ -1,6 +1,10 @@
 """Scheduling: isl's scheduler under a TC fusion strategy, and the fallback order.
 
-Validity, proximity and coincidence constraints are all the dependences. Stock isl
+Proximity and coincidence constraints are all the dependences. Under `Min` fusion,
+validity leaves out the order among a reduction's own updates (TC reductions are
+associative and commutative), which lets all of a reduction's loops form one
+permutable band (a convolution's seven loops, for tiling and interchange); the fused
+strategies keep every dependence as validity, which isl's fusion needs. Stock isl
 has no fusion callback, so the three strategies are context options:
 
 - `Min`: `schedule_serialize_sccs`: every statement gets its own loop nest over all
@@ -55,10 +59,13 @@ def _isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule
     ctx.set_schedule_treat_coalescing(1)
     ctx.set_schedule_max_constant_term(0)
     every = deps.all
+    # Freeing a reduction's update order lets its loops form one band; isl's fusion
+    # heuristics, though, fuse per row only with the full constraints.
+    validity = deps.validity if fusion is Fusion.MIN else every
     constraints = (
         isl.ScheduleConstraints.on_domain(scop.domain)
         .set_context(scop.context)
-        .set_validity(every)
+        .set_validity(validity)
         .set_proximity(every)
         .set_coincidence(every)
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import islpy as isl
 
 from tcpy.errors import InternalError
-from tcpy.poly.isl_helpers import multi_val, schedule_children
+from tcpy.poly.isl_helpers import multi_val, schedule_children, union_set_sets
 
 Rewrite = Callable[[isl.ScheduleNode], isl.ScheduleNode]
 
@@ -127,6 +127,49 @@ def split_band(node: isl.ScheduleNode, position: int) -> isl.ScheduleNode:
 def insert_mark(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
     """Insert a mark above `node`; returns the node below the mark."""
     return node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
+
+
+def merge_child_bands(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
+    """Merge into a band the bands directly below it (isl often splits a reduction's
+    loops into a band per loop) as long as the combination stays permutable: every
+    member runs every dependence that its outer loops leave inside forward. Returns the
+    (possibly larger) band at the same position."""
+    while node.band_get_permutable() and node.n_children() == 1 and is_band(node.child(0)):
+        child = node.child(0)
+        if not child.band_get_permutable():
+            break
+        merged = node.band_get_partial_schedule().flat_range_product(
+            child.band_get_partial_schedule()
+        )
+        if not _forward_in_every_member(node, merged, deps):
+            break
+        flags = [node.band_member_get_coincident(k) for k in range(node.band_n_member())]
+        flags += [child.band_member_get_coincident(k) for k in range(child.band_n_member())]
+        node = child.delete().parent().delete().insert_partial_schedule(merged)
+        node = node.band_set_permutable(1)
+        for k, flag in enumerate(flags):
+            node = node.band_member_set_coincident(k, flag)
+    return node
+
+
+def _forward_in_every_member(
+    node: isl.ScheduleNode, members: isl.MultiUnionPwAff, deps: isl.UnionMap
+) -> bool:
+    domain = node.get_domain()
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
+    local = deps.intersect_domain(domain).intersect_range(domain)
+    local = local.intersect(prefix.apply_range(prefix.reverse()))
+    if local.is_empty():
+        return True
+    for k in range(members.dim(isl.dim_type.set)):
+        member = isl.UnionMap.from_union_pw_aff(members.get_union_pw_aff(k))
+        steps = local.apply_domain(member).apply_range(member).deltas()
+        for step in union_set_sets(steps):
+            if not step.is_subset(
+                isl.Set("{ [d] : d >= 0 }", context=node.get_ctx()).align_params(step.get_space())
+            ):
+                return False
+    return True
 
 
 # --- verification ----------------------------------------------------------------------
