@@ -140,27 +140,41 @@ def _stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
     return score
 
 
-def _accesses(scop: Scop, stmt_name: str) -> list[list[Linear | None]]:
+Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
+
+
+def _accesses(scop: Scop, stmt_name: str) -> list[list[Subscript]]:
     stmt = scop.statement(stmt_name)
     st = stmt.source(scop.cdef)
-    lhs: list[Linear | None] = [Linear(((v, 1),), Sym()) for v in st.indices]
+    lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
     out = [lhs]
     if stmt.kind is Kind.COMPUTE:
         out += [
-            [linear_form(a) for a in node.args]
+            [_subscript(a) for a in node.args]
             for node in ast.walk(st.rhs)
             if isinstance(node, ast.Access) and node.args
         ]
     return out
 
 
-def _stride(subscripts: list[Linear | None], var: str) -> int:
-    uses = [k for k, s in enumerate(subscripts) if s is None or s.coeff(var)]
+def _subscript(e: ast.Expr) -> Subscript:
+    lin = linear_form(e)
+    if lin is not None:
+        return lin
+    return frozenset(n.name for n in ast.walk(e) if isinstance(n, ast.Index))
+
+
+def _stride(subscripts: list[Subscript], var: str) -> int:
+    uses = [
+        k
+        for k, s in enumerate(subscripts)
+        if (var in s if isinstance(s, frozenset) else s.coeff(var))
+    ]
     if not uses:
         return 0
     last = len(subscripts) - 1
     s = subscripts[last]
-    if uses == [last] and s is not None and abs(s.coeff(var)) == 1:
+    if uses == [last] and isinstance(s, Linear) and abs(s.coeff(var)) == 1:
         return 2
     return -2
 
