@@ -157,7 +157,6 @@ class CudaEmu(Target):
         from tcpy.runtime import emulator
 
         sizes = dict(binding.sizes)
-        launches: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
         def build(directory: Path) -> dict[str, Any]:
             session.stats.compiles += 1

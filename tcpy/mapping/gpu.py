@@ -177,10 +177,17 @@ def _map_band(
     return node, tuple(grid), tuple(block)
 
 
+WHOLE = 1 << 30
+"""A tile size no loop reaches: the loop stays whole inside the point band."""
+
+
 def _tile_sizes(options: MappingOptions, n: int, coincident: list[bool], prefix: int) -> list[int]:
+    """The options' sizes, else 32 for the parallel loops and, for the others (the
+    reductions), one whole tile: their loops then run inside each thread, innermost,
+    where the accumulator stays in a register."""
     if options.tile:
         return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
-    return [DEFAULT_TILE if k < prefix else 0 for k in range(n)]
+    return [DEFAULT_TILE if k < prefix else WHOLE for k in range(n)]
 
 
 def _bind(

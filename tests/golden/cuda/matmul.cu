@@ -29,10 +29,13 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, lon
   const long long e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n) */
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79) {
-    for (long long c2 = 0; c2 <= 47; c2++) {
-      #pragma unroll 4
-      for (long long c3 = (long long)threadIdx.y; c3 <= 31; c3 += 8) {
-        t_C[((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] = t_C[((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] + (t_A[((long long)((32 * (long long)blockIdx.y) + c3) * e_A_1 + (c2))] * t_B[((long long)(c2) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))]);
+    for (long long c3 = (long long)threadIdx.y; c3 <= 31; c3 += 8) {
+      {
+        float tc_acc = t_C[((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))];
+        for (long long c5 = 0; c5 <= 47; c5++) {
+          tc_acc = tc_acc + (t_A[((long long)((32 * (long long)blockIdx.y) + c3) * e_A_1 + (c5))] * t_B[((long long)(c5) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))]);
+        }
+        t_C[((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] = tc_acc;
       }
     }
   }

@@ -34,8 +34,8 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long
   /* maxVal(n) max=! I(n, d) */
   {
     float tc_acc = t_maxVal[(long long)((long long)threadIdx.x)];
-    for (long long c1 = 0; c1 <= 39; c1++) {
-      tc_acc = ((tc_acc) >= (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c1))]) ? (tc_acc) : (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c1))]));
+    for (long long c3 = 0; c3 <= 39; c3++) {
+      tc_acc = ((tc_acc) >= (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]) ? (tc_acc) : (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]));
     }
     t_maxVal[(long long)((long long)threadIdx.x)] = tc_acc;
   }
@@ -81,8 +81,8 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long
   /* expSum(n) +=! expDist(n, d) */
   {
     float tc_acc = t_expSum[(long long)((long long)threadIdx.x)];
-    for (long long c1 = 0; c1 <= 39; c1++) {
-      tc_acc = tc_acc + t_expDist[((long long)((long long)threadIdx.x) * e_expDist_1 + (c1))];
+    for (long long c3 = 0; c3 <= 39; c3++) {
+      tc_acc = tc_acc + t_expDist[((long long)((long long)threadIdx.x) * e_expDist_1 + (c3))];
     }
     t_expSum[(long long)((long long)threadIdx.x)] = tc_acc;
   }
