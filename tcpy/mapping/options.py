@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tcpy.errors import TCMappingError
@@ -85,9 +85,6 @@ class MappingOptions:
     threads: int = 0
     """OpenMP threads (0: OpenMP's default)."""
 
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    """Not an option: kept empty (present so that options stay a plain record)."""
-
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -95,8 +92,6 @@ class MappingOptions:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "extra":
-                continue
             value = getattr(self, f.name)
             out[f.name] = (
                 value.value
@@ -110,7 +105,7 @@ class MappingOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MappingOptions:
-        names = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        names = {f.name: f for f in dataclasses.fields(cls)}
         unknown = set(data) - set(names)
         if unknown:
             raise TCMappingError(f"unknown mapping option(s): {', '.join(sorted(unknown))}")

@@ -95,20 +95,8 @@ def read_set(ctx: isl.Context, params: tuple[str, ...], body: str) -> isl.Set:
     return isl.Set(params_prefix(params) + "{ " + body + " }", context=ctx)
 
 
-def read_union_set(ctx: isl.Context, params: tuple[str, ...], body: str) -> isl.UnionSet:
-    return isl.UnionSet(params_prefix(params) + "{ " + body + " }", context=ctx)
-
-
 def read_union_map(ctx: isl.Context, params: tuple[str, ...], body: str) -> isl.UnionMap:
     return isl.UnionMap(params_prefix(params) + "{ " + body + " }", context=ctx)
-
-
-def fix_params(obj: isl.UnionSet, values: Mapping[str, int]) -> isl.UnionSet:
-    """Intersect with `param = value` for every given parameter, by name."""
-    ctx = obj.get_ctx()
-    params = tuple(values)
-    constraints = " and ".join(f"{isl_name(p)} = {v}" for p, v in values.items())
-    return obj.intersect_params(read_set(ctx, params, ": " + constraints))
 
 
 def list_items(lst: Any) -> list[Any]:

@@ -117,13 +117,6 @@ def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     return node
 
 
-def split_band(node: isl.ScheduleNode, position: int) -> isl.ScheduleNode:
-    """Split a band after `position` members; returns the outer part."""
-    if 0 < position < node.band_n_member():
-        return node.band_split(position)
-    return node
-
-
 def insert_mark(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
     """Insert a mark above `node`; returns the node below the mark."""
     return node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
