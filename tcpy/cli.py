@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("file", type=Path)
     run.add_argument("--entry", help="the def to run (default: the only one)")
     run.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
-    run.add_argument("--target", default=targets.DEFAULT_TARGET, choices=sorted(targets.TARGETS))
+    run.add_argument("--target", choices=sorted(targets.TARGETS),
+                     help="where to run (default: cuda with a GPU, else cpu)")  # fmt: skip
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--options", help="mapping options: a preset name or a JSON object")
     comp = sub.add_parser("compile", help="print the generated C, schedule tree or isl AST")
@@ -129,6 +130,7 @@ def _compile(source: str, args: argparse.Namespace) -> int:
 
 def _run(source: str, args: argparse.Namespace) -> int:
     engine = ExecutionEngine(args.target)
+    args.target = engine.target
     t0 = time.perf_counter()
     names = engine.define(source, str(args.file))
     t_define = time.perf_counter() - t0

@@ -22,11 +22,12 @@ from tcpy.targets import Kernel
 
 
 class ExecutionEngine:
-    """Runs TC definitions on one target: `"cpu"` (the default: C with OpenMP) or
-    `"reference"` (the NumPy interpreter)."""
+    """Runs TC definitions on one target: `"cuda"` (the default on a machine with a
+    GPU), `"cpu"` (the default elsewhere: C with OpenMP), `"cuda-emu"` (the CUDA kernels
+    emulated on the CPU) or `"reference"` (the NumPy interpreter)."""
 
     def __init__(self, target: str | None = None) -> None:
-        self.target = target or targets.DEFAULT_TARGET
+        self.target = target or targets.default_target()
         self._target = targets.get(self.target)
         self._defs: dict[str, CheckedDef] = {}
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}

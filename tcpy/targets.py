@@ -334,7 +334,14 @@ class NoGpu:
 
 TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu(), Cuda())}
 
-DEFAULT_TARGET = "cpu"
+
+def default_target() -> str:
+    """`cuda` on a machine whose GPU the driver layer can use, `cpu` elsewhere."""
+    if not Path("/dev/nvidia0").exists():  # cheap: no device node, no GPU
+        return "cpu"
+    from tcpy.runtime import cuda as runtime
+
+    return "cuda" if runtime.has_gpu() else "cpu"
 
 
 def get(name: str) -> Target:

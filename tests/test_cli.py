@@ -22,7 +22,9 @@ def test_run_example_as_in_the_readme() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "matmul on cpu, sizes M=32, K=32, N=32" in done.stdout
+    from tcpy.targets import default_target
+
+    assert f"matmul on {default_target()}, sizes M=32, K=32, N=32" in done.stdout
     assert "C: float32[32, 32]  checksum" in done.stdout
 
 

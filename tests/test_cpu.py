@@ -66,8 +66,11 @@ def test_corpus_cpu_drawn_options(case: Case, options: MappingOptions, which: in
     differential(case, size_sets[which % len(size_sets)], options)
 
 
-def test_cpu_is_the_default_target() -> None:
-    assert tcpy.ExecutionEngine().target == "cpu"
+def test_default_target() -> None:
+    from tcpy.runtime import cuda
+
+    expected = "cuda" if cuda.has_gpu() else "cpu"
+    assert tcpy.ExecutionEngine().target == expected
 
 
 def test_gather_out_of_range_on_cpu() -> None:
