@@ -111,20 +111,16 @@ def _compile(source: str, args: argparse.Namespace) -> int:
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
     if args.gpu:
         gpu = lower_to_cuda(cdef, sizes, _options(args.options) or MappingOptions.cuda())
-        if args.emit == "c":
-            print(gpu.source)
-        elif args.emit == "schedule":
-            print(gpu.mapping.schedule.get_root().to_str())
-        else:
-            print("\n".join(ast.root.to_C_str() for ast in gpu.asts))
-        return 0
-    cpu = lower_to_c(cdef, sizes, _options(args.options) or MappingOptions.cpu())
-    if args.emit == "c":
-        print(cpu.source)
-    elif args.emit == "schedule":
-        print(cpu.schedule.get_root().to_str())
+        source, schedule, asts = gpu.source, gpu.mapping.schedule, [a.root for a in gpu.asts]
     else:
-        print(cpu.ast.root.to_C_str())
+        cpu = lower_to_c(cdef, sizes, _options(args.options) or MappingOptions.cpu())
+        source, schedule, asts = cpu.source, cpu.schedule, [cpu.ast.root]
+    if args.emit == "c":
+        print(source)
+    elif args.emit == "schedule":
+        print(schedule.get_root().to_str())
+    else:
+        print("\n".join(root.to_C_str() for root in asts))
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tcpy import targets
-from tcpy.binding import bind, signature_key
+from tcpy.binding import Binding, bind, signature_key
 from tcpy.errors import TCError, TCInputError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
@@ -61,11 +61,17 @@ class ExecutionEngine:
         self, entry: str, *inputs: Any, options: MappingOptions | None = None
     ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run `entry` on `inputs`; one output is returned bare, several as a tuple."""
-        return self.compile(entry, *inputs, options=options)(*inputs)
+        compiled, binding = self._compile(entry, inputs, options)
+        return compiled.run(binding)
 
     def compile(self, entry: str, *inputs: Any, options: MappingOptions | None = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
         first request, then reused from memory or from the disk cache)."""
+        return self._compile(entry, inputs, options)[0]
+
+    def _compile(
+        self, entry: str, inputs: tuple[Any, ...], options: MappingOptions | None
+    ) -> tuple[Compiled, Binding]:
         cdef = self.checked(entry)
         options = options if options is not None else self._target.default_options(cdef)
         try:
@@ -84,7 +90,7 @@ class ExecutionEngine:
                 self._session.stats.memory_hits += 1
         except TCError as e:
             raise e.with_source(cdef.source) from None
-        return Compiled(cdef, options, kernel, key[1])
+        return Compiled(cdef, options, kernel, key[1]), binding
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         defs = self.__dict__.get("_defs", {})
@@ -113,11 +119,18 @@ class Compiled:
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         try:
             binding = bind(self.cdef, inputs)
-            if signature_key(binding.arrays) != self._signature:
-                raise TCInputError(
-                    f"this kernel of {self.cdef.name} was compiled for other input shapes or "
-                    "dtypes; compile it again (or call the engine) for these"
-                )
+        except TCError as e:
+            raise e.with_source(self.cdef.source) from None
+        if signature_key(binding.arrays) != self._signature:
+            raise TCInputError(
+                f"this kernel of {self.cdef.name} was compiled for other input shapes or "
+                "dtypes; compile it again (or call the engine) for these"
+            )
+        return self.run(binding)
+
+    def run(self, binding: Binding) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on inputs already bound (and checked) for this kernel's signature."""
+        try:
             outputs = self._kernel(binding)
         except TCError as e:
             raise e.with_source(self.cdef.source) from None

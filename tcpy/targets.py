@@ -118,25 +118,15 @@ class Cpu(Target):
         from tcpy.pipeline import lower_to_c
         from tcpy.runtime import cpu as runtime
 
-        sizes = dict(binding.sizes)
-
-        def build(directory: Path) -> dict[str, Any]:
-            session.stats.compiles += 1
-            source = lower_to_c(cdef, sizes, options).source
+        def build(directory: Path) -> None:
+            source = lower_to_c(cdef, binding.sizes, options).source
             (directory / "kernel.c").write_text(source)
             runtime.build(directory / "kernel.c", directory / "kernel.so")
-            return {"def": cdef.name, "options": options.to_dict()}
 
-        signature = [(a.shape, a.dtype) for a in binding.arrays]
-        key = cache_key(
-            cdef,
-            signature,
-            options.to_json(),
-            self.name,
-            runtime.device_identity(),
-            runtime.compiler_identity(),
-        )
-        directory = _cached(session, key, build)
+        directory = _compiled(
+            self.name, cdef, binding, options, session, build,
+            device=runtime.device_identity(), toolchain=runtime.compiler_identity(),
+        )  # fmt: skip
         kernel = runtime.CpuKernel(directory / "kernel.so")
         return HostKernel(cdef, (directory / "kernel.c").read_text(), kernel)
 
@@ -156,52 +146,71 @@ class CudaEmu(Target):
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import emulator
 
-        sizes = dict(binding.sizes)
-
-        def build(directory: Path) -> dict[str, Any]:
-            session.stats.compiles += 1
-            lowered = lower_to_cuda(cdef, sizes, options)
+        def build(directory: Path) -> None:
+            lowered = lower_to_cuda(cdef, binding.sizes, options)
             (directory / "kernel.cu").write_text(lowered.source)
             params = kernel_parameters(lowered.scop)
             launchers = "".join(
-                emulator.launcher(k.index, params, len(cdef.size_symbols), False)
+                emulator.launcher(k.index, params, len(cdef.size_symbols), lowered.source)
                 for k in lowered.mapping.kernels
             )
             emulator.build(lowered.source, launchers, directory)
-            (directory / "tc_emu.h").unlink()
-            (directory / "kernel-emu.cpp").unlink()
-            dims = [[*k.launch_dims()[0], *k.launch_dims()[1]] for k in lowered.mapping.kernels]
-            (directory / "launches.json").write_text(json.dumps(dims))
-            return {"def": cdef.name, "options": options.to_dict()}
+            _write_launches(directory, lowered.mapping)
 
-        signature = [(a.shape, a.dtype) for a in binding.arrays]
-        key = cache_key(
-            cdef,
-            signature,
-            options.to_json(),
-            self.name,
-            "host",
-            emulator.compiler_identity(),
-        )
-        directory = _cached(session, key, build)
-        dims = json.loads((directory / "launches.json").read_text())
-        launches = [(tuple(d[:3]), tuple(d[3:])) for d in dims]
+        directory = _compiled(
+            self.name, cdef, binding, options, session, build,
+            device="host", toolchain=emulator.compiler_identity(),
+        )  # fmt: skip
+        launches = _read_launches(directory)
         kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
         return HostKernel(cdef, (directory / "kernel.cu").read_text(), kernels)
 
 
-def _cached(session: Session, key: str, build: Callable[[Path], dict[str, Any]]) -> Path:
-    """The cache entry of `key`, built with `build` when missing (or no disk cache)."""
+def _compiled(
+    target: str,
+    cdef: CheckedDef,
+    binding: Binding,
+    options: MappingOptions,
+    session: Session,
+    build: Callable[[Path], None],
+    device: str,
+    toolchain: str,
+) -> Path:
+    """The cache entry of this compilation: found on disk, or built by `build(directory)`
+    (which writes the kernel's files) and published; without a disk cache, built in a
+    temporary directory."""
+    signature = [(a.shape, a.dtype) for a in binding.arrays]
+    key = cache_key(cdef, signature, options.to_json(), target, device, toolchain)
+
+    def counted(directory: Path) -> dict[str, Any]:
+        session.stats.compiles += 1
+        build(directory)
+        return {"def": cdef.name, "options": options.to_dict()}
+
     if session.disk is None:
         directory = Path(tempfile.mkdtemp(prefix="tcpy-")) / key
         directory.mkdir(parents=True, exist_ok=True)
-        build(directory)
+        counted(directory)
         return directory
     found = session.disk.lookup(key)
     if found is not None:
         session.stats.disk_hits += 1
         return found
-    return session.disk.store(key, build)
+    return session.disk.store(key, counted)
+
+
+Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+
+def _write_launches(directory: Path, mapping: Any) -> None:
+    """The grid and block of every kernel, in launch order (`launches.json`)."""
+    dims = [[*grid, *block] for grid, block in (k.launch_dims() for k in mapping.kernels)]
+    (directory / "launches.json").write_text(json.dumps(dims))
+
+
+def _read_launches(directory: Path) -> list[Launch]:
+    dims = json.loads((directory / "launches.json").read_text())
+    return [((d[0], d[1], d[2]), (d[3], d[4], d[5])) for d in dims]
 
 
 @dataclass(frozen=True)
@@ -213,7 +222,7 @@ class GpuKernels:
     cdef: CheckedDef
     source: str
     functions: list[Any]
-    launches: list[tuple[tuple[int, int, int], tuple[int, int, int]]]
+    launches: list[Launch]
 
     def __call__(self, binding: Binding) -> tuple[Any, ...]:
         from tcpy.binding import DeviceInput
@@ -293,26 +302,22 @@ class Cuda(Target):
         except TCError:
             drv = None  # no GPU here: build the source and a cubin, refuse to run
         arch = drv.arch() if drv is not None else knobs.cuda_arch()
-        sizes = dict(binding.sizes)
 
-        def build(directory: Path) -> dict[str, Any]:
-            session.stats.compiles += 1
-            lowered = lower_to_cuda(cdef, sizes, options)
+        def build(directory: Path) -> None:
+            lowered = lower_to_cuda(cdef, binding.sizes, options)
             (directory / "kernel.cu").write_text(lowered.source)
             (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
-            dims = [[*k.launch_dims()[0], *k.launch_dims()[1]] for k in lowered.mapping.kernels]
-            (directory / "launches.json").write_text(json.dumps(dims))
-            return {"def": cdef.name, "options": options.to_dict(), "arch": arch}
+            _write_launches(directory, lowered.mapping)
 
-        signature = [(a.shape, a.dtype) for a in binding.arrays]
         device = f"{drv.device_name() if drv is not None else 'no device'} {arch}"
-        key = cache_key(cdef, signature, options.to_json(), self.name, device, nvrtc.identity())
-        directory = _cached(session, key, build)
+        directory = _compiled(
+            self.name, cdef, binding, options, session, build,
+            device=device, toolchain=nvrtc.identity(),
+        )  # fmt: skip
         source = (directory / "kernel.cu").read_text()
         if drv is None:
             return NoGpu(source)
-        dims = json.loads((directory / "launches.json").read_text())
-        launches = [((d[0], d[1], d[2]), (d[3], d[4], d[5])) for d in dims]
+        launches = _read_launches(directory)
         names = [f"tc_kernel_{k}" for k in range(len(launches))]
         functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
         return GpuKernels(cdef, source, functions, launches)

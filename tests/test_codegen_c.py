@@ -88,8 +88,7 @@ def test_options_off_remove_pragmas() -> None:
     source, sizes, _ = GOLDENS["matmul"]
     options = MappingOptions.cpu().replace(parallel=False, vectorize=False, unroll=1)
     text = _lower(source, sizes, options).source
-    assert "omp parallel" not in text and "pragma omp simd\n" not in text
-    assert "GCC unroll" not in text
+    assert "#pragma" not in text
 
 
 def test_parametric_sizes_come_from_the_call() -> None:

@@ -127,3 +127,32 @@ def test_corpus_cuda_emu_naive_preset(case: Case) -> None:
     """The naive preset (parametric sizes, Preserve3Coincident fusion, 32x8 threads), its
     grid cut to 32x32 blocks: the emulator runs every block, busy or idle."""
     differential(case, case.sizes, MappingOptions.naive().replace(map_to_blocks=(32, 32)))
+
+
+def test_emulator_runs_synchronising_kernels_block_by_block(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A kernel with __shared__ storage and __syncthreads(): each block reverses its
+    slice through shared memory, which is only right if the barrier holds."""
+    from tcpy.runtime import emulator
+
+    source = """
+extern "C" __global__ void tc_kernel_0(long long s_N, const float *__restrict__ t_A,
+                                       float *__restrict__ t_O, int *tc_status) {
+  __shared__ float tile[8];
+  long long i = blockIdx.x * 8 + threadIdx.x;
+  tile[threadIdx.x] = t_A[i];
+  __syncthreads();
+  t_O[i] = tile[7 - threadIdx.x];
+}
+"""
+    params = [
+        "long long s_N", "const float *__restrict__ t_A", "float *__restrict__ t_O",
+        "int *tc_status",
+    ]  # fmt: skip
+    launcher = emulator.launcher(0, params, 1, source)
+    assert "omp parallel num_threads(threads)" in launcher
+    library = emulator.build(source, launcher, tmp_path)
+    kernels = emulator.EmulatedKernels(library, [((4, 1, 1), (8, 1, 1))])
+    a = np.arange(32, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    kernels([32], [a, out])
+    np.testing.assert_array_equal(out, a.reshape(4, 8)[:, ::-1].ravel())

@@ -128,7 +128,10 @@ class _Printer:
         return self.bodies.parts(source, values)
 
     def reduction_pragmas(self, clause: str) -> list[str]:
-        """Pragmas of a loop whose accumulator lives in a register."""
+        """Pragmas of a loop whose accumulator lives in a register (vectorised as a
+        reduction when the options allow vectorising)."""
+        if not self.options.vectorize:
+            return []
         return [f"#pragma omp simd reduction({clause}:tc_acc)"]
 
     def promoted(self, parts: StatementParts, header: str, depth: int) -> None:

@@ -16,13 +16,11 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.codegen.c import PARALLEL_MARK, SIMD_MARK
+from tcpy.mapping.locality import stride_score
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.parser import ast
-from tcpy.parser.ranges import Linear, linear_form
-from tcpy.parser.symbolic import Sym
 from tcpy.poly.dependences import Dependences, respects
-from tcpy.poly.schedule import member_extent, member_variables
-from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.schedule import member_extent
+from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import (
     distribute_point_bands,
     insert_mark,
@@ -76,7 +74,7 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
         return node
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
-    scores = [_stride_score(node, k, scop) for k in range(n)]
+    scores = [stride_score(node, k, scop) for k in range(n)]
     # a short loop (a kernel window) makes a poor vector loop, whatever its strides
     vector = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
 
@@ -115,68 +113,12 @@ def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> 
         if len(options.interchange) == n:
             return permute_band(node, list(options.interchange))
         return node
-    scores = [_stride_score(node, k, scop) for k in range(n)]
+    scores = [stride_score(node, k, scop) for k in range(n)]
     coincident = [node.band_member_get_coincident(k) for k in range(n)]
     extents = [member_extent(node, k) for k in range(n)]
     best = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
     order = [k for k in range(n) if k != best] + [best]
     return permute_band(node, order)
-
-
-def _stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
-    """How well running band member `member` innermost walks memory: +2 per access
-    it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
-    when it is a reduction loop, whose accumulator then stays in a register."""
-    score = 0
-    for stmt_name, position in member_variables(node, member).items():
-        if position is None:
-            continue
-        stmt = scop.statement(stmt_name)
-        var = stmt.dims[position]
-        for subscripts in _accesses(scop, stmt_name):
-            score += _stride(subscripts, var)
-        if stmt.kind is Kind.COMPUTE and var in stmt.source(scop.cdef).reduction_indices:
-            score += 1
-    return score
-
-
-Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
-
-
-def _accesses(scop: Scop, stmt_name: str) -> list[list[Subscript]]:
-    stmt = scop.statement(stmt_name)
-    st = stmt.source(scop.cdef)
-    lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
-    out = [lhs]
-    if stmt.kind is Kind.COMPUTE:
-        out += [
-            [_subscript(a) for a in node.args]
-            for node in ast.walk(st.rhs)
-            if isinstance(node, ast.Access) and node.args
-        ]
-    return out
-
-
-def _subscript(e: ast.Expr) -> Subscript:
-    lin = linear_form(e)
-    if lin is not None:
-        return lin
-    return frozenset(n.name for n in ast.walk(e) if isinstance(n, ast.Index))
-
-
-def _stride(subscripts: list[Subscript], var: str) -> int:
-    uses = [
-        k
-        for k, s in enumerate(subscripts)
-        if (var in s if isinstance(s, frozenset) else s.coeff(var))
-    ]
-    if not uses:
-        return 0
-    last = len(subscripts) - 1
-    s = subscripts[last]
-    if uses == [last] and isinstance(s, Linear) and abs(s.coeff(var)) == 1:
-        return 2
-    return -2
 
 
 # --- marks ------------------------------------------------------------------------------

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 import islpy as isl
 
 from tcpy.errors import TCMappingError
+from tcpy.mapping.locality import stride_score
 from tcpy.mapping.options import MappingOptions
-from tcpy.parser import ast
-from tcpy.parser.ranges import linear_form
 from tcpy.poly.isl_helpers import multi_val, read_set
-from tcpy.poly.schedule import member_extent, member_variables
-from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.schedule import member_extent
+from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band
 
 BLOCK_PARAMS = ("b0", "b1", "b2")
@@ -143,7 +142,7 @@ def _map_band(
         order = [k for k in range(mapped) if k != stride_best] + [stride_best]
         order += list(range(mapped, n))
         node = permute_band(node, order)
-    tile = _tile_sizes(options, n, coincident, prefix)
+    tile = _tile_sizes(options, n, prefix)
     tiled = node.band_get_permutable() and any(tile)
     if tiled:
         node = node.band_tile(multi_val(node.band_get_space(), [t if t else 1 for t in tile]))
@@ -181,7 +180,7 @@ WHOLE = 1 << 30
 """A tile size no loop reaches: the loop stays whole inside the point band."""
 
 
-def _tile_sizes(options: MappingOptions, n: int, coincident: list[bool], prefix: int) -> list[int]:
+def _tile_sizes(options: MappingOptions, n: int, prefix: int) -> list[int]:
     """The options' sizes, else 32 for the parallel loops and, for the others (the
     reductions), one whole tile: their loops then run inside each thread, innermost,
     where the accumulator stays in a register."""
@@ -213,30 +212,8 @@ def _bind(
 
 
 def _unit_stride_member(node: isl.ScheduleNode, scop: Scop, candidates: list[int]) -> int:
-    """Among `candidates`, the member that walks the innermost dimension of the most
-    accesses with unit stride (the last candidate on a tie)."""
+    """Among `candidates`, the member that walks memory best with unit stride (the
+    last candidate on a tie)."""
     if not candidates:
         return 0
-
-    def score(member: int) -> int:
-        total = 0
-        for stmt_name, position in member_variables(node, member).items():
-            if position is None:
-                continue
-            stmt = scop.statement(stmt_name)
-            var = stmt.dims[position]
-            st = stmt.source(scop.cdef)
-            accesses = [[linear_form(ast.Index(v, st.span)) for v in st.indices]]
-            if stmt.kind is Kind.COMPUTE:
-                accesses += [
-                    [linear_form(a) for a in node_.args]
-                    for node_ in ast.walk(st.rhs)
-                    if isinstance(node_, ast.Access) and node_.args
-                ]
-            for subscripts in accesses:
-                last = subscripts[-1] if subscripts else None
-                if last is not None and abs(last.coeff(var)) == 1:
-                    total += 1
-        return total
-
-    return max(candidates, key=lambda m: (score(m), m))
+    return max(candidates, key=lambda m: (stride_score(node, m, scop), m))

@@ -63,8 +63,11 @@ def compute_dependences(scop: Scop) -> Dependences:
         return Dependences(raw, war, waw, reductions)
 
 
-def respects(schedule: isl.Schedule, deps: isl.UnionMap) -> bool:
-    """Whether `schedule` runs the source of every dependence strictly before its sink."""
+def violations(schedule: isl.Schedule, deps: isl.UnionMap) -> isl.UnionMap:
+    """The dependences whose sink `schedule` does not run strictly after their source."""
     order = schedule.get_map()
-    before = order.lex_lt_union_map(order)
-    return deps.is_subset(before)
+    return deps.subtract(order.lex_lt_union_map(order))
+
+
+def respects(schedule: isl.Schedule, deps: isl.UnionMap) -> bool:
+    return violations(schedule, deps).is_empty()

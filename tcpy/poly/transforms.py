@@ -11,6 +11,7 @@ from collections.abc import Callable
 import islpy as isl
 
 from tcpy.errors import InternalError
+from tcpy.poly.dependences import violations
 from tcpy.poly.isl_helpers import multi_val, schedule_children, union_set_sets
 
 Rewrite = Callable[[isl.ScheduleNode], isl.ScheduleNode]
@@ -173,8 +174,6 @@ def verify(schedule: isl.Schedule, deps: isl.UnionMap, domain: isl.UnionSet) -> 
     every dependence before its sink."""
     if not schedule.get_domain().is_equal(domain):
         raise InternalError("the schedule does not cover the statement instances exactly")
-    order = schedule.get_map()
-    before = order.lex_lt_union_map(order)
-    if not deps.is_subset(before):
-        violated = deps.subtract(before)
+    violated = violations(schedule, deps)
+    if not violated.is_empty():
         raise InternalError(f"the schedule violates dependences: {violated}")

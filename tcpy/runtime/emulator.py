@@ -74,8 +74,10 @@ def compiler_identity() -> str:
     return f"{toolchain.version_line(compiler())} {' '.join(FLAGS)}"
 
 
-def launcher(index: int, parameters: list[str], n_sizes: int, synchronises: bool) -> str:
-    """The host function that runs kernel `index` over its grid (C++)."""
+def launcher(index: int, parameters: list[str], n_sizes: int, source: str) -> str:
+    """The host function that runs kernel `index` of `source` over its grid (C++)."""
+    body = source.split(f"tc_kernel_{index}(", 1)[1].split('extern "C"', 1)[0]
+    synchronises = "__syncthreads" in body
     args = []
     for k, param in enumerate(parameters):
         ctype, _, _name = param.rpartition(" ")
@@ -120,7 +122,8 @@ extern "C" int tc_launch_{index}(const long long *tc_dims, const long long *tc_s
 
 
 def build(source: str, launchers: str, directory: Path) -> Path:
-    """Compile the CUDA source and its launchers into `directory/kernel-emu.so`."""
+    """Compile the CUDA source and its launchers into `directory/kernel-emu.so` (the
+    intermediate C++ files are removed once it is built)."""
     (directory / "tc_emu.h").write_text(header())
     unit = directory / "kernel-emu.cpp"
     unit.write_text(f'#include "tc_emu.h"\n{source}\n{launchers}')
@@ -138,6 +141,8 @@ def build(source: str, launchers: str, directory: Path) -> Path:
         raise TCCompileError(
             f"the C++ compiler failed on the emulated CUDA source (kept at {kept}):\n{log}"
         )
+    unit.unlink()
+    (directory / "tc_emu.h").unlink()
     return library
 
 

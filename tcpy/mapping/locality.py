@@ -1,0 +1,71 @@
+"""Locality: how well running a band member innermost walks memory.
+
+Shared by the CPU mapping (which loop becomes the vector loop) and the GPU mapping
+(which loop goes on threadIdx.x, for coalescing).
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.parser import ast
+from tcpy.parser.ranges import Linear, linear_form
+from tcpy.parser.symbolic import Sym
+from tcpy.poly.schedule import member_variables
+from tcpy.poly.scop import Kind, Scop
+
+
+def stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
+    """How well running band member `member` innermost walks memory: +2 per access
+    it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
+    when it is a reduction loop, whose accumulator then stays in a register."""
+    score = 0
+    for stmt_name, position in member_variables(node, member).items():
+        if position is None:
+            continue
+        stmt = scop.statement(stmt_name)
+        var = stmt.dims[position]
+        for subscripts in _accesses(scop, stmt_name):
+            score += _stride(subscripts, var)
+        if stmt.kind is Kind.COMPUTE and var in stmt.source(scop.cdef).reduction_indices:
+            score += 1
+    return score
+
+
+Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
+
+
+def _accesses(scop: Scop, stmt_name: str) -> list[list[Subscript]]:
+    stmt = scop.statement(stmt_name)
+    st = stmt.source(scop.cdef)
+    lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
+    out = [lhs]
+    if stmt.kind is Kind.COMPUTE:
+        out += [
+            [_subscript(a) for a in node.args]
+            for node in ast.walk(st.rhs)
+            if isinstance(node, ast.Access) and node.args
+        ]
+    return out
+
+
+def _subscript(e: ast.Expr) -> Subscript:
+    lin = linear_form(e)
+    if lin is not None:
+        return lin
+    return frozenset(n.name for n in ast.walk(e) if isinstance(n, ast.Index))
+
+
+def _stride(subscripts: list[Subscript], var: str) -> int:
+    uses = [
+        k
+        for k, s in enumerate(subscripts)
+        if (var in s if isinstance(s, frozenset) else s.coeff(var))
+    ]
+    if not uses:
+        return 0
+    last = len(subscripts) - 1
+    s = subscripts[last]
+    if uses == [last] and isinstance(s, Linear) and abs(s.coeff(var)) == 1:
+        return 2
+    return -2
