@@ -2,7 +2,8 @@
 
 `bind` checks the inputs of a call against a `CheckedDef` (count, rank, dtype,
 fixed sizes, consistent size symbols), fixes the value of every size symbol, and
-evaluates every range and every deferred bounds proof at those sizes. Failures are
+evaluates every range, every deferred start of an output and every deferred bounds
+proof at those sizes. Failures are
 `TCInputError` (about the inputs) or `TCRangeError` (about the program at these sizes),
 naming the input, the dimension and the values involved.
 
@@ -20,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from tcpy.errors import InternalError, TCInputError, TCRangeError
-from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
+from tcpy.parser.checked import (
+    CheckedDef,
+    CheckedStatement,
+    IndexRange,
+    Role,
+    StartCheck,
+    TensorInfo,
+)
+from tcpy.parser.ranges import start_message
 
 _INT32_MAX = 2**31 - 1
 
@@ -193,6 +202,18 @@ def _where(sizes: Mapping[str, int], symbols: frozenset[str]) -> str:
     return f" (at {', '.join(shown)})" if shown else ""
 
 
+def _check_start(cdef: CheckedDef, s: StartCheck, sizes: Mapping[str, int]) -> None:
+    """An output is allocated from 0, so a range that defines its shape must start at
+    0 at these sizes (TC's gradients with a 1x1 filter do; with a 3x3 one they do not)."""
+    lo, hi = s.lo.evaluate(sizes), s.hi.evaluate(sizes)
+    if lo == 0:
+        return
+    shown = ", ".join(f"{n}={sizes[n]}" for n in sorted(s.lo.symbols() | s.hi.symbols()))
+    at = f"; at {shown} that is {lo}:{hi}"
+    r = IndexRange(s.var, s.lo, s.hi)
+    raise TCRangeError(start_message(s.tensor, s.dim, r, lo, at), s.span, cdef.source)
+
+
 def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
     """Every range non-empty, every deferred bounds proof true, at the bound sizes."""
     sizes = binding.sizes
@@ -206,6 +227,8 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                     st.span,
                     cdef.source,
                 )
+        for s in st.starts:
+            _check_start(cdef, s, sizes)
         for c in st.checks:
             lo, hi, extent = (x.evaluate(sizes) for x in (c.lo, c.hi, c.extent))
             if lo < 0 or hi >= extent:

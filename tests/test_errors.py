@@ -101,13 +101,6 @@ CASES = [
         "outside the range of float32",
     ),
     (
-        "empty-access",
-        "def f(float(N) A) -> (B) {\n B(i) = A()\n}",
-        TCSyntaxError,
-        2,
-        "expected an expression",
-    ),
-    (
         "deep-parentheses",
         "def f(float(N) A) -> (B) {\n B(i) = " + "(" * 150 + "A(i)" + ")" * 150 + "\n}",
         TCSyntaxError,
@@ -230,6 +223,20 @@ CASES = [
         "accessed with 3 subscript(s)",
     ),
     ("bare-tensor", MM + "  C(m,n) +=! A * B(k,n)\n}", TCSemanticError, 2, "A has 2 dimension(s)"),
+    (
+        "empty-parentheses-on-a-tensor-of-rank-1",
+        "def f(float(N) A) -> (B) {\n B(i) = A()\n}",
+        TCSemanticError,
+        2,
+        "A has 1 dimension(s) but is accessed with 0 subscript(s)",
+    ),
+    (
+        "empty-parentheses-writing-a-tensor-of-rank-1",
+        "def f(float(N) A) -> (float(N) B) {\n B() = A(0)\n}",
+        TCSemanticError,
+        2,
+        "B has 1 dimension(s) but is written with 0 index(es)",
+    ),
     (
         "builtin-arity",
         "def f(float(N) A) -> (B) {\n B(i) = pow(A(i))\n}",
@@ -451,11 +458,25 @@ CASES = [
         "index k of the reduction",
     ),
     (
+        "output-start-at-a-size",
+        "def f(float(N,KH) I) -> (O) {\n O(i) +=! I(i - k - 1, k) where k in 0:KH\n}",
+        TCRangeError,
+        2,
+        "O would start at index KH, not 0",
+    ),
+    (
         "nonzero-based-output",
         "def f(float(N) I) -> (O) {\n O(i) = I(i - 1)\n}",
         TCRangeError,
         2,
         "O would start at index 1, not 0",
+    ),
+    (
+        "output-start-nonzero-for-every-size",
+        "def f(float(N) A, float(M) B) -> (O) {\n O(i) = A(i - 1) + B(i - M)\n}",
+        TCRangeError,
+        2,
+        "O would start at index max(1, M), not 0",
     ),
     (
         "always-out-of-bounds",

@@ -65,6 +65,24 @@ def test_keyword_prefixes_are_identifiers(name: str) -> None:
     assert node == ast.Ident(name, node.span)
 
 
+@pytest.mark.parametrize("name", ["nan", "inf", "and", "INFINITY", "ceild", "tc_status", "NAN"])
+def test_words_of_c_and_isl_are_identifiers(name: str) -> None:
+    node = _rhs(name)
+    assert node == ast.Ident(name, node.span)
+
+
+def test_empty_parentheses_are_the_0d_access() -> None:
+    # TC's tests write a 0-d output as C(); sema reads it like the bare name.
+    source = "def f(float(M) A) -> (C, D) { C() +=! A(r_m) D() = C() * 2 E = D() }"
+    first, second, third = parse(source).defs[0].statements
+    assert (first.tensor, first.indices, first.op) == ("C", (), ast.AssignOp.SUM_INIT)
+    assert (first.lhs_span.column, first.lhs_span.end_column) == (31, 34)  # C() whole
+    assert second.indices == ()
+    assert isinstance(second.rhs, ast.Binary) and isinstance(second.rhs.lhs, ast.Apply)
+    assert (second.rhs.lhs.name, second.rhs.lhs.args) == ("C", ())
+    assert third.tensor == "E" and isinstance(third.rhs, ast.Apply) and third.rhs.args == ()
+
+
 def test_comments_anywhere() -> None:
     program = parse("# head\ndef f(float(N) A # a\n) -> (B) # b\n{ # c\n B(i) # d\n = A(i) # e\n}#")
     assert program.defs[0].statements[0].tensor == "B"

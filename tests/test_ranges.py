@@ -3,6 +3,7 @@ bounds proofs, and goldens of the inferred ranges of every corpus program."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -132,6 +133,50 @@ def test_guarded_reads_need_not_be_in_bounds() -> None:
 def test_unguarded_out_of_bounds_is_an_error() -> None:
     with pytest.raises(TCRangeError, match="reaches index -1"):
         check_source("def f(float(N) A) -> (O) { O(i) = A(i - 1) where i in 0:N }")
+
+
+def test_a_start_that_depends_on_the_sizes_is_checked_at_call_time() -> None:
+    # TC's convolution gradient: h starts at KH - 1, which is 0 for a 1x1 filter.
+    (cdef,) = check_source(
+        "def g(float(M,C,KH,KW) W1, float(N,M,H,W) O_grad) -> (I_grad) {"
+        " I_grad(n,c,h,w) +=! O_grad(n,m,h-kh,w-kw) * W1(m,c,kh,kw) }"
+    ).values()
+    st = cdef.statements[0]
+    assert st.range_of("h").lo == KH - 1  # the polyhedral domain starts there
+    assert [(s.tensor, s.dim, s.var, s.lo, s.hi) for s in st.starts] == [
+        ("I_grad", 2, "h", KH - 1, H),
+        ("I_grad", 3, "w", KW - 1, W),
+    ]
+    assert cdef.outputs[0].shape[2:] == (H, W)
+    assert "start     I_grad dim 2: h from KH - 1, 0 at each call" in summary(cdef)
+
+
+def test_a_start_reached_by_a_negative_coefficient() -> None:
+    (cdef,) = check_source("def f(float(I) B) -> (A) { A(i) = B(10 - i) }").values()
+    (start,) = cdef.statements[0].starts
+    assert (start.lo, start.hi) == (11 - Sym.of("I"), Sym.of(11))
+    assert cdef.outputs[0].shape == (Sym.of(11),)
+
+
+def test_a_start_needs_no_check_when_the_shape_is_known() -> None:
+    (cdef,) = check_source(
+        "def f(float(N) A) -> (float(N) O) { O(i) = A(i - 1) where i in 1:N }"
+    ).values()
+    assert cdef.statements[0].starts == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "start"),
+    [
+        ("O(i) = I(i - 1)", "1"),
+        ("O(i) = I(i - N)", "N"),  # sizes are at least 1
+        ("O(i) = I(i + 1) where i in -1:N-1", "-1"),
+        ("O(i) = I(i - 1) + I(i - N)", "max(1, N)"),
+    ],
+)
+def test_a_start_nonzero_for_every_size_is_refused_at_define(body: str, start: str) -> None:
+    with pytest.raises(TCRangeError, match=rf"would start at index {re.escape(start)}, not 0"):
+        check_source(f"def f(float(N) I) -> (O) {{ {body} }}")
 
 
 @pytest.mark.parametrize("path", sorted(CORPUS.glob("*.tc")), ids=lambda p: p.stem)

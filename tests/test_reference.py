@@ -60,8 +60,10 @@ def test_gather_out_of_range_names_the_indices() -> None:
 @pytest.mark.parametrize(
     ("reduction", "dtype", "identity"),
     [
-        (ast.Reduction.MIN, np.float32, np.finfo(np.float32).max),
-        (ast.Reduction.MAX, np.float32, np.finfo(np.float32).min),
+        (ast.Reduction.MIN, np.float32, np.inf),
+        (ast.Reduction.MAX, np.float32, -np.inf),
+        (ast.Reduction.MAX, np.float16, -np.inf),
+        (ast.Reduction.MIN, np.float64, np.inf),
         (ast.Reduction.MIN, np.int32, np.iinfo(np.int32).max),
         (ast.Reduction.MAX, np.uint8, 0),
         (ast.Reduction.PROD, np.float64, 1),
@@ -71,7 +73,7 @@ def test_gather_out_of_range_names_the_indices() -> None:
 )
 def test_reduction_identities(reduction: ast.Reduction, dtype: type, identity: object) -> None:
     ty = ScalarType.from_dtype(np.dtype(dtype))
-    assert ty is not None and reduction.identity(ty) == identity
+    assert ty is not None and reduction.neutral(ty) == identity
 
 
 @pytest.mark.parametrize(("op", "fn"), [("max=!", np.max), ("min=!", np.min), ("*=!", np.prod)])
@@ -79,6 +81,67 @@ def test_bang_reductions_start_from_the_identity(op: str, fn: object) -> None:
     a = np.array([[-3, -2], [-0.5, -4]], np.float32)  # all negative: a start at 0 would show
     o = run(f"def f(float(N,M) A) -> (O) {{ O(i) {op} A(i,j) }}", a)
     np.testing.assert_array_equal(o, fn(a, axis=1))  # type: ignore[operator]
+
+
+# NaN at the start, the middle and the end of a reduced row, then rows of infinities
+# (which a finite start value would turn into the largest finite float).
+_SPECIAL = np.array(
+    [
+        [np.nan, 1, 2, 3],
+        [1, 2, np.nan, 3],
+        [1, 2, 3, np.nan],
+        [-np.inf, -np.inf, -np.inf, -np.inf],
+        [np.inf, np.inf, np.inf, np.inf],
+        [-1, np.inf, -np.inf, 0],
+    ],
+    np.float32,
+)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize(("op", "fn"), [("max=!", np.max), ("min=!", np.min)])
+def test_min_max_reductions_propagate_nan_and_keep_infinities(
+    op: str, fn: object, dtype: type
+) -> None:
+    ty = {np.float32: "float", np.float64: "double", np.float16: "float16"}[dtype]
+    a = _SPECIAL.astype(dtype)
+    o = run(f"def f({ty}(N,M) A) -> (O) {{ O(i) {op} A(i,j) }}", a)
+    assert o.dtype == dtype
+    np.testing.assert_array_equal(o, fn(a, axis=1))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("op", "fn"), [("max=", np.max), ("min=", np.min)])
+def test_plain_min_max_reductions_propagate_nan_from_either_side(op: str, fn: object) -> None:
+    o = run(f"def f(float(N,M) A) -> (O) {{ O(i) {op[:-1]}=! A(i,j)  O(i) {op} A(i,j) }}", _SPECIAL)
+    np.testing.assert_array_equal(o, fn(_SPECIAL, axis=1))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("expr", "fn"),
+    [
+        ("max(A(i), B(i))", np.maximum),
+        ("min(A(i), B(i))", np.minimum),
+        ("fmax(A(i), B(i))", np.fmax),
+        ("fmin(A(i), B(i))", np.fmin),
+    ],
+)
+def test_min_max_propagate_nan_and_fmin_fmax_follow_c(expr: str, fn: object) -> None:
+    a = np.array([np.nan, 1, np.nan, -np.inf, 2], np.float32)
+    b = np.array([1, np.nan, np.nan, 0, -3], np.float32)
+    o = run(f"def f(float(N) A, float(N) B) -> (O) {{ O(i) = {expr} }}", a, b)
+    np.testing.assert_array_equal(o, fn(a, b))  # type: ignore[operator]
+    assert np.isnan(o[2])
+    if expr.startswith("f"):  # C: the other operand when one is NaN
+        assert o[0] == 1 and o[1] == 1
+    else:  # NumPy's maximum, PyTorch's maximum: NaN wins
+        assert np.isnan(o[0]) and np.isnan(o[1])
+
+
+def test_integer_min_max_reductions_start_from_the_extremes() -> None:
+    a = np.array([[np.iinfo(np.int32).min] * 2, [np.iinfo(np.int32).max] * 2], np.int32)
+    lo, hi = run("def f(int32(N,M) A) -> (L, H) { L(i) min=! A(i,j)  H(i) max=! A(i,j) }", a)
+    np.testing.assert_array_equal(lo, a.min(axis=1))
+    np.testing.assert_array_equal(hi, a.max(axis=1))
 
 
 def test_bang_resets_but_plain_reduction_accumulates() -> None:

@@ -27,6 +27,7 @@ Abstract grammar (what the parser builds; sema fills `ty` and resolves names):
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -67,18 +68,21 @@ class Reduction(enum.Enum):
     MIN = "min"
     MAX = "max"
 
-    def identity(self, ty: ScalarType) -> int | float | bool:
-        """The value a `!` reduction starts from: 0, 1, or the largest / lowest
-        finite value of the type."""
+    def neutral(self, ty: ScalarType) -> int | float | bool:
+        """The identity of the reduction, which a `!` reduction starts from: 0, 1, and
+        for min/max the infinities on floats (a row of -inf reduces to -inf under
+        `max=!`, as `np.max` gives; a finite start would not) and the extreme values
+        of the type on integers."""
         if self is Reduction.SUM:
             return 0
         if self is Reduction.PROD:
             return 1
         if ty.is_bool:
             return self is Reduction.MIN
-        limits = np.finfo(ty.dtype) if ty.is_float else np.iinfo(ty.dtype)
-        value = limits.max if self is Reduction.MIN else limits.min
-        return float(value) if ty.is_float else int(value)
+        if ty.is_float:
+            return math.inf if self is Reduction.MIN else -math.inf
+        limits = np.iinfo(ty.dtype)
+        return int(limits.max if self is Reduction.MIN else limits.min)
 
 
 class BinaryOp(enum.Enum):

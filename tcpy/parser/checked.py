@@ -63,6 +63,22 @@ class BoundsCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class StartCheck:
+    """A dimension of a tensor whose shape this statement defines, written by an index
+    whose inferred start depends on the sizes (`KH - 1` in a convolution gradient).
+    The tensor is allocated from index 0 and sized by `hi`, so at each call `lo` must
+    be 0: otherwise the statement would leave the first elements unwritten (start > 0)
+    or write before the tensor (start < 0)."""
+
+    tensor: str
+    dim: int
+    var: str
+    lo: Sym
+    hi: Sym
+    span: Span  # the index on the left-hand side
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedStatement:
     tensor: str
     indices: tuple[str, ...]  # left-hand side, in order: dimension k is indices[k]
@@ -73,6 +89,7 @@ class CheckedStatement:
     checks: tuple[BoundsCheck, ...]
     span: Span
     text: str  # the statement as written, for comments in generated code
+    starts: tuple[StartCheck, ...] = ()  # ranges whose start must be 0 at each call
 
     def range_of(self, var: str) -> IndexRange:
         for r in self.ranges:

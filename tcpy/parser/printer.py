@@ -76,6 +76,10 @@ def summary(cdef: CheckedDef) -> str:
         for r in st.ranges:
             kind = "reduction" if r.var in st.reduction_indices else "index"
             lines.append(f"    {kind:9} {r}")
+        for s in st.starts:
+            lines.append(
+                f"    start     {s.tensor} dim {s.dim}: {s.var} from {s.lo}, 0 at each call"
+            )
         for c in st.checks:
             lines.append(
                 f"    check     {c.tensor} dim {c.dim}: {c.lo} .. {c.hi} within 0:{c.extent}"

@@ -10,7 +10,9 @@ satisfies all its conditions. `where i in lo:hi` fixes a range outright.
 After inference each affine subscript is proved in bounds over the ranges where the
 proof is symbolic (`A(i + 1)` with `i in 0:N-1`); what cannot be decided for every size
 becomes a `BoundsCheck` evaluated at call time, and what is false for every size is
-an error now. Non-affine subscripts (gathers, `%`, products of indices and sizes) give
+an error now. The same holds for the start of a range that defines a tensor's shape:
+it must be 0, and a start that depends on the sizes becomes a `StartCheck`.
+Non-affine subscripts (gathers, `%`, products of indices and sizes) give
 no condition; the targets check them on the data.
 """
 
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 
 from tcpy.errors import Span, TCRangeError, TCSemanticError, TCWarning
 from tcpy.parser import ast
-from tcpy.parser.checked import BoundsCheck, IndexRange
-from tcpy.parser.symbolic import Sym, provably_le, sym_max, sym_min
+from tcpy.parser.checked import BoundsCheck, IndexRange, StartCheck
+from tcpy.parser.symbolic import Sym, provably_le, provably_positive, sym_max, sym_min
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class InferredRanges:
     ranges: tuple[IndexRange, ...]
     checks: tuple[BoundsCheck, ...]
     lhs_shape: tuple[Sym, ...]
+    starts: tuple[StartCheck, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,19 +144,38 @@ def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> I
         if provably_le(r.hi, r.lo):
             raise TCRangeError(f"index {r.var} has an empty range {r.lo}:{r.hi}", span)
 
+    starts: tuple[StartCheck, ...] = ()
     if st.tensor in shapes:
+        # The tensor's own shape bounds every written index from 0: nothing to check.
         lhs_shape = shapes[st.tensor]
     else:
-        for r, span in zip(ranges, st.index_spans, strict=False):
-            if r.lo != Sym():
-                raise TCRangeError(
-                    f"{st.tensor} would start at index {r.lo}, not 0, in its dimension "
-                    f"written by {r.var} (inferred {r.var} in {r.lo}:{r.hi}); add a where "
-                    f"clause such as where {r.var} in 0:{r.hi}, or shift the subscripts",
-                    span,
-                )
+        starts = _deferred_starts(st, ranges)
         lhs_shape = tuple(r.hi for r in ranges[: len(st.indices)])
-    return InferredRanges(ranges, _bounds_checks(conditions, solved), lhs_shape)
+    return InferredRanges(ranges, _bounds_checks(conditions, solved), lhs_shape, starts)
+
+
+def _deferred_starts(st: StatementShape, ranges: tuple[IndexRange, ...]) -> tuple[StartCheck, ...]:
+    """The left-hand indices of a statement that defines its tensor's shape must start
+    at 0, since the tensor is allocated from 0. A start that is non-zero for every size
+    (`O(i) = I(i - 1)`) is an error now; one that depends on the sizes (`KH - 1` in a
+    convolution gradient, 0 for the 1x1 filters TC ran it with) is checked at each call."""
+    starts = []
+    for dim, (r, span) in enumerate(zip(ranges, st.index_spans, strict=False)):
+        if r.lo == Sym():
+            continue
+        if provably_positive(r.lo) or provably_positive(-r.lo):
+            raise TCRangeError(start_message(st.tensor, dim, r, r.lo), span)
+        starts.append(StartCheck(st.tensor, dim, r.var, r.lo, r.hi, span))
+    return tuple(starts)
+
+
+def start_message(tensor: str, dim: int, r: IndexRange, start: Sym | int, at: str = "") -> str:
+    """Why an output cannot start where its range does, shared by define and call."""
+    return (
+        f"{tensor} would start at index {start}, not 0, in its dimension {dim} written by "
+        f"{r.var} (inferred {r.var} in {r.lo}:{r.hi}{at}); add a where clause such as "
+        f"where {r.var} in 0:{r.hi}, or shift the subscripts"
+    )
 
 
 def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> list[_Condition]:

@@ -199,6 +199,7 @@ class _DefChecker:
             checks=shape.checks,
             span=st.span,
             text=_statement_text(self.source, st.span),
+            starts=shape.starts,
         )
 
     def lhs_tensor(self, st: ast.Statement) -> _Tensor:
@@ -407,7 +408,7 @@ class _Resolver:
             return ast.SizeRef(name, span, INT32)
         t = self.c.tensors.get(name)
         if t is not None:
-            return self.access(t, (), span)
+            return self.access(t, (), span, parenthesised=False)
         if name in BUILTINS:
             raise TCSemanticError(f"{name} is a builtin function; call it as {name}(...)", span)
         if name not in self.indices:
@@ -439,11 +440,14 @@ class _Resolver:
         hint = f"; did you mean {close[0]}?" if close else ""
         raise TCSemanticError(f"unknown tensor or function {name}{hint}", e.name_span)
 
-    def access(self, t: _Tensor, args: tuple[ast.Expr, ...], span: Span) -> ast.Access:
+    def access(
+        self, t: _Tensor, args: tuple[ast.Expr, ...], span: Span, parenthesised: bool = True
+    ) -> ast.Access:
+        """A read of `t`; `T()` and the bare `T` both read a 0-d tensor."""
         if t.scalar is None or t.shape is None:
             raise TCSemanticError(f"{t.name} is read before any statement writes it", span)
         if len(args) != len(t.shape):
-            if not args:
+            if not parenthesised:
                 raise TCSemanticError(
                     f"{t.name} has {len(t.shape)} dimension(s); index it as {t.name}(...)",
                     span,

@@ -235,3 +235,14 @@ def _lower_bounds(e: Sym, budget: int = 16) -> list[Sym]:
                 options = [Sym(((atom, c),), 0)]
         results = [r + o for r in results for o in options][:budget]
     return results
+
+
+def provably_positive(e: Sym) -> bool:
+    """True when `e >= 1` for every value of the sizes, which are at least 1 at every
+    call (the polyhedral context assumes the same). False when this cannot tell."""
+    for bound in _lower_bounds(e):
+        # With every coefficient positive on plain sizes, the least value is at 1.
+        plain = all(isinstance(atom, str) and c > 0 for atom, c in bound.terms)
+        if plain and bound.const + sum(c for _, c in bound.terms) >= 1:
+            return True
+    return False

@@ -32,6 +32,8 @@ from tcpy.types import ScalarType, promote
 CHUNK_ELEMENTS = 1 << 21
 """Largest index grid evaluated at once; reductions are chunked to stay below it."""
 
+# np.minimum / np.maximum propagate NaN, which is what TC's min and max mean on every
+# target (np.fmin / np.fmax, C's meaning, would drop it: they are the builtins fmin/fmax).
 _UFUNCS = {
     ast.Reduction.SUM: np.add,
     ast.Reduction.PROD: np.multiply,
@@ -66,7 +68,7 @@ class _Statement:
         region = tuple(slice(*self.ranges[v]) for v in st.indices)
         reduction = st.op.reduction
         if reduction is not None and st.op.initializes:
-            target[region] = reduction.identity(_scalar(target))
+            target[region] = reduction.neutral(_scalar(target))
         lhs_shape = tuple(hi - lo for lo, hi in (self.ranges[v] for v in st.indices))
         n_lhs = len(st.indices)
         for chunk in self._chunks(math.prod(lhs_shape)):
