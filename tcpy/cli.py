@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tcpy import targets
+from tcpy.codegen.naming import user_text
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCError
 from tcpy.inputs import random_inputs, resolve_sizes
@@ -117,10 +118,10 @@ def _compile(source: str, args: argparse.Namespace) -> int:
         source, schedule, asts = cpu.source, cpu.schedule, [cpu.ast.root]
     if args.emit == "c":
         print(source)
-    elif args.emit == "schedule":
-        print(schedule.get_root().to_str())
+    elif args.emit == "schedule":  # isl's own notation, under the user's names
+        print(user_text(schedule.get_root().to_str()))
     else:
-        print("\n".join(root.to_C_str() for root in asts))
+        print(user_text("\n".join(root.to_C_str() for root in asts)))
     return 0
 
 

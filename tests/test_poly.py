@@ -45,18 +45,19 @@ def test_matmul_domains_and_accesses() -> None:
     ctx = scop.ctx
     assert [(s.name, s.kind) for s in scop.statements] == [("I0", Kind.INIT), ("S0", Kind.COMPUTE)]
     expected = isl.UnionSet(
-        "[M, K, N] -> { I0[m, n] : 0 <= m < M and 0 <= n < N;"
-        " S0[m, n, k] : 0 <= m < M and 0 <= n < N and 0 <= k < K }",
+        "[s_M, s_K, s_N] -> { I0[m, n] : 0 <= m < s_M and 0 <= n < s_N;"
+        " S0[m, n, k] : 0 <= m < s_M and 0 <= n < s_N and 0 <= k < s_K }",
         context=ctx,
     ).intersect_params(scop.context)
     assert scop.domain.is_equal(expected)
     reads = isl.UnionMap(
-        "[M, K, N] -> { S0[m, n, k] -> A[m, k]; S0[m, n, k] -> B[k, n]; S0[m, n, k] -> C[m, n] }",
+        "[s_M, s_K, s_N] -> { S0[m, n, k] -> t_A[m, k]; S0[m, n, k] -> t_B[k, n];"
+        " S0[m, n, k] -> t_C[m, n] }",
         context=ctx,
     ).intersect_domain(scop.domain)
     assert scop.reads.is_equal(reads)
     writes = isl.UnionMap(
-        "[M, K, N] -> { I0[m, n] -> C[m, n]; S0[m, n, k] -> C[m, n] }", context=ctx
+        "[s_M, s_K, s_N] -> { I0[m, n] -> t_C[m, n]; S0[m, n, k] -> t_C[m, n] }", context=ctx
     ).intersect_domain(scop.domain)
     assert scop.writes.is_equal(writes)
 
@@ -64,14 +65,15 @@ def test_matmul_domains_and_accesses() -> None:
 def test_gather_access_covers_the_whole_dimension() -> None:
     scop = _scop("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
     expected = isl.UnionMap(
-        "[E, D, B] -> { S0[b, d] -> T[o, d] : 0 <= o < E; S0[b, d] -> I[b] }", context=scop.ctx
+        "[s_E, s_D, s_B] -> { S0[b, d] -> t_T[o, d] : 0 <= o < s_E; S0[b, d] -> t_I[b] }",
+        context=scop.ctx,
     ).intersect_domain(scop.domain)
     assert scop.reads.is_equal(expected)
 
 
 def test_fixed_sizes_fix_the_parameters() -> None:
     scop = _scop(MATMUL, {"M": 4, "K": 5, "N": 6})
-    point = isl.Set("[M, K, N] -> { : M = 4 and K = 5 and N = 6 }", context=scop.ctx)
+    point = isl.Set("[s_M, s_K, s_N] -> { : s_M = 4 and s_K = 5 and s_N = 6 }", context=scop.ctx)
     assert scop.context.is_equal(point)
 
 
@@ -80,20 +82,22 @@ def test_matmul_dependences() -> None:
     deps = compute_dependences(scop)
     ctx = scop.ctx
     init_to_first = isl.UnionMap(
-        "[M, K, N] -> { I0[m, n] -> S0[m, n, 0] : 0 <= m < M and 0 <= n < N and K > 0 }",
+        "[s_M, s_K, s_N] -> { I0[m, n] -> S0[m, n, 0] :"
+        " 0 <= m < s_M and 0 <= n < s_N and s_K > 0 }",
         context=ctx,
     )
     assert init_to_first.is_subset(deps.raw)
     along_k = isl.UnionMap(
-        "[M, K, N] -> { S0[m, n, k] -> S0[m, n, k + 1] : 0 <= m < M and 0 <= n < N"
-        " and 0 <= k < K - 1 }",
+        "[s_M, s_K, s_N] -> { S0[m, n, k] -> S0[m, n, k + 1] : 0 <= m < s_M and 0 <= n < s_N"
+        " and 0 <= k < s_K - 1 }",
         context=ctx,
     )
     assert along_k.is_subset(deps.raw)
     # no dependence between different output elements: m and n stay parallel
     crossing = deps.all.subtract(
         isl.UnionMap(
-            "[M, K, N] -> { S0[m, n, k] -> S0[m, n, k2]; I0[m, n] -> S0[m, n, k2] }", context=ctx
+            "[s_M, s_K, s_N] -> { S0[m, n, k] -> S0[m, n, k2]; I0[m, n] -> S0[m, n, k2] }",
+            context=ctx,
         )
     )
     assert crossing.is_empty()
@@ -141,13 +145,13 @@ def test_tile_band_strip_mines() -> None:
     tiled = tile_band(band, (8, 0, 4))
     tile = tiled.band_get_partial_schedule_union_map()
     expected = isl.UnionMap(
-        "[M, K, N] -> { S0[m, n, k] -> [m - (m mod 8), n, k - (k mod 4)] }", context=scop.ctx
+        "[s_M, s_K, s_N] -> { S0[m, n, k] -> [m - (m mod 8), n, k - (k mod 4)] }", context=scop.ctx
     ).intersect_domain(scop.statement("S0").domain)
     assert tile.intersect_domain(scop.domain).is_equal(expected)
     point = tiled.child(0).band_get_partial_schedule_union_map().intersect_domain(scop.domain)
     assert point.is_equal(
         isl.UnionMap(
-            "[M, K, N] -> { S0[m, n, k] -> [m mod 8, 0, k mod 4] }", context=scop.ctx
+            "[s_M, s_K, s_N] -> { S0[m, n, k] -> [m mod 8, 0, k mod 4] }", context=scop.ctx
         ).intersect_domain(scop.statement("S0").domain)
     )
     verify(tiled.get_schedule(), deps.all, scop.domain)

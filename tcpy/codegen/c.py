@@ -31,17 +31,15 @@ from tcpy.codegen.exprs import (
     BodyPrinter,
     Helpers,
     StatementParts,
-    extent_name,
     isl_expr,
-    size_name,
     sym_expr,
-    tensor_name,
 )
+from tcpy.codegen.naming import extent_name, size_name, tensor_name
 from tcpy.errors import InternalError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast as tc
 from tcpy.parser.checked import CheckedDef, Role
-from tcpy.poly.isl_helpers import ast_children, isl_name
+from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Kind, Scop
 
 KERNEL_SYMBOL = "tc_kernel"
@@ -68,7 +66,9 @@ class _Printer:
 
     def __post_init__(self) -> None:
         self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers)
-        self.names = {isl_name(p): size_name(p) for p in self.scop.params}
+        # isl's parameters already carry the C names of the sizes; CUDA adds the block
+        # and thread parameters' spellings
+        self.names: dict[str, str] = {}
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -137,14 +137,25 @@ class _Printer:
     def promoted(self, parts: StatementParts, header: str, depth: int) -> None:
         assert parts.reduction is not None
         clause = _OPENMP_REDUCTION[parts.reduction]
+        pragmas = self.reduction_pragmas(clause)
+        # OpenMP combines the vector lanes of a min/max reduction with instructions
+        # that drop NaN; a flag, or-reduced beside it, remembers that a lane saw one.
+        flag = bool(pragmas) and parts.floating and clause in ("min", "max")
+        result = "tc_acc"
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
-        for pragma in self.reduction_pragmas(clause):
+        if flag:
+            self.emit(depth + 1, "int tc_nan = tc_acc != tc_acc;")
+            pragmas = [f"{p} reduction(|:tc_nan)" for p in pragmas]
+            result = f"(tc_nan ? ({parts.compute})NAN : tc_acc)"
+        for pragma in pragmas:
             self.emit(depth + 1, pragma)
         self.emit(depth + 1, header)
         self.emit(depth + 2, f"tc_acc = {parts.combine('tc_acc')};")
+        if flag:
+            self.emit(depth + 2, "tc_nan |= tc_acc != tc_acc;")
         self.emit(depth + 1, "}")
-        self.emit(depth + 1, f"{parts.target} = {parts.store('tc_acc')};")
+        self.emit(depth + 1, f"{parts.target} = {parts.store(result)};")
         self.emit(depth, "}")
 
     def pragmas(self, marks: tuple[str, ...], innermost: bool) -> list[str]:

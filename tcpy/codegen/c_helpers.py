@@ -9,7 +9,12 @@ for the Bessel functions), accurate well beyond float precision.
 from __future__ import annotations
 
 from tcpy.codegen.dialect import C, Dialect
-from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, Helpers
+from tcpy.codegen.exprs import (
+    STATUS_DIVISION_BY_ZERO,
+    STATUS_INDEX_OUT_OF_RANGE,
+    Helpers,
+    extremum_helper,
+)
 from tcpy.types import ScalarType
 
 
@@ -39,6 +44,19 @@ _UNSIGNED = {
     ScalarType.INT32: ScalarType.UINT32,
     ScalarType.INT64: ScalarType.UINT64,
 }
+
+
+def _extrema(ty: ScalarType, d: Dialect) -> str:
+    """min and max that propagate NaN: a NaN operand is the result."""
+    ctype = d.ctype(ty)
+    lines = []
+    for smallest in (True, False):
+        cmp = "<" if smallest else ">"
+        lines.append(
+            f"{d.function_prefix} {ctype} {extremum_helper(smallest, ty)}({ctype} a, {ctype} b) "
+            f"{{ return (a {cmp} b || a != a) ? a : b; }}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _division(ty: ScalarType, d: Dialect) -> str:
@@ -150,6 +168,7 @@ def helper_source(helpers: Helpers, d: Dialect = C) -> str:
     if helpers.checked_index:
         parts.append(checked_index(d))
     parts.extend(_division(t, d) for t in sorted(helpers.divisions, key=lambda t: t.value))
+    parts.extend(_extrema(t, d) for t in sorted(helpers.extrema, key=lambda t: t.value))
     if d is not C:
         return "\n".join(parts)
     return "\n".join(p for p in [*parts, math_helpers(helpers.builtins)] if p)

@@ -21,13 +21,11 @@ from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import (
     BodyPrinter,
-    extent_name,
-    size_name,
     sym_expr,
-    tensor_name,
 )
+from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.errors import TCMappingError
-from tcpy.mapping.gpu import BLOCK_PARAMS, THREAD_PARAMS, GpuMapping, Kernel
+from tcpy.mapping.gpu import GpuMapping, Kernel
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import Role
 from tcpy.poly.scop import Scop

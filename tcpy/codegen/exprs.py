@@ -17,6 +17,7 @@ import islpy as isl
 import numpy as np
 
 from tcpy.codegen.dialect import Dialect
+from tcpy.codegen.naming import extent_name, size_name, tensor_name
 from tcpy.errors import InternalError
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
@@ -26,18 +27,6 @@ from tcpy.types import ScalarType, promote
 
 STATUS_DIVISION_BY_ZERO = 1
 STATUS_INDEX_OUT_OF_RANGE = 2
-
-
-def tensor_name(name: str) -> str:
-    return f"t_{name}"
-
-
-def size_name(name: str) -> str:
-    return f"s_{name}"
-
-
-def extent_name(tensor: str, dim: int) -> str:
-    return f"e_{tensor}_{dim}"
 
 
 # --- isl AST expressions ---------------------------------------------------------------
@@ -119,6 +108,7 @@ class Helpers:
     """The helper functions a translation unit needs, collected while printing."""
 
     divisions: set[ScalarType] = field(default_factory=set)  # integer types divided
+    extrema: set[ScalarType] = field(default_factory=set)  # float types of min/max
     checked_index: bool = False
     builtins: set[str] = field(default_factory=set)  # C function names used
 
@@ -154,7 +144,7 @@ class BodyPrinter:
         target = f"{tensor_name(st.tensor)}[{lhs}]"
         reduction = st.op.reduction
         identity = (
-            "" if reduction is None else _literal(reduction.identity(tensor.scalar), tensor.scalar)
+            "" if reduction is None else _literal(reduction.neutral(tensor.scalar), tensor.scalar)
         )
         value = "" if init else ctx.expr(st.rhs, compute)
 
@@ -171,6 +161,7 @@ class BodyPrinter:
             reduction=reduction,
             compute=self.dialect.ctype(compute),
             storage=self.dialect.ctype(tensor.scalar),
+            floating=compute.is_float,
             combine=combine,
         )
 
@@ -187,6 +178,7 @@ class StatementParts:
     reduction: ast.Reduction | None
     compute: str  # C type of the computation
     storage: str  # C type of the tensor
+    floating: bool  # whether the computation is in floating point
     combine: Callable[[str], str]  # accumulator -> combined value
 
     def store(self, value: str) -> str:
@@ -299,9 +291,18 @@ class _Context:
 
 
 def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) -> str:
-    """min/max by a comparison (vectorisable, unlike a call of fminf)."""
+    """min/max by a comparison (vectorisable, unlike a call of fminf). On floats a
+    helper that propagates NaN, as TC's min and max do on every target (C's fminf
+    and CUDA's fminf return the other operand instead)."""
+    if ty.is_float:
+        helpers.extrema.add(ty)
+        return f"{extremum_helper(smallest, ty)}({a}, {b})"
     cmp = "<=" if smallest else ">="
     return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+
+
+def extremum_helper(smallest: bool, ty: ScalarType) -> str:
+    return f"tc_{'min' if smallest else 'max'}_{ty.value}"
 
 
 def _convert(text: str, have: ScalarType, want: ScalarType, dialect: Dialect) -> str:
@@ -314,6 +315,11 @@ def _literal(value: float | int | bool, ty: ScalarType) -> str:
     if ty.is_bool:
         return "1" if value else "0"
     if ty.is_float:
+        if not np.isfinite(value):  # C has no literal for them; every compiler folds these
+            f = "" if ty is ScalarType.FLOAT64 else "f"
+            if np.isnan(value):
+                return f"(0.0{f} / 0.0{f})"
+            return f"({'-' if value < 0 else ''}1.0{f} / 0.0{f})"
         if ty is ScalarType.FLOAT64:
             return repr(float(value))
         text = str(np.float32(value))

@@ -45,7 +45,7 @@ def map_to_cpu(
     if options.intra_tile_schedule_fusion is Fusion.MIN:
         # Distributing point loops reorders statements inside a tile; a dependence from
         # a later statement back to an earlier one at a later point would forbid it.
-        distributed = distribute_point_bands(schedule)
+        distributed = distribute_point_bands(schedule, deps.validity)
         if respects(distributed, deps.validity):
             schedule = distributed
     schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))

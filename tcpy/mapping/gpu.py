@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.errors import TCMappingError
 from tcpy.mapping.locality import stride_score
 from tcpy.mapping.options import MappingOptions
@@ -36,8 +37,6 @@ from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band
 
-BLOCK_PARAMS = ("b0", "b1", "b2")
-THREAD_PARAMS = ("t0", "t1", "t2")
 DEFAULT_BLOCK = (32, 8, 1)
 DEFAULT_TILE = 32
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -75,7 +74,7 @@ class GpuMapping:
         and thread parameters it uses."""
         names = [*BLOCK_PARAMS[: len(kernel.grid)], *THREAD_PARAMS[: len(kernel.block)]]
         sizes = [*kernel.grid, *kernel.block]
-        params = (*scop.params, *names)
+        params = (*scop.isl_params, *names)
         bounds = " and ".join(f"0 <= {n} < {s}" for n, s in zip(names, sizes, strict=True))
         extra = read_set(scop.ctx, params, ": " + (bounds or "true"))
         return extra.intersect(scop.context.align_params(extra.get_space()))

@@ -64,9 +64,36 @@ def compute_dependences(scop: Scop) -> Dependences:
 
 
 def violations(schedule: isl.Schedule, deps: isl.UnionMap) -> isl.UnionMap:
-    """The dependences whose sink `schedule` does not run strictly after their source."""
+    """The dependences whose sink `schedule` does not run strictly after their source.
+
+    `Schedule.get_map()` orders the children of a `set` node as if they were a
+    sequence, but a set promises no order (isl's AST generator may run its children in
+    any order): a dependence between instances in two children of one set, at the same
+    iteration of the loops above it, is a violation however the map orders them."""
     order = schedule.get_map()
-    return deps.subtract(order.lex_lt_union_map(order))
+    late = deps.subtract(order.lex_lt_union_map(order))
+    return late.union(deps.intersect(unordered_pairs(schedule))).coalesce()
+
+
+def unordered_pairs(schedule: isl.Schedule) -> isl.UnionMap:
+    """Pairs of statement instances whose relative order the schedule leaves open:
+    in different children of a `set` node, at the same values of its outer loops."""
+    out = isl.UnionMap.empty(schedule.get_domain().get_space())
+    stack = [schedule.get_root()]
+    while stack:
+        node = stack.pop()
+        children = [node.child(i) for i in range(node.n_children())]
+        stack.extend(children)
+        if node.get_type() != isl.schedule_node_type.set:
+            continue
+        prefix = node.get_prefix_schedule_union_map()
+        same = prefix.apply_range(prefix.reverse())
+        filters = [c.filter_get_filter() for c in children]
+        for i, a in enumerate(filters):
+            for j, b in enumerate(filters):
+                if i != j:
+                    out = out.union(same.intersect_domain(a).intersect_range(b))
+    return out
 
 
 def respects(schedule: isl.Schedule, deps: isl.UnionMap) -> bool:

@@ -1,7 +1,8 @@
 """Every direct use of islpy that is more than one call lives here.
 
 Objects are built from isl's own notation (readable, and parsed by isl itself) with
-dimensions and parameters named after the TC program; they are compared with
+dimensions and parameters named after the TC program, under the internal names of
+`tcpy.codegen.naming` (so that no TC name can be read as an isl keyword); they are compared with
 `is_equal`, never through their printed form. Each compilation owns one
 `isl.Context`, with its operation budget and scheduler options set once.
 """
@@ -14,16 +15,12 @@ from typing import Any
 
 import islpy as isl
 
+from tcpy.codegen.naming import size_name
 from tcpy.errors import TCCompileError
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 
 MAX_OPERATIONS = 20_000_000
 """isl's operation budget per compilation; beyond it compilation fails cleanly."""
-
-_RESERVED = frozenset(
-    {"and", "or", "not", "implies", "mod", "floor", "ceil", "min", "max", "exists",
-     "infty", "NaN", "true", "false", "rat", "domain", "range", "xor", "floord"}
-)  # fmt: skip
 
 
 def new_context() -> isl.Context:
@@ -45,18 +42,14 @@ def isl_errors(what: str) -> Iterator[None]:
         ) from None
 
 
-def isl_name(name: str) -> str:
-    """A TC name as an isl identifier (TC names that isl reserves get a suffix)."""
-    return name + "_" if name in _RESERVED else name
-
-
 def sym_str(e: Sym, rename: Mapping[str, str] | None = None) -> str:
-    """A size expression in isl's notation (floor, min and max are isl's own)."""
+    """A size expression in isl's notation (floor, min and max are isl's own), the
+    sizes under their internal names (or as `rename` says)."""
     terms: list[tuple[int, str]] = []
     for atom, c in e.terms:
         match atom:
             case str():
-                text = rename.get(atom, atom) if rename else isl_name(atom)
+                text = rename.get(atom, atom) if rename else size_name(atom)
             case FloorDiv(num=n, den=d):
                 text = f"floor(({sym_str(n, rename)})/{d})"
             case MinOf(args=args):
@@ -88,7 +81,8 @@ def _nary(fn: str, args: list[str]) -> str:
 
 
 def params_prefix(params: tuple[str, ...]) -> str:
-    return "[" + ", ".join(isl_name(p) for p in params) + "] -> "
+    """`[p, q] -> ` for parameters already under their internal names."""
+    return "[" + ", ".join(params) + "] -> "
 
 
 def read_set(ctx: isl.Context, params: tuple[str, ...], body: str) -> isl.Set:

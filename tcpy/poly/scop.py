@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from tcpy.codegen.naming import index_name, size_name, tensor_name
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.parser.ranges import Linear, linear_form
 from tcpy.poly.isl_helpers import (
     isl_errors,
-    isl_name,
     linear_text,
     new_context,
     read_set,
@@ -55,7 +55,7 @@ class PolyStatement:
 class Scop:
     cdef: CheckedDef
     ctx: isl.Context
-    params: tuple[str, ...]
+    params: tuple[str, ...]  # the size symbols, as TC names them
     context: isl.Set  # what holds of the sizes at every call
     statements: tuple[PolyStatement, ...]
     domain: isl.UnionSet
@@ -63,6 +63,11 @@ class Scop:
     writes: isl.UnionMap
     order: isl.UnionMap  # the original (source-order) schedule
     sizes: Mapping[str, int] | None  # the sizes fixed before scheduling, if any
+
+    @property
+    def isl_params(self) -> tuple[str, ...]:
+        """The size symbols as isl's parameters are named."""
+        return tuple(size_name(p) for p in self.params)
 
     def statement(self, name: str) -> PolyStatement:
         for s in self.statements:
@@ -74,7 +79,7 @@ class Scop:
 def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop:
     """The scop of `cdef`; with `sizes`, every size symbol is fixed to its value."""
     ctx = new_context()
-    params = cdef.size_symbols
+    params = tuple(size_name(p) for p in cdef.size_symbols)
     with isl_errors(f"building the polyhedral model of {cdef.name}"):
         statements: list[PolyStatement] = []
         reads: list[str] = []
@@ -91,7 +96,7 @@ def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop
 
         context = read_set(ctx, params, ": " + _context_constraints(cdef))
         if sizes is not None:
-            values = " and ".join(f"{isl_name(p)} = {sizes[p]}" for p in params)
+            values = " and ".join(f"{size_name(p)} = {sizes[p]}" for p in cdef.size_symbols)
             context = context.intersect(read_set(ctx, params, ": " + (values or "true")))
         domain = isl.UnionSet.empty(context.get_space())
         for s in statements:
@@ -105,7 +110,7 @@ def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop
     return Scop(
         cdef=cdef,
         ctx=ctx,
-        params=params,
+        params=cdef.size_symbols,
         context=context,
         statements=tuple(
             PolyStatement(s.name, s.kind, s.index, s.dims, s.domain.intersect_params(context))
@@ -131,25 +136,26 @@ def _statement(
     constraints = []
     for v in dims:
         r = st.range_of(v)
-        constraints.append(f"{sym_str(r.lo)} <= {isl_name(v)} < {sym_str(r.hi)}")
-    body = f"{name}[{', '.join(map(isl_name, dims))}]"
+        constraints.append(f"{sym_str(r.lo)} <= {index_name(v)} < {sym_str(r.hi)}")
+    body = f"{name}[{', '.join(map(index_name, dims))}]"
     if constraints:
         body += " : " + " and ".join(constraints)
     return PolyStatement(name, kind, index, dims, read_set(ctx, params, body))
 
 
 def _tuple(name: str, dims: tuple[str, ...]) -> str:
-    return f"{name}[{', '.join(map(isl_name, dims))}]"
+    return f"{name}[{', '.join(map(index_name, dims))}]"
 
 
 def _lhs_access(stmt: str, st: CheckedStatement) -> str:
     dims = st.indices if stmt.startswith("I") else st.all_indices
-    return f"{_tuple(stmt, dims)} -> {isl_name(st.tensor)}[{', '.join(map(isl_name, st.indices))}]"
+    lhs = ", ".join(map(index_name, st.indices))
+    return f"{_tuple(stmt, dims)} -> {tensor_name(st.tensor)}[{lhs}]"
 
 
 def linear_str(lin: Linear) -> str:
     rest = sym_str(lin.rest)
-    text = linear_text([(c, isl_name(v)) for v, c in lin.coeffs], 0)
+    text = linear_text([(c, index_name(v)) for v, c in lin.coeffs], 0)
     if not lin.coeffs:
         return rest
     return text if rest == "0" else f"{text} + {rest}"
@@ -170,7 +176,8 @@ def _read_accesses(cdef: CheckedDef, stmt: str, st: CheckedStatement) -> list[st
                 free.append(f"0 <= {name} < {sym_str(extent)}")
             else:
                 subscripts.append(linear_str(lin))
-        text = f"{_tuple(stmt, st.all_indices)} -> {isl_name(node.tensor)}[{', '.join(subscripts)}]"
+        target = f"{tensor_name(node.tensor)}[{', '.join(subscripts)}]"
+        text = f"{_tuple(stmt, st.all_indices)} -> {target}"
         if free:
             text += " : " + " and ".join(free)
         out.append(text)
@@ -179,7 +186,7 @@ def _read_accesses(cdef: CheckedDef, stmt: str, st: CheckedStatement) -> list[st
 
 def _context_constraints(cdef: CheckedDef) -> str:
     """Sizes are positive and every range is non-empty: the call-time checks ensure it."""
-    facts = [f"{isl_name(p)} >= 1" for p in cdef.size_symbols]
+    facts = [f"{size_name(p)} >= 1" for p in cdef.size_symbols]
     for st in cdef.statements:
         for r in st.ranges:
             if r.lo.symbols() or r.hi.symbols():
@@ -188,5 +195,5 @@ def _context_constraints(cdef: CheckedDef) -> str:
 
 
 def _order(pos: int, s: PolyStatement, depth: int) -> str:
-    dims = [isl_name(d) for d in s.dims] + ["0"] * (depth - len(s.dims))
+    dims = [index_name(d) for d in s.dims] + ["0"] * (depth - len(s.dims))
     return f"{_tuple(s.name, s.dims)} -> [{', '.join([str(pos), *dims])}]"

@@ -72,27 +72,59 @@ def tile_outermost_bands(schedule: isl.Schedule, sizes: tuple[int, ...]) -> isl.
 # --- distribution, merging, permutation -------------------------------------------------
 
 
-def distribute_point_bands(schedule: isl.Schedule) -> isl.Schedule:
+def distribute_point_bands(schedule: isl.Schedule, deps: isl.UnionMap) -> isl.Schedule:
     """Intra-tile `Min` fusion: a point band (the child of a tile band) whose child is a
-    sequence or set is sunk into each branch, so every statement gets its own point
-    loops under the shared tile loops. Legal because the branches' order is kept."""
+    sequence or set is split into one copy per branch, the copies in a sequence, so
+    every statement gets its own point loops under the shared tile loops.
+
+    A set promises no order among its branches, but the point band above it may have
+    ordered them (a statement at the band's last point after another's earlier
+    points); the copies therefore run in an order that respects `deps` among the
+    branches, and the band is left alone when no such order exists. The result can
+    still break a dependence from a later branch back to an earlier one at a later
+    point: the caller keeps it only if it verifies."""
 
     def sink(node: isl.ScheduleNode) -> isl.ScheduleNode:
-        child = node.child(0)
-        if (
-            is_band(child)
-            and child.n_children() == 1
-            and child.child(0).get_type()
-            in (
-                isl.schedule_node_type.sequence,
-                isl.schedule_node_type.set,
-            )
-        ):
-            child = child.band_sink()
-            return child.parent()
-        return node
+        band = node.child(0)
+        if not (is_band(band) and band.n_children() == 1):
+            return node
+        below = band.child(0)
+        kind = below.get_type()
+        if kind not in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+            return node
+        filters = [c.filter_get_filter() for c in schedule_children(below)]
+        if kind == isl.schedule_node_type.set:
+            order = _dependence_order(filters, deps)
+            if order is None:
+                return node
+            filters = [filters[k] for k in order]
+        listed = isl.UnionSetList.alloc(band.get_ctx(), len(filters))
+        for f in filters:
+            listed = listed.add(f)
+        return band.insert_sequence(listed).parent()
 
     return map_outermost_bands(schedule, sink)
+
+
+def _dependence_order(filters: list[isl.UnionSet], deps: isl.UnionMap) -> list[int] | None:
+    """An order of the branches (given by their filters) in which no dependence runs
+    from a later branch to an earlier one, preferring the given order; None if the
+    dependences between them form a cycle."""
+    n = len(filters)
+    after = {
+        i: {j for j in range(n) if j != i and not deps.intersect_domain(filters[i])
+            .intersect_range(filters[j]).is_empty()}
+        for i in range(n)
+    }  # fmt: skip
+    order: list[int] = []
+    waiting = set(range(n))
+    while waiting:
+        ready = [i for i in sorted(waiting) if not any(i in after[j] for j in waiting)]
+        if not ready:
+            return None
+        order.append(ready[0])
+        waiting.remove(ready[0])
+    return order
 
 
 def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:

@@ -83,7 +83,7 @@ def launcher(index: int, parameters: list[str], n_sizes: int, source: str) -> st
         ctype, _, _name = param.rpartition(" ")
         if k < n_sizes:
             args.append(f"tc_sizes[{k}]")
-        elif param.endswith("tc_status"):
+        elif k == len(parameters) - 1:  # the status pointer closes every parameter list
             args.append("tc_status")
         else:
             pointer_type = ctype.replace("__restrict__", "").strip()

@@ -13,6 +13,9 @@ static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b 
 static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
+static inline float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
+
 
 int tc_kernel(const int64_t *restrict tc_sizes,
               void *const *restrict tc_buffers) {
@@ -42,14 +45,16 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   /* O(n, d) = expDist(n, d) / expSum(n) */
   #pragma omp parallel for
   for (int64_t c1 = 0; c1 <= 15; c1++) {
-    t_maxVal[(int64_t)(c1)] = -3.4028235e+38f;
+    t_maxVal[(int64_t)(c1)] = (-1.0f / 0.0f);
     {
       float tc_acc = t_maxVal[(int64_t)(c1)];
-      #pragma omp simd reduction(max:tc_acc)
+      int tc_nan = tc_acc != tc_acc;
+      #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
       for (int64_t c2 = 0; c2 <= 39; c2++) {
-        tc_acc = ((tc_acc) >= (t_I[((int64_t)(c1) * e_I_1 + (c2))]) ? (tc_acc) : (t_I[((int64_t)(c1) * e_I_1 + (c2))]));
+        tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
+        tc_nan |= tc_acc != tc_acc;
       }
-      t_maxVal[(int64_t)(c1)] = tc_acc;
+      t_maxVal[(int64_t)(c1)] = (tc_nan ? (float)NAN : tc_acc);
     }
     #pragma omp simd
     for (int64_t c2 = 0; c2 <= 39; c2++) {

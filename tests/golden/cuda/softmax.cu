@@ -10,6 +10,9 @@ static __device__ __forceinline__ long long tc_floord(long long a, long long b) 
 static __device__ __forceinline__ long long tc_min(long long a, long long b) { return a < b ? a : b; }
 static __device__ __forceinline__ long long tc_max(long long a, long long b) { return a > b ? a : b; }
 
+static __device__ __forceinline__ float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
+static __device__ __forceinline__ float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
+
 extern "C" __global__ void __launch_bounds__(16) tc_kernel_0(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
   const long long e_I_1 = s_D;
@@ -20,7 +23,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_0(long long s_N, long
   const long long e_expDist_1 = s_D;
   const long long e_expSum_0 = s_N;
   /* maxVal(n) max=! I(n, d)  [initialisation] */
-  t_maxVal[(long long)((long long)threadIdx.x)] = -3.4028235e+38f;
+  t_maxVal[(long long)((long long)threadIdx.x)] = (-1.0f / 0.0f);
 }
 extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
@@ -35,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long
   {
     float tc_acc = t_maxVal[(long long)((long long)threadIdx.x)];
     for (long long c3 = 0; c3 <= 39; c3++) {
-      tc_acc = ((tc_acc) >= (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]) ? (tc_acc) : (t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]));
+      tc_acc = tc_max_float32(tc_acc, t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]);
     }
     t_maxVal[(long long)((long long)threadIdx.x)] = tc_acc;
   }
