@@ -1,4 +1,5 @@
-"""The compile cache: keys, and the on-disk store.
+"""The compile cache: keys, the on-disk store, and the private directories kernels are
+built in when there is no store.
 
 A key hashes everything a compiled kernel depends on: tcpy's own sources, the
 canonical text of the definition (its formatting and its def name normalised), the
@@ -6,30 +7,82 @@ input shapes and dtypes, the mapping options, the target and device, and the
 compiler's identity and flags. Tensor, size and index names are kept: they appear in
 the generated code and its comments.
 
-On disk, an entry is a directory `<root>/v1/<key[:2]>/<key>/` holding the files of the
-kernel and `meta.json` with their SHA-256. An entry is built in a private temporary
-directory and renamed into place, so that readers never see half an entry; an entry
-whose files do not match their recorded hashes is removed and rebuilt, never trusted.
-Directories are created private (0700).
+Layout. An entry is a directory `<root>/v1/<key[:2]>/<key>/` holding exactly the files
+its target loads (the caller names them: `required`) and `meta.json`, a JSON object
+with the entry's `key` and `files`, a map from each file's name to its SHA-256. An
+entry is built in a private staging directory under `<root>/v1/tmp/`, sealed (files
+the target does not need are dropped, `meta.json` is written last) and renamed into
+place, so that readers never see half an entry.
+
+Validation. Every entry is checked before use: it must be a real directory that
+passes the trust rules below, and `meta.json` must be an object with the right key
+and a non-empty `files` listing exactly the required names, each a regular file whose
+hash matches. Anything else (bad JSON, a list for `files`, a missing or extra name, a
+changed file, a regular file or a symlink where the entry should be) is discarded and
+rebuilt, never trusted, never an error. A library that passes its hashes but does not
+load (`OSError`, `TCLaunchError`) is discarded and rebuilt too, once (`compiled`).
+A discarded entry is first renamed into `tmp/`, so that a concurrent reader sees it
+whole or not at all; two processes that discard and publish the same key at once may
+cost each other a rebuild, never a wrong kernel.
+
+Trust, as ssh does for its keys. Another local user must not be able to swap a kernel
+in, so a directory is trusted only if it is owned by the current (effective) user and
+not writable by group or others; root-owned directories are not trusted either, unless
+we are root.
+- The root (`TCPY_CACHE_DIR`, or the default under the user's cache directory) may be
+  the user's own directory, so its mode is never changed; a missing root is created
+  0700. It must be a directory (a symlink to one is followed) owned by us. If it is
+  also writable by others (say a scratch directory the user made 0777), it is used
+  only as a container: everything tcpy reads is in `v1/`, which must be ours and
+  private, so others can at most remove `v1/`, not replace its contents.
+- Inside the root, every directory tcpy creates or traverses (`v1`, `v1/tmp`, the
+  shards, the entries) must be a real directory (not a symlink), ours, and not
+  writable by others; tcpy creates them 0700. A bad entry is discarded and rebuilt;
+  any other bad directory makes tcpy refuse the cache.
+- Checks are repeated on every lookup and store (a few `stat` calls), so a directory
+  whose mode changes after the cache is opened is refused from then on. Between the
+  check and the use there remains the usual window of any path-based check.
+
+Unusable caches. A root that cannot be created or used (read-only home, a file in the
+way, refused by the trust rules) gives one `TCWarning` per root and process, saying
+what happened and how to fix it, and the engine runs without a disk cache. A store that
+fails later (the directory became read-only, the disk is full) warns the same way, once,
+and that kernel is built in a private temporary directory instead. Errors of the build
+itself (`TCError`) pass through untouched; an `OSError` out of a build in the cache is
+taken for a cache failure, and the build in a temporary directory then shows whether it
+was one.
+
+Temporary directories (`tcpy-XXXXXXXX` under the system temp dir, mode 0700) hold
+kernels built without a disk cache. Each is removed as soon as its kernel is loaded:
+the target reads the source text into memory, and Linux keeps a loaded library mapped
+after its file is removed. A caller that reads the files after `compiled` returns
+(`keep`) has them removed at interpreter exit instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
+import stat
+import tempfile
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from tcpy.errors import InternalError, TCLaunchError, TCWarning
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import canonical
 
 FORMAT = "v1"
+META = "meta.json"
+K = TypeVar("K")
 
 
 @functools.cache
@@ -67,65 +120,312 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# --- trust ------------------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """A cache directory tcpy will not use: `what` happened, `fix` says how to mend it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.what = what
+        self.fix = fix
+
+
+def _check_owner(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"the cache directory {path} is not a directory", f"remove {path}")
+    if st.st_uid != os.geteuid():
+        raise Refused(
+            f"the cache directory {path} is owned by another user (uid {st.st_uid})",
+            f"remove {path}, or use a directory of your own",
+        )
+
+
+def _check_private(path: Path) -> None:
+    """`path` is a real directory (not a symlink), ours, and nobody else can write it."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(f"the cache directory {path} is a symbolic link", f"remove {path}")
+    _check_owner(path, st)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Refused(
+            f"the cache directory {path} is writable by other users", f"chmod go-w {path}"
+        )
+
+
+def _private_dir(path: Path) -> Path:
+    """`path`, created 0700 if missing, checked private if not."""
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # the umask may have taken the owner's bits away
+    except FileExistsError:
+        pass  # made earlier, or by someone else in a race: the check below decides
+    _check_private(path)
+    return path
+
+
+_warned: set[Path] = set()
+
+
+def _warn_once(root: Path, message: str) -> None:
+    """One warning per root and process: a long run that cannot cache says so once."""
+    if root not in _warned:
+        _warned.add(root)
+        warnings.warn(message, TCWarning, stacklevel=4)
+
+
+def _explain(root: Path, error: Exception, instead: str) -> str:
+    if isinstance(error, Refused):
+        what, fix = error.what, error.fix
+    else:
+        what = f"the cache directory {root} cannot be used ({error})"
+        fix = "make it a writable directory of yours"
+    return (
+        f"{what}; tcpy will not use it ({instead}). Fix: {fix}, or set TCPY_CACHE_DIR to "
+        "another directory (TCPY_CACHE_DIR=off turns the disk cache off)"
+    )
+
+
+# --- the store --------------------------------------------------------------------------
+
+
 class DiskCache:
-    """Compiled kernels on disk, shared by every process that uses the same root."""
+    """Compiled kernels on disk, shared by every process of this user that uses the same
+    root. Construct with `open`, which checks (or creates) the root."""
 
     def __init__(self, root: Path) -> None:
+        self.home = root  # as the user gave it: what warnings name
         self.root = root / FORMAT
+
+    @classmethod
+    def open(cls, root: Path) -> DiskCache | None:
+        """The cache at `root`, or None (with a warning) if it cannot be used."""
+        cache = cls(root)
+        try:
+            cache._check_root(create=True)
+            _private_dir(cache.root)
+        except (OSError, Refused) as e:
+            _warn_once(root, _explain(root, e, "compiled kernels are not cached on disk"))
+            return None
+        return cache
+
+    def _check_root(self, create: bool = False) -> None:
+        home = self.home
+        if not home.is_absolute():  # the home directory could not be found
+            raise Refused(f"the cache directory {home} is not an absolute path", "set HOME")
+        if create and not os.path.lexists(home):
+            home.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(home, 0o700)  # only a root we create is made private
+        # A symlinked root is followed: the user may keep the cache on another disk.
+        _check_owner(home, os.stat(home))
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def lookup(self, key: str) -> Path | None:
-        """The entry's directory if it is complete and intact; a damaged one is removed."""
+    def _check_chain(self, key: str) -> None:
+        """The root, `v1` and the key's shard may be trusted; FileNotFoundError if a
+        directory is missing."""
+        self._check_root()
+        _check_private(self.root)
+        _check_private(self._entry(key).parent)
+
+    def lookup(self, key: str, required: Sequence[str]) -> Path | None:
+        """The entry's directory if it is complete, intact and holds exactly the files
+        `required`; a damaged one is discarded."""
         entry = self._entry(key)
-        meta_path = entry / "meta.json"
-        if not meta_path.exists():
-            return None
         try:
-            meta = json.loads(meta_path.read_text())
-            for name, digest in meta["files"].items():
-                if _digest(entry / name) != digest:
-                    raise ValueError(name)
-        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
-            shutil.rmtree(entry, ignore_errors=True)
+            self._check_chain(key)
+            if not os.path.lexists(entry):
+                return None
+        except FileNotFoundError:
+            return None
+        except (OSError, Refused) as e:
+            _warn_once(self.home, _explain(self.home, e, "compiled kernels are not cached"))
+            return None
+        if _damage(entry, key, required) is not None:
+            self._discard(entry)
             return None
         return entry
 
-    def store(self, key: str, build: Callable[[Path], dict[str, Any]], attempts: int = 3) -> Path:
-        """Build an entry with `build(directory)` (which writes the files and returns
-        extra metadata) and publish it atomically; returns the published entry."""
-        staging = self.root / "tmp" / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
-        staging.mkdir(parents=True, mode=0o700)
-        self._make_private()
-        try:
-            extra = build(staging)
-            files = {p.name: _digest(p) for p in sorted(staging.iterdir()) if p.is_file()}
-            meta = {"key": key, "files": files, **extra}
-            tmp_meta = staging / "meta.json.tmp"
-            tmp_meta.write_text(json.dumps(meta, indent=1, sort_keys=True))
-            os.replace(tmp_meta, staging / "meta.json")
-            entry = self._entry(key)
-            entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def discard(self, key: str) -> None:
+        """Remove the entry of `key` (found intact, but its files do not load)."""
+        self._discard(self._entry(key))
+
+    def _discard(self, entry: Path) -> None:
+        with contextlib.suppress(OSError, Refused):
+            if not stat.S_ISDIR(os.lstat(entry).st_mode):
+                os.unlink(entry)  # a file or a symlink in the entry's place
+                return
+            trash = _private_dir(self.root / "tmp") / f"discarded.{uuid.uuid4().hex}"
             try:
-                os.rename(staging, entry)
-            except OSError:
-                # Another process published the same entry first, or a damaged one is
-                # in the way: keep an intact one, replace a damaged one.
-                if self.lookup(key) is None:
-                    shutil.rmtree(entry, ignore_errors=True)
-                    with contextlib.suppress(OSError):
-                        os.rename(staging, entry)
+                os.rename(entry, trash)
+            except (OSError, Refused):
+                trash = entry
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def store(
+        self,
+        key: str,
+        build: Callable[[Path], dict[str, Any]],
+        required: Sequence[str],
+        attempts: int = 3,
+    ) -> Path | None:
+        """Build an entry with `build(directory)` (which writes the files and returns
+        extra metadata) and publish it atomically; returns the published entry, or None
+        (with a warning) if the cache cannot be written."""
+        try:
+            return self._store(key, build, required, attempts)
+        except (OSError, Refused) as e:
+            instead = "this kernel is built in a temporary directory, not cached on disk"
+            _warn_once(self.home, _explain(self.home, e, instead))
+            return None
+
+    def _store(
+        self,
+        key: str,
+        build: Callable[[Path], dict[str, Any]],
+        required: Sequence[str],
+        attempts: int,
+    ) -> Path:
+        # Every directory is checked (and made) before the build, so that a cache that
+        # cannot take the entry costs no build that is thrown away.
+        self._check_root(create=True)  # the user may have removed it to clear the cache
+        _private_dir(self.root)
+        entry = self._entry(key)
+        _private_dir(entry.parent)
+        staging = _private_dir(self.root / "tmp") / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
+        os.mkdir(staging, 0o700)
+        try:
+            _seal(staging, key, required, build(staging))
+            self._publish(staging, entry, key, required, attempts)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        found = self.lookup(key)
-        if found is None:  # lost a race with a concurrent removal: build once more
-            if attempts <= 1:
-                raise OSError(f"could not publish the cache entry {self._entry(key)}")
-            return self.store(key, build, attempts - 1)
+        found = self.lookup(key, required)
+        if found is None:
+            raise OSError(f"could not publish the cache entry {entry}")
         return found
 
-    def _make_private(self) -> None:
-        for path in (self.root.parent, self.root):
-            with contextlib.suppress(OSError):
-                path.chmod(0o700)
+    def _publish(
+        self, staging: Path, entry: Path, key: str, required: Sequence[str], attempts: int
+    ) -> None:
+        error: OSError | None = None
+        for _ in range(attempts):
+            try:
+                os.rename(staging, entry)
+                return
+            except OSError as e:
+                error = e
+            # Another process published the same entry first (keep it), or something
+            # damaged is in the way (lookup discards it, and the rename is tried again).
+            if self.lookup(key, required) is not None:
+                return
+        assert error is not None
+        raise error
+
+
+def _damage(entry: Path, key: str, required: Sequence[str]) -> str | None:
+    """Why the entry at `entry` cannot be used, or None if it is intact."""
+    try:
+        _check_private(entry)
+        meta_path = entry / META
+        if not stat.S_ISREG(os.lstat(meta_path).st_mode):
+            return f"{META} is not a regular file"
+        meta = json.loads(meta_path.read_bytes())
+        if not isinstance(meta, dict) or meta.get("key") != key:
+            return f"{META} is not the record of this key"
+        files = meta.get("files")
+        if not isinstance(files, dict) or not files or set(files) != set(required):
+            return f"{META} does not list the files {sorted(required)}"
+        for name, digest in files.items():
+            path = entry / name
+            if not stat.S_ISREG(os.lstat(path).st_mode) or _digest(path) != digest:
+                return f"{name} does not match its hash"
+    except (OSError, ValueError, Refused) as e:  # ValueError: bad JSON, bad UTF-8
+        return str(e)
+    return None
+
+
+def _seal(staging: Path, key: str, required: Sequence[str], extra: dict[str, Any]) -> None:
+    """Record the hashes of the required files in `meta.json` (written last, atomically);
+    files the target does not load are not kept."""
+    built = {p.name: p for p in staging.iterdir()}
+    missing = sorted(set(required) - set(built))
+    if missing:
+        raise InternalError(f"the build did not write {missing} in {staging}")
+    for name, path in built.items():
+        if name not in required:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    files = {name: _digest(staging / name) for name in sorted(required)}
+    meta = {**extra, "key": key, "files": files}
+    tmp_meta = staging / f"{META}.tmp"
+    tmp_meta.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp_meta, staging / META)
+
+
+# --- private temporary directories --------------------------------------------------------
+
+_live: set[Path] = set()  # scratch directories in use
+_kept: set[Path] = set()  # scratch directories whose files are read after `compiled`
+
+
+@atexit.register
+def _remove_kept() -> None:
+    for path in _kept:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch_directory() -> Iterator[Path]:
+    """A private temporary directory (`tcpy-XXXXXXXX`, 0700), removed when the block
+    exits unless `keep` was called on it."""
+    path = Path(tempfile.mkdtemp(prefix="tcpy-"))
+    _live.add(path)
+    try:
+        yield path
+    finally:
+        _live.discard(path)
+        if path not in _kept:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def keep(directory: Path) -> Path:
+    """`directory`, kept until interpreter exit if it is a scratch directory: for callers
+    that read the kernel's files after `compiled` returns."""
+    if directory in _live:
+        _kept.add(directory)
+    return directory
+
+
+# --- found, or built and published --------------------------------------------------------
+
+
+def compiled(
+    disk: DiskCache | None,
+    key: str,
+    required: Sequence[str],
+    build: Callable[[Path], dict[str, Any]],
+    load: Callable[[Path], K],
+) -> tuple[K, bool]:
+    """What `load` makes of the entry of `key`, and whether it came from the disk: found
+    there, or built by `build`, published, and loaded. A found entry whose files pass
+    their hashes but do not load is damaged all the same: it is discarded and built
+    again, once. Without a usable disk cache the files are built in a scratch directory
+    that is removed as soon as `load` returns."""
+    if disk is not None:
+        found = disk.lookup(key, required)
+        if found is not None:
+            try:
+                return load(found), True
+            except (OSError, TCLaunchError):
+                disk.discard(key)
+        stored = disk.store(key, build, required)
+        if stored is not None:
+            return load(stored), False
+    with scratch_directory() as directory:
+        build(directory)
+        return load(directory), False

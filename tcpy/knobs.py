@@ -18,13 +18,18 @@ from pathlib import Path
 
 
 def cache_dir() -> Path | None:
+    """The root of the disk cache, or None when it is off. A relative `TCPY_CACHE_DIR` is
+    taken from the working directory now (a later `chdir` does not move the cache); a
+    relative `XDG_CACHE_HOME` is ignored, as the XDG spec says. Without a home directory
+    the default stays relative (`~/.cache/tcpy`), which the cache refuses with a warning."""
     value = os.environ.get("TCPY_CACHE_DIR")
     if value == "off":
         return None
     if value:
-        return Path(value)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tcpy"
+        return Path(value).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path("~").expanduser() / ".cache"
+    return base / "tcpy"
 
 
 def c_compiler() -> str:

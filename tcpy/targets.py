@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import abc
 import json
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 import numpy as np
 
-from tcpy import knobs
+from tcpy import cache, knobs
 from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
@@ -123,12 +122,14 @@ class Cpu(Target):
             (directory / "kernel.c").write_text(source)
             runtime.build(directory / "kernel.c", directory / "kernel.so")
 
-        directory = _compiled(
+        def load(directory: Path) -> Kernel:
+            kernel = runtime.CpuKernel(directory / "kernel.so")
+            return HostKernel(cdef, (directory / "kernel.c").read_text(), kernel)
+
+        return _compiled(
             self.name, cdef, binding, options, session, build,
-            device=runtime.device_identity(), toolchain=runtime.compiler_identity(),
+            device=runtime.device_identity(), toolchain=runtime.compiler_identity(), load=load,
         )  # fmt: skip
-        kernel = runtime.CpuKernel(directory / "kernel.so")
-        return HostKernel(cdef, (directory / "kernel.c").read_text(), kernel)
 
 
 class CudaEmu(Target):
@@ -157,13 +158,51 @@ class CudaEmu(Target):
             emulator.build(lowered.source, launchers, directory)
             _write_launches(directory, lowered.mapping)
 
-        directory = _compiled(
+        def load(directory: Path) -> Kernel:
+            launches = _read_launches(directory)
+            kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
+            return HostKernel(cdef, (directory / "kernel.cu").read_text(), kernels)
+
+        return _compiled(
             self.name, cdef, binding, options, session, build,
-            device="host", toolchain=emulator.compiler_identity(),
+            device="host", toolchain=emulator.compiler_identity(), load=load,
         )  # fmt: skip
-        launches = _read_launches(directory)
-        kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
-        return HostKernel(cdef, (directory / "kernel.cu").read_text(), kernels)
+
+
+# The files each target's kernel is loaded from: a cache entry holds exactly these.
+_CACHED_FILES = {
+    "cpu": ("kernel.c", "kernel.so"),
+    "cuda-emu": ("kernel.cu", "kernel-emu.so", "launches.json"),
+    "cuda": ("kernel.cu", "kernel.cubin", "launches.json"),
+}
+Loaded = TypeVar("Loaded")
+
+
+@overload
+def _compiled(
+    target: str,
+    cdef: CheckedDef,
+    binding: Binding,
+    options: MappingOptions,
+    session: Session,
+    build: Callable[[Path], None],
+    device: str,
+    toolchain: str,
+) -> Path: ...
+
+
+@overload
+def _compiled(
+    target: str,
+    cdef: CheckedDef,
+    binding: Binding,
+    options: MappingOptions,
+    session: Session,
+    build: Callable[[Path], None],
+    device: str,
+    toolchain: str,
+    load: Callable[[Path], Loaded],
+) -> Loaded: ...
 
 
 def _compiled(
@@ -175,10 +214,17 @@ def _compiled(
     build: Callable[[Path], None],
     device: str,
     toolchain: str,
-) -> Path:
-    """The cache entry of this compilation: found on disk, or built by `build(directory)`
-    (which writes the kernel's files) and published; without a disk cache, built in a
-    temporary directory."""
+    load: Callable[[Path], Loaded] | None = None,
+) -> Path | Loaded:
+    """The kernel of this compilation, made by `load(directory)` from its cache entry:
+    found on disk (an entry that does not load is rebuilt once), or built by
+    `build(directory)` (which writes the kernel's files) and published; without a usable
+    disk cache, built in a private temporary directory that is removed once `load` has
+    read it. Without `load`, the directory itself (a temporary one lasts until exit)."""
+    if load is None:
+        return _compiled(
+            target, cdef, binding, options, session, build, device, toolchain, load=cache.keep
+        )
     signature = [(a.shape, a.dtype) for a in binding.arrays]
     key = cache_key(cdef, signature, options.to_json(), target, device, toolchain)
 
@@ -187,16 +233,9 @@ def _compiled(
         build(directory)
         return {"def": cdef.name, "options": options.to_dict()}
 
-    if session.disk is None:
-        directory = Path(tempfile.mkdtemp(prefix="tcpy-")) / key
-        directory.mkdir(parents=True, exist_ok=True)
-        counted(directory)
-        return directory
-    found = session.disk.lookup(key)
-    if found is not None:
-        session.stats.disk_hits += 1
-        return found
-    return session.disk.store(key, counted)
+    loaded, hit = cache.compiled(session.disk, key, _CACHED_FILES[target], counted, load)
+    session.stats.disk_hits += hit
+    return loaded
 
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
@@ -358,5 +397,6 @@ def get(name: str) -> Target:
 
 
 def open_disk_cache() -> DiskCache | None:
+    """The disk cache of `TCPY_CACHE_DIR`; None when it is off, or unusable (warned)."""
     root = knobs.cache_dir()
-    return DiskCache(root) if root is not None else None
+    return DiskCache.open(root) if root is not None else None
