@@ -1,0 +1,456 @@
+"""Isolated execution of compiler runs: failure classes, worker processes, replays.
+
+The differential fuzzer (`tools/fuzz`) and the genetic tuner both run candidate
+(program, options) pairs that may crash the process (a segfault in a generated kernel),
+hang (the isl scheduler), raise an error, or compute a wrong result. They share:
+
+- `Failure`, the closed set of ways a run can fail;
+- `run_tasks`, which runs a module-level function over many argument tuples in
+  long-lived worker processes, each task under a timeout, and classifies every task
+  even when its worker dies or has to be killed;
+- `Replay`, a JSON record of one failing run that `replay` re-runs in-process.
+
+A task reports a wrong result by raising `WrongResult`, and a case that is itself
+invalid (the front end or the reference rejects the program, so it says nothing about
+the compiler) by raising `InvalidCase`; every other exception is classified by its type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tcpy.errors import TCError
+
+
+class Failure(enum.Enum):
+    """How a run failed. Every program the reference runs must compile and agree under
+    every valid option set, so a `TCError` from the compiler counts as a failure too."""
+
+    COMPILE_ERROR = "compile_error"  # a TCError under valid options
+    CRASH = "crash"  # the worker process died (segfault, abort)
+    HANG = "hang"  # the task ran past its timeout; its worker was killed
+    WRONG_RESULT = "wrong_result"  # outputs differ from the reference
+    INTERNAL_ERROR = "internal_error"  # an exception that is not a TCError escaped
+
+
+class WrongResult(Exception):
+    """Raised by a task whose outputs differ from the reference."""
+
+
+class InvalidCase(Exception):
+    """Raised by a task whose case is invalid (not a compiler failure): the front end or
+    the reference rejected the program, so no target is expected to run it."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one task: `failure` is None when it passed (or was invalid)."""
+
+    failure: Failure | None
+    detail: str = ""
+    seconds: float = 0.0
+    value: Any = None  # what the task returned, when it returned
+    invalid: bool = False  # the task raised InvalidCase
+
+
+def run_task(fn: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+    """Run `fn(*args)` in this process and classify how it ended. Crashes and hangs
+    cannot be caught here; `run_tasks` catches those around a worker."""
+    start = time.perf_counter()
+
+    def ended(failure: Failure | None, detail: str = "", **kw: Any) -> Outcome:
+        return Outcome(failure, detail, time.perf_counter() - start, **kw)
+
+    try:
+        value = fn(*args)
+    except InvalidCase as e:
+        return ended(None, str(e), invalid=True)
+    except WrongResult as e:
+        return ended(Failure.WRONG_RESULT, str(e))
+    except TCError as e:
+        return ended(Failure.COMPILE_ERROR, f"{type(e).__name__}: {e}")
+    except Exception:
+        return ended(Failure.INTERNAL_ERROR, traceback.format_exc())
+    return ended(None, value=value)
+
+
+# --- worker processes -------------------------------------------------------------------
+
+
+def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
+    """Serve tasks from the pipe until it closes. The outcome is sent whole; a value
+    that does not pickle is replaced by its repr so the parent still learns the class."""
+    os.environ.update(env)
+    while True:
+        try:
+            fn, args = conn.recv()
+        except EOFError:
+            return
+        outcome = run_task(fn, args)
+        try:
+            conn.send(outcome)
+        except Exception:
+            conn.send(dataclasses.replace(outcome, value=repr(outcome.value)))
+
+
+@dataclass
+class _Worker:
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    task: int | None = None  # index of the task it runs
+    deadline: float = 0.0
+
+
+class _Pool:
+    """Long-lived workers that are killed and restarted when a task hangs or crashes."""
+
+    def __init__(self, jobs: int, env: Mapping[str, str], context: str | None) -> None:
+        if context is None:
+            context = (
+                "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            )
+        self._ctx: Any = multiprocessing.get_context(context)
+        if context == "forkserver":
+            self._ctx.set_forkserver_preload(["tcpy", "tcpy.sandbox"])
+        self._env = dict(env)
+        self.workers = [self._start() for _ in range(jobs)]
+
+    def _start(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(target=_worker_main, args=(child, self._env), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent)
+
+    def restart(self, worker: _Worker) -> _Worker:
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        fresh = self._start()
+        self.workers[self.workers.index(worker)] = fresh
+        return fresh
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.conn.close()
+        for w in self.workers:
+            w.process.join(timeout=5)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+
+
+def run_tasks(
+    fn: Callable[..., Any],
+    tasks: Iterable[tuple[Any, ...]],
+    *,
+    jobs: int | None = None,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    context: str | None = None,
+) -> Iterator[tuple[int, Outcome]]:
+    """Run `fn(*args)` for every args of `tasks` on `jobs` worker processes (default:
+    the CPU count), yielding `(index, outcome)` as tasks finish, in any order.
+
+    `fn` must be a module-level function (it is pickled by name). A task that runs past
+    `timeout` seconds is a `HANG` and one whose worker dies is a `CRASH`; either way
+    the worker is replaced and the remaining tasks go on. `env` is set in each worker.
+
+    `context` is a multiprocessing start method; the default is `forkserver` where
+    there is one: a worker forked from a process that has already run an OpenMP kernel
+    (a test session, a tuner that timed candidates) hangs in its first parallel region,
+    because libgomp's thread pool does not survive `fork`. The fork server has never
+    run one, and it has imported tcpy already, so workers still start quickly.
+    """
+    pending = iter(enumerate(tasks))
+    pool = _Pool(jobs or os.cpu_count() or 1, env or {}, context)
+    try:
+        busy = 0
+        for w in list(pool.workers):
+            busy += _assign(w, fn, pending, timeout)
+        while busy:
+            ready = wait([w.conn for w in pool.workers if w.task is not None],
+                         timeout=_time_left(pool.workers))  # fmt: skip
+            for w in list(pool.workers):
+                if w.task is None:
+                    continue
+                index = w.task
+                result = _collect(w, ready)
+                if result is None:
+                    continue
+                if result.failure in (Failure.CRASH, Failure.HANG):
+                    w = pool.restart(w)
+                else:
+                    w.task = None
+                busy -= 1
+                yield index, result
+                busy += _assign(w, fn, pending, timeout)
+    finally:
+        pool.close()
+
+
+class Sandbox:
+    """Worker processes kept across calls, for callers that run one task at a time and
+    decide the next from the last (a shrinker, a tuner's next candidate):
+    `with Sandbox() as sb: outcome = sb.run(fn, args, timeout)`."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, context: str | None = None) -> None:
+        self._pool = _Pool(1, env or {}, context)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float = 60.0) -> Outcome:
+        w = self._pool.workers[0]
+        _assign(w, fn, iter([(0, args)]), timeout)
+        while True:
+            result = _collect(w, wait([w.conn], timeout=_time_left([w])))
+            if result is not None:
+                break
+        if result.failure in (Failure.CRASH, Failure.HANG):
+            self._pool.restart(w)
+        else:
+            w.task = None
+        return result
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _assign(
+    w: _Worker,
+    fn: Callable[..., Any],
+    pending: Iterator[tuple[int, tuple[Any, ...]]],
+    timeout: float,
+) -> int:
+    """Give `w` the next task, if any; returns how many tasks it started (0 or 1)."""
+    try:
+        index, args = next(pending)
+    except StopIteration:
+        return 0
+    w.conn.send((fn, args))
+    w.task, w.deadline = index, time.monotonic() + timeout
+    return 1
+
+
+def _time_left(workers: list[_Worker]) -> float:
+    deadlines = [w.deadline for w in workers if w.task is not None]
+    return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
+
+
+def _collect(w: _Worker, ready: list[Any]) -> Outcome | None:
+    """The outcome of `w`'s task if it ended (or must be ended now), else None."""
+    if w.conn in ready:
+        try:
+            outcome: Outcome = w.conn.recv()
+            return outcome
+        except (EOFError, OSError):
+            w.process.join(timeout=5)
+            code = w.process.exitcode
+            return Outcome(Failure.CRASH, f"the worker died (exit code {code})")
+    if time.monotonic() >= w.deadline:
+        return Outcome(Failure.HANG, "the task ran past its timeout; the worker was killed")
+    return None
+
+
+# --- inputs and the differential check --------------------------------------------------
+
+
+def make_inputs(
+    cdef: Any, sizes: Mapping[str, int], seed: int, kind: str = "exact"
+) -> tuple[np.ndarray, ...]:
+    """Inputs for `cdef` (a `tcpy.CheckedDef`) at `sizes`, from `seed`.
+
+    `exact`: small integers in -3..3 (in float tensors too), so that every evaluation
+    order of + - * min max gives the same bits; an integer tensor used as a subscript
+    gets values inside every extent it indexes. `exact-nan` also puts NaN into about a
+    tenth of the float elements. `random`: `tcpy.inputs.random_inputs`."""
+    from tcpy.inputs import random_inputs
+
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return random_inputs(cdef, sizes, rng)
+    if kind not in ("exact", "exact-nan"):
+        raise ValueError(f"unknown input kind {kind!r}")
+    bounds = _gather_bounds(cdef, sizes)
+    out = []
+    for info in cdef.inputs:
+        shape = tuple(d.evaluate(sizes) for d in info.shape)
+        if info.name in bounds:
+            values = rng.integers(0, max(bounds[info.name], 1), size=shape)
+        elif info.scalar.is_bool:
+            values = rng.integers(0, 2, size=shape)
+        else:
+            values = rng.integers(-3, 4, size=shape)
+        array = np.array(values, dtype=info.scalar.dtype, order="C")  # 0-d stays 0-d
+        if kind == "exact-nan" and info.scalar.is_float and array.size:
+            array[rng.random(shape) < 0.1] = np.nan
+        out.append(array)
+    return tuple(out)
+
+
+def _gather_bounds(cdef: Any, sizes: Mapping[str, int]) -> dict[str, int]:
+    """For each tensor read inside a subscript, the least extent it indexes."""
+    from tcpy.parser import ast
+
+    bounds: dict[str, int] = {}
+    for st in cdef.statements:
+        for node in ast.walk(st.rhs):
+            if not isinstance(node, ast.Access):
+                continue
+            shape = cdef.tensor(node.tensor).shape
+            for k, arg in enumerate(node.args):
+                for inner in ast.walk(arg):
+                    if isinstance(inner, ast.Access):
+                        extent = shape[k].evaluate(sizes)
+                        bounds[inner.tensor] = min(bounds.get(inner.tensor, extent), extent)
+    return bounds
+
+
+def same_outputs(got: Any, want: Any) -> str | None:
+    """None when `got` equals `want` exactly (NaN where NaN), else what differs."""
+    got_t = got if isinstance(got, tuple) else (got,)
+    want_t = want if isinstance(want, tuple) else (want,)
+    if len(got_t) != len(want_t):
+        return f"{len(got_t)} outputs, expected {len(want_t)}"
+    for k, (g, w) in enumerate(zip(got_t, want_t, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return f"output {k}: {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
+        nan = w.dtype.kind == "f"
+        if not np.array_equal(g, w, equal_nan=nan):
+            bad = np.argwhere(~((g == w) | (np.isnan(g) & np.isnan(w)) if nan else (g == w)))
+            where = tuple(int(i) for i in bad[0])
+            return (
+                f"output {k} differs at {len(bad)} of {w.size} elements; first at {where}: "
+                f"{g[where]!r}, expected {w[where]!r}"
+            )
+    return None
+
+
+def check_against_reference(
+    source: str,
+    entry: str,
+    sizes: Mapping[str, int],
+    input_seed: int,
+    options: Mapping[str, Any] | None,
+    target: str,
+    inputs: str = "exact",
+) -> dict[str, float]:
+    """Compile `entry` of `source` for `target` with `options` (a `to_dict()`; None for
+    the target's default), run it and the reference on the same inputs, and raise
+    `WrongResult` if they differ. Returns `{"compile_seconds": ...}`."""
+    import warnings
+
+    import tcpy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = tcpy.ExecutionEngine("reference")
+        try:
+            ref.define(source)
+            args = make_inputs(ref.checked(entry), sizes, input_seed, inputs)
+            want = ref.run(entry, *args)
+        except TCError as e:
+            raise InvalidCase(f"the reference rejects the case: {type(e).__name__}: {e}") from e
+        opts = tcpy.MappingOptions.from_dict(dict(options)) if options is not None else None
+        engine = tcpy.ExecutionEngine(target)
+        engine.define(source)
+        start = time.perf_counter()
+        kernel = engine.compile(entry, *args, options=opts)
+        seconds = time.perf_counter() - start
+        got = kernel(*args)
+    difference = same_outputs(got, want)
+    if difference is not None:
+        raise WrongResult(difference)
+    return {"compile_seconds": seconds}
+
+
+def define_only(source: str) -> str:
+    """The front end alone: a `TCError` is the expected answer to a bad program and is
+    returned as text; anything else escapes and is classified by `run_task`."""
+    import warnings
+
+    import tcpy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            tcpy.ExecutionEngine("reference").define(source)
+        except TCError as e:
+            return type(e).__name__
+    return "ok"
+
+
+def replay_task(
+    source: str,
+    entry: str,
+    sizes: Mapping[str, int],
+    input_seed: int,
+    options: Mapping[str, Any] | None,
+    target: str,
+    inputs: str = "exact",
+) -> Any:
+    """The task a replay re-runs: target `define` is the front end alone (the source
+    mutator's failures), any other target the differential check."""
+    if target == "define":
+        return define_only(source)
+    return check_against_reference(source, entry, sizes, input_seed, options, target, inputs)
+
+
+# --- replays ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One failing run, enough to run it again: the tuner and the fuzzer write the same
+    format. `inputs` names the recipe of `make_inputs`; `meta` holds what the writer
+    wants to keep (the fuzzer's generator seed, the tuner's generation)."""
+
+    source: str
+    entry: str
+    sizes: dict[str, int]
+    input_seed: int
+    options: dict[str, Any] | None
+    target: str
+    failure: str
+    detail: str = ""
+    inputs: str = "exact"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def args(self) -> tuple[Any, ...]:
+        """The arguments of `replay_task` for this run."""
+        return (self.source, self.entry, self.sizes, self.input_seed, self.options,
+                self.target, self.inputs)  # fmt: skip
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Replay:
+        data = json.loads(Path(path).read_text())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def replay(path: str | Path) -> Outcome:
+    """Re-run the replay at `path` in this process (a crash takes this process down;
+    run it under `run_tasks` to classify one) and return its outcome."""
+    r = Replay.load(path)
+    return run_task(replay_task, r.args())

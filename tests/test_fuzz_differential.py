@@ -1,0 +1,187 @@
+"""The differential fuzzer (`tools/fuzz`) and its sandbox (`tcpy.sandbox`).
+
+A few hundred fixed-seed (program, options) pairs run here on `cpu` and `cuda-emu`
+against the reference; the long runs (`python -m tools.fuzz --n 10000`) are not part of
+the suite. The sandbox is checked on tasks that fail in each of its classes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tcpy
+from tcpy.sandbox import Failure, Replay, Sandbox, WrongResult, replay, run_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.fuzz.generate import generate  # noqa: E402
+from tools.fuzz.mutate import mutate, seed_sources  # noqa: E402
+from tools.fuzz.options import sample_options  # noqa: E402
+from tools.fuzz.program import FLOAT, Bin, Decl, Invalid, Lin, Program, Read, Stmt, analyze  # noqa: E402
+from tools.fuzz.run import fuzz, fuzz_frontend  # noqa: E402
+from tools.fuzz.shrink import Case, shrink_case  # noqa: E402
+
+# --- sandbox tasks (module level, so that workers can import them by name) -----------
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)
+
+
+def value_error() -> None:
+    raise ValueError("not a TCError")
+
+
+def tc_error() -> None:
+    raise tcpy.TCCompileError("the C compiler said no")
+
+
+def wrong() -> None:
+    raise WrongResult("output 0 differs")
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+@pytest.mark.parametrize(
+    "fn, failure",
+    [
+        (segfault, Failure.CRASH),
+        (sleep_forever, Failure.HANG),
+        (value_error, Failure.INTERNAL_ERROR),
+        (tc_error, Failure.COMPILE_ERROR),
+        (wrong, Failure.WRONG_RESULT),
+    ],
+)
+def test_sandbox_classifies(fn: object, failure: Failure) -> None:
+    [(index, outcome)] = list(run_tasks(fn, [()], jobs=1, timeout=3))  # type: ignore[arg-type]
+    assert index == 0 and outcome.failure is failure
+
+
+def test_sandbox_goes_on_after_a_crash() -> None:
+    """A dead or killed worker is replaced; the other tasks still run."""
+    with Sandbox() as sb:
+        assert sb.run(segfault, (), 5).failure is Failure.CRASH
+        assert sb.run(sleep_forever, (), 1).failure is Failure.HANG
+        assert sb.run(double, (21,), 5).value == 42
+    results = dict(run_tasks(double, [(i,) for i in range(6)], jobs=2, timeout=30))
+    assert {i: o.value for i, o in results.items()} == {i: 2 * i for i in range(6)}
+
+
+def test_replay_round_trip(tmp_path: Path) -> None:
+    r = Replay(
+        source="def f(float(N) A) -> (B) { B(i) = A(i) * 2.0 }",
+        entry="f",
+        sizes={"N": 17},
+        input_seed=3,
+        options=tcpy.MappingOptions(tile=(4,), unroll=2).to_dict(),
+        target="cpu",
+        failure=Failure.WRONG_RESULT.value,
+        detail="recorded",
+        meta={"generator_seed": 7},
+    )
+    path = tmp_path / "r.json"
+    r.save(path)
+    assert Replay.load(path) == r
+    outcome = replay(path)
+    assert outcome.failure is None and not outcome.invalid
+    bad = dataclasses.replace(r, source="def f(float(N) A) -> (B) { B(i) = A(i) * }")
+    bad.save(path)
+    assert replay(path).invalid
+
+
+# --- generator, options, shrinker, mutator ------------------------------------------
+
+
+def test_generated_programs_pass_the_front_end() -> None:
+    engine = tcpy.ExecutionEngine("reference")
+    for seed in range(60):
+        program = generate(random.Random(seed))
+        analyze(program)
+        engine.define(program.render())
+
+
+def test_options_are_valid_and_cover_every_field() -> None:
+    rng = random.Random(0)
+    seen: dict[str, set[str]] = {}
+    for _ in range(300):
+        for name, value in sample_options(rng).to_dict().items():
+            seen.setdefault(name, set()).add(repr(value))
+    varied = {n for n, values in seen.items() if len(values) > 1}
+    refused = {"use_shared_memory", "use_private_memory", "unroll_copy_shared"}
+    assert varied == set(seen) - refused
+    assert max(sample_options(rng).unroll for _ in range(200)) < 65535
+
+
+def test_shrinker_finds_a_minimal_case() -> None:
+    """A synthetic failure: any program with a `*=` statement fails while `tile` is set."""
+    program = next(
+        p for p in map(generate, map(random.Random, range(500)))
+        if any(s.op.startswith("*=") for s in p.stmts) and len(p.stmts) >= 3
+    )  # fmt: skip
+    options = sample_options(random.Random(1)).replace(tile=(4, 4)).to_dict()
+
+    def fails(c: Case) -> bool:
+        return bool(c.options["tile"]) and any(s.op.startswith("*=") for s in c.program.stmts)
+
+    small = shrink_case(Case(program, options), fails, seconds=30)
+    assert fails(small)
+    assert len(small.program.stmts) <= 2
+    assert all(v <= 2 for v in small.program.sizes.values())
+    default = tcpy.MappingOptions().to_dict()
+    assert {k for k in small.options if small.options[k] != default[k]} == {"tile"}
+    analyze(small.program)
+
+
+def test_analysis_rejects_overflow() -> None:
+    """A sum of 3-factor products over K terms is exact only while 27*K < 2**24."""
+    a = Read("A", (Lin((("i", 1),)), Lin((("k", 1),))))
+    st = Stmt("O", ("i",), "+=!", Bin("*", a, Bin("*", a, a)))
+    program = Program("f", (Decl("A", FLOAT, ("N", "K")),), ("O",), (st,), {"N": 2, "K": 600_000})
+    assert analyze(program).bounds["O"] == 27 * 600_000
+    with pytest.raises(Invalid):
+        analyze(dataclasses.replace(program, sizes={"N": 2, "K": 700_000}))
+
+
+def test_mutator_keeps_the_front_end_honest(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    assert len({mutate(t, rng) for t in seed_sources()[:20]}) > 10
+    summary = fuzz_frontend(300, seed=1, jobs=2, out=tmp_path, log=None)
+    assert summary.pairs == 300
+    assert not summary.failures, [p.read_text() for p in summary.saved]
+
+
+# --- the differential runs ----------------------------------------------------------
+
+
+def _run(target: str, n: int, seed: int, tmp_path: Path) -> None:
+    jobs = min(2, os.cpu_count() or 1)
+    summary = fuzz(target, n, seed=seed, jobs=jobs, timeout=120, out=tmp_path,
+                   shrink_seconds=0, log=None)  # fmt: skip
+    assert summary.rejects <= n // 50, summary.line()
+    assert not summary.failures, "\n".join(
+        [summary.line()] + [p.read_text() for p in summary.saved]
+    )
+
+
+def test_fuzz_cpu(tmp_path: Path) -> None:
+    _run("cpu", 120, seed=1, tmp_path=tmp_path)
+
+
+def test_fuzz_cuda_emu(tmp_path: Path) -> None:
+    _run("cuda-emu", 30, seed=2, tmp_path=tmp_path)

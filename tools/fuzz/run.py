@@ -1,0 +1,223 @@
+"""The fuzzing loops: differential (program, options) pairs, and front-end mutations.
+
+Every case runs in a `tcpy.sandbox` worker, so a crash or a hang is classified rather
+than fatal. Failures are written as `Replay` JSON files and shrunk (within a time
+bound) to a minimal replay beside the original. Pair `i` of seed `S` is generated from
+`random.Random(S * 1_000_003 + i)`, which the replay keeps, so the shrinker can rebuild
+the program's IR from the file.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tcpy.sandbox import (
+    Failure,
+    Outcome,
+    Replay,
+    Sandbox,
+    define_only,
+    replay_task,
+    run_tasks,
+)
+from tools.fuzz.generate import generate
+from tools.fuzz.mutate import mutate, seed_sources, token_soup
+from tools.fuzz.options import sample_options
+from tools.fuzz.shrink import Case, TextCase, shrink_case, shrink_text
+
+WORKER_ENV = {"TCPY_VERIFY": "1"}
+
+
+def pair_seed(seed: int, i: int) -> int:
+    return seed * 1_000_003 + i
+
+
+def make_pair(seed: int, target: str) -> Replay:
+    """The (program, options) pair of a generator seed, as a not-yet-failed replay."""
+    rng = random.Random(seed)
+    program = generate(rng)
+    options = sample_options(rng)
+    return Replay(
+        source=program.render(),
+        entry=program.name,
+        sizes=dict(program.sizes),
+        input_seed=seed,
+        options=options.to_dict(),
+        target=target,
+        failure="",
+        inputs="exact-nan" if program.nan else "exact",
+        meta={"generator_seed": seed},
+    )
+
+
+@dataclass
+class Summary:
+    pairs: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    tc_errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    rejects: int = 0
+    slowest: float = 0.0
+    saved: list[Path] = field(default_factory=list)
+
+    def add(self, outcome: Outcome) -> None:
+        self.pairs += 1
+        if outcome.invalid:
+            self.rejects += 1
+        elif outcome.failure is not None:
+            self.failures[outcome.failure.value] += 1
+            if outcome.failure is Failure.COMPILE_ERROR:
+                self.tc_errors[outcome.detail.split(":", 1)[0]] += 1
+        if isinstance(outcome.value, dict):
+            self.slowest = max(self.slowest, outcome.value.get("compile_seconds", 0.0))
+
+    def line(self) -> str:
+        f = self.failures
+        errors = ",".join(f"{k}:{v}" for k, v in sorted(self.tc_errors.items())) or "0"
+        return (
+            f"pairs={self.pairs} mismatches={f['wrong_result']} escapes={f['internal_error']} "
+            f"crashes={f['crash']} hangs={f['hang']} tc_errors={errors} "
+            f"generator_rejects={self.rejects} slowest_compile={self.slowest:.2f}s"
+        )
+
+
+@contextmanager
+def private_cache() -> Iterator[None]:
+    """Kernels built while fuzzing go to a temporary cache, deleted at the end, so the
+    user's cache is not filled with thousands of one-off kernels."""
+    old = os.environ.get("TCPY_CACHE_DIR")
+    path = tempfile.mkdtemp(prefix="tcpy-fuzz-cache-")
+    os.environ["TCPY_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TCPY_CACHE_DIR", None)
+        else:
+            os.environ["TCPY_CACHE_DIR"] = old
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def fuzz(
+    target: str,
+    n: int,
+    seed: int = 0,
+    jobs: int | None = None,
+    timeout: float = 120.0,
+    out: Path | None = Path("fuzz-failures"),
+    shrink_seconds: float = 60.0,
+    log: Any = sys.stderr,
+) -> Summary:
+    """Run `n` pairs on `target`; save and shrink the failures under `out`."""
+    summary = Summary()
+    pairs = [make_pair(pair_seed(seed, i), target) for i in range(n)]
+    start, last = time.monotonic(), time.monotonic()
+    failed: list[Replay] = []
+    with private_cache():
+        env = {**WORKER_ENV, "TCPY_CACHE_DIR": os.environ["TCPY_CACHE_DIR"]}
+        for i, outcome in run_tasks(replay_task, [p.args() for p in pairs], jobs=jobs,
+                                    timeout=timeout, env=env):  # fmt: skip
+            summary.add(outcome)
+            if outcome.failure is not None:
+                failed.append(dataclasses.replace(
+                    pairs[i], failure=outcome.failure.value, detail=outcome.detail))  # fmt: skip
+            if log and time.monotonic() - last > 10:
+                last = time.monotonic()
+                print(f"[{time.monotonic() - start:.0f}s] {summary.line()}", file=log, flush=True)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            for r in failed:
+                path = out / f"{target}-{r.failure}-{r.meta['generator_seed']}.json"
+                r.save(path)
+                summary.saved.append(path)
+                if shrink_seconds > 0:
+                    summary.saved.append(shrink_file(path, shrink_seconds, timeout, env))
+    return summary
+
+
+def signature(outcome: Outcome) -> tuple[str, str]:
+    """What must stay the same while shrinking: the class, and for errors the type."""
+    if outcome.failure is None:
+        return ("", "")
+    detail = outcome.detail.strip()
+    if outcome.failure is Failure.COMPILE_ERROR:
+        return (outcome.failure.value, detail.split(":", 1)[0])
+    if outcome.failure is Failure.INTERNAL_ERROR:
+        return (outcome.failure.value, detail.splitlines()[-1].split(":", 1)[0])
+    return (outcome.failure.value, "")
+
+
+def shrink_file(
+    path: Path, seconds: float, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> Path:
+    """Shrink the replay at `path`; writes and returns `<name>.min.json` beside it."""
+    original = Replay.load(path)
+    with Sandbox(env={**WORKER_ENV, **(env or {})}) as sb:
+        want = signature(sb.run(replay_task, original.args(), timeout))
+        if want == ("", ""):
+            raise SystemExit(f"{path} does not fail any more")
+
+        def fails(r: Replay) -> bool:
+            return signature(sb.run(replay_task, r.args(), timeout)) == want
+
+        smallest = _shrink(original, fails, seconds)
+    out = path.with_name(path.name.removesuffix(".json") + ".min.json")
+    smallest.save(out)
+    return out
+
+
+def _shrink(original: Replay, fails: Any, seconds: float) -> Replay:
+    seed = original.meta.get("generator_seed")
+    rebuilt = make_pair(seed, original.target) if isinstance(seed, int) else None
+    if rebuilt is not None and rebuilt.source == original.source:
+        program = generate(random.Random(seed))
+
+        def as_replay(c: Case) -> Replay:
+            return dataclasses.replace(original, source=c.program.render(),
+                                       sizes=dict(c.program.sizes), options=c.options)  # fmt: skip
+
+        best = shrink_case(Case(program, dict(original.options or {})),
+                           lambda c: fails(as_replay(c)), seconds)  # fmt: skip
+        return as_replay(best)
+
+    def text_replay(c: TextCase) -> Replay:
+        return dataclasses.replace(original, source=c.source, sizes=c.sizes, options=c.options)
+
+    best_text = shrink_text(TextCase(original.source, original.sizes, original.options),
+                            lambda c: fails(text_replay(c)), seconds)  # fmt: skip
+    return text_replay(best_text)
+
+
+def fuzz_frontend(
+    n: int, seed: int = 0, jobs: int | None = None, timeout: float = 20.0,
+    out: Path | None = Path("fuzz-failures"), log: Any = sys.stderr,
+) -> Summary:  # fmt: skip
+    """Run `n` mutated sources through the front end; anything but a TCError (or
+    acceptance) is a failure, saved as a replay of target `define`."""
+    rng = random.Random(seed)
+    seeds = seed_sources()
+    sources = [mutate(rng.choice(seeds), rng) if rng.random() < 0.8 else token_soup(rng)
+               for _ in range(n)]  # fmt: skip
+    summary = Summary()
+    for i, outcome in run_tasks(define_only, [(s,) for s in sources], jobs=jobs,
+                                timeout=timeout, env=WORKER_ENV):  # fmt: skip
+        summary.add(outcome)
+        if outcome.failure is not None and out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            r = Replay(sources[i], "", {}, 0, None, "define", outcome.failure.value,
+                       outcome.detail, meta={"mutation_seed": seed, "index": i})  # fmt: skip
+            path = out / f"define-{r.failure}-{seed}-{i}.json"
+            r.save(path)
+            summary.saved.append(path)
+    return summary
