@@ -55,13 +55,13 @@ was one.
 Temporary directories (`tcpy-XXXXXXXX` under the system temp dir, mode 0700) hold
 kernels built without a disk cache. Each is removed as soon as its kernel is loaded:
 the target reads the source text into memory, and Linux keeps a loaded library mapped
-after its file is removed. A caller that reads the files after `compiled` returns
-(`keep`) has them removed at interpreter exit instead.
+after its file is removed (the CUDA driver copies a cubin when it loads it). A build
+that must not be cached (its compiler fell back because the machine was slow) is
+loaded from its staging directory and never published.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import hashlib
@@ -369,36 +369,16 @@ def _seal(staging: Path, key: str, required: Sequence[str], extra: dict[str, Any
 
 # --- private temporary directories --------------------------------------------------------
 
-_live: set[Path] = set()  # scratch directories in use
-_kept: set[Path] = set()  # scratch directories whose files are read after `compiled`
-
-
-@atexit.register
-def _remove_kept() -> None:
-    for path in _kept:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 @contextlib.contextmanager
 def scratch_directory() -> Iterator[Path]:
     """A private temporary directory (`tcpy-XXXXXXXX`, 0700), removed when the block
-    exits unless `keep` was called on it."""
+    exits (a library loaded from it stays usable: Linux keeps an open file's data)."""
     path = Path(tempfile.mkdtemp(prefix="tcpy-"))
-    _live.add(path)
     try:
         yield path
     finally:
-        _live.discard(path)
-        if path not in _kept:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def keep(directory: Path) -> Path:
-    """`directory`, kept until interpreter exit if it is a scratch directory: for callers
-    that read the kernel's files after `compiled` returns."""
-    if directory in _live:
-        _kept.add(directory)
-    return directory
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # --- found, or built and published --------------------------------------------------------
@@ -415,7 +395,9 @@ def compiled(
     there, or built by `build`, published, and loaded. A found entry whose files pass
     their hashes but do not load is damaged all the same: it is discarded and built
     again, once. Without a usable disk cache the files are built in a scratch directory
-    that is removed as soon as `load` returns."""
+    that is removed as soon as `load` returns. A build whose metadata says
+    `"cache": False` (a result that depends on how busy the machine was) is loaded
+    from where it was built and never published."""
     if disk is not None:
         found = disk.lookup(key, required)
         if found is not None:
@@ -423,9 +405,26 @@ def compiled(
                 return load(found), True
             except (OSError, TCLaunchError):
                 disk.discard(key)
-        stored = disk.store(key, build, required)
+        unpublished: list[K] = []
+
+        def build_unless_transient(staging: Path) -> dict[str, Any]:
+            extra = build(staging)
+            if extra.get("cache", True):
+                return extra
+            unpublished.append(load(staging))
+            raise _Transient
+
+        try:
+            stored = disk.store(key, build_unless_transient, required)
+        except _Transient:
+            return unpublished[0], False
         if stored is not None:
             return load(stored), False
     with scratch_directory() as directory:
         build(directory)
         return load(directory), False
+
+
+class _Transient(Exception):
+    """Raised through `DiskCache.store` by a build that must not be published (the
+    store removes its staging directory on the way)."""

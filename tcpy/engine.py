@@ -90,7 +90,7 @@ class ExecutionEngine:
                 self._session.stats.memory_hits += 1
         except TCError as e:
             raise e.with_source(cdef.source) from None
-        return Compiled(cdef, options, kernel, key[1]), binding
+        return Compiled(cdef, kernel.options, kernel, key[1]), binding
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         defs = self.__dict__.get("_defs", {})
@@ -104,7 +104,8 @@ class ExecutionEngine:
 
 class Compiled:
     """A kernel for one signature: `.source` is the generated code, `.options` the
-    mapping options it was built with; call it with inputs of that signature."""
+    mapping options it was built with (those asked for, as any fallback of the
+    compiler changed them); call it with inputs of that signature."""
 
     def __init__(self, cdef: CheckedDef, options: MappingOptions, kernel: Kernel, signature: Any):
         self.cdef = cdef

@@ -9,6 +9,9 @@
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
   (default `sm_90`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
+- `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
+  before tcpy stops it and falls back to a cheaper one (default 3; a compile's isl
+  work stops after about three times that).
 """
 
 from __future__ import annotations
@@ -51,3 +54,12 @@ def cuda_driver() -> str | None:
 
 def cuda_arch() -> str:
     return os.environ.get("TCPY_CUDA_ARCH", "sm_90")
+
+
+def isl_seconds() -> float:
+    """The wall-clock limit of one isl analysis (`TCPY_ISL_SECONDS`, default 3 s)."""
+    try:
+        value = float(os.environ.get("TCPY_ISL_SECONDS", "3"))
+    except ValueError:
+        return 3.0
+    return value if value > 0 else 3.0

@@ -22,10 +22,10 @@ from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
-from tcpy.poly.dependences import Dependences, compute_dependences
+from tcpy.poly.analysis import Analysis, analyse
+from tcpy.poly.dependences import Dependences
 from tcpy.poly.isl_helpers import isl_errors
-from tcpy.poly.schedule import schedule_scop
-from tcpy.poly.scop import Scop, build_scop
+from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import verify
 from tcpy.runtime import cpu as runtime
 
@@ -35,12 +35,14 @@ class Lowered:
     """Everything one compilation produced, for inspection (`tcpy compile --emit`)."""
 
     cdef: CheckedDef
-    options: MappingOptions
+    options: MappingOptions  # what ran: the given options, changed by any fallback
     scop: Scop
     dependences: Dependences
     schedule: isl.Schedule  # after mapping
     ast: Ast
     source: str
+    fallbacks: tuple[str, ...] = ()  # what a fallback gave up, in words
+    clock_forced: bool = False  # a fallback came from a wall-clock stop: do not cache
 
 
 def lower_to_c(
@@ -50,27 +52,34 @@ def lower_to_c(
     check: bool | None = None,
 ) -> Lowered:
     check = knobs.verify_schedules() if check is None else check
+    # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
+    analysis = _analyse(cdef, sizes, options, check)
+    scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
-    scop, deps, schedule = _schedule(cdef, fixed, options, check)
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
     with isl_errors(f"mapping {cdef.name} to the CPU"):
-        schedule = map_to_cpu(schedule, scop, deps, options)
+        schedule = map_to_cpu(analysis.schedule, scop, deps, options)
     _verify(check, schedule, scop, deps)
     # 5. isl's AST generator turns the schedule tree into loops.
     ast = build_ast(scop, schedule)
     # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
     source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
-    return Lowered(cdef, options, scop, deps, schedule, ast, source)
+    return Lowered(
+        cdef, options, scop, deps, schedule, ast, source,
+        analysis.fallbacks, analysis.clock_forced,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False, slots=True)
 class LoweredCuda:
     cdef: CheckedDef
-    options: MappingOptions
+    options: MappingOptions  # what ran: the given options, changed by any fallback
     scop: Scop
     mapping: GpuMapping
     asts: tuple[Ast, ...]
     source: str
+    fallbacks: tuple[str, ...] = ()
+    clock_forced: bool = False
 
 
 def lower_to_cuda(
@@ -80,11 +89,13 @@ def lower_to_cuda(
     check: bool | None = None,
 ) -> LoweredCuda:
     check = knobs.verify_schedules() if check is None else check
+    # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
+    analysis = _analyse(cdef, sizes, options, check)
+    scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
-    scop, deps, schedule = _schedule(cdef, fixed, options, check)
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
     with isl_errors(f"mapping {cdef.name} to the GPU"):
-        mapping = map_to_gpu(schedule, scop, options)
+        mapping = map_to_gpu(analysis.schedule, scop, options)
     _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
     asts = tuple(
@@ -93,21 +104,20 @@ def lower_to_cuda(
     )
     # 6. The CUDA printer: one __global__ function per kernel.
     source = print_cuda(scop, mapping, list(asts), options, fixed)
-    return LoweredCuda(cdef, options, scop, mapping, asts, source)
+    return LoweredCuda(
+        cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced
+    )
 
 
-def _schedule(
-    cdef: CheckedDef, fixed: Mapping[str, int] | None, options: MappingOptions, check: bool
-) -> tuple[Scop, Dependences, isl.Schedule]:
-    """The stages every target shares."""
-    # 1. Iteration domains and accesses, parametric or at the call's sizes.
-    scop = build_scop(cdef, fixed)
-    # 2. Every order the program's meaning depends on.
-    deps = compute_dependences(scop)
-    # 3. isl's scheduler picks loop order and fusion under the fusion strategy.
-    schedule = schedule_scop(scop, deps, options)
-    _verify(check, schedule, scop, deps)
-    return scop, deps, schedule
+def _analyse(
+    cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions, check: bool
+) -> Analysis:
+    """The stages every target shares: the scop (parametric, or at the call's sizes),
+    every order the program's meaning depends on, and isl's choice of loop order and
+    fusion under the fusion strategy; each isl step bounded in time, with fallbacks."""
+    analysis = analyse(cdef, sizes, options)
+    _verify(check, analysis.schedule, analysis.scop, analysis.deps)
+    return analysis
 
 
 def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,12 @@ from tcpy.reference import interpreter
 class Kernel(Protocol):
     @property
     def source(self) -> str: ...
+
+    @property
+    def options(self) -> MappingOptions:
+        """The options the kernel was built with: those asked for, as any fallback of
+        the compiler changed them."""
+        ...
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]: ...
 
@@ -60,6 +66,7 @@ class Session:
 class ReferenceKernel:
     cdef: CheckedDef
     source: str
+    options: MappingOptions
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         return interpreter.run(self.cdef, binding)
@@ -73,6 +80,7 @@ class HostKernel:
     cdef: CheckedDef
     source: str
     run: Callable[[list[int], list[np.ndarray]], None]
+    options: MappingOptions
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         cdef = self.cdef
@@ -102,7 +110,7 @@ class Reference(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
-        return ReferenceKernel(cdef, summary(cdef))
+        return ReferenceKernel(cdef, summary(cdef), options)
 
 
 class Cpu(Target):
@@ -117,14 +125,16 @@ class Cpu(Target):
         from tcpy.pipeline import lower_to_c
         from tcpy.runtime import cpu as runtime
 
-        def build(directory: Path) -> None:
-            source = lower_to_c(cdef, binding.sizes, options).source
-            (directory / "kernel.c").write_text(source)
+        def build(directory: Path) -> dict[str, Any]:
+            lowered = lower_to_c(cdef, binding.sizes, options)
+            (directory / "kernel.c").write_text(lowered.source)
             runtime.build(directory / "kernel.c", directory / "kernel.so")
+            return _write_record(directory, lowered.options, lowered.clock_forced)
 
         def load(directory: Path) -> Kernel:
             kernel = runtime.CpuKernel(directory / "kernel.so")
-            return HostKernel(cdef, (directory / "kernel.c").read_text(), kernel)
+            source = (directory / "kernel.c").read_text()
+            return HostKernel(cdef, source, kernel, _read_record(directory))
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
@@ -147,7 +157,7 @@ class CudaEmu(Target):
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import emulator
 
-        def build(directory: Path) -> None:
+        def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_cuda(cdef, binding.sizes, options)
             (directory / "kernel.cu").write_text(lowered.source)
             params = kernel_parameters(lowered.scop)
@@ -157,11 +167,13 @@ class CudaEmu(Target):
             )
             emulator.build(lowered.source, launchers, directory)
             _write_launches(directory, lowered.mapping)
+            return _write_record(directory, lowered.options, lowered.clock_forced)
 
         def load(directory: Path) -> Kernel:
             launches = _read_launches(directory)
             kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
-            return HostKernel(cdef, (directory / "kernel.cu").read_text(), kernels)
+            source = (directory / "kernel.cu").read_text()
+            return HostKernel(cdef, source, kernels, _read_record(directory))
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
@@ -171,67 +183,51 @@ class CudaEmu(Target):
 
 # The files each target's kernel is loaded from: a cache entry holds exactly these.
 _CACHED_FILES = {
-    "cpu": ("kernel.c", "kernel.so"),
-    "cuda-emu": ("kernel.cu", "kernel-emu.so", "launches.json"),
-    "cuda": ("kernel.cu", "kernel.cubin", "launches.json"),
+    "cpu": ("kernel.c", "kernel.so", "built.json"),
+    "cuda-emu": ("kernel.cu", "kernel-emu.so", "launches.json", "built.json"),
+    "cuda": ("kernel.cu", "kernel.cubin", "launches.json", "built.json"),
 }
+
+
+def _write_record(
+    directory: Path, built_with: MappingOptions, clock_forced: bool
+) -> dict[str, Any]:
+    """Write `built.json`: the options the kernel was built with (after the compiler's
+    fallbacks). Returns the entry's metadata; a build whose fallback came from the
+    clock is not cached, since a quieter machine may do better."""
+    (directory / "built.json").write_text(built_with.to_json())
+    return {"options": built_with.to_dict(), "cache": not clock_forced}
+
+
+def _read_record(directory: Path) -> MappingOptions:
+    return MappingOptions.from_dict(json.loads((directory / "built.json").read_text()))
+
+
 Loaded = TypeVar("Loaded")
 
 
-@overload
 def _compiled(
     target: str,
     cdef: CheckedDef,
     binding: Binding,
     options: MappingOptions,
     session: Session,
-    build: Callable[[Path], None],
-    device: str,
-    toolchain: str,
-) -> Path: ...
-
-
-@overload
-def _compiled(
-    target: str,
-    cdef: CheckedDef,
-    binding: Binding,
-    options: MappingOptions,
-    session: Session,
-    build: Callable[[Path], None],
+    build: Callable[[Path], dict[str, Any]],
     device: str,
     toolchain: str,
     load: Callable[[Path], Loaded],
-) -> Loaded: ...
-
-
-def _compiled(
-    target: str,
-    cdef: CheckedDef,
-    binding: Binding,
-    options: MappingOptions,
-    session: Session,
-    build: Callable[[Path], None],
-    device: str,
-    toolchain: str,
-    load: Callable[[Path], Loaded] | None = None,
-) -> Path | Loaded:
+) -> Loaded:
     """The kernel of this compilation, made by `load(directory)` from its cache entry:
     found on disk (an entry that does not load is rebuilt once), or built by
     `build(directory)` (which writes the kernel's files) and published; without a usable
-    disk cache, built in a private temporary directory that is removed once `load` has
-    read it. Without `load`, the directory itself (a temporary one lasts until exit)."""
-    if load is None:
-        return _compiled(
-            target, cdef, binding, options, session, build, device, toolchain, load=cache.keep
-        )
+    disk cache, or when `build` says its result must not be cached, built in a private
+    temporary directory that is removed once `load` has read it."""
     signature = [(a.shape, a.dtype) for a in binding.arrays]
     key = cache_key(cdef, signature, options.to_json(), target, device, toolchain)
 
     def counted(directory: Path) -> dict[str, Any]:
         session.stats.compiles += 1
-        build(directory)
-        return {"def": cdef.name, "options": options.to_dict()}
+        return {"def": cdef.name, **build(directory)}
 
     loaded, hit = cache.compiled(session.disk, key, _CACHED_FILES[target], counted, load)
     session.stats.disk_hits += hit
@@ -262,6 +258,7 @@ class GpuKernels:
     source: str
     functions: list[Any]
     launches: list[Launch]
+    options: MappingOptions
 
     def __call__(self, binding: Binding) -> tuple[Any, ...]:
         from tcpy.binding import DeviceInput
@@ -342,24 +339,28 @@ class Cuda(Target):
             drv = None  # no GPU here: build the source and a cubin, refuse to run
         arch = drv.arch() if drv is not None else knobs.cuda_arch()
 
-        def build(directory: Path) -> None:
+        def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_cuda(cdef, binding.sizes, options)
             (directory / "kernel.cu").write_text(lowered.source)
             (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
             _write_launches(directory, lowered.mapping)
+            return _write_record(directory, lowered.options, lowered.clock_forced)
+
+        def load(directory: Path) -> Kernel:
+            source = (directory / "kernel.cu").read_text()
+            built_with = _read_record(directory)
+            if drv is None:
+                return NoGpu(source, built_with)
+            launches = _read_launches(directory)
+            names = [f"tc_kernel_{k}" for k in range(len(launches))]
+            functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
+            return GpuKernels(cdef, source, functions, launches, built_with)
 
         device = f"{drv.device_name() if drv is not None else 'no device'} {arch}"
-        directory = _compiled(
+        return _compiled(
             self.name, cdef, binding, options, session, build,
-            device=device, toolchain=nvrtc.identity(),
+            device=device, toolchain=nvrtc.identity(), load=load,
         )  # fmt: skip
-        source = (directory / "kernel.cu").read_text()
-        if drv is None:
-            return NoGpu(source)
-        launches = _read_launches(directory)
-        names = [f"tc_kernel_{k}" for k in range(len(launches))]
-        functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
-        return GpuKernels(cdef, source, functions, launches)
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,7 @@ class NoGpu:
     `TCPY_CUDA_ARCH`) exist, running them is an error."""
 
     source: str
+    options: MappingOptions
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         from tcpy.runtime import cuda as runtime

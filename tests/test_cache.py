@@ -148,7 +148,7 @@ def test_damaged_entry_is_rebuilt(
     assert (again.stats.compiles, again.stats.disk_hits) == (1, 0)
     assert not entry.is_symlink() and stat.S_IMODE(entry.stat().st_mode) == 0o700
     meta = json.loads((entry / "meta.json").read_text())
-    assert set(meta["files"]) == {"kernel.c", "kernel.so"}
+    assert set(meta["files"]) == {"kernel.c", "kernel.so", "built.json"}
     later = tcpy.ExecutionEngine("cpu")  # and the rebuilt entry serves the next engine
     later.define(MM)
     later.compile("mm", A, B)

@@ -15,7 +15,7 @@ from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
 from tcpy.poly import isl_helpers
 from tcpy.poly.dependences import compute_dependences, respects
-from tcpy.poly.schedule import bands, original_order, schedule_scop
+from tcpy.poly.schedule import bands, isl_schedule, original_order
 from tcpy.poly.scop import Kind, build_scop
 from tcpy.poly.transforms import permute_band, tile_band, verify
 
@@ -129,7 +129,7 @@ def _top_level_nests(schedule: isl.Schedule) -> int:
 def test_fusion_strategies(source: str, fusion: Fusion, nests: int) -> None:
     scop = _scop(source)
     deps = compute_dependences(scop)
-    schedule = schedule_scop(scop, deps, MappingOptions(outer_schedule_fusion=fusion))
+    schedule = isl_schedule(scop, deps, fusion)
     verify(schedule, deps.all, scop.domain)
     assert _top_level_nests(schedule) == nests
     if nests == 1:
@@ -140,7 +140,7 @@ def test_fusion_strategies(source: str, fusion: Fusion, nests: int) -> None:
 def test_tile_band_strip_mines() -> None:
     scop = _scop(MATMUL, {"M": 64, "K": 64, "N": 64})
     deps = compute_dependences(scop)
-    schedule = schedule_scop(scop, deps, MappingOptions(outer_schedule_fusion=Fusion.MIN))
+    schedule = isl_schedule(scop, deps, Fusion.MIN)
     band = next(b for b in bands(schedule) if b.band_n_member() == 3)
     tiled = tile_band(band, (8, 0, 4))
     tile = tiled.band_get_partial_schedule_union_map()
@@ -160,7 +160,7 @@ def test_tile_band_strip_mines() -> None:
 def test_permute_band_and_verify() -> None:
     scop = _scop(MATMUL)
     deps = compute_dependences(scop)
-    schedule = schedule_scop(scop, deps, MappingOptions(outer_schedule_fusion=Fusion.MIN))
+    schedule = isl_schedule(scop, deps, Fusion.MIN)
     band = next(b for b in bands(schedule) if b.band_n_member() == 3)
     permuted = permute_band(band, [2, 0, 1])
     assert not permuted.band_member_get_coincident(0)  # k moved out, flags travel with it

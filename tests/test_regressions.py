@@ -174,3 +174,152 @@ def test_a_scalar_input_named_like_the_launcher_arguments(target: str, name: str
     got, want = run_both(source, "f", (a, np.float32(3.0), t), target, options())
     assert_same(got, want)
     np.testing.assert_array_equal(want[0], a * 3 + t)
+
+
+# --- 5 and 6. isl's scheduler: bounded in time, and falling back when it gives up ------
+
+LONG_SCHEDULE = """
+def k0(float32(G, H) V1) -> (Res) {
+    rowmax(r, h, x) min=! V1(r, r) where x in 0:G, h in 0:H - 1
+    Res(w, b, p) *=! -1.0 where p in 0:G, b in 0:H, w in 0:G - 1
+    rowmax(l, ic, m) += Res(m, b - 1, ip) where ip = G - 1 - m
+}
+"""
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_a_scheduler_past_its_deadline_is_stopped(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Max fusion of this program keeps isl's scheduler busy for minutes at H=32 (28 s
+    at H=16) within its operation budget; the deadline stops it, Min fusion runs, the
+    warning says so, and the kernel says what ran. A fallback forced by the clock is
+    not cached on disk: a quieter machine can do better."""
+    monkeypatch.setenv("TCPY_ISL_SECONDS", "1")
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # the warning comes with the compile
+    v = np.arange(64, dtype=np.float32).reshape(2, 32)
+    opts = options(outer_schedule_fusion=Fusion.MAX, fix_parameters_before_scheduling=True)
+    engine = tcpy.ExecutionEngine(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        engine.define(LONG_SCHEDULE)
+    with pytest.warns(tcpy.TCWarning, match=r"Max fusion abandoned: isl ran past 1 s"):
+        compiled = engine.compile("k0", v, options=opts)
+    assert compiled.options.outer_schedule_fusion is Fusion.MIN
+    assert compiled.options.fix_parameters_before_scheduling
+    reference = tcpy.ExecutionEngine("reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        reference.define(LONG_SCHEDULE)
+    assert_same((compiled(v),), (reference.k0(v),))
+
+
+def test_a_fallback_forced_by_the_clock_is_not_cached(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TCPY_ISL_SECONDS", "1")
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    v = np.arange(64, dtype=np.float32).reshape(2, 32)
+    opts = options(outer_schedule_fusion=Fusion.MAX, fix_parameters_before_scheduling=True)
+    for _ in range(2):
+        engine = tcpy.ExecutionEngine("cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tcpy.TCWarning)
+            engine.define(LONG_SCHEDULE)
+            engine.compile("k0", v, options=opts)
+        assert (engine.stats.compiles, engine.stats.disk_hits) == (1, 0)
+
+
+CARRY = "def f(float(2) A) -> (O) { O(i) +=! A(i) * A(a) * A(b) * A(c) }"
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_a_scheduler_that_cannot_carry_dependences_falls_back(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under Preserve3Coincident isl gives up ("unable to carry dependences")."""
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # the warning comes with the compile
+    a = np.array([2.0, 3.0], dtype=np.float32)
+    opts = options(outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT)
+    with pytest.warns(tcpy.TCWarning, match="fusion abandoned: isl failed"):
+        got, want = run_both(CARRY, "f", (a,), target, opts)
+    assert_same(got, want)
+    np.testing.assert_array_equal(want[0], a * a.sum() ** 3)
+
+
+# --- 8. the C compiler ---------------------------------------------------------------
+
+
+def test_pow_with_a_constant_exponent_compiles() -> None:
+    """gcc 12 crashed on `powf` declared `simd` with errno semantics."""
+    x = np.arange(8, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tcpy.TCWarning)
+        got, want = run_both(
+            "def f(float(N) X) -> (O) { O(i) = pow(X(i), 0.5) }", "f", (x,), "cpu", options()
+        )
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+def test_a_compiler_failure_is_retried_with_conservative_flags(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that fails on the usual flags (here: a wrapper that refuses
+    -march=native, as a crash would) gets one more try with conservative flags."""
+    wrapper = tmp_path / "cc"  # type: ignore[operator]
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -march=native ] && '
+        '{ echo "internal compiler error: simulated" >&2; exit 1; }; done\nexec cc "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TCPY_CC", str(wrapper))
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")
+    x = np.arange(10, dtype=np.float32)
+    with pytest.warns(tcpy.TCWarning, match="simulated.*conservative flags"):
+        got, want = run_both(
+            "def f(float(N) X) -> (O) { O(i) = exp(X(i)) + 1.0 }", "f", (x,), "cpu", options()
+        )
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+# --- 7. dependence analysis over parametric sizes --------------------------------------
+
+GATHER = """
+def f(float(N) A, int32(M) I) -> (O, P) {
+    O(i) = A(2 * i) + A(I(i)) where i in 0:M
+    P(i) +=! O(j) * A(i) where j in 0:M
+}
+"""
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_parametric_dependence_analysis_falls_back_to_the_call_sizes(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When dependence analysis over every size exceeds isl's budget (strided reads
+    and gathers can), it is done again at the call's sizes; the kernel then says it
+    is specialised to them. The failure is injected: isl's budget is a machine-
+    independent count, but which programs exhaust it changes with isl's version."""
+    from tcpy.poly import analysis
+
+    real = analysis._dependences
+
+    def parametric_fails(scop: object, seconds: float) -> object:
+        if scop.sizes is None:  # type: ignore[attr-defined]
+            raise isl.Error(
+                "call to isl_union_access_info_compute_flow failed: "
+                "maximal number of operations exceeded"
+            )
+        return real(scop, seconds)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analysis, "_dependences", parametric_fails)
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")
+    a = np.arange(20, dtype=np.float32)
+    idx = np.array([3, 1, 4, 1, 5], dtype=np.int32)
+    engine = tcpy.ExecutionEngine(target)
+    engine.define(GATHER)
+    with pytest.warns(tcpy.TCWarning, match="call's sizes.*operation budget"):
+        compiled = engine.compile("f", a, idx, options=options())
+    assert compiled.options.fix_parameters_before_scheduling
+    _, want = run_both(GATHER, "f", (a, idx), "reference", options())
+    assert_same(tuple(compiled(a, idx)), want)

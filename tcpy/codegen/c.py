@@ -43,6 +43,7 @@ from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Kind, Scop
 
 KERNEL_SYMBOL = "tc_kernel"
+CONSERVATIVE_MACRO = "TC_CONSERVATIVE"  # defined by a build that retries with safe flags
 _FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
 _IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
 _OPENMP_REDUCTION = {
@@ -292,7 +293,7 @@ def print_c(
         "#include <stdint.h>",
         "#include <stdbool.h>",
         "#include <math.h>",
-        vector_math_declarations(printer.helpers.builtins) if vector_math else "",
+        _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
         "",
         helper_source(printer.helpers),
         "",
@@ -302,6 +303,14 @@ def print_c(
     tail = ["}", ""]
     unused = "  (void)tc_sizes;" if sizes is not None or not scop.params else None
     return "\n".join([*header, *([unused] if unused else []), *body, *tail])
+
+
+def _guarded(declarations: str) -> str:
+    """Vector math declarations, left out of a conservative build (a compiler once
+    crashed on a `simd` clone of powf)."""
+    if not declarations:
+        return ""
+    return f"#ifndef {CONSERVATIVE_MACRO}\n{declarations}\n#endif"
 
 
 def _def_text(cdef: CheckedDef) -> str:

@@ -19,11 +19,11 @@ has no fusion callback, so the three strategies are context options:
 All three forbid constant shifts (`schedule_max_constant_term = 0`), so that fusion
 never concatenates loops by offsetting them.
 
-TC's `allow_skewing` and `positive_orthant` have no isl switch either: a schedule that
-combines indices in one loop (when skewing is not allowed) or runs an index backwards
-(in the positive orthant) is replaced by the one that serialises every statement; if
-that one breaks the rule too, by the original loop order, which always respects the
-dependences of a TC program.
+TC's `allow_skewing` and `positive_orthant` have no isl switch either: `acceptable`
+tells whether a schedule combines indices in one loop (when skewing is not allowed) or
+runs an index backwards (in the positive orthant); `tcpy.poly.analysis` then falls back
+to the schedule that serialises every statement, and if that one breaks the rule too,
+to `original_order`, which always respects the dependences of a TC program.
 """
 
 from __future__ import annotations
@@ -32,24 +32,13 @@ import islpy as isl
 
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.poly.dependences import Dependences
-from tcpy.poly.isl_helpers import isl_errors, list_items, schedule_children, union_map_maps
+from tcpy.poly.isl_helpers import list_items, schedule_children, union_map_maps
 from tcpy.poly.scop import PolyStatement, Scop
 
 
-def schedule_scop(scop: Scop, deps: Dependences, options: MappingOptions) -> isl.Schedule:
-    """An isl schedule of `scop` that respects `deps`, fused as the options say."""
-    with isl_errors(f"scheduling {scop.cdef.name}"):
-        schedule = _isl_schedule(scop, deps, options.outer_schedule_fusion)
-        if _acceptable(schedule, options):
-            return schedule
-        if options.outer_schedule_fusion is not Fusion.MIN:
-            schedule = _isl_schedule(scop, deps, Fusion.MIN)
-            if _acceptable(schedule, options):
-                return schedule
-        return original_order(scop, deps)
-
-
-def _isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
+def isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
+    """isl's schedule of `scop` under a fusion strategy (the caller bounds its time:
+    `tcpy.poly.analysis`)."""
     ctx = scop.ctx
     ctx.reset_operations()
     ctx.set_schedule_serialize_sccs(1 if fusion is Fusion.MIN else 0)
@@ -72,7 +61,8 @@ def _isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule
     return constraints.compute_schedule()
 
 
-def _acceptable(schedule: isl.Schedule, options: MappingOptions) -> bool:
+def acceptable(schedule: isl.Schedule, options: MappingOptions) -> bool:
+    """Whether `schedule` obeys the skewing and positive-orthant options."""
     if options.allow_skewing and not options.positive_orthant:
         return True
     for node in bands(schedule):

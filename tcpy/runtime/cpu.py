@@ -15,18 +15,30 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tcpy import knobs
-from tcpy.codegen.c import KERNEL_SYMBOL
-from tcpy.errors import TCCompileError, TCLaunchError
+from tcpy.codegen.c import CONSERVATIVE_MACRO, KERNEL_SYMBOL
+from tcpy.errors import TCCompileError, TCLaunchError, TCWarning
 from tcpy.runtime import toolchain
 from tcpy.runtime.status import check_status
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w")
+FLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w",
+    # libm calls need not set errno: they vectorise, and stay IEEE (NaN and infinities
+    # as before); this is not -ffast-math
+    "-fno-math-errno",
+)  # fmt: skip
+CONSERVATIVE_FLAGS = (
+    "-O1", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w", "-fno-math-errno",
+    f"-D{CONSERVATIVE_MACRO}",
+)  # fmt: skip
+"""What a build that made the compiler fail is tried again with: no vector math
+declarations, no target-specific code, little optimisation."""
 
 
 def compiler() -> str:
@@ -66,20 +78,43 @@ def vector_math() -> bool:
 
 
 def build(source_path: Path, library_path: Path) -> None:
-    """Compile `source_path` into the shared library `library_path`."""
+    """Compile `source_path` into the shared library `library_path`. A compiler that
+    fails on generated code (an internal error, a rejected pragma) is a tcpy bug; the
+    build is then tried once more with conservative flags, with a warning that keeps
+    the source for a report, before it raises."""
     libs = ["-lmvec", "-lm"] if vector_math() else ["-lm"]
-    cmd = [compiler(), *FLAGS, "-o", str(library_path), str(source_path), *libs]
+    failed = _compile(FLAGS, source_path, library_path, libs)
+    if failed is None:
+        return
+    kept = Path(tempfile.mkdtemp(prefix="tcpy-failed-")) / source_path.name
+    shutil.copy(source_path, kept)
+    log = failed.replace(str(source_path), str(kept))
+    if _compile(CONSERVATIVE_FLAGS, source_path, library_path, libs) is None:
+        first = log.splitlines()[0] if log else "no message"
+        warnings.warn(
+            TCWarning(
+                f"the C compiler failed on generated code with the usual flags ({first}); "
+                f"built with conservative flags instead, which run slower. This is a tcpy "
+                f"bug: please report it with the source kept at {kept}"
+            ),
+            stacklevel=2,
+        )
+        return
+    raise TCCompileError(f"the C compiler failed on the generated source (kept at {kept}):\n{log}")
+
+
+def _compile(
+    flags: tuple[str, ...], source_path: Path, library_path: Path, libs: list[str]
+) -> str | None:
+    """None when the compiler succeeds, else its message."""
+    cmd = [compiler(), *flags, "-o", str(library_path), str(source_path), *libs]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
-        raise TCCompileError(f"the C compiler ran for over 10 minutes on {source_path}") from None
-    if done.returncode != 0:
-        kept = Path(tempfile.mkdtemp(prefix="tcpy-failed-")) / source_path.name
-        shutil.copy(source_path, kept)
-        log = (done.stderr or done.stdout).strip().replace(str(source_path), str(kept))
-        raise TCCompileError(
-            f"the C compiler failed on the generated source (kept at {kept}):\n{log}"
-        )
+        return "the C compiler ran for over 10 minutes"
+    if done.returncode == 0:
+        return None
+    return (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
 
 
 class CpuKernel:
