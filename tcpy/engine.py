@@ -8,16 +8,23 @@ Redefining a name replaces the definition and forgets its kernels.
 
 from __future__ import annotations
 
+import datetime
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tcpy import targets
 from tcpy.binding import Binding, bind, signature_key
+from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
+from tcpy.genetic.store import TunedStore, tuned_key
+from tcpy.genetic.tuner import TunerConfig, TuneResult
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
+from tcpy.parser.printer import canonical
 from tcpy.targets import Kernel
 
 
@@ -32,6 +39,7 @@ class ExecutionEngine:
         self._defs: dict[str, CheckedDef] = {}
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
         self._session = targets.Session(targets.open_disk_cache())
+        self._tuned = TunedStore(self._session.disk)
 
     @property
     def stats(self) -> targets.Stats:
@@ -57,6 +65,71 @@ class ExecutionEngine:
             known = ", ".join(self._defs) or "none yet"
             raise TCError(f"no def named {entry!r} is defined (defined: {known})") from None
 
+    def default_options(self, entry: str, *inputs: Any) -> MappingOptions:
+        """The target's default options for `entry` (what a call without options uses
+        when no tuned options exist); `.replace(...)` them to change a few fields."""
+        return self._target.default_options(self.checked(entry))
+
+    def device(self) -> str:
+        """The device kernels run on, as tuned options are keyed by it."""
+        return self._target.device()
+
+    # --- tuning -------------------------------------------------------------------------
+    def tune(
+        self,
+        entry: str,
+        *inputs: Any,
+        config: TunerConfig | None = None,
+        starting_options: MappingOptions | None = None,
+    ) -> TuneResult:
+        """Search the mapping options of `entry` for the shapes and dtypes of `inputs`
+        (which every candidate is checked and timed on); the best are stored, and later
+        calls with those shapes, in this process and later ones, use them."""
+        from tcpy.genetic.tuner import tune
+
+        return tune(self, entry, inputs, config, starting_options)
+
+    def tuned_options(self, entry: str, *inputs: Any) -> MappingOptions | None:
+        """The stored tuned options of `entry` for these shapes on this target and
+        device, if a tuning session stored some."""
+        cdef = self.checked(entry)
+        return self._tuned.get(self._tuned_key(cdef, bind(cdef, inputs)))
+
+    def tuned_starting_points(self, entry: str, *inputs: Any) -> list[MappingOptions]:
+        """Where a tuning session of these shapes starts besides the target's options:
+        the stored tuned options for them, else those of the nearest tuned shapes."""
+        cdef = self.checked(entry)
+        binding = bind(cdef, inputs)
+        exact = self._tuned.get(self._tuned_key(cdef, binding))
+        if exact is not None:
+            return [exact]
+        near = self._tuned.nearest(canonical(cdef), _signature(binding), self.target, self.device())
+        return [near] if near is not None else []
+
+    def store_tuned(self, result: TuneResult) -> None:
+        """Keep `result`'s options for its def, shapes, target and device."""
+        record = {
+            **result.to_dict(),
+            "tcpy": tcpy_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        key = tuned_key(result.definition, result.inputs, result.target, result.device)
+        self._tuned.put(key, record)
+
+    def load_tuned(self, path: str | Path) -> None:
+        """Import tuned options saved with `TuneResult.save` (on this or another
+        machine): they serve the def, shapes, target and device they were tuned for."""
+        try:
+            record = json.loads(Path(path).read_text())
+            key = tuned_key(record["def"], record["inputs"], record["target"], record["device"])
+            MappingOptions.from_dict(record["options"])
+        except (OSError, ValueError, KeyError, TypeError, TCError) as e:
+            raise TCError(f"cannot load tuned options from {path}: {e}") from None
+        self._tuned.put(key, record)
+
+    def _tuned_key(self, cdef: CheckedDef, binding: Binding) -> str:
+        return tuned_key(canonical(cdef), _signature(binding), self.target, self.device())
+
     def run(
         self, entry: str, *inputs: Any, options: MappingOptions | None = None
     ) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -73,9 +146,11 @@ class ExecutionEngine:
         self, entry: str, inputs: tuple[Any, ...], options: MappingOptions | None
     ) -> tuple[Compiled, Binding]:
         cdef = self.checked(entry)
-        options = options if options is not None else self._target.default_options(cdef)
         try:
             binding = bind(cdef, inputs)
+            if options is None:  # tuned options for these shapes, else the target's
+                tuned = self._tuned.get(self._tuned_key(cdef, binding))
+                options = tuned or self._target.default_options(cdef)
             if binding.on_device and not self._target.accepts_device_arrays:
                 raise TCInputError(
                     f"the {self.target} target takes NumPy arrays, and an input of "
@@ -136,3 +211,7 @@ class Compiled:
         except TCError as e:
             raise e.with_source(self.cdef.source) from None
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _signature(binding: Binding) -> list[list[Any]]:
+    return [[list(a.shape), str(a.dtype)] for a in binding.arrays]

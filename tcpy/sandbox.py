@@ -17,11 +17,15 @@ the compiler) by raising `InvalidCase`; every other exception is classified by i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -94,6 +98,10 @@ def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
     """Serve tasks from the pipe until it closes. The outcome is sent whole; a value
     that does not pickle is replaced by its repr so the parent still learns the class."""
     os.environ.update(env)
+    _serve(conn)
+
+
+def _serve(conn: Connection) -> None:
     while True:
         try:
             fn, args = conn.recv()
@@ -106,9 +114,44 @@ def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
             conn.send(dataclasses.replace(outcome, value=repr(outcome.value)))
 
 
+class _Interpreter:
+    """A worker that is a fresh Python interpreter (`python -m tcpy.sandbox FD`), talking
+    over a socket pair. Unlike a forked worker it holds none of libgomp's threads (they
+    do not survive `fork`: a forked process that had run an OpenMP kernel hangs in its
+    next parallel region), and unlike multiprocessing's `spawn` and `forkserver` it
+    never imports the caller's main module, so a user's script without an
+    `if __name__ == "__main__"` guard can tune. It has the parent's `sys.path`, so a
+    task's function is found wherever the parent found it."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair()
+        path = os.pathsep.join(p for p in sys.path if p)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "tcpy.sandbox", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env={**os.environ, **env, "PYTHONPATH": path},
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.returncode  # negative: the signal that ended it, as multiprocessing
+
+
 @dataclass
 class _Worker:
-    process: multiprocessing.process.BaseProcess
+    process: Any  # a multiprocessing process, or an _Interpreter
     conn: Connection
     task: int | None = None  # index of the task it runs
     deadline: float = 0.0
@@ -118,17 +161,14 @@ class _Pool:
     """Long-lived workers that are killed and restarted when a task hangs or crashes."""
 
     def __init__(self, jobs: int, env: Mapping[str, str], context: str | None) -> None:
-        if context is None:
-            context = (
-                "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-            )
-        self._ctx: Any = multiprocessing.get_context(context)
-        if context == "forkserver":
-            self._ctx.set_forkserver_preload(["tcpy", "tcpy.sandbox"])
+        self._ctx: Any = None if context is None else multiprocessing.get_context(context)
         self._env = dict(env)
         self.workers = [self._start() for _ in range(jobs)]
 
     def _start(self) -> _Worker:
+        if self._ctx is None:
+            child_process = _Interpreter(self._env)
+            return _Worker(child_process, child_process.conn)
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(target=_worker_main, args=(child, self._env), daemon=True)
         process.start()
@@ -169,11 +209,8 @@ def run_tasks(
     `timeout` seconds is a `HANG` and one whose worker dies is a `CRASH`; either way
     the worker is replaced and the remaining tasks go on. `env` is set in each worker.
 
-    `context` is a multiprocessing start method; the default is `forkserver` where
-    there is one: a worker forked from a process that has already run an OpenMP kernel
-    (a test session, a tuner that timed candidates) hangs in its first parallel region,
-    because libgomp's thread pool does not survive `fork`. The fork server has never
-    run one, and it has imported tcpy already, so workers still start quickly.
+    `context` is a multiprocessing start method; by default each worker is a fresh
+    interpreter (`_Interpreter` says why).
     """
     pending = iter(enumerate(tasks))
     pool = _Pool(jobs or os.cpu_count() or 1, env or {}, context)
@@ -454,3 +491,11 @@ def replay(path: str | Path) -> Outcome:
     run it under `run_tasks` to classify one) and return its outcome."""
     r = Replay.load(path)
     return run_task(replay_task, r.args())
+
+
+if __name__ == "__main__":  # a worker: python -m tcpy.sandbox FD
+    # through the module, not this __main__ copy, so that outcomes pickle as
+    # tcpy.sandbox.Outcome
+    from tcpy import sandbox
+
+    sandbox._serve(Connection(int(sys.argv[1])))

@@ -98,6 +98,10 @@ class Target(abc.ABC):
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions()
 
+    def device(self) -> str:
+        """What the kernels run on (tuned options are kept per device)."""
+        return "host"
+
     @abc.abstractmethod
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
@@ -118,6 +122,11 @@ class Cpu(Target):
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions.cpu()
+
+    def device(self) -> str:
+        from tcpy.runtime import cpu as runtime
+
+        return runtime.device_identity()
 
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
@@ -325,6 +334,15 @@ class Cuda(Target):
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions.cuda()
+
+    def device(self) -> str:
+        from tcpy.runtime import cuda as runtime
+
+        try:
+            drv = runtime.driver()
+        except TCError:
+            return f"no device {knobs.cuda_arch()}"
+        return f"{drv.device_name()} {drv.arch()}"
 
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session

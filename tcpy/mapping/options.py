@@ -26,39 +26,94 @@ class Fusion(enum.Enum):
     MIN = "Min"  # never fuse: one loop nest per statement
 
 
+class TuningKind(enum.Enum):
+    """How the tuner draws a field's values (`tcpy.genetic.space` turns each kind into
+    genes, from the kernel's loop extents where sizes are involved)."""
+
+    CHOICE = "choice"  # one of `Tuning.values`
+    POWERS = "powers"  # 1, 2, 4, ... up to `Tuning.values[0]`
+    TILE = "tile"  # one size per loop: 0 (untiled), powers of two, ceil-divisors of extents
+    GRID = "grid"  # blocks along x, y, z: sizes from the loop extents
+    BLOCK = "block"  # threads along x, y, z: powers of two, a warp to 1024 in all
+    PERMUTATION = "permutation"  # an interchange of the point loops (empty: the mapping's)
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """Field metadata: how the tuner searches this field, on which targets. A field
+    without it is not searched (it keeps the starting options' value)."""
+
+    kind: TuningKind
+    targets: tuple[str, ...]
+    values: tuple[Any, ...] = ()
+
+
+CPU_AND_CUDA = ("cpu", "cuda")
+_FUSIONS = (Fusion.MAX, Fusion.PRESERVE3_COINCIDENT, Fusion.MIN)
+_BOOLS = (False, True)
+MAX_UNROLL = 1024
+"""The largest unroll factor: more is never useful, and compilers refuse some (gcc
+rejects `#pragma GCC unroll` of 65535 or more)."""
+
+
+def _tuned(kind: TuningKind, targets: tuple[str, ...], *values: Any) -> dict[str, Tuning]:
+    """The metadata of a searched field."""
+    return {"tuning": Tuning(kind, targets, tuple(values))}
+
+
 @dataclass(frozen=True, slots=True)
 class MappingOptions:
     # --- scheduling -------------------------------------------------------------------
-    outer_schedule_fusion: Fusion = Fusion.PRESERVE3_COINCIDENT
+    outer_schedule_fusion: Fusion = dataclasses.field(
+        default=Fusion.PRESERVE3_COINCIDENT,
+        metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_FUSIONS),
+    )
     """Fusion strategy of the isl scheduler for the whole kernel."""
-    intra_tile_schedule_fusion: Fusion = Fusion.PRESERVE3_COINCIDENT
+    intra_tile_schedule_fusion: Fusion = dataclasses.field(
+        default=Fusion.PRESERVE3_COINCIDENT,
+        metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_FUSIONS),
+    )
     """Fusion inside a tile: MIN distributes the point loops of the fused statements,
     one point-loop nest per statement under the shared tile loops."""
-    allow_skewing: bool = False
+    allow_skewing: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
+    )
     """Accept schedules that combine several indices in one loop (i + j)."""
-    positive_orthant: bool = True
+    positive_orthant: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
+    )
     """Accept only schedules whose loops run forwards over every index."""
-    fix_parameters_before_scheduling: bool = False
+    fix_parameters_before_scheduling: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
+    )
     """Schedule (and generate code) for the call's sizes as constants rather than
     for any size; the kernel is compiled per shape either way."""
 
     # --- tiling and unrolling ---------------------------------------------------------
-    tile: tuple[int, ...] = ()
+    tile: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.TILE, CPU_AND_CUDA)
+    )
     """Tile sizes of the outermost permutable band, member by member; 0 (or a missing
     entry) leaves that loop untiled, so (0,) asks for no tiling at all. Empty: the
     target chooses (the CPU mapping picks sizes from the loop extents)."""
     tile_imperfectly_nested: bool = False
     """Also tile a band whose loops do not all enclose every statement (not yet used)."""
-    unroll: int = 1
+    unroll: int = dataclasses.field(default=1, metadata=_tuned(TuningKind.POWERS, CPU_AND_CUDA, 64))
     """Unroll factor requested for the innermost loops (1: no unrolling)."""
-    interchange: tuple[int, ...] = ()
+    interchange: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.PERMUTATION, ("cpu",))
+    )
     """A permutation of the members of the tiled band's point loops, outermost first;
     empty lets the mapping choose (the unit-stride loop innermost)."""
 
     # --- GPU mapping (the CUDA target) ------------------------------------------------
-    map_to_blocks: tuple[int, ...] = ()
+    map_to_blocks: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.GRID, ("cuda",))
+    )
     """Grid size: blocks along x, y, z. Empty: as large as the mapped loops need."""
-    map_to_threads: tuple[int, ...] = ()
+    map_to_threads: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.BLOCK, ("cuda",))
+    )
     """Block size: threads along x, y, z (at most 1024 in all)."""
     use_shared_memory: bool = False
     """Promote reused or uncoalesced tensor tiles to shared memory."""
@@ -68,7 +123,9 @@ class MappingOptions:
     """Unroll the copies into shared memory."""
     max_shared_memory: int = 0
     """Bytes of shared memory a block may use (0: the device's limit)."""
-    use_readonly_cache: bool = False
+    use_readonly_cache: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
     """Read tensors that are only read through the read-only data cache (__ldg)."""
     shared_depth: int = 0
     """Schedule depth at which shared-memory promotion happens (0: the mapping's choice)."""
@@ -78,9 +135,13 @@ class MappingOptions:
     """Replace recognised operations by library calls (reserved)."""
 
     # --- CPU mapping ------------------------------------------------------------------
-    parallel: bool = True
+    parallel: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+    )
     """Run the outermost parallel loop of each loop nest with `omp parallel for`."""
-    vectorize: bool = True
+    vectorize: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+    )
     """Mark the innermost loop `omp simd` when its iterations are independent."""
     threads: int = 0
     """OpenMP threads (0: OpenMP's default)."""
@@ -244,8 +305,8 @@ def _validate(o: MappingOptions) -> None:
             fail(f"{name} must be an integer, not {value!r}")
     if any(t < 0 for t in o.tile):
         fail(f"tile sizes must be 0 (untiled) or positive, not {o.tile}")
-    if o.unroll < 1:
-        fail(f"unroll must be at least 1, not {o.unroll}")
+    if not 1 <= o.unroll <= MAX_UNROLL:
+        fail(f"unroll must be 1 to {MAX_UNROLL}, not {o.unroll}")
     if len(o.map_to_blocks) > 3 or any(b < 1 for b in o.map_to_blocks):
         fail(f"map_to_blocks takes 1 to 3 positive sizes, not {o.map_to_blocks}")
     if len(o.map_to_threads) > 3 or any(t < 1 for t in o.map_to_threads):

@@ -1,0 +1,281 @@
+"""Evaluating candidates so that their times can be trusted.
+
+Each candidate is compiled and checked in a worker process (`tcpy.sandbox`): a compile
+error, a crash of the worker (a segfault, an illegal address), a hang past the
+timeout, a wrong result or an escaped exception that is not a `TCError` marks that
+candidate failed with its class (`Failure`) and the session goes on. Every candidate's
+outputs on the tuning inputs are compared with the reference's before its time counts;
+a wrong result or an internal error is a compiler bug, logged on `tcpy.tune` and saved
+as a replay file (`python -m tools.fuzz replay FILE` re-runs it).
+
+Candidates of a generation compile in parallel, into a private kernel cache of the
+session (the user's cache is not filled with hundreds of candidates), and are then
+timed one at a time by a single worker, with nothing else of the session running: on a
+2-core machine concurrent compiles would corrupt the timings. A per-host lock file
+keeps two tuning sessions (or two Dask workers on one machine) from timing at once.
+Timing is a warm-up run, then the median of `runs` runs; a candidate whose first run
+is 100 times slower than the best so far, or whose second is 5 times slower, is pruned
+after those runs (TC's thresholds): its median is still an honest upper bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tcpy.genetic.search import Measured
+from tcpy.mapping.options import MappingOptions
+from tcpy.sandbox import Failure, Replay, Sandbox, WrongResult, run_tasks
+
+log = logging.getLogger("tcpy.tune")
+
+PRUNE_FIRST = 100.0  # a first run this many times slower than the best is pruned
+PRUNE_SECOND = 5.0  # a second run this many times slower is pruned
+
+FAULTS: dict[int, str] = {}
+"""A test hook: candidates whose `unroll` is a key fail as the value names (a
+`Failure` value), inside the worker, as a real fault would. Empty outside the tests."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every worker needs to compile, check and time a candidate: the TC source,
+    the entry, the target, and a file holding the tuning inputs and the reference
+    outputs (read once per worker)."""
+
+    source: str
+    entry: str
+    target: str
+    data: str  # path of an .npz file: in0.., want0..
+    rtol: float = 1e-3
+
+
+def save_problem(
+    directory: Path, source: str, entry: str, target: str, inputs: tuple[Any, ...],
+    want: tuple[np.ndarray, ...],
+) -> Problem:  # fmt: skip
+    path = directory / "problem.npz"
+    arrays = {f"in{k}": np.asarray(a) for k, a in enumerate(inputs)}
+    arrays.update({f"want{k}": np.asarray(w) for k, w in enumerate(want)})
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    return Problem(source, entry, target, str(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    with np.load(path) as data:
+        inputs = tuple(data[f"in{k}"] for k in range(sum(n.startswith("in") for n in data)))
+        want = tuple(data[f"want{k}"] for k in range(sum(n.startswith("want") for n in data)))
+    return tuple(_scalar(a) for a in inputs), want
+
+
+def _scalar(a: np.ndarray) -> Any:
+    """0-d inputs go back to NumPy scalars, as a user passes them."""
+    return a[()] if a.ndim == 0 else a
+
+
+@functools.lru_cache(maxsize=4)
+def _engine(source: str, target: str) -> Any:
+    import warnings
+
+    import tcpy
+
+    engine = tcpy.ExecutionEngine(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine.define(source)
+    return engine
+
+
+# --- the tasks, run in worker processes ----------------------------------------------------
+
+
+def compile_and_check(problem: Problem, options_json: str) -> float:
+    """Compile the candidate, run it once on the tuning inputs, and compare with the
+    reference; returns the compile time in seconds. Raises `WrongResult` on a mismatch
+    (any other error is classified by the sandbox)."""
+    inputs, want = _load(problem.data)
+    engine = _engine(problem.source, problem.target)
+    options = MappingOptions.from_json(options_json)
+    start = time.perf_counter()
+    compiled = engine.compile(problem.entry, *inputs, options=options)
+    seconds = time.perf_counter() - start
+    got = compiled(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        _compare(k, np.asarray(g), w, problem.rtol)
+    return seconds
+
+
+def _compare(k: int, got: np.ndarray, want: np.ndarray, rtol: float) -> None:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise WrongResult(f"output {k}: {got.dtype}{got.shape}, expected {want.dtype}{want.shape}")
+    if want.dtype.kind in "biu":
+        bad = got != want
+    else:
+        # reductions may be reassociated: compare against the output's magnitude
+        scale = float(np.nanmax(np.abs(want))) if want.size and np.isfinite(want).any() else 1.0
+        close = np.isclose(got, want, rtol=rtol, atol=rtol * scale, equal_nan=True)
+        bad = ~close
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise WrongResult(
+            f"output {k} differs at {int(bad.sum())} of {bad.size} elements, first at {where}: "
+            f"{got[where]!r}, expected {want[where]!r}"
+        )
+
+
+def time_candidate(problem: Problem, options_json: str, runs: int, best_s: float) -> float:
+    """The median time of `runs` runs after a warm-up, under the per-host timing lock;
+    pruned early when clearly slower than `best_s`."""
+    inputs, _ = _load(problem.data)
+    engine = _engine(problem.source, problem.target)
+    compiled = engine.compile(
+        problem.entry, *inputs, options=MappingOptions.from_json(options_json)
+    )
+    with timing_lock():
+        compiled(*inputs)  # warm-up: first-touch of outputs, caches, OpenMP threads
+        times: list[float] = []
+        for k in range(max(1, runs)):
+            start = time.perf_counter()
+            compiled(*inputs)
+            times.append(time.perf_counter() - start)
+            if k == 0 and times[0] > PRUNE_FIRST * best_s:
+                break
+            if k == 1 and times[1] > PRUNE_SECOND * best_s:
+                break
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def timing_lock() -> Iterator[None]:
+    """One timing at a time on this machine, across processes and sessions."""
+    path = Path(tempfile.gettempdir()) / f"tcpy-timing-{os.getuid()}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- the evaluator, in the tuning process ---------------------------------------------------
+
+
+class Evaluator:
+    """Measures batches of candidates for the search: compiles and checks them in
+    parallel on `workers` processes, then times the valid ones one at a time."""
+
+    def __init__(self, problem: Problem, config: Any, cache_dir: Path, bugs_dir: Path) -> None:
+        self.problem = problem
+        self.config = config
+        self.env = {"TCPY_CACHE_DIR": str(cache_dir), "OMP_WAIT_POLICY": "passive"}
+        self.bugs_dir = bugs_dir
+        self.best_s = float("inf")
+        self._timer = Sandbox(env=self.env)
+        self.faults = dict(FAULTS)
+
+    def close(self) -> None:
+        self._timer.close()
+
+    def __call__(self, candidates: list[MappingOptions]) -> list[Measured]:
+        jsons = [o.to_json() for o in candidates]
+        results: list[Measured | None] = [None] * len(candidates)
+        task = _faulty if self.faults else compile_and_check
+        args = [(self.problem, j, self.faults) if self.faults else (self.problem, j) for j in jsons]
+        for index, outcome in run_tasks(
+            task, args, jobs=self.config.workers, timeout=self.config.timeout_s, env=self.env
+        ):
+            if outcome.failure is not None:
+                results[index] = Measured(None, outcome.failure, outcome.detail)
+                self._log_failure(candidates[index], outcome.failure, outcome.detail)
+        for k, options in enumerate(candidates):
+            if results[k] is None:
+                results[k] = self._time(options)
+        return [r for r in results if r is not None]
+
+    def _time(self, options: MappingOptions) -> Measured:
+        outcome = self._timer.run(
+            time_candidate,
+            (self.problem, options.to_json(), self.config.runs, self.best_s),
+            timeout=self.config.timeout_s,
+        )
+        if outcome.failure is not None:
+            self._log_failure(options, outcome.failure, outcome.detail)
+            return Measured(None, outcome.failure, outcome.detail)
+        seconds = float(outcome.value)
+        self.best_s = min(self.best_s, seconds)
+        return Measured(seconds)
+
+    def _log_failure(self, options: MappingOptions, failure: Failure, detail: str) -> None:
+        """Every failure on the `tcpy.tune` logger; compiler bugs also as a replay file."""
+        first = detail.strip().splitlines()[-1] if detail.strip() else ""
+        if failure not in (Failure.WRONG_RESULT, Failure.INTERNAL_ERROR, Failure.CRASH):
+            log.info("candidate failed (%s): %s; options %s", failure.value, first, options)
+            return
+        path = self._save_replay(options, failure, detail)
+        log.warning(
+            "compiler bug (%s) with options %s: %s; replay: python -m tools.fuzz replay %s",
+            failure.value, options.to_json(), first, path,
+        )  # fmt: skip
+
+    def _save_replay(self, options: MappingOptions, failure: Failure, detail: str) -> Path:
+        from tcpy.parser import check_source
+
+        inputs, _ = _load(self.problem.data)
+        cdef = check_source(self.problem.source)[self.problem.entry]
+        sizes = _sizes_of(cdef, inputs)
+        record = Replay(
+            source=self.problem.source, entry=self.problem.entry, sizes=sizes, input_seed=0,
+            options=options.to_dict(), target=self.problem.target, failure=failure.value,
+            detail=detail,
+        )  # fmt: skip
+        self.bugs_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256((options.to_json() + failure.value).encode()).hexdigest()[:12]
+        path = self.bugs_dir / f"tune-{self.problem.entry}-{failure.value}-{digest}.json"
+        record.save(path)
+        return path
+
+
+def _sizes_of(cdef: Any, inputs: tuple[Any, ...]) -> dict[str, int]:
+    from tcpy.binding import bind
+
+    return dict(bind(cdef, inputs).sizes)
+
+
+# --- fault injection, for the tests --------------------------------------------------------
+
+
+def _faulty(problem: Problem, options_json: str, faults: dict[int, str]) -> float:
+    """`compile_and_check`, except that a candidate whose unroll is a key of `faults`
+    fails as the value names, the way a real fault would in a worker."""
+    options = MappingOptions.from_json(options_json)
+    match faults.get(options.unroll):
+        case "compile_error":
+            from tcpy.errors import TCCompileError
+
+            raise TCCompileError("injected compile error")
+        case "crash":
+            import ctypes
+
+            ctypes.string_at(0)  # a segfault, which kills the worker
+        case "hang":
+            time.sleep(3600)
+        case "wrong_result":
+            raise WrongResult("injected wrong result")
+        case "internal_error":
+            raise RuntimeError("injected internal error")
+    return compile_and_check(problem, options_json)
