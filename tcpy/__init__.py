@@ -23,6 +23,7 @@ from tcpy.errors import (
     TCTypeError,
     TCWarning,
 )
+from tcpy.genetic.tuner import TunerConfig, TuneResult
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.types import ScalarType
@@ -48,5 +49,7 @@ __all__ = [
     "TCSyntaxError",
     "TCTypeError",
     "TCWarning",
+    "TuneResult",
+    "TunerConfig",
     "check_source",
 ]
