@@ -249,3 +249,41 @@ class _Search:
                 ind = _Individual(self.space.random_genome(self.rng))
             population.append(ind)
         return population
+
+
+def random_search(
+    space: Space,
+    starts: list[MappingOptions],
+    evaluate: Evaluate,
+    trials: int,
+    seed: int,
+    batch: int = 20,
+) -> SearchResult:
+    """The baseline the genetic search is judged against: the starting options, then
+    uniformly random genomes, `trials` candidates in all, measured in batches."""
+    rng = random.Random(seed)
+    memo: dict[str, tuple[MappingOptions, Measured]] = {}
+    failures: Counter[str] = Counter()
+    history: list[dict[str, Any]] = []
+    pending = list(starts)
+    start_keys = [o.to_json() for o in starts]
+    attempts = 0
+    while len(memo) < trials and attempts < 100 * trials:
+        while len(pending) < batch and attempts < 100 * trials:
+            attempts += 1
+            o = space.decode(space.random_genome(rng))
+            if o.to_json() not in memo and o not in pending:
+                pending.append(o)
+        chunk = pending[: trials - len(memo)]
+        pending = []
+        for o, m in zip(chunk, evaluate(chunk), strict=True):
+            memo[o.to_json()] = (o, m)
+            if m.failure is not None:
+                failures[m.failure.value] += 1
+        best = min(m.fitness for _, m in memo.values())
+        history.append({"generation": len(history), "trials": len(memo), "best_s": best})
+    best_options, best_measured = min(memo.values(), key=lambda t: t[1].fitness)
+    start_s = min((memo[k][1].fitness for k in start_keys if k in memo), default=math.inf)
+    return SearchResult(
+        best_options, best_measured.fitness, start_s, history, memo, len(memo), failures
+    )

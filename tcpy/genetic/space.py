@@ -26,6 +26,9 @@ from tcpy.mapping.options import MappingOptions, Tuning, TuningKind
 from tcpy.parser.checked import CheckedDef
 
 MAX_TILE_MEMBERS = 8  # tile vectors longer than any loop nest are never needed
+AUTO = -1
+"""The first allele of a size tuple (tile, grid, block) that stands for the empty tuple:
+the target chooses (automatic tile sizes, a grid as large as the loops need)."""
 MAX_THREADS = 1024
 WARP = 32
 
@@ -73,7 +76,7 @@ class Space:
             else:
                 tuples.setdefault(gene.name, []).append(value)
         fields = {**scalars, **{name: _trim(name, v) for name, v in tuples.items()}}
-        return repair(self.base.replace(**fields))
+        return repair(self.base, fields)
 
     def encode(self, options: MappingOptions) -> list[int]:
         """The genome closest to `options` (each gene takes the allele nearest to the
@@ -82,13 +85,21 @@ class Space:
         for gene in self.genes:
             value = getattr(options, gene.name)
             if gene.position is not None:
-                value = value[gene.position] if gene.position < len(value) else _absent(gene)
+                if value == () and AUTO in gene.alleles:
+                    value = AUTO
+                elif gene.position < len(value):
+                    value = value[gene.position]
+                else:
+                    value = _absent(gene)
             genome.append(_nearest(gene.alleles, value))
         return genome
 
 
 def _trim(name: str, values: list[Any]) -> tuple[Any, ...]:
-    """A tuple field's value from its genes: trailing absent entries dropped."""
+    """A tuple field's value from its genes: empty when the first gene is AUTO (the
+    target chooses), else with trailing absent entries dropped."""
+    if values and values[0] == AUTO:
+        return ()
     if name in ("map_to_blocks", "map_to_threads"):
         while values and values[-1] == 1 and len(values) > 1:
             values = values[:-1]
@@ -109,21 +120,22 @@ def _nearest(alleles: tuple[Any, ...], value: Any) -> int:
     return 0
 
 
-def repair(options: MappingOptions) -> MappingOptions:
-    """Options made valid: a CUDA block of more than 1024 threads is halved along its
-    largest dimension until it fits, one of fewer than a warp grows along x."""
-    block = list(options.map_to_threads)
+def repair(base: MappingOptions, fields: dict[str, Any]) -> MappingOptions:
+    """`base` with `fields`, made valid first: a CUDA block of more than 1024 threads is
+    halved along its largest dimension until it fits, one of fewer than a warp grows
+    along x."""
+    block = list(fields.get("map_to_threads", base.map_to_threads))
     if block:
         while _product(block) > MAX_THREADS:
             k = block.index(max(block))
             block[k] = max(1, block[k] // 2)
         while _product(block) < WARP:
             block[0] *= 2
-    fixed = options.replace(map_to_threads=tuple(block))
+        fields = {**fields, "map_to_threads": tuple(block)}
     try:
-        return MappingOptions.from_dict(fixed.to_dict())
+        return base.replace(**fields)
     except TCMappingError as e:  # a rule this repair does not know: a bug in the space
-        raise TCMappingError(f"the tuner produced invalid options {fixed}: {e}") from None
+        raise TCMappingError(f"the tuner produced invalid options {fields}: {e}") from None
 
 
 def _product(values: Sequence[int]) -> int:
@@ -174,16 +186,19 @@ def _genes(name: str, tuning: Tuning, extents: list[int], depth: int) -> list[Ge
             return [Gene(name, None, tuple(_powers(top)))]
         case TuningKind.TILE:
             alleles = (0, *sorted(_sizes(extents)))
-            return [Gene(name, k, alleles) for k in range(depth)]
+            return _sized(name, alleles, depth)
         case TuningKind.GRID:
-            alleles = tuple(sorted(_sizes(extents) | {1}))
-            return [Gene(name, k, alleles) for k in range(3)]
+            return _sized(name, tuple(sorted(_sizes(extents) | {1})), 3)
         case TuningKind.BLOCK:
-            alleles = tuple(p for p in _powers(MAX_THREADS))
-            return [Gene(name, k, alleles) for k in range(3)]
+            return _sized(name, tuple(_powers(MAX_THREADS)), 3)
         case TuningKind.PERMUTATION:
             return [Gene(name, None, tuple(_permutations(depth)))]
     raise TCMappingError(f"unknown tuning kind {tuning.kind} of {name}")
+
+
+def _sized(name: str, alleles: tuple[int, ...], n: int) -> list[Gene]:
+    """The genes of a size tuple: the first may also be AUTO (the empty tuple)."""
+    return [Gene(name, k, (AUTO, *alleles) if k == 0 else alleles) for k in range(n)]
 
 
 def _powers(top: int) -> list[int]:

@@ -1,0 +1,233 @@
+"""The genetic tuner's core: the search space from the options' metadata, the genetic
+search against random search on a synthetic fitness, and evaluation that contains
+every failure class (injected in the worker through the evaluator's test hook)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.genetic import evaluate as evaluation
+from tcpy.genetic.evaluate import Evaluator, save_problem
+from tcpy.genetic.search import Measured, random_search, search
+from tcpy.genetic.space import AUTO, MAX_THREADS, WARP, build_space
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser import check_source
+from tcpy.sandbox import Failure
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+SIZES = {"M": 96, "K": 40, "N": 64}
+
+
+def _space(target: str, preset: MappingOptions):  # type: ignore[no-untyped-def]
+    (cdef,) = check_source(MM).values()
+    return build_space(cdef, SIZES, target, preset)
+
+
+# --- the space ---------------------------------------------------------------------------
+
+
+def test_every_field_with_tuning_metadata_is_searched_and_only_those() -> None:
+    for target, preset in (("cpu", MappingOptions.cpu()), ("cuda", MappingOptions.cuda())):
+        space = _space(target, preset)
+        searched = {g.name for g in space.genes}
+        declared = {
+            f.name
+            for f in dataclasses.fields(MappingOptions)
+            if "tuning" in f.metadata and target in f.metadata["tuning"].targets
+        }
+        assert searched == declared
+        assert "threads" not in searched
+    assert {"parallel", "vectorize", "interchange"} <= {
+        g.name for g in _space("cpu", MappingOptions.cpu()).genes
+    }
+    cuda = {g.name for g in _space("cuda", MappingOptions.cuda()).genes}
+    assert {"map_to_threads", "map_to_blocks", "use_readonly_cache"} <= cuda
+    assert "parallel" not in cuda
+
+
+def test_tile_alleles_come_from_the_loop_extents() -> None:
+    space = _space("cpu", MappingOptions.cpu())
+    first, *others = [g.alleles for g in space.genes if g.name == "tile"]
+    assert first[:2] == (AUTO, 0)  # the target chooses, untiled
+    assert len(others) == 2 and all(o == first[1:] for o in others)  # one per loop of mm
+    alleles = first
+    for extent in SIZES.values():
+        assert extent in alleles  # the ceil-divisor 1 gives the whole loop
+        assert -(-extent // 3) in alleles  # three equal tiles
+    assert {1, 2, 4, 8, 16, 32, 64} <= set(alleles)
+
+
+def test_presets_are_in_the_space_and_every_genome_decodes_to_valid_options() -> None:
+    rng = random.Random(0)
+    for target, preset in (("cpu", MappingOptions.cpu()), ("cuda", MappingOptions.cuda())):
+        space = _space(target, preset)
+        assert space.decode(space.encode(preset)) == preset
+        for _ in range(300):
+            options = space.decode(space.random_genome(rng))
+            threads = int(np.prod(options.map_to_threads)) if options.map_to_threads else None
+            if threads is not None:  # else the mapping's default block
+                assert target == "cuda" and WARP <= threads <= MAX_THREADS
+            assert options.threads == preset.threads  # not searched
+
+
+# --- the search on a synthetic fitness -----------------------------------------------------
+
+
+def _synthetic(space, optimum: list[int]):  # type: ignore[no-untyped-def]
+    """A deterministic fitness with a known optimum: the weighted distance of each
+    gene's allele index to the optimum's (as if each choice had its best value)."""
+
+    def evaluate(batch: list[MappingOptions]) -> list[Measured]:
+        out = []
+        for options in batch:
+            genome = space.encode(options)
+            distance = sum(
+                (1 + k % 3) * abs(g - o)
+                for k, (g, o) in enumerate(zip(genome, optimum, strict=True))
+            )
+            out.append(Measured(1.0 + distance))
+        return out
+
+    return evaluate
+
+
+def test_the_genetic_search_beats_random_search_at_the_same_budget() -> None:
+    space = _space("cpu", MappingOptions.cpu())
+    start = MappingOptions.cpu()
+    config = tcpy.TunerConfig(generations=15, population=20, patience=0, seed=0)
+    ga_best, random_best = [], []
+    for seed in range(5):
+        optimum = space.random_genome(random.Random(100 + seed))
+        evaluate = _synthetic(space, optimum)
+        found = search(space, [start], evaluate, dataclasses.replace(config, seed=seed))
+        baseline = random_search(space, [start], evaluate, found.trials, seed)
+        assert found.trials == baseline.trials
+        assert found.best_s <= found.start_s  # never worse than the start
+        ga_best.append(found.best_s)
+        random_best.append(baseline.best_s)
+    assert statistics.median(ga_best) < statistics.median(random_best)
+    assert sum(g < r for g, r in zip(ga_best, random_best, strict=True)) >= 4
+
+
+def test_the_search_is_reproducible_from_its_seed_and_leaves_random_alone() -> None:
+    space = _space("cpu", MappingOptions.cpu())
+    evaluate = _synthetic(space, space.random_genome(random.Random(7)))
+    config = tcpy.TunerConfig(generations=4, population=8, seed=3)
+    random.seed(12345)
+    before = random.random()
+    random.seed(12345)
+    first = search(space, [MappingOptions.cpu()], evaluate, config)
+    assert random.random() == before  # the caller's random state is untouched
+    second = search(space, [MappingOptions.cpu()], evaluate, config)
+    untimed = [[{k: v for k, v in h.items() if k != "elapsed_s"} for h in r.history]
+               for r in (first, second)]  # fmt: skip
+    assert first.best == second.best and untimed[0] == untimed[1]
+
+
+def test_budgets_stop_the_search() -> None:
+    space = _space("cpu", MappingOptions.cpu())
+    evaluate = _synthetic(space, space.random_genome(random.Random(8)))
+    capped = search(
+        space, [MappingOptions.cpu()], evaluate,
+        tcpy.TunerConfig(generations=50, population=10, max_trials=25, patience=0),
+    )  # fmt: skip
+    assert capped.trials <= 25
+    flat = search(
+        space, [MappingOptions.cpu()], lambda b: [Measured(1.0) for _ in b],
+        tcpy.TunerConfig(generations=50, population=6, patience=2),
+    )  # fmt: skip
+    assert len(flat.history) == 3  # no improvement after the first generation: 2 more
+
+
+def test_a_population_of_failures_restarts_from_the_best() -> None:
+    space = _space("cpu", MappingOptions.cpu())
+    start = MappingOptions.cpu()
+
+    def mostly_failing(batch: list[MappingOptions]) -> list[Measured]:
+        return [
+            Measured(1.0) if o == start else Measured(None, Failure.COMPILE_ERROR) for o in batch
+        ]
+
+    found = search(space, [start], mostly_failing, tcpy.TunerConfig(generations=4, population=8))
+    assert found.best == start and found.failures["compile_error"] > 0
+    assert len(found.history) == 4
+
+
+# --- evaluation in worker processes --------------------------------------------------------
+
+
+@pytest.fixture
+def problem(tmp_path: Path):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((24, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 8)).astype(np.float32)
+    return save_problem(tmp_path, MM, "mm", "cpu", (a, b), (a @ b,))
+
+
+def test_every_failure_class_is_contained_and_counted(
+    problem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Candidates that raise a compile error, segfault their worker, hang, return
+    wrong values or raise an unexpected exception each fail with their class; the
+    other candidates are timed, and compiler bugs are saved as replay files."""
+    faults = {2: "compile_error", 4: "crash", 8: "hang", 16: "wrong_result", 32: "internal_error"}
+    monkeypatch.setattr(evaluation, "FAULTS", faults)
+    config = tcpy.TunerConfig(workers=2, timeout_s=8, runs=2)
+    bugs = tmp_path / "bugs"
+    evaluator = Evaluator(problem, config, tmp_path / "cache", bugs)
+    try:
+        candidates = [MappingOptions.cpu().replace(unroll=u) for u in (1, 2, 4, 8, 16, 32, 64)]
+        measured = evaluator(candidates)
+    finally:
+        evaluator.close()
+    classes = [m.failure.value if m.failure else None for m in measured]
+    assert classes == [None, *faults.values(), None]
+    assert measured[0].time_s is not None and measured[0].time_s > 0
+    saved = sorted(p.name for p in bugs.iterdir())
+    assert any("wrong_result" in n for n in saved) and any("internal_error" in n for n in saved)
+
+
+def test_a_wrong_result_is_caught_by_the_check(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The check compares with the reference outputs the problem carries: outputs
+    that are off make the candidate a wrong result, never a time."""
+    inputs, want = evaluation._load(problem.data)
+    bad = dataclasses.replace(problem, data=str(tmp_path / "bad.npz"))
+    np.savez(bad.data, in0=inputs[0], in1=inputs[1], want0=want[0] + 1.0)
+    evaluator = Evaluator(
+        bad, tcpy.TunerConfig(workers=1, timeout_s=20, runs=1), tmp_path / "c", tmp_path / "b"
+    )
+    try:
+        (measured,) = evaluator([MappingOptions.cpu()])
+    finally:
+        evaluator.close()
+    assert measured.failure is Failure.WRONG_RESULT and "differs" in measured.detail
+
+
+def test_tuning_a_matmul_never_returns_slower_options_than_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(MM)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((32, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        result = engine.tune(
+            "mm", a, b,
+            config=tcpy.TunerConfig(generations=2, population=4, runs=2, workers=2, timeout_s=30),
+        )  # fmt: skip
+    assert result.time_s <= result.baseline_s and result.speedup >= 1.0
+    assert result.trials >= 4 and len(result.history) == 2
+    np.testing.assert_allclose(engine.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert engine.compile("mm", a, b).options == result.options
+    assert result.options.outer_schedule_fusion in tuple(Fusion)
