@@ -296,11 +296,13 @@ def _statement(p: Program, s: Stmt, info: Info) -> None:
         case "+=":
             total = old + length * b
         case "*=":
-            total = max(old, 1) * (b**length if b > 1 else 1)
+            # saturate: b**length is astronomically large long before the product ends
+            grows = b > 1 and length * math.log2(b) + math.log2(max(old, 1)) >= math.log2(LIMIT)
+            total = LIMIT if grows else max(old, 1) * (b**length if b > 1 else 1)
         case _:
             total = max(old, b)
     if total >= LIMIT:
-        raise Invalid(f"values of {s.tensor} may reach {total}")
+        raise Invalid(f"values of {s.tensor} may reach 2**{total.bit_length() - 1} or more")
     info.bounds[s.tensor] = max(total, info.bounds.get(s.tensor, 0))
 
 
