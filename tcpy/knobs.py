@@ -10,8 +10,8 @@
   (default `sm_90`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 - `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
-  before tcpy stops it and falls back to a cheaper one (default 3; a compile's isl
-  work stops after about three times that).
+  before tcpy stops it and falls back to a cheaper one (default 2; all of a compile's
+  isl analyses stop after two and a half times that).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def cuda_arch() -> str:
 
 
 def isl_seconds() -> float:
-    """The wall-clock limit of one isl analysis (`TCPY_ISL_SECONDS`, default 3 s)."""
+    """The wall-clock limit of one isl analysis (`TCPY_ISL_SECONDS`, default 2 s)."""
     try:
-        value = float(os.environ.get("TCPY_ISL_SECONDS", "3"))
+        value = float(os.environ.get("TCPY_ISL_SECONDS", "2"))
     except ValueError:
-        return 3.0
-    return value if value > 0 else 3.0
+        return 2.0
+    return value if value > 0 else 2.0

@@ -38,8 +38,9 @@ from tcpy.poly.dependences import Dependences, compute_dependences
 from tcpy.poly.schedule import acceptable, isl_schedule, original_order
 from tcpy.poly.scop import Scop, build_scop
 
-TOTAL_LIMITS = 3
-"""A compile's isl analyses together stop after this many times the per-analysis limit;
+TOTAL_LIMITS = 2.5
+"""A compile's isl analyses together stop after this many times the per-analysis limit
+(5 s by default: a user waits seconds, not minutes, for a kernel of a few statements);
 what is left then runs the fallback that needs no isl scheduler."""
 
 
