@@ -323,3 +323,21 @@ def test_parametric_dependence_analysis_falls_back_to_the_call_sizes(
     assert compiled.options.fix_parameters_before_scheduling
     _, want = run_both(GATHER, "f", (a, idx), "reference", options())
     assert_same(tuple(compiled(a, idx)), want)
+
+
+@pytest.mark.parametrize("emit", ["schedule", "ast"])
+def test_emitted_schedules_and_asts_show_the_users_names(
+    emit: str, tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from tcpy.cli import main
+
+    path = Path(str(tmp_path)) / "names.tc"
+    path.write_text("def f(float(nan) and) -> (O) { O(ceild) = and(ceild) + 1.0 }")
+    parametric = '{"fix_parameters_before_scheduling": false}'  # the size stays a name
+    assert main(["compile", str(path), "--sizes", "nan=8", "--emit", emit,
+                 "--options", parametric]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "s_nan" not in out and "i_ceild" not in out and "t_and" not in out
+    assert "nan" in out
