@@ -69,9 +69,10 @@ class Summary:
     tc_errors: collections.Counter[str] = field(default_factory=collections.Counter)
     rejects: int = 0
     slowest: float = 0.0
+    slowest_pair: int | None = None  # index of the pair with the slowest compile
     saved: list[Path] = field(default_factory=list)
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcome: Outcome, index: int | None = None) -> None:
         self.pairs += 1
         if outcome.invalid:
             self.rejects += 1
@@ -80,7 +81,9 @@ class Summary:
             if outcome.failure is Failure.COMPILE_ERROR:
                 self.tc_errors[outcome.detail.split(":", 1)[0]] += 1
         if isinstance(outcome.value, dict):
-            self.slowest = max(self.slowest, outcome.value.get("compile_seconds", 0.0))
+            seconds = outcome.value.get("compile_seconds", 0.0)
+            if seconds > self.slowest:
+                self.slowest, self.slowest_pair = seconds, index
 
     def line(self) -> str:
         f = self.failures
@@ -128,7 +131,7 @@ def fuzz(
         env = {**WORKER_ENV, "TCPY_CACHE_DIR": os.environ["TCPY_CACHE_DIR"]}
         for i, outcome in run_tasks(replay_task, [p.args() for p in pairs], jobs=jobs,
                                     timeout=timeout, env=env):  # fmt: skip
-            summary.add(outcome)
+            summary.add(outcome, i)
             if outcome.failure is not None:
                 failed.append(dataclasses.replace(
                     pairs[i], failure=outcome.failure.value, detail=outcome.detail))  # fmt: skip
@@ -137,6 +140,12 @@ def fuzz(
                 print(f"[{time.monotonic() - start:.0f}s] {summary.line()}", file=log, flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
+            if summary.slowest_pair is not None:  # to profile the slowest compile
+                slowest = pairs[summary.slowest_pair]
+                slowest = dataclasses.replace(
+                    slowest, detail=f"compiled in {summary.slowest:.2f} s"
+                )
+                slowest.save(out / f"{target}-slowest-compile.json")
             for r in failed:
                 path = out / f"{target}-{r.failure}-{r.meta['generator_seed']}.json"
                 r.save(path)
