@@ -8,6 +8,9 @@ limit (`tcpy.poly.bounded`) as well as isl's operation budget, and when one fail
 1. Dependence analysis over parametric sizes (it can exhaust the budget on strided
    and gathered accesses) is done again at the call's sizes, which is far cheaper:
    the kernel is then specialised to those sizes (`fix_parameters_before_scheduling`).
+   If that fails too, the dependences are over-approximated without dataflow analysis
+   (`conservative_dependences`) and the statements run in source order with
+   sequential loops: slow, but right.
 2. isl's scheduler under a fusing strategy (`Max`, `Preserve3Coincident`) can run for
    minutes or give up ("unable to carry dependences"): it is tried again under `Min`
    fusion, and if that fails too, the statements run in source order, each with its
@@ -30,11 +33,11 @@ from dataclasses import dataclass
 import islpy as isl
 
 from tcpy import knobs
-from tcpy.errors import TCCompileError, TCWarning
+from tcpy.errors import TCWarning
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.bounded import DeadlineExceeded, run_bounded
-from tcpy.poly.dependences import Dependences, compute_dependences
+from tcpy.poly.dependences import Dependences, compute_dependences, conservative_dependences
 from tcpy.poly.schedule import acceptable, isl_schedule, original_order
 from tcpy.poly.scop import Scop, build_scop
 
@@ -84,15 +87,24 @@ def analyse(cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions)
     try:
         deps = _dependences(scop, run.limit())
     except (DeadlineExceeded, isl.Error) as e:
-        if fixed is not None:
-            raise _failed(cdef, "dependence analysis", e) from None
-        run.give_up("dependences analysed at the call's sizes, not for every size", e)
-        options = dataclasses.replace(options, fix_parameters_before_scheduling=True)
-        scop = build_scop(cdef, sizes)
-        try:
-            deps = _dependences(scop, max(run.limit(), 0.5 * seconds))
-        except (DeadlineExceeded, isl.Error) as e2:
-            raise _failed(cdef, "dependence analysis", e2) from None
+        if fixed is None:
+            run.give_up("dependences analysed at the call's sizes, not for every size", e)
+            options = dataclasses.replace(options, fix_parameters_before_scheduling=True)
+            scop = build_scop(cdef, sizes)
+            try:
+                deps = _dependences(scop, max(run.limit(), 0.5 * seconds))
+            except (DeadlineExceeded, isl.Error) as e2:
+                e = e2
+            else:
+                schedule, options = _schedule(scop, deps, options, run)
+                return Analysis(
+                    scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced
+                )
+        # even at fixed sizes: over-approximate, and run the statements in source order
+        run.give_up("dependences over-approximated, statements in source order, loops "
+                    "sequential", e)  # fmt: skip
+        deps = conservative_dependences(scop)
+        return Analysis(scop, deps, original_order(scop, deps), options, tuple(run.fallbacks), True)
     schedule, options = _schedule(scop, deps, options, run)
     return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced)
 
@@ -154,10 +166,3 @@ def _reason(e: Exception) -> str:
     line = text.splitlines()[0] if text else "an unknown error"
     line = line.split(" in /")[0].split(" failed: ")[-1]  # drop isl's call and location
     return f"failed ({line})"
-
-
-def _failed(cdef: CheckedDef, what: str, e: Exception) -> TCCompileError:
-    return TCCompileError(
-        f"{what} of {cdef.name} failed even at the call's sizes (isl {_reason(e)}); "
-        "TCPY_ISL_SECONDS gives isl more time"
-    )

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.poly.isl_helpers import isl_errors
-from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.isl_helpers import isl_errors, union_map_maps
+from tcpy.poly.scop import Kind, PolyStatement, Scop
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -61,6 +61,35 @@ def compute_dependences(scop: Scop) -> Dependences:
                 every = raw.union(war).union(waw)
                 reductions = reductions.union(every.intersect_domain(own).intersect_range(own))
         return Dependences(raw, war, waw, reductions)
+
+
+def conservative_dependences(scop: Scop) -> Dependences:
+    """Dependences that over-approximate the exact ones, without dataflow analysis (for
+    when isl's runs out of time even at fixed sizes): every instance of a statement
+    depends on every instance of each earlier statement that touches a tensor it
+    touches, one of them writing; a reduction's instances depend on all its earlier
+    instances (an order left free, as for the exact ones, but no loop of it is then
+    parallel). A plain `=` writes each element once and reads its own tensor only where
+    it writes, so it has no dependence on itself."""
+    space = scop.writes.get_space()
+    reads = [_tensors(scop.reads, s) for s in scop.statements]
+    writes = [_tensors(scop.writes, s) for s in scop.statements]
+    across = isl.UnionMap.empty(space)
+    for q, later in enumerate(scop.statements):
+        for p, earlier in enumerate(scop.statements[:q]):
+            if writes[p] & (reads[q] | writes[q]) or reads[p] & writes[q]:
+                pair = isl.Map.from_domain_and_range(earlier.domain, later.domain)
+                across = across.union(isl.UnionMap.from_map(pair))
+    own = isl.UnionMap.empty(space)
+    for s in scop.statements:
+        if s.kind is Kind.COMPUTE and s.source(scop.cdef).op.is_reduction:
+            own = own.union(isl.UnionMap.from_map(s.domain.lex_lt_set(s.domain)))
+    return Dependences(across, isl.UnionMap.empty(space), own, own)
+
+
+def _tensors(accesses: isl.UnionMap, s: PolyStatement) -> set[str]:
+    mine = accesses.intersect_domain(isl.UnionSet.from_set(s.domain))
+    return {m.get_tuple_name(isl.dim_type.out) for m in union_map_maps(mine)}
 
 
 def violations(schedule: isl.Schedule, deps: isl.UnionMap) -> isl.UnionMap:
