@@ -13,6 +13,9 @@ session (the user's cache is not filled with hundreds of candidates), and are th
 timed one at a time by a single worker, with nothing else of the session running: on a
 2-core machine concurrent compiles would corrupt the timings. A per-host lock file
 keeps two tuning sessions (or two Dask workers on one machine) from timing at once.
+Where the tasks run is the executor's business (`tcpy.genetic.executors`: a local
+process pool, or Dask workers); this module holds the tasks and the `Evaluator`, which
+turns their outcomes into measurements for the search.
 Timing is a warm-up run, then the median of `runs` runs; a candidate whose first run
 is 100 times slower than the best so far, or whose second is 5 times slower, is pruned
 after those runs (TC's thresholds): its median is still an honest upper bound.
@@ -29,16 +32,21 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tcpy.errors import InternalError
 from tcpy.genetic.search import Measured
 from tcpy.mapping.options import MappingOptions
-from tcpy.sandbox import Failure, Replay, Sandbox, WrongResult, run_tasks
+from tcpy.sandbox import Failure, Replay, WrongResult
+
+if TYPE_CHECKING:
+    from tcpy.genetic.executors import Trial
 
 log = logging.getLogger("tcpy.tune")
 
@@ -141,31 +149,51 @@ def _compare(k: int, got: np.ndarray, want: np.ndarray, rtol: float) -> None:
 def time_candidate(problem: Problem, options_json: str, runs: int, best_s: float) -> float:
     """The median time of `runs` runs after a warm-up, under the per-host timing lock;
     pruned early when clearly slower than `best_s`."""
+    compiled, inputs = _compiled(problem, options_json)
+    with timing_lock():
+        return _median_time(compiled, inputs, runs, best_s)
+
+
+def time_held(problem: Problem, options_json: str, runs: int, best_s: float) -> float:
+    """`time_candidate` for a caller that holds the timing lock already. A Dask worker
+    takes the lock outside the sandbox, so that waiting for another worker of its host
+    does not count against this task's timeout (and the sandbox, locking again on
+    another descriptor, would wait for its own caller forever)."""
+    compiled, inputs = _compiled(problem, options_json)
+    return _median_time(compiled, inputs, runs, best_s)
+
+
+def _compiled(problem: Problem, options_json: str) -> tuple[Any, tuple[Any, ...]]:
+    """The candidate's kernel (from the session's cache: `compile_and_check` built it)
+    and the tuning inputs."""
     inputs, _ = _load(problem.data)
     engine = _engine(problem.source, problem.target)
-    compiled = engine.compile(
-        problem.entry, *inputs, options=MappingOptions.from_json(options_json)
-    )
-    with timing_lock():
-        compiled(*inputs)  # warm-up: first-touch of outputs, caches, OpenMP threads
-        times: list[float] = []
-        for k in range(max(1, runs)):
-            start = time.perf_counter()
-            compiled(*inputs)
-            times.append(time.perf_counter() - start)
-            if k == 0 and times[0] > PRUNE_FIRST * best_s:
-                break
-            if k == 1 and times[1] > PRUNE_SECOND * best_s:
-                break
+    options = MappingOptions.from_json(options_json)
+    return engine.compile(problem.entry, *inputs, options=options), inputs
+
+
+def _median_time(compiled: Any, inputs: tuple[Any, ...], runs: int, best_s: float) -> float:
+    compiled(*inputs)  # warm-up: first-touch of outputs, caches, OpenMP threads
+    times: list[float] = []
+    for k in range(max(1, runs)):
+        start = time.perf_counter()
+        compiled(*inputs)
+        times.append(time.perf_counter() - start)
+        if k == 0 and times[0] > PRUNE_FIRST * best_s:
+            break
+        if k == 1 and times[1] > PRUNE_SECOND * best_s:
+            break
     return statistics.median(times)
 
 
 @contextlib.contextmanager
-def timing_lock() -> Iterator[None]:
-    """One timing at a time on this machine, across processes and sessions."""
+def timing_lock(exclusive: bool = True) -> Iterator[None]:
+    """One timing at a time on this machine, across processes and sessions. A Dask
+    worker compiles under the lock shared (`exclusive=False`): compiles on one host
+    overlap each other but never a timing there, which waits until they are done."""
     path = Path(tempfile.gettempdir()) / f"tcpy-timing-{os.getuid()}.lock"
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
         finally:
@@ -176,49 +204,55 @@ def timing_lock() -> Iterator[None]:
 
 
 class Evaluator:
-    """Measures batches of candidates for the search: compiles and checks them in
-    parallel on `workers` processes, then times the valid ones one at a time."""
+    """Measures batches of candidates for the search on an executor (`TunerConfig.
+    executor`: local processes by default, Dask workers when given a client): every
+    candidate is compiled and checked, the valid ones timed. Failures are logged here,
+    in the tuning process, where the replay files of compiler bugs are written.
+
+    `devices` counts the valid candidates timed on each device. Times from different
+    devices are not comparable, so a session that meets a second device warns, and
+    `device` then names them all: a result stored under that name is looked up by no
+    single machine, rather than passed off as tuned for one of them."""
 
     def __init__(self, problem: Problem, config: Any, cache_dir: Path, bugs_dir: Path) -> None:
+        from tcpy.genetic.executors import make_executor
+
         self.problem = problem
         self.config = config
-        self.env = {"TCPY_CACHE_DIR": str(cache_dir), "OMP_WAIT_POLICY": "passive"}
         self.bugs_dir = bugs_dir
         self.best_s = float("inf")
-        self._timer = Sandbox(env=self.env)
-        self.faults = dict(FAULTS)
+        self.faults = dict(FAULTS)  # read now: on Dask the hook travels with each task
+        self.devices: Counter[str] = Counter()
+        self._executor = make_executor(config, problem, cache_dir, self.faults)
+
+    @property
+    def device(self) -> str | None:
+        """The device the times were measured on (None before any was)."""
+        return " | ".join(sorted(self.devices)) or None
 
     def close(self) -> None:
-        self._timer.close()
+        self._executor.close()
 
     def __call__(self, candidates: list[MappingOptions]) -> list[Measured]:
-        jsons = [o.to_json() for o in candidates]
-        results: list[Measured | None] = [None] * len(candidates)
-        task = _faulty if self.faults else compile_and_check
-        args = [(self.problem, j, self.faults) if self.faults else (self.problem, j) for j in jsons]
-        for index, outcome in run_tasks(
-            task, args, jobs=self.config.workers, timeout=self.config.timeout_s, env=self.env
-        ):
-            if outcome.failure is not None:
-                results[index] = Measured(None, outcome.failure, outcome.detail)
-                self._log_failure(candidates[index], outcome.failure, outcome.detail)
-        for k, options in enumerate(candidates):
-            if results[k] is None:
-                results[k] = self._time(options)
-        return [r for r in results if r is not None]
+        trials = self._executor.measure([o.to_json() for o in candidates], self.best_s)
+        return [self._measured(o, t) for o, t in zip(candidates, trials, strict=True)]
 
-    def _time(self, options: MappingOptions) -> Measured:
-        outcome = self._timer.run(
-            time_candidate,
-            (self.problem, options.to_json(), self.config.runs, self.best_s),
-            timeout=self.config.timeout_s,
-        )
-        if outcome.failure is not None:
-            self._log_failure(options, outcome.failure, outcome.detail)
-            return Measured(None, outcome.failure, outcome.detail)
-        seconds = float(outcome.value)
-        self.best_s = min(self.best_s, seconds)
-        return Measured(seconds)
+    def _measured(self, options: MappingOptions, trial: Trial) -> Measured:
+        """The search's view of a trial; a valid one carries its device as the detail."""
+        if trial.failure is not None:
+            self._log_failure(options, trial.failure, trial.detail)
+            return Measured(None, trial.failure, trial.detail)
+        if trial.time_s is None:
+            raise InternalError(f"a trial that neither failed nor has a time: {trial}")
+        if self.devices and trial.device not in self.devices:
+            log.warning(
+                "candidates timed on different devices (%s and %s): their times are not "
+                "comparable; tune on workers of one kind",
+                ", ".join(self.devices), trial.device,
+            )  # fmt: skip
+        self.devices[trial.device] += 1
+        self.best_s = min(self.best_s, trial.time_s)
+        return Measured(trial.time_s, detail=trial.device)
 
     def _log_failure(self, options: MappingOptions, failure: Failure, detail: str) -> None:
         """Every failure on the `tcpy.tune` logger; compiler bugs also as a replay file."""
