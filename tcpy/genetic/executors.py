@@ -56,11 +56,6 @@ from tcpy.genetic import evaluate
 from tcpy.genetic.evaluate import Problem, time_candidate, time_held, timing_lock
 from tcpy.sandbox import Failure, Outcome, Sandbox, run_tasks
 
-# the sandboxes' environment: a kernel cache of the session's own (the user's is not
-# filled with hundreds of candidates), and OpenMP threads that sleep between kernels
-# rather than spin on the cores the next compile or timing needs
-OMP = {"OMP_WAIT_POLICY": "passive"}
-
 
 @dataclass(frozen=True)
 class Trial:
@@ -132,7 +127,10 @@ class LocalExecutor(Executor):
         self.config = config
         self.problem = problem
         self.faults = faults
-        self.env = {"TCPY_CACHE_DIR": str(cache_dir), **OMP}
+        # a kernel cache of the session's own: the user's is not filled with hundreds
+        # of candidates; OpenMP keeps the user's settings, so that candidates are timed
+        # as the user's calls will run (compiles and timings never overlap on a host)
+        self.env = {"TCPY_CACHE_DIR": str(cache_dir)}
         self._timer = Sandbox(env=self.env)
         self._device: str | None = None
 
@@ -253,7 +251,7 @@ class _WorkerSession:
 
     def __init__(self, session: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"tcpy-dask-{session[:12]}-"))
-        self.env = {"TCPY_CACHE_DIR": str(self.root / "cache"), **OMP}
+        self.env = {"TCPY_CACHE_DIR": str(self.root / "cache")}
         self.device: str | None = None
         self._free: list[Sandbox] = []
         self._all: list[Sandbox] = []

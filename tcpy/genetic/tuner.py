@@ -153,6 +153,7 @@ def tune(
         try:
             with Reporter(entry, config) as reporter:
                 found = search(space, starts, evaluator, config, reporter.update)
+            device = evaluator.device or engine.device()  # where candidates ran (Dask)
         finally:
             evaluator.close()
     finally:
@@ -163,7 +164,7 @@ def tune(
             f"({dict(found.failures)}); see the tcpy.tune log"
         )
     result = TuneResult(
-        entry=entry, target=engine.target, device=engine.device(),
+        entry=entry, target=engine.target, device=device,
         definition=canonical(cdef), inputs=[[list(a.shape), str(a.dtype)] for a in binding.arrays],
         options=found.best,
         time_s=found.best_s, baseline_s=found.start_s, history=found.history,
