@@ -1,16 +1,21 @@
-"""The `tcpy` command: check TC files and run their definitions on random inputs.
+"""The `tcpy` command: check TC files, run and tune their definitions on random inputs.
 
 tcpy check FILE.tc
 tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--seed S]
+tcpy tune FILE.tc [--entry NAME] [--sizes M=512,N=512] [--generations G] [--population P]
+                  [--workers W] [--seed S] [--plot OUT.png] [--save BEST.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +23,10 @@ from tcpy import targets
 from tcpy.codegen.naming import user_text
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCError
+from tcpy.genetic.tuner import TUNABLE_TARGETS, TunerConfig, TuneResult
 from tcpy.inputs import random_inputs, resolve_sizes
 from tcpy.mapping.options import MappingOptions
+from tcpy.sandbox import Failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                       "or the isl AST")  # fmt: skip
     comp.add_argument("--gpu", action="store_true", help="the CUDA mapping instead of the CPU one")
     comp.add_argument("--options", help="mapping options: a preset name or a JSON object")
+    _add_tune(sub)
     args = parser.parse_args(argv)
     try:
         source = args.file.read_text()
@@ -55,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(source, str(args.file))
         if args.command == "compile":
             return _compile(source, args)
+        if args.command == "tune":
+            return _tune(source, args)
         return _run(source, args)
     except TCError as e:
         print(f"error: {e}" if e.span is None else str(e), file=sys.stderr)
@@ -153,6 +163,93 @@ def _run(source: str, args: argparse.Namespace) -> int:
         f"second call {t_second * 1e3:.1f} ms"
     )
     return 0
+
+
+# --- tcpy tune ---------------------------------------------------------------------------
+
+
+def _add_tune(sub: Any) -> None:
+    tune = sub.add_parser(
+        "tune", help="search a def's mapping options on random inputs and store the best"
+    )
+    tune.add_argument("file", type=Path)
+    tune.add_argument("--entry", help="the def to tune (default: the only one)")
+    tune.add_argument("--sizes", default="", help="size values, e.g. M=512,N=512 (default 32)")
+    # every target is accepted here, so that cuda-emu and reference get tune's reason
+    tune.add_argument("--target", choices=sorted(targets.TARGETS),
+                      help=f"what to tune for: {' or '.join(TUNABLE_TARGETS)} "
+                      "(default: cuda with a GPU, else cpu)")  # fmt: skip
+    defaults = TunerConfig()
+    for name, help_text in (
+        ("generations", "generations of the genetic search"),
+        ("population", "candidates per generation"),
+        ("workers", "processes compiling candidates in parallel"),
+        ("runs", "timed runs per candidate (their median counts)"),
+    ):
+        tune.add_argument(f"--{name}", type=int, default=getattr(defaults, name),
+                          help=f"{help_text} (default {getattr(defaults, name)})")  # fmt: skip
+    tune.add_argument("--seed", type=int, default=0, help="inputs and search (default 0)")
+    tune.add_argument("--plot", type=Path, help="write the convergence plot here (.png, .svg)")
+    tune.add_argument("--save", type=Path, help="write the result as JSON here (for load_tuned)")
+
+
+def _tune(source: str, args: argparse.Namespace) -> int:
+    """Tune on random inputs of the given sizes: progress on stderr, a summary on
+    stdout; the best options are stored for later calls with these shapes either way."""
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        # fail before a long session rather than after it
+        raise TCError("--plot needs matplotlib: pip install tcpy[plot]")
+    engine = ExecutionEngine(args.target)
+    entry = _entry(engine.define(source, str(args.file)), args.entry, args.file)
+    cdef = engine.checked(entry)
+    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
+    inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
+    config = TunerConfig(
+        generations=args.generations, population=args.population, workers=args.workers,
+        runs=args.runs, seed=args.seed,
+    )  # fmt: skip
+    from_default = not engine.tuned_starting_points(entry, *inputs)
+    result = engine.tune(entry, *inputs, config=config)
+    if args.save is not None:  # before the plot: a result is never lost to a plot error
+        result.save(args.save)
+    if args.plot is not None:
+        result.plot(args.plot)
+    for line in _summary(result, sizes, from_default, args):
+        print(line)
+    return 0
+
+
+def _summary(
+    result: TuneResult, sizes: dict[str, int], from_default: bool, args: argparse.Namespace
+) -> list[str]:
+    """The table printed when a session ends. The start is the target's default
+    options unless earlier sessions had tuned these or nearby shapes (then the best
+    of those): the row says which, as the speedup is relative to it."""
+    shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
+    failed = sum(result.failures.values())
+    # every class, zeros included: a reader sees what could have gone wrong and did not
+    classes = ", ".join(f"{f.value} {result.failures.get(f.value, 0)}" for f in Failure)
+    rows = [
+        ("default time" if from_default else "start time",
+         _ms(result.baseline_s)
+         + ("" if from_default else "  (best of the default and earlier tuned options)")),
+        ("best time", _ms(result.time_s)),
+        ("speedup", f"{result.speedup:.2f}x"),
+        ("trials", f"{result.trials} in {len(result.history)} generations, "
+                   f"{result.wall_s:.1f} s"),
+        ("failures", f"{failed} ({classes})"),
+    ]  # fmt: skip
+    rows += [(name, str(p)) for name, p in (("saved", args.save), ("plot", args.plot)) if p]
+    width = max(len(name) for name, _ in rows)
+    return [
+        f"tuned {result.entry} on {result.target} ({result.device}), sizes {shown}",
+        *(f"  {name:<{width}}  {value}" for name, value in rows),
+        f"  best options: {result.options.to_json()}",
+    ]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if math.isfinite(seconds) else "failed"
 
 
 if __name__ == "__main__":
