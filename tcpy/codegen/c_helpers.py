@@ -47,14 +47,16 @@ _UNSIGNED = {
 
 
 def _extrema(ty: ScalarType, d: Dialect) -> str:
-    """min and max that propagate NaN: a NaN operand is the result."""
+    """min and max of a type; on floats they propagate NaN (a NaN operand is the
+    result)."""
     ctype = d.ctype(ty)
+    nan = " || a != a" if ty.is_float else ""
     lines = []
     for smallest in (True, False):
         cmp = "<" if smallest else ">"
         lines.append(
             f"{d.function_prefix} {ctype} {extremum_helper(smallest, ty)}({ctype} a, {ctype} b) "
-            f"{{ return (a {cmp} b || a != a) ? a : b; }}"
+            f"{{ return (a {cmp} b{nan}) ? a : b; }}"
         )
     return "\n".join(lines) + "\n"
 

@@ -108,7 +108,7 @@ class Helpers:
     """The helper functions a translation unit needs, collected while printing."""
 
     divisions: set[ScalarType] = field(default_factory=set)  # integer types divided
-    extrema: set[ScalarType] = field(default_factory=set)  # float types of min/max
+    extrema: set[ScalarType] = field(default_factory=set)  # types of min/max
     checked_index: bool = False
     builtins: set[str] = field(default_factory=set)  # C function names used
 
@@ -291,14 +291,13 @@ class _Context:
 
 
 def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) -> str:
-    """min/max by a comparison (vectorisable, unlike a call of fminf). On floats a
-    helper that propagates NaN, as TC's min and max do on every target (C's fminf
-    and CUDA's fminf return the other operand instead)."""
-    if ty.is_float:
-        helpers.extrema.add(ty)
-        return f"{extremum_helper(smallest, ty)}({a}, {b})"
-    cmp = "<=" if smallest else ">="
-    return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+    """min/max through an inline helper made of a comparison (vectorisable, unlike a
+    call of fminf; and each operand appears once, where a ternary in place would
+    repeat both and nested min/max would grow exponentially). On floats the helper
+    propagates NaN, as TC's min and max do on every target (C's and CUDA's fminf
+    return the other operand instead)."""
+    helpers.extrema.add(ty)
+    return f"{extremum_helper(smallest, ty)}({a}, {b})"
 
 
 def extremum_helper(smallest: bool, ty: ScalarType) -> str:
