@@ -38,6 +38,7 @@ class ExecutionEngine:
         self._target = targets.get(self.target)
         self._defs: dict[str, CheckedDef] = {}
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
+        self._resolved: dict[tuple[str, tuple[Any, ...]], Kernel] = {}  # calls without options
         self._session = targets.Session(targets.open_disk_cache())
         self._tuned = TunedStore(self._session.disk)
 
@@ -51,6 +52,7 @@ class ExecutionEngine:
         defs = check_source(source, filename)
         for name in defs:
             self._kernels = {k: v for k, v in self._kernels.items() if k[0] != name}
+            self._resolved = {k: v for k, v in self._resolved.items() if k[0] != name}
         self._defs.update(defs)
         return tuple(defs)
 
@@ -115,6 +117,7 @@ class ExecutionEngine:
         }
         key = tuned_key(result.definition, result.inputs, result.target, result.device)
         self._tuned.put(key, record)
+        self._resolved.clear()  # calls without options now resolve to the tuned options
 
     def load_tuned(self, path: str | Path) -> None:
         """Import tuned options saved with `TuneResult.save` (on this or another
@@ -126,6 +129,7 @@ class ExecutionEngine:
         except (OSError, ValueError, KeyError, TypeError, TCError) as e:
             raise TCError(f"cannot load tuned options from {path}: {e}") from None
         self._tuned.put(key, record)
+        self._resolved.clear()  # calls without options now resolve to the tuned options
 
     def _tuned_key(self, cdef: CheckedDef, binding: Binding) -> str:
         return tuned_key(canonical(cdef), _signature(binding), self.target, self.device())
@@ -148,15 +152,24 @@ class ExecutionEngine:
         cdef = self.checked(entry)
         try:
             binding = bind(cdef, inputs)
-            if options is None:  # tuned options for these shapes, else the target's
+            signature = signature_key(binding.arrays)
+            if options is None:
+                # the kernel this signature resolved to (tuned options for these shapes,
+                # else the target's), remembered until a redefinition or a tuning
+                known = self._resolved.get((entry, signature))
+                if known is not None:
+                    self._session.stats.memory_hits += 1
+                    return Compiled(cdef, known.options, known, signature), binding
                 tuned = self._tuned.get(self._tuned_key(cdef, binding))
-                options = tuned or self._target.default_options(cdef)
+                resolved = self._compile(entry, inputs, tuned or self._target.default_options(cdef))
+                self._resolved[(entry, signature)] = resolved[0]._kernel
+                return resolved
             if binding.on_device and not self._target.accepts_device_arrays:
                 raise TCInputError(
                     f"the {self.target} target takes NumPy arrays, and an input of "
                     f"{entry} is in GPU memory; use the cuda target or copy it to the host"
                 )
-            key = (entry, signature_key(binding.arrays), options.to_json())
+            key = (entry, signature, options.to_json())
             kernel = self._kernels.get(key)
             if kernel is None:
                 kernel = self._target.prepare(cdef, binding, options, self._session)

@@ -99,7 +99,8 @@ class TuneResult:
 
     def save(self, path: str | Path) -> None:
         """The result as JSON, for `engine.load_tuned(path)` on another machine."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=_finite) + "\n")
+        strict = json.dumps(_finite(self.to_dict()), indent=1, allow_nan=False)
+        Path(path).write_text(strict + "\n")
 
     def plot(self, path: str | Path) -> None:
         """The convergence plot: best-so-far and each generation's median against the
@@ -110,7 +111,14 @@ class TuneResult:
 
 
 def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
+    """`value` with infinite and NaN times as None, so that the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def tune(
