@@ -52,7 +52,7 @@ itself (`TCError`) pass through untouched; an `OSError` out of a build in the ca
 taken for a cache failure, and the build in a temporary directory then shows whether it
 was one.
 
-Temporary directories (`tcpy-XXXXXXXX` under the system temp dir, mode 0700) hold
+Temporary directories (`tcpy-<random>` under the system temp dir, mode 0700) hold
 kernels built without a disk cache. Each is removed as soon as its kernel is loaded:
 the target reads the source text into memory, and Linux keeps a loaded library mapped
 after its file is removed (the CUDA driver copies a cubin when it loads it). A build
@@ -372,7 +372,7 @@ def _seal(staging: Path, key: str, required: Sequence[str], extra: dict[str, Any
 
 @contextlib.contextmanager
 def scratch_directory() -> Iterator[Path]:
-    """A private temporary directory (`tcpy-XXXXXXXX`, 0700), removed when the block
+    """A private temporary directory (`tcpy-<random>`, 0700), removed when the block
     exits (a library loaded from it stays usable: Linux keeps an open file's data)."""
     path = Path(tempfile.mkdtemp(prefix="tcpy-"))
     try:
