@@ -46,7 +46,8 @@ def test_json_round_trip(options: MappingOptions) -> None:
     ("changes", "fragment"),
     [
         ({"tile": (32, -1)}, "tile sizes must be 0"),
-        ({"unroll": 0}, "unroll must be at least 1"),
+        ({"unroll": 0}, "unroll must be 1 to 1024"),
+        ({"unroll": 65535}, "unroll must be 1 to 1024"),
         ({"map_to_threads": (64, 32)}, "2048 threads a block; at most 1024"),
         ({"map_to_threads": (1, 1, 1, 1)}, "map_to_threads takes 1 to 3"),
         ({"map_to_blocks": (0,)}, "map_to_blocks takes 1 to 3 positive sizes"),
