@@ -13,12 +13,13 @@ session (the user's cache is not filled with hundreds of candidates), and are th
 timed one at a time by a single worker, with nothing else of the session running: on a
 2-core machine concurrent compiles would corrupt the timings. A per-host lock file
 keeps two tuning sessions (or two Dask workers on one machine) from timing at once.
-Where the tasks run is the executor's business (`tcpy.genetic.executors`: a local
-process pool, or Dask workers); this module holds the tasks and the `Evaluator`, which
-turns their outcomes into measurements for the search.
 Timing is a warm-up run, then the median of `runs` runs; a candidate whose first run
 is 100 times slower than the best so far, or whose second is 5 times slower, is pruned
 after those runs (TC's thresholds): its median is still an honest upper bound.
+
+Where the tasks run is the executor's business (`tcpy.genetic.executors`: a local
+process pool, or Dask workers); this module holds the tasks and the `Evaluator`, which
+turns their outcomes into measurements for the search.
 """
 
 from __future__ import annotations
