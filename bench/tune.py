@@ -1,0 +1,203 @@
+"""Tuning benchmark: what the genetic tuner gains over the default options on the CPU
+suite, how fast it gets there, and how it compares with random search.
+
+    python bench/tune.py [--only matmul,softmax] [--max-time 120] [--generations 8]
+                         [--population 12] [--versus matmul_transposed,softmax] [--seeds 3]
+
+For each kernel: a tuning session from the default options (budget: `--generations`
+and `--max-time` seconds), then the default and the tuned kernels timed side by side in
+alternating blocks (medians; the tuner's own timings are only used to choose), with
+NumPy in the same run. Reported: default and tuned times, the speedup, the ratio to
+NumPy, the tuning wall time, the trials, and when the session first came within 10%
+of its final best (from its history). Then, for the `--versus` kernels, the genetic
+search and random search at the same trial budget over `--seeds` seeds (the median
+best time of each). JSON and convergence plots go to `bench/results/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import tcpy
+from bench.cpu import _block, _cpu_name, _geomean, _outputs
+from bench.suite import SUITE, Kernel
+
+ROUNDS = 4
+
+
+def tune_one(kernel: Kernel, config: tcpy.TunerConfig, reps: int, plots: Path) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    inputs = kernel.inputs(rng, kernel.sizes)
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(kernel.tc)
+    default = engine.compile(kernel.entry, *inputs, options=engine.default_options(kernel.entry))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        result = engine.tune(kernel.entry, *inputs, config=config)
+    tuned = engine.compile(kernel.entry, *inputs)
+    assert tuned.options == result.options
+    want = _outputs(kernel.numpy(*inputs))
+    for got in (_outputs(default(*inputs)), _outputs(tuned(*inputs))):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3 * float(np.max(np.abs(w))))
+    times: dict[str, list[float]] = {"default": [], "tuned": [], "numpy": []}
+    for _ in range(ROUNDS):
+        _block(lambda: default(*inputs), reps, times["default"])
+        _block(lambda: tuned(*inputs), reps, times["tuned"])
+        _block(lambda: kernel.numpy(*inputs), reps, times["numpy"])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result.plot(plots / f"tune-{kernel.name}.png")
+    return {
+        "kernel": kernel.name,
+        "sizes": kernel.sizes,
+        "default_ms": round(med["default"] * 1e3, 4),
+        "tuned_ms": round(med["tuned"] * 1e3, 4),
+        "numpy_ms": round(med["numpy"] * 1e3, 4),
+        "speedup": round(med["default"] / med["tuned"], 3),
+        "tuned_vs_numpy": round(med["numpy"] / med["tuned"], 3),
+        "default_vs_numpy": round(med["numpy"] / med["default"], 3),
+        "tuning_wall_s": round(result.wall_s, 1),
+        "trials": result.trials,
+        "failures": result.failures,
+        "seconds_to_90pct": _time_to_within(result.history, 0.10),
+        "options": result.options.to_dict(),
+        "history": result.history,
+    }
+
+
+def _time_to_within(history: list[dict[str, Any]], margin: float) -> float | None:
+    """When the session's best first came within `margin` of its final best: "90% of
+    the final best" read as a time at most (1 + margin) times the final one."""
+    if not history:
+        return None
+    final = history[-1]["best_s"]
+    for h in history:
+        if h["best_s"] <= final * (1 + margin):
+            return round(float(h["elapsed_s"]), 1)
+    return None
+
+
+def versus_random(kernel: Kernel, config: tcpy.TunerConfig, seeds: int) -> dict[str, Any]:
+    """The genetic search and random search at the same trial budget, per seed, with
+    one evaluator (candidates compiled, checked and timed the same way)."""
+    from tcpy.binding import bind
+    from tcpy.genetic.evaluate import Evaluator, save_problem
+    from tcpy.genetic.search import random_search, search
+    from tcpy.genetic.space import build_space
+
+    rng = np.random.default_rng(0)
+    inputs = kernel.inputs(rng, kernel.sizes)
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(kernel.tc)
+    cdef = engine.checked(kernel.entry)
+    preset = engine.default_options(kernel.entry)
+    space = build_space(cdef, bind(cdef, inputs).sizes, "cpu", preset)
+    reference = tcpy.ExecutionEngine("reference")
+    reference.define(kernel.tc)
+    want = _outputs(reference.run(kernel.entry, *inputs))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tcpy-versus-") as scratch:
+        problem = save_problem(Path(scratch), cdef.source, kernel.entry, "cpu", inputs, want)
+        for seed in range(seeds):
+            cfg = tcpy.TunerConfig(**{**_fields(config), "seed": seed, "patience": 0})
+            evaluator = Evaluator(problem, cfg, Path(scratch) / f"cache{seed}", Path(scratch))
+            try:
+                ga = search(space, [preset], evaluator, cfg)
+                rnd = random_search(space, [preset], evaluator, ga.trials, seed)
+            finally:
+                evaluator.close()
+            rows.append({"seed": seed, "trials": ga.trials, "ga_ms": ga.best_s * 1e3,
+                         "random_ms": rnd.best_s * 1e3, "start_ms": ga.start_s * 1e3})  # fmt: skip
+            print(f"  {kernel.name} seed {seed}: GA {ga.best_s * 1e3:.3f} ms, random "
+                  f"{rnd.best_s * 1e3:.3f} ms ({ga.trials} trials each)", flush=True)  # fmt: skip
+    return {
+        "kernel": kernel.name,
+        "runs": rows,
+        "ga_median_ms": statistics.median(r["ga_ms"] for r in rows),
+        "random_median_ms": statistics.median(r["random_ms"] for r in rows),
+    }
+
+
+def _fields(config: tcpy.TunerConfig) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated kernel names")
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--population", type=int, default=12)
+    parser.add_argument("--max-time", type=float, default=120.0, help="seconds per session")
+    parser.add_argument("--reps", type=int, default=5, help="runs per timing block")
+    parser.add_argument("--versus", default="matmul_transposed,softmax,conv2d",
+                        help="kernels for GA against random search ('' to skip)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    os.environ["TCPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="tcpy-bench-tune-")
+    wanted = set(filter(None, args.only.split(",")))
+    config = tcpy.TunerConfig(
+        generations=args.generations, population=args.population, max_time_s=args.max_time,
+        runs=5, workers=2, timeout_s=60, patience=3,
+    )  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for kernel in SUITE:
+        if wanted and kernel.name not in wanted:
+            continue
+        start = time.monotonic()
+        row = tune_one(kernel, config, args.reps, args.out)
+        rows.append(row)
+        print(
+            f"{row['kernel']:18} default {row['default_ms']:9.3f} ms  tuned {row['tuned_ms']:9.3f}"
+            f" ms  x{row['speedup']:5.2f}  vs numpy {row['tuned_vs_numpy']:6.2f}"
+            f"  {row['trials']:3d} trials  {row['tuning_wall_s']:6.1f} s tuning"
+            f"  90% at {row['seconds_to_90pct']} s  ({time.monotonic() - start:.0f} s)",
+            flush=True,
+        )
+    versus = [versus_random(k, config, args.seeds)
+              for k in SUITE if k.name in set(filter(None, args.versus.split(",")))]  # fmt: skip
+    summary = {
+        "geomean_speedup": _geomean([r["speedup"] for r in rows]),
+        "min_speedup": min((r["speedup"] for r in rows), default=None),
+        "ga_beats_random": [v["ga_median_ms"] <= v["random_median_ms"] for v in versus],
+    }
+    print(json.dumps(summary))
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "target": "cpu",
+        "machine": {"processor": _cpu_name(), "cores": os.cpu_count()},
+        "config": {k: v for k, v in _fields(config).items() if k != "executor"},
+        "kernels": rows,
+        "ga_vs_random": versus,
+        "summary": summary,
+    }
+    path = args.out / f"tune-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=1, default=_plain) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
