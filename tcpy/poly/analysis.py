@@ -82,31 +82,37 @@ def analyse(cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions)
     as the module says when isl fails or runs too long."""
     seconds = knobs.isl_seconds()
     run = _Run(cdef, seconds, time.monotonic() + TOTAL_LIMITS * seconds)
+    scop, deps, options = _exact_dependences(cdef, sizes, options, run)
+    if deps is None:  # not even at the call's sizes: over-approximate, source order
+        deps = conservative_dependences(scop)
+        schedule = original_order(scop, deps)
+        return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), True)
+    schedule, options = _schedule(scop, deps, options, run)
+    return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced)
+
+
+def _exact_dependences(
+    cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions, run: _Run
+) -> tuple[Scop, Dependences | None, MappingOptions]:
+    """isl's dataflow analysis, for every size when the options ask for it and else (or
+    when that fails) at the call's sizes; None when it fails there too."""
     fixed = sizes if options.fix_parameters_before_scheduling else None
     scop = build_scop(cdef, fixed)
     try:
-        deps = _dependences(scop, run.limit())
+        return scop, _dependences(scop, run.limit()), options
     except (DeadlineExceeded, isl.Error) as e:
-        if fixed is None:
-            run.give_up("dependences analysed at the call's sizes, not for every size", e)
-            options = dataclasses.replace(options, fix_parameters_before_scheduling=True)
-            scop = build_scop(cdef, sizes)
-            try:
-                deps = _dependences(scop, max(run.limit(), 0.5 * seconds))
-            except (DeadlineExceeded, isl.Error) as e2:
-                e = e2
-            else:
-                schedule, options = _schedule(scop, deps, options, run)
-                return Analysis(
-                    scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced
-                )
-        # even at fixed sizes: over-approximate, and run the statements in source order
-        run.give_up("dependences over-approximated, statements in source order, loops "
-                    "sequential", e)  # fmt: skip
-        deps = conservative_dependences(scop)
-        return Analysis(scop, deps, original_order(scop, deps), options, tuple(run.fallbacks), True)
-    schedule, options = _schedule(scop, deps, options, run)
-    return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced)
+        failure: Exception = e
+    if fixed is None:
+        run.give_up("dependences analysed at the call's sizes, not for every size", failure)
+        options = dataclasses.replace(options, fix_parameters_before_scheduling=True)
+        scop = build_scop(cdef, sizes)
+        try:
+            return scop, _dependences(scop, max(run.limit(), 0.5 * run.seconds)), options
+        except (DeadlineExceeded, isl.Error) as e:
+            failure = e
+    run.give_up("dependences over-approximated, statements in source order, loops "
+                "sequential", failure)  # fmt: skip
+    return scop, None, options
 
 
 def _schedule(
