@@ -102,16 +102,23 @@ def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
 
 
 def _serve(conn: Connection) -> None:
+    """A parent that closed the pipe (it timed the task out, or finished) ends the
+    worker quietly."""
     while True:
         try:
             fn, args = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionError):
             return
         outcome = run_task(fn, args)
         try:
             conn.send(outcome)
+        except ConnectionError:
+            return
         except Exception:
-            conn.send(dataclasses.replace(outcome, value=repr(outcome.value)))
+            try:
+                conn.send(dataclasses.replace(outcome, value=repr(outcome.value)))
+            except ConnectionError:
+                return
 
 
 class _Interpreter:

@@ -17,7 +17,7 @@ import tcpy
 from tcpy.errors import InternalError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
-from tcpy.poly.dependences import compute_dependences
+from tcpy.poly.dependences import compute_dependences, violations
 from tcpy.poly.scop import build_scop
 from tcpy.poly.transforms import verify
 
@@ -99,6 +99,53 @@ def test_verify_treats_set_children_as_unordered() -> None:
     as_set = root.insert_set(children).get_schedule()
     with pytest.raises(InternalError, match="violates dependences"):
         verify(as_set, deps.validity, scop.domain)
+
+
+def test_verify_finds_exactly_the_late_pairs() -> None:
+    """The verifier's violations against isl's order of all instance pairs, on source
+    order (none) and on the statements run in reverse (every dependence across them)."""
+    (cdef,) = check_source(ORDER).values()
+    scop = build_scop(cdef, {"N": 4})
+    deps = compute_dependences(scop).validity
+    root = isl.Schedule.from_domain(scop.domain).get_root().child(0)
+    for names in (("I0", "S0", "S1"), ("S1", "S0", "I0")):
+        children = isl.UnionSetList.alloc(scop.ctx, 3)
+        for name in names:
+            children = children.add(isl.UnionSet.from_set(scop.statement(name).domain))
+        schedule = root.insert_sequence(children).get_schedule()
+        order = schedule.get_map()
+        want = deps.subtract(order.lex_lt_union_map(order))
+        assert violations(schedule, deps).is_equal(want)
+    assert not want.is_empty()
+
+
+# A tiled schedule with a block and thread mapping: isl took minutes to order all its
+# instance pairs, so verification hung (cuda-emu, 2001:44).
+VERIFY_SLOW = """
+def f(int32(P, S) Z) -> (LUT, O) {
+    LUT(m, s, w) *=! min(max(Z(0, n), (-2)), 2) where m in 0:S, s in 0:P, w in 0:S-1
+    O(k) max=! min(max(LUT(k, k, k), (-8)), 8)
+}
+"""
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_verifying_a_tiled_and_mapped_schedule(target: str) -> None:
+    z = np.random.default_rng(0).integers(-5, 6, size=(1, 6), dtype=np.int32)
+    opts = options(
+        outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT,
+        intra_tile_schedule_fusion=Fusion.MIN,
+        allow_skewing=True,
+        positive_orthant=False,
+        tile=(17, 15, 2),
+        map_to_blocks=(1, 2),
+        map_to_threads=(2, 8),
+        use_shared_memory=False,
+        use_private_memory=False,
+        vectorize=False,
+    )
+    got, want = run_both(VERIFY_SLOW, "f", (z,), target, opts)
+    assert_same(got, want)
 
 
 # --- 3. NaN in min and max -------------------------------------------------------------

@@ -122,19 +122,28 @@ def fuzz(
     shrink_seconds: float = 60.0,
     log: Any = sys.stderr,
 ) -> Summary:
-    """Run `n` pairs on `target`; save and shrink the failures under `out`."""
+    """Run `n` pairs on `target`; save and shrink the failures under `out`. A failure
+    is saved as soon as it is found, so a run that is stopped keeps what it found;
+    shrinking waits for the end."""
     summary = Summary()
     pairs = [make_pair(pair_seed(seed, i), target) for i in range(n)]
     start, last = time.monotonic(), time.monotonic()
-    failed: list[Replay] = []
+    failed: list[Path] = []
     with private_cache():
         env = {**WORKER_ENV, "TCPY_CACHE_DIR": os.environ["TCPY_CACHE_DIR"]}
         for i, outcome in run_tasks(replay_task, [p.args() for p in pairs], jobs=jobs,
                                     timeout=timeout, env=env):  # fmt: skip
             summary.add(outcome, i)
-            if outcome.failure is not None:
-                failed.append(dataclasses.replace(
-                    pairs[i], failure=outcome.failure.value, detail=outcome.detail))  # fmt: skip
+            if outcome.failure is not None and out is not None:
+                r = dataclasses.replace(
+                    pairs[i], failure=outcome.failure.value, detail=outcome.detail)  # fmt: skip
+                out.mkdir(parents=True, exist_ok=True)
+                path = out / f"{target}-{r.failure}-{r.meta['generator_seed']}.json"
+                r.save(path)
+                summary.saved.append(path)
+                failed.append(path)
+                if log:
+                    print(f"{r.failure}: saved {path}", file=log, flush=True)
             if log and time.monotonic() - last > 10:
                 last = time.monotonic()
                 print(f"[{time.monotonic() - start:.0f}s] {summary.line()}", file=log, flush=True)
@@ -146,11 +155,8 @@ def fuzz(
                     slowest, detail=f"compiled in {summary.slowest:.2f} s"
                 )
                 slowest.save(out / f"{target}-slowest-compile.json")
-            for r in failed:
-                path = out / f"{target}-{r.failure}-{r.meta['generator_seed']}.json"
-                r.save(path)
-                summary.saved.append(path)
-                if shrink_seconds > 0:
+            if shrink_seconds > 0:
+                for path in failed:
                     summary.saved.append(shrink_file(path, shrink_seconds, timeout, env))
     return summary
 
