@@ -5,6 +5,7 @@ every failure class (injected in the worker through the evaluator's test hook)."
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 import warnings
@@ -16,8 +17,9 @@ import pytest
 import tcpy
 from tcpy.genetic import evaluate as evaluation
 from tcpy.genetic.evaluate import Evaluator, save_problem
-from tcpy.genetic.search import Measured, random_search, search
+from tcpy.genetic.search import Measured, SearchResult, random_search, search
 from tcpy.genetic.space import AUTO, MAX_THREADS, WARP, build_space
+from tcpy.genetic.tuner import settle
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.sandbox import Failure
@@ -231,3 +233,64 @@ def test_tuning_a_matmul_never_returns_slower_options_than_the_start(
     np.testing.assert_allclose(engine.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
     assert engine.compile("mm", a, b).options == result.options
     assert result.options.outer_schedule_fusion in tuple(Fusion)
+
+
+# --- the final side-by-side timing ---------------------------------------------------------
+
+
+def _found(times: dict[int, float | None]) -> SearchResult:
+    """A search that measured candidates `unroll=u` at `times[u]` (None: failed)."""
+    measured = {}
+    for u, t in times.items():
+        o = MappingOptions.cpu().replace(unroll=u)
+        m = Measured(t) if t is not None else Measured(None, Failure.COMPILE_ERROR)
+        measured[o.to_json()] = (o, m)
+    valid = {u: t for u, t in times.items() if t is not None}
+    best = min(valid, key=valid.__getitem__)
+    return SearchResult(MappingOptions.cpu().replace(unroll=best), valid[best], 0.0, [], measured)
+
+
+def _timed(times: dict[int, float]):  # type: ignore[no-untyped-def]
+    """A side-by-side timing that gives candidate `unroll=u` the time `times[u]`."""
+    seen: list[list[int]] = []
+
+    def side_by_side(candidates: list[MappingOptions], rounds: int) -> list[float]:
+        seen.append([o.unroll for o in candidates])
+        return [times[o.unroll] for o in candidates]
+
+    return side_by_side, seen
+
+
+def test_the_answer_is_settled_by_timing_the_finalists_beside_the_start() -> None:
+    start = MappingOptions.cpu().replace(unroll=1)
+    found = _found({1: 10.0, 2: 5.0, 4: 6.0, 8: 7.0, 16: 9.0})
+    # the search's best was lucky: side by side, 4 is the fastest
+    timed, seen = _timed({1: 10.0, 2: 8.0, 4: 6.0, 8: 7.0})
+    assert settle(found, [start], timed) == (start.replace(unroll=4), 6.0, 10.0)
+    assert seen == [[1, 2, 4, 8]]  # the start, then the search's best three
+    # no finalist beats the start by the margin: the start stays
+    timed, _ = _timed({1: 10.0, 2: 9.9, 4: 10.5, 8: 12.0})
+    assert settle(found, [start], timed) == (start, 10.0, 10.0)
+
+
+def test_settling_without_a_valid_start_or_a_final_timing() -> None:
+    failed = MappingOptions.cpu().replace(unroll=32)
+    found = _found({32: None, 2: 5.0, 4: 6.0})
+    timed, seen = _timed({2: 7.0, 4: 6.5})
+    assert settle(found, [failed], timed) == (failed.replace(unroll=4), 6.5, math.inf)
+    assert seen == [[2, 4]]
+    start = MappingOptions.cpu().replace(unroll=4)
+    assert settle(found, [start], lambda c, r: None) == (found.best, 5.0, 0.0)
+
+
+def test_the_evaluator_times_valid_candidates_side_by_side(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    evaluator = Evaluator(
+        problem, tcpy.TunerConfig(workers=1, timeout_s=30, runs=2), tmp_path / "c", tmp_path / "b"
+    )
+    candidates = [MappingOptions.cpu().replace(unroll=u) for u in (1, 4)]
+    try:
+        assert all(m.time_s is not None for m in evaluator(candidates))
+        times = evaluator.side_by_side(candidates, rounds=2)
+    finally:
+        evaluator.close()
+    assert times is not None and len(times) == 2 and all(t > 0 for t in times)

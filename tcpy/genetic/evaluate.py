@@ -17,6 +17,11 @@ Timing is a warm-up run, then the median of `runs` runs; a candidate whose first
 is 100 times slower than the best so far, or whose second is 5 times slower, is pruned
 after those runs (TC's thresholds): its median is still an honest upper bound.
 
+When the search ends, its best few candidates and the best starting options are timed
+again side by side (`time_side_by_side`: the candidates take turns within each round),
+and the session's answer is settled on those times: the search's best is the minimum
+of many noisy timings, which favours a candidate that was lucky once.
+
 Where the tasks run is the executor's business (`tcpy.genetic.executors`: a local
 process pool, or Dask workers); this module holds the tasks and the `Evaluator`, which
 turns their outcomes into measurements for the search.
@@ -164,6 +169,36 @@ def time_held(problem: Problem, options_json: str, runs: int, best_s: float) -> 
     return _median_time(compiled, inputs, runs, best_s)
 
 
+def time_side_by_side(problem: Problem, jsons: list[str], runs: int, rounds: int) -> list[float]:
+    """The median time of each candidate over `rounds` rounds, in each of which every
+    candidate runs `runs` times in turn, under the per-host timing lock: a change in
+    the machine's speed during the rounds touches every candidate alike."""
+    kernels = [_compiled(problem, j)[0] for j in jsons]  # compiled before the lock
+    with timing_lock():
+        return _side_by_side(kernels, _load(problem.data)[0], runs, rounds)
+
+
+def side_by_side_held(problem: Problem, jsons: list[str], runs: int, rounds: int) -> list[float]:
+    """`time_side_by_side` for a caller that holds the timing lock (see `time_held`)."""
+    kernels = [_compiled(problem, j)[0] for j in jsons]
+    return _side_by_side(kernels, _load(problem.data)[0], runs, rounds)
+
+
+def _side_by_side(
+    kernels: list[Any], inputs: tuple[Any, ...], runs: int, rounds: int
+) -> list[float]:
+    for kernel in kernels:
+        kernel(*inputs)  # warm-up
+    times: list[list[float]] = [[] for _ in kernels]
+    for _ in range(rounds):
+        for kernel, mine in zip(kernels, times, strict=True):
+            for _ in range(max(1, runs)):
+                start = time.perf_counter()
+                kernel(*inputs)
+                mine.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
 def _compiled(problem: Problem, options_json: str) -> tuple[Any, tuple[Any, ...]]:
     """The candidate's kernel (from the session's cache: `compile_and_check` built it)
     and the tuning inputs."""
@@ -233,6 +268,14 @@ class Evaluator:
 
     def close(self) -> None:
         self._executor.close()
+
+    def side_by_side(self, candidates: list[MappingOptions], rounds: int) -> list[float] | None:
+        """The candidates (all valid: measured before) timed side by side on one
+        device; None when that failed, which leaves the search's own times to decide."""
+        times = self._executor.side_by_side([o.to_json() for o in candidates], rounds)
+        if times is None:
+            log.warning("timing the best candidates side by side failed; the search's times decide")
+        return times
 
     def __call__(self, candidates: list[MappingOptions]) -> list[Measured]:
         trials = self._executor.measure([o.to_json() for o in candidates], self.best_s)

@@ -53,7 +53,14 @@ from typing import Any
 
 from tcpy.errors import TCError
 from tcpy.genetic import evaluate
-from tcpy.genetic.evaluate import Problem, time_candidate, time_held, timing_lock
+from tcpy.genetic.evaluate import (
+    Problem,
+    side_by_side_held,
+    time_candidate,
+    time_held,
+    time_side_by_side,
+    timing_lock,
+)
 from tcpy.sandbox import Failure, Outcome, Sandbox, run_tasks
 
 
@@ -99,6 +106,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def measure(self, jsons: list[str], best_s: float) -> list[Trial]:
         """A trial per candidate, in order; `best_s` is the best time before the batch."""
+
+    @abc.abstractmethod
+    def side_by_side(self, jsons: list[str], rounds: int) -> list[float] | None:
+        """Candidates measured before, timed again together on one device
+        (`evaluate.time_side_by_side`); None when that failed."""
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -155,6 +167,13 @@ class LocalExecutor(Executor):
         args = (self.problem, options_json, self.config.runs, best_s)
         outcome = self._timer.run(time_candidate, args, timeout=self.config.timeout_s)
         return _trial(outcome, self.device())
+
+    def side_by_side(self, jsons: list[str], rounds: int) -> list[float] | None:
+        args = (self.problem, jsons, self.config.runs, rounds)
+        outcome = self._timer.run(
+            time_side_by_side, args, timeout=self.config.timeout_s * len(jsons)
+        )
+        return None if outcome.failure is not None else list(outcome.value)
 
     def device(self) -> str:
         """This machine's device, asked once of the timing sandbox."""
@@ -216,6 +235,14 @@ class DaskExecutor(Executor):
             for j in jsons
         ]
         return list(self.client.gather(futures))
+
+    def side_by_side(self, jsons: list[str], rounds: int) -> list[float] | None:
+        """On one worker, which compiles (in its session cache) what it has not."""
+        future = self.client.submit(
+            side_by_side_on_worker, self._job, self._data, jsons, rounds, pure=False
+        )
+        times = future.result()
+        return None if times is None else list(times)
 
     def close(self) -> None:
         """Remove the session's temp dirs and sandboxes on every worker; close the client
@@ -334,6 +361,25 @@ def evaluate_on_worker(job: _Job, data: bytes, options_json: str, best_s: float)
                 time_held, (problem, options_json, job.runs, best_s), timeout=job.timeout_s
             )
     return _trial(timed, device)
+
+
+def side_by_side_on_worker(
+    job: _Job, data: bytes, jsons: list[str], rounds: int
+) -> list[float] | None:
+    """The Dask task of `DaskExecutor.side_by_side`: compiles under the host lock held
+    shared, then times under it held exclusive, in a sandbox of the session."""
+    state = _worker_session(job.session)
+    problem = dataclasses.replace(job.problem, data=str(state.data(job.data_sha, data)))
+    timeout = job.timeout_s * len(jsons)
+    with state.sandbox() as box:
+        for options_json in jsons:
+            fn, args = check_task(problem, options_json, {})
+            with timing_lock(exclusive=False):
+                if box.run(fn, args, timeout=job.timeout_s).failure is not None:
+                    return None
+        with timing_lock():
+            timed = box.run(side_by_side_held, (problem, jsons, job.runs, rounds), timeout)
+    return None if timed.failure is not None else list(timed.value)
 
 
 def _device(state: _WorkerSession, box: Sandbox, target: str, timeout_s: float) -> str:

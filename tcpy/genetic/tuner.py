@@ -4,6 +4,11 @@
 generation with the starting options, runs the genetic search with an evaluator that
 compiles, checks and times candidates in worker processes, and stores the best options
 (and the top few) in the tuned-options store, from which later calls pick them up.
+
+The answer is settled by a final round (`settle`): the search's best few and the best
+starting options timed again side by side. A challenger replaces the start only when
+it is at least `MARGIN` faster there, so that timing noise never trades what the user
+had for options that are no faster.
 Tuning on `cuda-emu` or `reference` is refused: emulated or interpreted times say
 nothing about the hardware.
 """
@@ -15,16 +20,23 @@ import logging
 import math
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tcpy.errors import TCError
 from tcpy.mapping.options import MappingOptions
 
+if TYPE_CHECKING:
+    from tcpy.genetic.search import SearchResult
+
 log = logging.getLogger("tcpy.tune")
 
 TUNABLE_TARGETS = ("cpu", "cuda")
+FINALISTS = 3  # the search's best few, timed again against the start
+ROUNDS = 3  # rounds of the final timing, each of `runs` runs per finalist
+MARGIN = 0.02  # how much faster than the start a finalist must be to replace it
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,10 @@ class TunerConfig:
 
 @dataclass
 class TuneResult:
-    """What a tuning session found. `baseline_s` is the time of the starting options
-    (measured in the same session); `history` has one dict per generation."""
+    """What a tuning session found. `time_s` and `baseline_s` are the times of the
+    options found and of the best starting options, timed side by side at the end of
+    the session; `history` (one dict per generation) and `top` have the search's own
+    times."""
 
     entry: str
     target: str
@@ -161,6 +175,7 @@ def tune(
         try:
             with Reporter(entry, config) as reporter:
                 found = search(space, starts, evaluator, config, reporter.update)
+            best, time_s, baseline_s = settle(found, starts, evaluator.side_by_side)
             device = evaluator.device or engine.device()  # where candidates ran (Dask)
         finally:
             evaluator.close()
@@ -174,13 +189,48 @@ def tune(
     result = TuneResult(
         entry=entry, target=engine.target, device=device,
         definition=canonical(cdef), inputs=[[list(a.shape), str(a.dtype)] for a in binding.arrays],
-        options=found.best,
-        time_s=found.best_s, baseline_s=found.start_s, history=found.history,
+        options=best,
+        time_s=time_s, baseline_s=baseline_s, history=found.history,
         trials=found.trials, failures=dict(found.failures), top=found.top(5),
         wall_s=time.monotonic() - started,
     )  # fmt: skip
     engine.store_tuned(result)
     return result
+
+
+def settle(
+    found: SearchResult,
+    starts: list[MappingOptions],
+    side_by_side: Callable[[list[MappingOptions], int], list[float] | None],
+) -> tuple[MappingOptions, float, float]:
+    """The session's answer and the times it is reported with, `(options, time_s,
+    baseline_s)`: the search's `FINALISTS` best and its best starting options, timed
+    again together; the fastest finalist wins only when it beats the start by `MARGIN`.
+    Without a valid start (the user's options failed), the fastest finalist wins; when
+    the final timing fails, the search's own times decide."""
+    start = _best_start(found, starts)
+    finalists = [o for o, _ in found.top(FINALISTS) if start is None or o != start]
+    contenders = finalists if start is None else [start, *finalists]
+    times = side_by_side(contenders, ROUNDS) if len(contenders) > 1 else None
+    if times is None:
+        return found.best, found.best_s, found.start_s
+    if start is None:
+        k = min(range(len(times)), key=times.__getitem__)
+        return contenders[k], times[k], math.inf
+    k = min(range(1, len(times)), key=times.__getitem__, default=0)
+    if k and times[k] < times[0] * (1 - MARGIN):
+        return contenders[k], times[k], times[0]
+    return start, times[0], times[0]
+
+
+def _best_start(found: SearchResult, starts: list[MappingOptions]) -> MappingOptions | None:
+    """The fastest of the starting options that ran correctly in the search."""
+    times: dict[MappingOptions, float] = {}
+    for options in starts:
+        _, measured = found.measured.get(options.to_json(), (options, None))
+        if measured is not None and measured.time_s is not None:
+            times[options] = measured.time_s
+    return min(times, key=times.__getitem__) if times else None
 
 
 def _reference_outputs(source: str, entry: str, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
