@@ -69,6 +69,7 @@ def tune_one(kernel: Kernel, config: tcpy.TunerConfig, reps: int, plots: Path) -
         "tuned_ms": round(med["tuned"] * 1e3, 4),
         "numpy_ms": round(med["numpy"] * 1e3, 4),
         "speedup": round(med["default"] / med["tuned"], 3),
+        "tuner_speedup": round(result.speedup, 3),  # the session's own side-by-side times
         "tuned_vs_numpy": round(med["numpy"] / med["tuned"], 3),
         "default_vs_numpy": round(med["numpy"] / med["default"], 3),
         "tuning_wall_s": round(result.wall_s, 1),
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernels for GA against random search ('' to skip)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = parser.parse_args(argv)
     os.environ["TCPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="tcpy-bench-tune-")
     wanted = set(filter(None, args.only.split(",")))
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary))
     result = {
         "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
         "target": "cpu",
         "machine": {"processor": _cpu_name(), "cores": os.cpu_count()},
         "config": {k: v for k, v in _fields(config).items() if k != "executor"},
@@ -189,10 +192,21 @@ def main(argv: list[str] | None = None) -> int:
         "ga_vs_random": versus,
         "summary": summary,
     }
-    path = args.out / f"tune-{result['date']}.json"
+    path = args.out / f"tune-{result['date']}{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(result, indent=1, default=_plain) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
 
 
 def _plain(value: Any) -> Any:
