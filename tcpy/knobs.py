@@ -44,6 +44,12 @@ def verify_schedules() -> bool:
     return os.environ.get("TCPY_VERIFY") == "1"
 
 
+def poison_buffers() -> bool:
+    """`TCPY_POISON=1` fills the buffers that are not zero-filled (tensors a kernel
+    writes whole) with all-ones bytes, so that an element left unwritten shows."""
+    return os.environ.get("TCPY_POISON") == "1"
+
+
 def cxx_compiler() -> str:
     return os.environ.get("TCPY_CXX", "g++")
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,9 +27,12 @@ from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
 from tcpy.mapping.options import MappingOptions
-from tcpy.parser.checked import CheckedDef, Role
+from tcpy.parser.checked import CheckedDef, Role, TensorInfo
 from tcpy.parser.printer import summary
 from tcpy.reference import interpreter
+
+if TYPE_CHECKING:
+    from tcpy.poly.scop import Scop
 
 
 class Kernel(Protocol):
@@ -75,20 +78,33 @@ class ReferenceKernel:
 @dataclass(frozen=True)
 class HostKernel:
     """Compiled code that runs on the host (C, or emulated CUDA): outputs and
-    temporaries are allocated zero-filled here, then `run(sizes, buffers)` fills them."""
+    temporaries are allocated here, then `run(sizes, buffers)` fills them. Buffers
+    start at zero, except those of the tensors the kernel writes whole before reading
+    them (`written`, from `tcpy.poly.coverage`), which are not zero-filled: with
+    `TCPY_POISON=1` (the tests) they are filled with all-ones bytes instead (NaN, -1),
+    so that an element the kernel failed to write shows."""
 
     cdef: CheckedDef
     source: str
     run: Callable[[list[int], list[np.ndarray]], None]
     options: MappingOptions
+    written: frozenset[str] = frozenset()
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         cdef = self.cdef
-        outputs = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.outputs]
-        temporaries = [np.zeros(binding.shape_of(t), t.scalar.dtype) for t in cdef.temporaries]
+        outputs = [self._buffer(t, binding) for t in cdef.outputs]
+        temporaries = [self._buffer(t, binding) for t in cdef.temporaries]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
         self.run(sizes, [*binding.host_arrays, *outputs, *temporaries])
         return tuple(outputs)
+
+    def _buffer(self, tensor: TensorInfo, binding: Binding) -> np.ndarray:
+        shape, dtype = binding.shape_of(tensor), tensor.scalar.dtype
+        if tensor.name not in self.written:
+            return np.zeros(shape, dtype)
+        if knobs.poison_buffers():
+            return _poisoned(shape, dtype)
+        return np.empty(shape, dtype)
 
 
 class Target(abc.ABC):
@@ -138,12 +154,12 @@ class Cpu(Target):
             lowered = lower_to_c(cdef, binding.sizes, options)
             (directory / "kernel.c").write_text(lowered.source)
             runtime.build(directory / "kernel.c", directory / "kernel.so")
-            return _write_record(directory, lowered.options, lowered.clock_forced)
+            return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> Kernel:
             kernel = runtime.CpuKernel(directory / "kernel.so")
             source = (directory / "kernel.c").read_text()
-            return HostKernel(cdef, source, kernel, _read_record(directory))
+            return HostKernel(cdef, source, kernel, *_read_record(directory))
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
@@ -176,13 +192,13 @@ class CudaEmu(Target):
             )
             emulator.build(lowered.source, launchers, directory)
             _write_launches(directory, lowered.mapping)
-            return _write_record(directory, lowered.options, lowered.clock_forced)
+            return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> Kernel:
             launches = _read_launches(directory)
             kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
             source = (directory / "kernel.cu").read_text()
-            return HostKernel(cdef, source, kernels, _read_record(directory))
+            return HostKernel(cdef, source, kernels, *_read_record(directory))
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
@@ -198,18 +214,30 @@ _CACHED_FILES = {
 }
 
 
+def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A buffer of all-ones bytes: NaN for floats, -1 for integers."""
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return np.full(size, 0xFF, np.uint8).view(dtype).reshape(shape)
+
+
 def _write_record(
-    directory: Path, built_with: MappingOptions, clock_forced: bool
+    directory: Path, built_with: MappingOptions, clock_forced: bool, scop: Scop
 ) -> dict[str, Any]:
     """Write `built.json`: the options the kernel was built with (after the compiler's
-    fallbacks). Returns the entry's metadata; a build whose fallback came from the
-    clock is not cached, since a quieter machine may do better."""
-    (directory / "built.json").write_text(built_with.to_json())
+    fallbacks) and the tensors it writes whole before reading them. Returns the
+    entry's metadata; a build whose fallback came from the clock is not cached, since a
+    quieter machine may do better."""
+    from tcpy.poly.coverage import written_before_read
+
+    written = sorted(written_before_read(scop))
+    record = {"options": built_with.to_dict(), "written": written}
+    (directory / "built.json").write_text(json.dumps(record))
     return {"options": built_with.to_dict(), "cache": not clock_forced}
 
 
-def _read_record(directory: Path) -> MappingOptions:
-    return MappingOptions.from_dict(json.loads((directory / "built.json").read_text()))
+def _read_record(directory: Path) -> tuple[MappingOptions, frozenset[str]]:
+    record = json.loads((directory / "built.json").read_text())
+    return MappingOptions.from_dict(record["options"]), frozenset(record["written"])
 
 
 Loaded = TypeVar("Loaded")
@@ -362,11 +390,11 @@ class Cuda(Target):
             (directory / "kernel.cu").write_text(lowered.source)
             (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
             _write_launches(directory, lowered.mapping)
-            return _write_record(directory, lowered.options, lowered.clock_forced)
+            return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> Kernel:
             source = (directory / "kernel.cu").read_text()
-            built_with = _read_record(directory)
+            built_with, _ = _read_record(directory)
             if drv is None:
                 return NoGpu(source, built_with)
             launches = _read_launches(directory)

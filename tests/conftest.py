@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # the suite), never to the user's; tests of the cache itself use their own directories.
 # Every schedule transform is checked against the dependences while testing.
 os.environ.setdefault("TCPY_VERIFY", "1")
+os.environ.setdefault("TCPY_POISON", "1")
 os.environ.setdefault(
     "TCPY_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"tcpy-test-cache-{os.getuid()}")
 )
