@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,34 +78,53 @@ class ReferenceKernel:
 
 @dataclass(frozen=True)
 class HostKernel:
-    """Compiled code that runs on the host (C, or emulated CUDA): outputs and
-    temporaries are allocated here, then `run(sizes, buffers)` fills them. Buffers
-    start at zero, except those of the tensors the kernel writes whole before reading
-    them (`written`, from `tcpy.poly.coverage`), which are not zero-filled: with
-    `TCPY_POISON=1` (the tests) they are filled with all-ones bytes instead (NaN, -1),
-    so that an element the kernel failed to write shows."""
+    """Compiled code that runs on the host (C, or emulated CUDA): `run(sizes, buffers)`
+    fills the outputs and temporaries.
+
+    Buffers start at zero, except those of the tensors the kernel writes whole before
+    reading them (`written`, from `tcpy.poly.coverage`), which are not filled: with
+    `TCPY_POISON=1` (the tests, the fuzzer) they are filled with all-ones bytes instead
+    (NaN, -1), so that an element the kernel failed to write shows. Outputs are new
+    arrays on every call (they are the caller's); temporaries are allocated once per
+    thread (calls may run in several threads at once) and kept while their shapes
+    hold."""
 
     cdef: CheckedDef
     source: str
     run: Callable[[list[int], list[np.ndarray]], None]
     options: MappingOptions
     written: frozenset[str] = frozenset()
+    _scratch: threading.local = field(default_factory=threading.local, compare=False, repr=False)
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         cdef = self.cdef
-        outputs = [self._buffer(t, binding) for t in cdef.outputs]
-        temporaries = [self._buffer(t, binding) for t in cdef.temporaries]
+        outputs = [self._output(t, binding) for t in cdef.outputs]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        self.run(sizes, [*binding.host_arrays, *outputs, *temporaries])
+        self.run(sizes, [*binding.host_arrays, *outputs, *self._temporaries(binding)])
         return tuple(outputs)
 
-    def _buffer(self, tensor: TensorInfo, binding: Binding) -> np.ndarray:
+    def _output(self, tensor: TensorInfo, binding: Binding) -> np.ndarray:
         shape, dtype = binding.shape_of(tensor), tensor.scalar.dtype
         if tensor.name not in self.written:
             return np.zeros(shape, dtype)
         if knobs.poison_buffers():
             return _poisoned(shape, dtype)
         return np.empty(shape, dtype)
+
+    def _temporaries(self, binding: Binding) -> list[np.ndarray]:
+        temporaries = self.cdef.temporaries
+        shapes = [binding.shape_of(t) for t in temporaries]
+        kept: list[np.ndarray] | None = getattr(self._scratch, "buffers", None)
+        if kept is None or [b.shape for b in kept] != shapes:
+            kept = [np.empty(s, t.scalar.dtype) for s, t in zip(shapes, temporaries, strict=True)]
+            self._scratch.buffers = kept
+        poison = knobs.poison_buffers()
+        for tensor, buffer in zip(temporaries, kept, strict=True):
+            if tensor.name not in self.written:
+                buffer.fill(0)
+            elif poison:
+                buffer.reshape(-1).view(np.uint8).fill(0xFF)
+        return kept
 
 
 class Target(abc.ABC):

@@ -3,6 +3,8 @@ and that the others still start at zero."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 
@@ -55,3 +57,50 @@ def test_poisoned_buffers_are_nan_or_minus_one() -> None:
     assert np.isnan(targets._poisoned((2, 3), np.dtype(np.float32))).all()
     assert (targets._poisoned((4,), np.dtype(np.int32)) == -1).all()
     assert targets._poisoned((0, 3), np.dtype(np.float64)).shape == (0, 3)
+
+
+SOFTMAX = """
+def softmax(float(N,D) I) -> (O, expSum, maxVal) {
+    maxVal(n) max=! I(n,d)
+    expDist(n,d) = exp(I(n,d) - maxVal(n))
+    expSum(n) +=! expDist(n,d)
+    O(n,d) = expDist(n,d) / expSum(n)
+}
+"""
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
+def test_temporaries_are_kept_across_calls_and_outputs_are_new(target: str) -> None:
+    engine = tcpy.ExecutionEngine(target)
+    engine.define(SOFTMAX)
+    rng = np.random.default_rng(0)
+    first, second = (rng.standard_normal((5, 7)).astype(np.float32) for _ in range(2))
+    compiled = engine.compile("softmax", first)
+    o1, _, _ = compiled(first)
+    (kept,) = compiled._kernel._scratch.buffers  # expDist
+    o2, _, _ = compiled(second)
+    assert compiled._kernel._scratch.buffers[0] is kept and o2 is not o1
+    np.testing.assert_allclose(o1, _softmax(first), rtol=1e-5)
+    np.testing.assert_allclose(o2, _softmax(second), rtol=1e-5)
+
+
+def test_calls_in_several_threads_each_have_their_temporaries() -> None:
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(SOFTMAX)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((64, 33)).astype(np.float32) for _ in range(8)]
+    compiled = engine.compile("softmax", inputs[0])
+
+    def many(x: np.ndarray) -> list[np.ndarray]:
+        return [compiled(x)[0] for _ in range(20)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(many, inputs))
+    for x, outs in zip(inputs, results, strict=True):
+        for o in outs:
+            np.testing.assert_allclose(o, _softmax(x), rtol=1e-5)
