@@ -101,9 +101,17 @@ def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
     _serve(conn)
 
 
+READY = "ready"
+STARTUP_SECONDS = 120.0  # for a worker to start and import tcpy, on a loaded machine
+
+
 def _serve(conn: Connection) -> None:
-    """A parent that closed the pipe (it timed the task out, or finished) ends the
-    worker quietly."""
+    """Say `READY`, then serve tasks. A parent that closed the pipe (it timed the task
+    out, or finished) ends the worker quietly."""
+    try:
+        conn.send(READY)
+    except ConnectionError:
+        return
     while True:
         try:
             fn, args = conn.recv()
@@ -165,14 +173,23 @@ class _Worker:
 
 
 class _Pool:
-    """Long-lived workers that are killed and restarted when a task hangs or crashes."""
+    """Long-lived workers that are killed and restarted when a task hangs or crashes.
+    A worker gets its first task once it has said it is ready, so that a task's
+    timeout never counts the interpreter's start (seconds on a loaded machine)."""
 
     def __init__(self, jobs: int, env: Mapping[str, str], context: str | None) -> None:
         self._ctx: Any = None if context is None else multiprocessing.get_context(context)
         self._env = dict(env)
-        self.workers = [self._start() for _ in range(jobs)]
+        self.workers = [self._spawn() for _ in range(jobs)]  # they start side by side
+        for w in self.workers:
+            _await_ready(w)
 
     def _start(self) -> _Worker:
+        w = self._spawn()
+        _await_ready(w)
+        return w
+
+    def _spawn(self) -> _Worker:
         if self._ctx is None:
             child_process = _Interpreter(self._env)
             return _Worker(child_process, child_process.conn)
@@ -198,6 +215,21 @@ class _Pool:
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join()
+
+
+def _await_ready(w: _Worker) -> None:
+    """Wait for the worker's `READY`; a worker that dies or stays silent for
+    `STARTUP_SECONDS` means tcpy cannot start a Python interpreter here."""
+    try:
+        if w.conn.poll(STARTUP_SECONDS) and w.conn.recv() == READY:
+            return
+    except (EOFError, OSError):
+        pass
+    w.process.kill()
+    raise TCError(
+        f"a sandbox worker did not start within {STARTUP_SECONDS:.0f} s "
+        f"(exit code {w.process.exitcode})"
+    )
 
 
 def run_tasks(

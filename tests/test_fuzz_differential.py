@@ -73,6 +73,20 @@ def test_sandbox_classifies(fn: object, failure: Failure) -> None:
     assert index == 0 and outcome.failure is failure
 
 
+def test_a_timeout_does_not_count_the_workers_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers whose interpreter takes 2 s to start (a `sitecustomize` that sleeps, as
+    a loaded machine would) still run 1-second tasks, after a crash too."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # workers get the parent's sys.path
+    outcomes = dict(run_tasks(double, [(1,), (2,)], jobs=2, timeout=1))
+    assert {k: (o.failure, o.value) for k, o in outcomes.items()} == {0: (None, 2), 1: (None, 4)}
+    with Sandbox() as sb:
+        assert sb.run(segfault, (), 5).failure is Failure.CRASH
+        assert sb.run(double, (3,), 1).value == 6  # on a restarted worker
+
+
 def test_sandbox_goes_on_after_a_crash() -> None:
     """A dead or killed worker is replaced; the other tasks still run."""
     with Sandbox() as sb:
