@@ -94,7 +94,9 @@ class HostKernel:
     run: Callable[[list[int], list[np.ndarray]], None]
     options: MappingOptions
     written: frozenset[str] = frozenset()
-    _scratch: threading.local = field(default_factory=threading.local, compare=False, repr=False)
+    _scratch: threading.local = field(
+        default_factory=threading.local, init=False, compare=False, repr=False
+    )
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         cdef = self.cdef
