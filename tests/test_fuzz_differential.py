@@ -76,15 +76,16 @@ def test_sandbox_classifies(fn: object, failure: Failure) -> None:
 def test_a_timeout_does_not_count_the_workers_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Workers whose interpreter takes 2 s to start (a `sitecustomize` that sleeps, as
-    a loaded machine would) still run 1-second tasks, after a crash too."""
-    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(2)\n")
+    """Workers whose interpreter takes 6 s to start (a `sitecustomize` that sleeps, as
+    a loaded machine would) still run tasks with 4-second timeouts, after a crash too
+    (4 s, not less: unpickling a task imports its module, slow on a loaded machine)."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(6)\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # workers get the parent's sys.path
-    outcomes = dict(run_tasks(double, [(1,), (2,)], jobs=2, timeout=1))
+    outcomes = dict(run_tasks(double, [(1,), (2,)], jobs=2, timeout=4))
     assert {k: (o.failure, o.value) for k, o in outcomes.items()} == {0: (None, 2), 1: (None, 4)}
     with Sandbox() as sb:
         assert sb.run(segfault, (), 5).failure is Failure.CRASH
-        assert sb.run(double, (3,), 1).value == 6  # on a restarted worker
+        assert sb.run(double, (3,), 4).value == 6  # on a restarted worker
 
 
 def test_sandbox_goes_on_after_a_crash() -> None:
