@@ -7,6 +7,7 @@ later changes to how partial options are resolved cannot change what a test test
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import islpy as isl
@@ -327,6 +328,45 @@ def test_a_compiler_failure_is_retried_with_conservative_flags(
             "def f(float(N) X) -> (O) { O(i) = exp(X(i)) + 1.0 }", "f", (x,), "cpu", options()
         )
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+HEAVY_BODY = """
+def f(int32(L) tmp, int32(L, R) C) -> (Z, B) {
+    Z(d, kw) min=! min(max((-min(max(d, tmp(0)), (-(-2.0)))), (-3.0)), 3.0) where d in 0:R-1, kw in 0:L-1
+    B(w, kh) max=! min(max((tmp(c) != tmp(c) ? Z(m, w) : Z(22, tmp(m))), (-9.0)), 9.0) where kh in 0:L-1
+}
+"""
+
+
+def test_a_heavy_loop_body_is_not_unrolled_as_far_as_asked() -> None:
+    """Fuzzed pair (cpu seed 1004): `unroll=64` on innermost loops whose bodies are
+    a few hundred tokens long cost gcc 23 s. The factor is lowered to fit a budget;
+    a light body keeps the factor asked for."""
+    rng = np.random.default_rng(0)
+    tmp = rng.integers(0, 5, size=6).astype(np.int32)  # indices into Z(_, 0:L-1)
+    c = rng.integers(-3, 6, size=(6, 33)).astype(np.int32)
+    opts = options(
+        outer_schedule_fusion=Fusion.MAX,
+        allow_skewing=True,
+        tile=(3, 33, 3, 33, 8),
+        tile_imperfectly_nested=True,
+        unroll=64,
+        interchange=(0, 3, 2, 1),
+        threads=4,
+    )
+    engine = tcpy.ExecutionEngine("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        engine.define(HEAVY_BODY)
+    source = engine.compile("f", tmp, c, options=opts).source
+    factors = [int(f) for f in re.findall(r"#pragma GCC unroll (\d+)", source)]
+    assert factors and max(factors) < 64
+    assert_same(*run_both(HEAVY_BODY, "f", (tmp, c), "cpu", opts))
+
+    engine.define("def g(float(M,N) A) -> (O) { O(i, j) = 2.0 * A(i, j) + 1.0 }")
+    a = np.ones((8, 8), np.float32)
+    light = engine.compile("g", a, options=options(unroll=8, vectorize=False)).source
+    assert "#pragma GCC unroll 8" in light
 
 
 # --- 7. dependence analysis over parametric sizes --------------------------------------

@@ -105,11 +105,13 @@ class _Printer:
         if accumulator is not None:
             self.promoted(accumulator, header, depth)
             return
-        for pragma in self.pragmas(here, innermost=not _contains_for(body)):
-            self.emit(depth, pragma)
+        start = len(self.lines)
         self.emit(depth, header)
         self.node(body, depth + 1, marks)
         self.emit(depth, "}")
+        unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
+        pragmas = self.pragmas(here, innermost=not _contains_for(body), unroll=unroll)
+        self.lines[start:start] = ["  " * depth + pragma for pragma in pragmas]
 
     def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
         """The parts of the statement of a loop that only reduces into one element (the
@@ -159,7 +161,7 @@ class _Printer:
         self.emit(depth + 1, f"{parts.target} = {parts.store(result)};")
         self.emit(depth, "}")
 
-    def pragmas(self, marks: tuple[str, ...], innermost: bool) -> list[str]:
+    def pragmas(self, marks: tuple[str, ...], innermost: bool, unroll: int) -> list[str]:
         out = []
         parallel, simd = PARALLEL_MARK in marks, SIMD_MARK in marks
         threads = f" num_threads({self.options.threads})" if self.options.threads else ""
@@ -169,8 +171,8 @@ class _Printer:
             out.append(f"#pragma omp parallel for{threads}")
         elif simd:
             out.append("#pragma omp simd")
-        if innermost and self.options.unroll > 1 and not out:  # OpenMP loops take no other pragma
-            out.append(f"#pragma GCC unroll {self.options.unroll}")
+        if innermost and unroll > 1 and not out:  # OpenMP loops take no other pragma
+            out.append(f"#pragma GCC unroll {unroll}")
         return out
 
     def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
@@ -216,6 +218,22 @@ class _Printer:
             text = self.scop.cdef.statements[index].text.replace("*/", "* /")
             out.append(f"/* {text}{'  [initialisation]' if init else ''} */")
         return out
+
+
+UNROLL_BUDGET = 512  # tokens of C an unrolled loop body may grow to
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|[^\s\w]")
+
+
+def unroll_factor(asked: int, body: list[str]) -> int:
+    """The unroll factor of a loop whose body prints as `body`: the options' factor,
+    lowered to a power of two at which the unrolled body stays within `UNROLL_BUDGET`
+    tokens. A heavy body unrolled 64 times costs the C compiler tens of seconds and
+    gains nothing once the body no longer fits the instruction cache."""
+    size = max(1, sum(len(_TOKEN.findall(line)) for line in body))
+    factor = 1
+    while factor * 2 <= asked and factor * 2 * size <= UNROLL_BUDGET:
+        factor *= 2
+    return factor
 
 
 def _contains_for(node: isl.AstNode) -> bool:

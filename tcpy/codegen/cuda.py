@@ -36,9 +36,9 @@ _AXES = ("x", "y", "z")
 
 @dataclass
 class _CudaPrinter(_Printer):
-    def pragmas(self, marks: tuple[str, ...], innermost: bool) -> list[str]:
-        if innermost and self.options.unroll > 1:
-            return [f"#pragma unroll {self.options.unroll}"]
+    def pragmas(self, marks: tuple[str, ...], innermost: bool, unroll: int) -> list[str]:
+        if innermost and unroll > 1:
+            return [f"#pragma unroll {unroll}"]
         return []
 
     def reduction_pragmas(self, clause: str) -> list[str]:

@@ -99,7 +99,9 @@ class MappingOptions:
     tile_imperfectly_nested: bool = False
     """Also tile a band whose loops do not all enclose every statement (not yet used)."""
     unroll: int = dataclasses.field(default=1, metadata=_tuned(TuningKind.POWERS, CPU_AND_CUDA, 64))
-    """Unroll factor requested for the innermost loops (1: no unrolling)."""
+    """Unroll factor requested for the innermost loops (1: no unrolling). The code
+    generators lower it, to a power of two, for a loop whose body is large
+    (`tcpy.codegen.c.unroll_factor`)."""
     interchange: tuple[int, ...] = dataclasses.field(
         default=(), metadata=_tuned(TuningKind.PERMUTATION, ("cpu",))
     )
