@@ -332,8 +332,10 @@ def test_a_compiler_failure_is_retried_with_conservative_flags(
 
 HEAVY_BODY = """
 def f(int32(L) tmp, int32(L, R) C) -> (Z, B) {
-    Z(d, kw) min=! min(max((-min(max(d, tmp(0)), (-(-2.0)))), (-3.0)), 3.0) where d in 0:R-1, kw in 0:L-1
-    B(w, kh) max=! min(max((tmp(c) != tmp(c) ? Z(m, w) : Z(22, tmp(m))), (-9.0)), 9.0) where kh in 0:L-1
+    Z(d, kw) min=! min(max((-min(max(d, tmp(0)), (-(-2.0)))), (-3.0)), 3.0)
+        where d in 0:R-1, kw in 0:L-1
+    B(w, kh) max=! min(max((tmp(c) != tmp(c) ? Z(m, w) : Z(22, tmp(m))), (-9.0)), 9.0)
+        where kh in 0:L-1
 }
 """
 
