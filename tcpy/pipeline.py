@@ -58,7 +58,9 @@ def lower_to_c(
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
     with isl_errors(f"mapping {cdef.name} to the CPU"):
-        schedule = map_to_cpu(analysis.schedule, scop, deps, options)
+        schedule = map_to_cpu(
+            analysis.schedule, scop, deps, options, vector_bytes=runtime.vector_bytes()
+        )
     _verify(check, schedule, scop, deps)
     # 5. isl's AST generator turns the schedule tree into loops.
     ast = build_ast(scop, schedule)

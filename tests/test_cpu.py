@@ -1,7 +1,8 @@
 """The `cpu` target against the `reference` target: every corpus program, at its
 default and odd sizes with the default CPU options, and under option sets drawn by
 hypothesis (fusion strategies, tile sizes including 0 and 1, intra-tile fusion,
-unrolling, fixed or parametric sizes, OpenMP on or off)."""
+unrolling, register blocks that do and do not divide the loops, fixed or parametric
+sizes, OpenMP on or off)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ options_strategy = st.builds(
     fix_parameters_before_scheduling=st.booleans(),
     tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 7, 16, 32]), max_size=4).map(tuple),
     unroll=st.sampled_from([1, 2, 4, 8]),
+    register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 8, 16]), max_size=2).map(tuple),
     parallel=st.booleans(),
     vectorize=st.booleans(),
     allow_skewing=st.booleans(),

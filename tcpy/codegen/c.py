@@ -12,8 +12,9 @@ and to no loop if isl dropped that loop as a single iteration):
 innermost loops get `#pragma GCC unroll` when the options ask for unrolling. A loop
 that only reduces into one element keeps its accumulator in a local (register
 promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
-allows. The TC statements computed by each top-level loop nest are printed as
-comments above it.
+allows. Under a `register_tile:RxV` mark (`tcpy.mapping.registers`) the block of
+outputs lives in a local array `tc_reg[R][V]` across the reduction loops. The TC
+statements computed by each top-level loop nest are printed as comments above it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ _OPENMP_REDUCTION = {
     tc.Reduction.MAX: "max",
 }
 PARALLEL_MARK = "omp_parallel"
+REGISTER_MARK = "register_tile"
 SIMD_MARK = "omp_simd"
 
 
@@ -86,21 +88,19 @@ class _Printer:
                 self.node(child, depth, marks)
         elif kind == isl.ast_node_type.mark:
             name = node.mark_get_id().get_name()
-            self.node(node.mark_get_node(), depth, (*marks, name))
+            block = _register_sizes(name)
+            if block is None or not self.register_block(node.mark_get_node(), depth, marks, block):
+                self.node(node.mark_get_node(), depth, (*marks, name))
         elif kind == isl.ast_node_type.user:
             self.user(node, depth)
         else:
             raise InternalError(f"unexpected isl AST node {kind}")
 
     def for_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
-        iterator = isl_expr(node.for_get_iterator(), self.names)
-        init = isl_expr(node.for_get_init(), self.names, top=True)
-        cond = isl_expr(node.for_get_cond(), self.names, top=True)
-        inc = isl_expr(node.for_get_inc(), self.names, top=True)
+        loop = self.loop_header(node)
+        iterator, header = loop.iterator, loop.text
         body = node.for_get_body()
-        here = tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
-        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
-        header = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
+        here = _loop_marks(marks, iterator)
         accumulator = None if here else self.accumulator(body, iterator)
         if accumulator is not None:
             self.promoted(accumulator, header, depth)
@@ -129,6 +129,82 @@ class _Printer:
         if any(word.search(values[v]) for v in source.indices):
             return None
         return self.bodies.parts(source, values)
+
+    def register_block(
+        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
+    ) -> bool:
+        """Print a register-blocked reduction (`tcpy.mapping.registers`): the loops
+        under the mark are the reduction loops, then one loop per blocked member
+        around one statement. The block of outputs lives in a local array, loaded
+        before the reduction loops and stored after them. Returns False, printing
+        nothing, when the AST does not have that shape."""
+        loops: list[tuple[isl.AstNode, tuple[str, ...]]] = []
+        while node.get_type() in (_FOR, isl.ast_node_type.mark):
+            if node.get_type() == _FOR:
+                loops.append((node, marks))
+                node = node.for_get_body()
+            else:
+                marks = (*marks, node.mark_get_id().get_name())
+                node = node.mark_get_node()
+        if node.get_type() != isl.ast_node_type.user:
+            return False
+        user = self.ast.user(node)
+        stmt = self.scop.statement(user.statement)
+        source = stmt.source(self.scop.cdef)
+        if stmt.kind is Kind.INIT or source.op.reduction is None:
+            return False
+        values = self.index_values(user)
+        headers = [self.loop_header(loop) for loop, _ in loops]
+        iterators = [h.iterator for h in headers]
+        target = " ".join(values[v] for v in source.indices)
+        written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
+        reductions = written.index(True) if True in written else len(loops)
+        block = headers[reductions:]
+        if not (reductions > 0 and len(block) == len(sizes) and all(written[reductions:])):
+            return False
+        outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]))
+        if any(outer.search(f"{h.init} {h.cond}") or h.inc != "1" for h in block):
+            return False
+        parts = self.bodies.parts(source, values)
+        element = "tc_reg" + "".join(
+            f"[{h.iterator}]" if h.init == "0" else f"[{h.iterator} - ({h.init})]" for h in block
+        )
+        dims = "".join(f"[{size}]" for size in sizes)
+
+        def around_block(base: int, statement: str) -> None:
+            for k, h in enumerate(block):
+                innermost = k == len(block) - 1
+                here = _loop_marks(loops[reductions + k][1], h.iterator)
+                pragmas = self.pragmas(here, innermost=True, unroll=1) if innermost else []
+                for pragma in pragmas or ([] if innermost else [f"#pragma GCC unroll {sizes[k]}"]):
+                    self.emit(base + k, pragma)
+                self.emit(base + k, h.text)
+            self.emit(base + len(block), statement)
+            for k in reversed(range(len(block))):
+                self.emit(base + k, "}")
+
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"{parts.compute} tc_reg{dims};")
+        around_block(depth + 1, f"{element} = {parts.current};")
+        for k, h in enumerate(headers[:reductions]):
+            for pragma in self.pragmas(_loop_marks(loops[k][1], h.iterator), False, 1):
+                self.emit(depth + 1 + k, pragma)
+            self.emit(depth + 1 + k, h.text)
+        around_block(depth + 1 + reductions, f"{element} = {parts.combine(element)};")
+        for k in reversed(range(reductions)):
+            self.emit(depth + 1 + k, "}")
+        around_block(depth + 1, f"{parts.target} = {parts.store(element)};")
+        self.emit(depth, "}")
+        return True
+
+    def loop_header(self, node: isl.AstNode) -> _Header:
+        iterator = isl_expr(node.for_get_iterator(), self.names)
+        init = isl_expr(node.for_get_init(), self.names, top=True)
+        cond = isl_expr(node.for_get_cond(), self.names, top=True)
+        inc = isl_expr(node.for_get_inc(), self.names, top=True)
+        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
+        text = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
+        return _Header(iterator, init, cond, inc, text)
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         """Pragmas of a loop whose accumulator lives in a register (vectorised as a
@@ -218,6 +294,30 @@ class _Printer:
             text = self.scop.cdef.statements[index].text.replace("*/", "* /")
             out.append(f"/* {text}{'  [initialisation]' if init else ''} */")
         return out
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A printed `for` loop: its parts and its header line."""
+
+    iterator: str
+    init: str
+    cond: str
+    inc: str
+    text: str
+
+
+def _loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:
+    """The marks that belong to the loop of `iterator` (`omp_simd@3` to `c3`)."""
+    return tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
+
+
+def _register_sizes(mark: str) -> list[int] | None:
+    """The block sizes a register-block mark carries (`register_tile:4x16`)."""
+    name, _, sizes = mark.partition(":")
+    if name != REGISTER_MARK or not sizes:
+        return None
+    return [int(s) for s in sizes.split("x")]
 
 
 UNROLL_BUDGET = 512  # tokens of C an unrolled loop body may grow to

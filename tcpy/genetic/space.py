@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcpy.errors import TCMappingError
-from tcpy.mapping.options import MappingOptions, Tuning, TuningKind
+from tcpy.mapping.options import MAX_REGISTER_BLOCK, MappingOptions, Tuning, TuningKind
 from tcpy.parser.checked import CheckedDef
 
 MAX_TILE_MEMBERS = 8  # tile vectors longer than any loop nest are never needed
@@ -30,6 +30,7 @@ AUTO = -1
 """The first allele of a size tuple (tile, grid, block) that stands for the empty tuple:
 the target chooses (automatic tile sizes, a grid as large as the loops need)."""
 MAX_THREADS = 1024
+REGISTER_MEMBERS = 2  # register blocks are tuned over the rows and the vector loop
 WARP = 32
 
 
@@ -123,7 +124,8 @@ def _nearest(alleles: tuple[Any, ...], value: Any) -> int:
 def repair(base: MappingOptions, fields: dict[str, Any]) -> MappingOptions:
     """`base` with `fields`, made valid first: a CUDA block of more than 1024 threads is
     halved along its largest dimension until it fits, one of fewer than a warp grows
-    along x."""
+    along x; a register block of more than MAX_REGISTER_BLOCK elements is halved the
+    same way."""
     block = list(fields.get("map_to_threads", base.map_to_threads))
     if block:
         while _product(block) > MAX_THREADS:
@@ -132,6 +134,12 @@ def repair(base: MappingOptions, fields: dict[str, Any]) -> MappingOptions:
         while _product(block) < WARP:
             block[0] *= 2
         fields = {**fields, "map_to_threads": tuple(block)}
+    registers = list(fields.get("register_tile", base.register_tile))
+    if _product([max(r, 1) for r in registers]) > MAX_REGISTER_BLOCK:
+        while _product([max(r, 1) for r in registers]) > MAX_REGISTER_BLOCK:
+            k = registers.index(max(registers))
+            registers[k] //= 2
+        fields = {**fields, "register_tile": tuple(registers)}
     try:
         return base.replace(**fields)
     except TCMappingError as e:  # a rule this repair does not know: a bug in the space
@@ -193,6 +201,8 @@ def _genes(name: str, tuning: Tuning, extents: list[int], depth: int) -> list[Ge
             return _sized(name, tuple(_powers(MAX_THREADS)), 3)
         case TuningKind.PERMUTATION:
             return [Gene(name, None, tuple(_permutations(depth)))]
+        case TuningKind.REGISTER:  # rows and the vector loop
+            return _sized(name, (0, *tuning.values), REGISTER_MEMBERS)
     raise TCMappingError(f"unknown tuning kind {tuning.kind} of {name}")
 
 

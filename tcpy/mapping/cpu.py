@@ -16,8 +16,9 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.codegen.c import PARALLEL_MARK, SIMD_MARK
-from tcpy.mapping.locality import stride_score
+from tcpy.mapping.locality import is_reduction_member, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.poly.dependences import Dependences, respects
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Scop
@@ -35,8 +36,14 @@ from tcpy.poly.transforms import (
 
 
 def map_to_cpu(
-    schedule: isl.Schedule, scop: Scop, deps: Dependences, options: MappingOptions
+    schedule: isl.Schedule,
+    scop: Scop,
+    deps: Dependences,
+    options: MappingOptions,
+    vector_bytes: int = DEFAULT_VECTOR_BYTES,
 ) -> isl.Schedule:
+    """The mapped schedule (see the module docstring); `vector_bytes` is the width of
+    the C compiler's vectors, which register blocks are sized by."""
     schedule = map_outermost_bands(schedule, lambda b: merge_child_bands(b, deps.validity))
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
@@ -49,6 +56,10 @@ def map_to_cpu(
         if respects(distributed, deps.validity):
             schedule = distributed
     schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))
+    if options.register_tile != (0,):
+        schedule = map_innermost_bands(
+            schedule, lambda b: register_block(b, scop, options, vector_bytes)
+        )
     if options.vectorize:
         schedule = map_innermost_bands(schedule, _mark_simd)
     if options.parallel:
@@ -74,9 +85,7 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
         return node
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
-    scores = [stride_score(node, k, scop) for k in range(n)]
-    # a short loop (a kernel window) makes a poor vector loop, whatever its strides
-    vector = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
+    vector = vector_member(node, scop)
 
     def fit(k: int, size: int) -> int:
         # a loop shorter than its tile becomes one tile: its point loop then takes
@@ -105,6 +114,28 @@ def _short(extent: int | None) -> bool:
 # --- interchange ----------------------------------------------------------------------
 
 
+def vector_member(node: isl.ScheduleNode, scop: Scop) -> int:
+    """The band member to run innermost, as the vector loop. In order of preference:
+    not a short loop (a kernel window), not a reduction loop that strides across an
+    operand (a strided vector reduction gathers), the best worst-case stride over the
+    accesses (`worst_stride`), the best total (`stride_score`), parallel, the later."""
+    n = node.band_n_member()
+
+    def key(k: int) -> tuple[bool, bool, int, int, bool, int]:
+        worst = worst_stride(node, k, scop)
+        strided_reduction = worst < 0 and is_reduction_member(node, k, scop)
+        return (
+            not _short(member_extent(node, k)),
+            not strided_reduction,
+            worst,
+            stride_score(node, k, scop),
+            bool(node.band_member_get_coincident(k)),
+            k,
+        )
+
+    return max(range(n), key=key)
+
+
 def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> isl.ScheduleNode:
     n = node.band_n_member()
     if n < 2 or not node.band_get_permutable():
@@ -113,10 +144,7 @@ def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> 
         if len(options.interchange) == n:
             return permute_band(node, list(options.interchange))
         return node
-    scores = [stride_score(node, k, scop) for k in range(n)]
-    coincident = [node.band_member_get_coincident(k) for k in range(n)]
-    extents = [member_extent(node, k) for k in range(n)]
-    best = max(range(n), key=lambda k: (not _short(extents[k]), scores[k], coincident[k], k))
+    best = vector_member(node, scop)
     order = [k for k in range(n) if k != best] + [best]
     return permute_band(node, order)
 

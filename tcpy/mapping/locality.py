@@ -32,6 +32,39 @@ def stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
     return score
 
 
+def worst_stride(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
+    """The worst way running band member `member` innermost walks any one access: 2
+    when every access it moves along is walked with unit stride, 0 when some access
+    stays put, -2 when it strides across one. A reduction statement's own element
+    is left out: a register block loads and stores it once per block, so what counts
+    is how the reduction reads its operands."""
+    worst = 2
+    for stmt_name, position in member_variables(node, member).items():
+        if position is None:
+            return -2
+        stmt = scop.statement(stmt_name)
+        var = stmt.dims[position]
+        accesses = _accesses(scop, stmt_name)
+        if stmt.kind is Kind.COMPUTE and stmt.source(scop.cdef).op.reduction is not None:
+            accesses = accesses[1:]
+        for subscripts in accesses:
+            worst = min(worst, _stride(subscripts, var))
+    return worst
+
+
+def is_reduction_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
+    """Whether band member `member` walks a reduction index of some statement."""
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if (
+            position is not None
+            and stmt.kind is Kind.COMPUTE
+            and stmt.dims[position] in stmt.source(scop.cdef).reduction_indices
+        ):
+            return True
+    return False
+
+
 Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
 
 

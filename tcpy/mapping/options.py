@@ -36,6 +36,7 @@ class TuningKind(enum.Enum):
     GRID = "grid"  # blocks along x, y, z: sizes from the loop extents
     BLOCK = "block"  # threads along x, y, z: powers of two, a warp to 1024 in all
     PERMUTATION = "permutation"  # an interchange of the point loops (empty: the mapping's)
+    REGISTER = "register"  # a register block: 0 or one of `Tuning.values` per blocked loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class Tuning:
 CPU_AND_CUDA = ("cpu", "cuda")
 _FUSIONS = (Fusion.MAX, Fusion.PRESERVE3_COINCIDENT, Fusion.MIN)
 _BOOLS = (False, True)
+REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
+MAX_REGISTER_BLOCK = 1024
+"""The most elements a register block may hold (it lives on the stack when the
+compiler cannot keep it in registers)."""
 MAX_UNROLL = 1024
 """The largest unroll factor: more is never useful, and compilers refuse some (gcc
 rejects `#pragma GCC unroll` of 65535 or more)."""
@@ -107,6 +112,14 @@ class MappingOptions:
     )
     """A permutation of the members of the tiled band's point loops, outermost first;
     empty lets the mapping choose (the unit-stride loop innermost)."""
+    register_tile: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.REGISTER, ("cpu",), *REGISTER_SIZES)
+    )
+    """Register blocking of a reduction: block sizes of the parallel point loops around
+    the reduction loops, outermost first and aligned to the innermost loop (the last
+    size is the vector loop's). The block of outputs stays in registers across the
+    whole reduction. 0 leaves a loop unblocked, so (0,) turns blocking off; empty: the
+    target chooses."""
 
     # --- GPU mapping (the CUDA target) ------------------------------------------------
     map_to_blocks: tuple[int, ...] = dataclasses.field(
@@ -295,7 +308,7 @@ def _validate(o: MappingOptions) -> None:
                  "parallel", "vectorize"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")
-    for name in ("tile", "map_to_blocks", "map_to_threads", "interchange"):
+    for name in ("tile", "map_to_blocks", "map_to_threads", "interchange", "register_tile"):
         value = getattr(o, name)
         if not isinstance(value, tuple) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -307,6 +320,14 @@ def _validate(o: MappingOptions) -> None:
             fail(f"{name} must be an integer, not {value!r}")
     if any(t < 0 for t in o.tile):
         fail(f"tile sizes must be 0 (untiled) or positive, not {o.tile}")
+    block = 1
+    for r in o.register_tile:
+        block *= max(r, 1)
+    if any(r < 0 for r in o.register_tile) or block > MAX_REGISTER_BLOCK:
+        fail(
+            f"register_tile sizes must be 0 (unblocked) or positive, with at most "
+            f"{MAX_REGISTER_BLOCK} elements in a block, not {o.register_tile}"
+        )
     if not 1 <= o.unroll <= MAX_UNROLL:
         fail(f"unroll must be 1 to {MAX_UNROLL}, not {o.unroll}")
     if len(o.map_to_blocks) > 3 or any(b < 1 for b in o.map_to_blocks):

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -64,6 +65,28 @@ def device_identity() -> str:
     except OSError:
         pass
     return f"{model} {flags}".strip()
+
+
+DEFAULT_VECTOR_BYTES = 16
+
+
+@functools.cache
+def vector_bytes() -> int:
+    """The width in bytes of the vectors the compiler's loop vectoriser uses with
+    -march=native: its preferred vector width, as it reports it (16 when it cannot
+    say)."""
+    try:
+        report = subprocess.run(
+            [compiler(), "-march=native", "-Q", "--help=target"],
+            capture_output=True, text=True, timeout=60, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return DEFAULT_VECTOR_BYTES
+    preferred = re.search(r"-mprefer-vector-width=\s+(\d+)", report)
+    if preferred:
+        return int(preferred.group(1)) // 8
+    wide = re.search(r"-mavx2\s+\[enabled\]", report)
+    return 32 if wide else DEFAULT_VECTOR_BYTES
 
 
 @functools.cache

@@ -42,6 +42,13 @@ def _interchange(rng: random.Random) -> tuple[int, ...]:
     return tuple(perm)
 
 
+def _register_tile(rng: random.Random) -> tuple[int, ...]:
+    if rng.random() < 0.4:
+        return rng.choice(((), (), (0,)))
+    sizes = (0, 1, 2, 3, 4, 5, 8, 16, 32)
+    return tuple(rng.choice(sizes) for _ in range(rng.randint(1, 3)))
+
+
 def _grid(rng: random.Random) -> tuple[int, ...]:
     if rng.random() < 0.3:
         return ()
@@ -74,6 +81,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "tile_imperfectly_nested": _flag,
     "unroll": _unroll,
     "interchange": _interchange,
+    "register_tile": _register_tile,
     "map_to_blocks": _grid,
     "map_to_threads": _block,
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),

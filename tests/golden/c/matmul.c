@@ -40,11 +40,33 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   /* C(m,n) +=! A(m,k) * B(k,n) */
   #pragma omp parallel for
   for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
-    for (int64_t c3 = 0; c3 <= 31; c3++) {
-      for (int64_t c4 = 0; c4 <= 47; c4++) {
-        #pragma omp simd
-        for (int64_t c5 = 0; c5 <= 79; c5++) {
-          t_C[((int64_t)(c0 + c3) * e_C_1 + (c5))] = t_C[((int64_t)(c0 + c3) * e_C_1 + (c5))] + (t_A[((int64_t)(c0 + c3) * e_A_1 + (c4))] * t_B[((int64_t)(c4) * e_B_1 + (c5))]);
+    for (int64_t c3 = 0; c3 <= 31; c3 += 4) {
+      for (int64_t c4 = 0; c4 <= 79; c4 += 16) {
+        {
+          float tc_reg[4][16];
+          #pragma GCC unroll 4
+          for (int64_t c7 = 0; c7 <= 3; c7++) {
+            #pragma omp simd
+            for (int64_t c8 = 0; c8 <= 15; c8++) {
+              tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
+            }
+          }
+          for (int64_t c5 = 0; c5 <= 47; c5++) {
+            #pragma GCC unroll 4
+            for (int64_t c7 = 0; c7 <= 3; c7++) {
+              #pragma omp simd
+              for (int64_t c8 = 0; c8 <= 15; c8++) {
+                tc_reg[c7][c8] = tc_reg[c7][c8] + (t_A[((int64_t)((c0 + c3) + c7) * e_A_1 + (c5))] * t_B[((int64_t)(c5) * e_B_1 + (c4 + c8))]);
+              }
+            }
+          }
+          #pragma GCC unroll 4
+          for (int64_t c7 = 0; c7 <= 3; c7++) {
+            #pragma omp simd
+            for (int64_t c8 = 0; c8 <= 15; c8++) {
+              t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))] = tc_reg[c7][c8];
+            }
+          }
         }
       }
     }

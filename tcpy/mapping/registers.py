@@ -1,0 +1,134 @@
+"""Register blocking of reductions: a block of outputs kept in registers across the
+whole reduction.
+
+`register_block(band, scop, options)` rewrites an innermost permutable band of one
+reduction statement, such as matmul's point band (m, n, k), into
+
+    band (m_o, n_o)                 the block loops: parallel, as before
+      mark register_tile:RxV
+        band (k)                    the reduction loops
+          band (m_r, n_r)           the block: R x V outputs, n_r the vector loop
+
+The C printer turns the subtree under the mark into a local array of R x V
+accumulators, loaded before the reduction loops and stored after them, so that the
+loop over k reads each operand once per block instead of loading and storing the
+output at every step (`tcpy.codegen.c`). Reordering and tiling a permutable band
+respects every dependence; the block members are coincident, so the outputs of a
+block are distinct elements.
+
+Sizes come from `options.register_tile` (aligned to the innermost parallel member),
+or else: `VECTORS` of the compiler's vectors on the innermost member (the vector
+loop) and `ROWS` on the
+parallel member along which most operands of the vector loop are invariant (the
+rows of matmul, the filters of a convolution), whose vector loads the rows then
+share.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.codegen.c import REGISTER_MARK
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import ast
+from tcpy.poly.isl_helpers import union_set_sets
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import insert_mark, permute_band, tile_band
+
+ROWS = 4
+VECTORS = 2  # 4 x 2 accumulators: enough in flight to hide the latency of an FMA
+DEFAULT_VECTOR_BYTES = 16
+BLOCKED_REDUCTIONS = (ast.Reduction.SUM, ast.Reduction.PROD)
+"""Reductions kept in a block; min and max keep their scalar accumulator, which also
+tracks NaN across vector lanes."""
+
+
+def register_block(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    vector_bytes: int = DEFAULT_VECTOR_BYTES,
+) -> isl.ScheduleNode:
+    """The band rewritten as the module docstring shows, or unchanged when it is not
+    one reduction statement's band with a parallel innermost member. Returns the node
+    at the band's position."""
+    plan = _plan(node, scop, options, vector_bytes)
+    if plan is None:
+        return node
+    parallel, reductions, sizes = plan
+    node = permute_band(node, parallel + reductions)
+    tiles = tuple(sizes.get(k, 1) for k in parallel) + (1,) * len(reductions)
+    node = tile_band(node, tiles).band_split(len(parallel))
+    name = f"{REGISTER_MARK}:{'x'.join(str(sizes[k]) for k in parallel if k in sizes)}"
+    point = insert_mark(node.child(0), name).child(0)
+    blocked = [i for i, k in enumerate(parallel) if k in sizes]
+    rest = [i for i in range(len(parallel) + len(reductions)) if i not in blocked]
+    point = permute_band(point, rest + blocked)
+    return point.parent().parent().parent()
+
+
+def _plan(
+    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, vector_bytes: int
+) -> tuple[list[int], list[int], dict[int, int]] | None:
+    """The parallel members, the reduction members and the block size of each blocked
+    member; None when the band is not blocked."""
+    n = node.band_n_member()
+    if n < 2 or not node.band_get_permutable():
+        return None
+    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    stmt = scop.statement(name)
+    if stmt.kind is not Kind.COMPUTE:
+        return None
+    source = stmt.source(scop.cdef)
+    if source.op.reduction not in BLOCKED_REDUCTIONS or _reads(source.rhs, source.tensor):
+        return None
+    coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
+    parallel = [k for k in range(n) if coincident[k]]
+    reductions = [k for k in range(n) if not coincident[k]]
+    if not coincident[-1] or not reductions:
+        return None
+    positions = [member_variables(node, k).get(name) for k in range(n)]
+    if any(p is None for p in positions):
+        return None  # a member that combines indices (skewed)
+    variables = [stmt.dims[p] for p in positions if p is not None]
+    if options.register_tile:
+        asked = dict(zip(reversed(parallel), reversed(options.register_tile), strict=False))
+    else:
+        lanes = max(1, vector_bytes // scop.cdef.tensor(source.tensor).scalar.dtype.itemsize)
+        asked = _automatic(parallel, variables, source.rhs, VECTORS * lanes)
+    sizes = {}
+    for k, size in asked.items():
+        extent = member_extent(node, k)
+        size = size if extent is None else min(size, extent)
+        if size > 1:
+            sizes[k] = size
+    return (parallel, reductions, sizes) if sizes else None
+
+
+def _automatic(
+    parallel: list[int], variables: list[str], rhs: ast.Expr, vector: int
+) -> dict[int, int]:
+    accesses = [
+        {i.name for a in node.args for i in ast.walk(a) if isinstance(i, ast.Index)}
+        for node in ast.walk(rhs)
+        if isinstance(node, ast.Access)
+    ]
+
+    def shared(k: int) -> int:
+        """Operands read in the vector loop that the rows along member k share."""
+        inner = variables[parallel[-1]]
+        return sum(inner in a and variables[k] not in a for a in accesses)
+
+    sizes = {parallel[-1]: vector}
+    rows = max(reversed(parallel[:-1]), key=shared, default=None)
+    if rows is not None and shared(rows) > 0:
+        sizes[rows] = ROWS
+    return sizes
+
+
+def _reads(rhs: ast.Expr, tensor: str) -> bool:
+    return any(isinstance(n, ast.Access) and n.tensor == tensor for n in ast.walk(rhs))

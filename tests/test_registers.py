@@ -1,0 +1,155 @@
+"""Register blocking of reductions (`tcpy.mapping.registers`, and the blocks the C
+printer keeps in a local array): which nests are blocked, what is printed, and the
+results against the `reference` target for block sizes that do and do not divide
+the loops, on the contractions of the suite, with NaN and infinities in the inputs."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.errors import TCMappingError
+from tcpy.genetic.space import build_space, repair
+from tcpy.mapping.options import MAX_REGISTER_BLOCK, MappingOptions
+
+CONTRACTIONS = {
+    "matmul": (
+        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        [{"M": 64, "K": 48, "N": 80}, {"M": 37, "K": 11, "N": 53}],
+    ),
+    "batch_matmul": (
+        "def f(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }",
+        [{"B": 3, "M": 16, "K": 9, "N": 32}, {"B": 2, "M": 7, "K": 5, "N": 19}],
+    ),
+    "conv2d": (
+        """def f(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
+            O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * Wt(f,c,kh,kw)
+        }""",
+        [
+            {"N": 2, "C": 3, "H": 10, "W": 20, "F": 8, "KH": 3, "KW": 3},
+            {"N": 1, "C": 2, "H": 7, "W": 9, "F": 5, "KH": 2, "KW": 3},
+        ],
+    ),
+    "tensordot_int": (
+        "def f(int32(A,B,C) X, int32(C,B,D) Y) -> (Z) { Z(a,d) +=! X(a,b,c) * Y(c,b,d) }",
+        [{"A": 12, "B": 4, "C": 3, "D": 24}, {"A": 5, "B": 3, "C": 2, "D": 7}],
+    ),
+    "product": (
+        "def f(float(M,K) A, float(K,N) B) -> (P) { P(m,n) *=! A(m,k) - B(k,n) }",
+        [{"M": 8, "K": 5, "N": 16}, {"M": 9, "K": 3, "N": 13}],
+    ),
+}
+BLOCKS = [(), (0,), (1,), (4, 8), (3, 5), (8, 16), (2, 2, 4)]
+
+
+def _engines(source: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
+    cpu, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        cpu.define(source)
+        reference.define(source)
+    return cpu, reference
+
+
+def _inputs(engine: tcpy.ExecutionEngine, sizes: dict[str, int], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in engine.checked("f").inputs:
+        shape = [d.evaluate(sizes) for d in t.shape]
+        if t.scalar.is_float:
+            out.append(rng.uniform(0.5, 1.5, shape).astype(t.scalar.dtype))
+        else:
+            out.append(rng.integers(-9, 10, shape).astype(t.scalar.dtype))
+    return out
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+@pytest.mark.parametrize("name", sorted(CONTRACTIONS))
+def test_blocked_contractions_compute_the_reference(name: str, block: tuple[int, ...]) -> None:
+    source, size_sets = CONTRACTIONS[name]
+    cpu, reference = _engines(source)
+    options = MappingOptions.cpu().replace(register_tile=block)
+    for seed, sizes in enumerate(size_sets):
+        inputs = _inputs(cpu, sizes, seed)
+        got, want = cpu.run("f", *inputs, options=options), reference.run("f", *inputs)
+        if got.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=f"{sizes}")
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=f"{sizes}")
+
+
+def _source(source: str, sizes: dict[str, int], **options: object) -> str:
+    cpu, _ = _engines(source)
+    options_ = MappingOptions.cpu().replace(**options)
+    return cpu.compile("f", *_inputs(cpu, sizes, 0), options=options_).source
+
+
+def test_the_block_is_a_local_array_around_the_reduction() -> None:
+    source, (sizes, _) = CONTRACTIONS["matmul"]
+    lines = [ln.strip() for ln in _source(source, sizes, register_tile=(4, 8)).splitlines()]
+    assert "float tc_reg[4][8];" in lines
+    (load,) = [k for k, ln in enumerate(lines) if re.match(r"tc_reg\[\w+\]\[\w+\] = t_C\[", ln)]
+    element = lines[load].split(" = ")[0]
+    (reduction,) = [k for k, ln in enumerate(lines) if ln.startswith(f"{element} = {element} + ")]
+    (store,) = [
+        k for k, ln in enumerate(lines) if ln.startswith("t_C[") and ln.endswith(f"= {element};")
+    ]
+    assert load < reduction < store
+    # C is not touched between the load and the store: the reduction runs in the block
+    assert not any("t_C[" in ln for ln in lines[load + 1 : store])
+    assert "t_A[" in lines[reduction] and "t_B[" in lines[reduction]
+    assert lines[reduction - 4] == "#pragma GCC unroll 4"  # the rows, around the vector loop
+
+
+def test_blocking_off_and_unblocked_reductions() -> None:
+    source, (sizes, _) = CONTRACTIONS["matmul"]
+    assert "tc_reg" not in _source(source, sizes, register_tile=(0,))
+    assert "tc_reg" in _source(source, sizes)  # the target's choice blocks matmul
+    minimum = "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) min=! A(m,k) + B(k,n) }"
+    assert "tc_reg" not in _source(minimum, sizes)  # min keeps its NaN-tracking scalar
+    rows = "def f(float(M,K) A) -> (S) { S(m) +=! A(m,k) }"
+    assert "tc_reg" not in _source(rows, {"M": 16, "K": 8})  # the vector loop reduces
+
+
+@pytest.mark.parametrize("block", [(), (4, 8), (3, 5)], ids=str)
+def test_nan_and_infinities_propagate_through_a_block(block: tuple[int, ...]) -> None:
+    source, (sizes, _) = CONTRACTIONS["matmul"]
+    cpu, reference = _engines(source)
+    a, b = _inputs(cpu, sizes, 1)
+    a[3, 7] = np.nan
+    a[10, 2] = np.inf
+    b[2, 5] = 0.0  # inf * 0 is NaN in C(10, 5) only
+    b[9, 60] = -np.inf
+    a[20, 9] = np.inf  # C(20, 60) is -inf, the rest of its row inf
+    got = cpu.run("f", a, b, options=MappingOptions.cpu().replace(register_tile=block))
+    want = reference.run("f", a, b)
+    assert np.isnan(want[3]).all() and np.isnan(want[10, 5])
+    assert want[20, 60] == -np.inf and want[20, 0] == np.inf
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5)
+    np.testing.assert_array_equal(np.sign(got[~np.isnan(want)]), np.sign(want[~np.isnan(want)]))
+
+
+def test_register_tile_is_validated() -> None:
+    with pytest.raises(TCMappingError, match="register_tile"):
+        MappingOptions(register_tile=(64, 32))
+    with pytest.raises(TCMappingError, match="register_tile"):
+        MappingOptions(register_tile=(-1,))
+    with pytest.raises(TCMappingError, match="register_tile must be a tuple"):
+        MappingOptions(register_tile=[4, 8])  # type: ignore[arg-type]
+
+
+def test_the_tuner_searches_register_blocks() -> None:
+    source, (sizes, _) = CONTRACTIONS["matmul"]
+    cpu, _ = _engines(source)
+    space = build_space(cpu.checked("f"), sizes, "cpu", MappingOptions.cpu())
+    genes = [g for g in space.genes if g.name == "register_tile"]
+    assert len(genes) == 2 and 8 in genes[1].alleles and 0 in genes[1].alleles
+    repaired = repair(MappingOptions.cpu(), {"register_tile": (64, 64)})
+    assert np.prod(repaired.register_tile) <= MAX_REGISTER_BLOCK
