@@ -91,10 +91,14 @@ def _plan(
     reductions = [k for k in range(n) if not coincident[k]]
     if not coincident[-1] or not reductions:
         return None
-    positions = [member_variables(node, k).get(name) for k in range(n)]
-    if any(p is None for p in positions):
-        return None  # a member that combines indices (skewed)
-    variables = [stmt.dims[p] for p in positions if p is not None]
+    variables = []
+    for k in range(n):
+        position = member_variables(node, k).get(name)
+        if position is None and member_extent(node, k) != 1:
+            return None  # a member that combines indices (skewed)
+        variables.append("" if position is None else stmt.dims[position])  # "": constant
+    if not variables[parallel[-1]]:
+        return None
     if options.register_tile:
         asked = dict(zip(reversed(parallel), reversed(options.register_tile), strict=False))
     else:
@@ -121,6 +125,8 @@ def _automatic(
     def shared(k: int) -> int:
         """Operands read in the vector loop that the rows along member k share."""
         inner = variables[parallel[-1]]
+        if not variables[k]:
+            return 0
         return sum(inner in a and variables[k] not in a for a in accesses)
 
     sizes = {parallel[-1]: vector}
