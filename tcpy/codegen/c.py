@@ -39,7 +39,7 @@ from tcpy.codegen.naming import extent_name, size_name, tensor_name
 from tcpy.errors import InternalError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast as tc
-from tcpy.parser.checked import CheckedDef, Role
+from tcpy.parser.checked import CheckedDef, CheckedStatement, Role
 from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Kind, Scop
 
@@ -117,18 +117,26 @@ class _Printer:
         """The parts of the statement of a loop that only reduces into one element (the
         loop's index is not among the element's), whose accumulator can then live in a
         register across the loop."""
-        if body.get_type() != isl.ast_node_type.user:
+        found = self.reduction_at(body)
+        if found is None:
             return None
-        user = self.ast.user(body)
-        stmt = self.scop.statement(user.statement)
-        source = stmt.source(self.scop.cdef)
-        if stmt.kind is Kind.INIT or source.op.reduction is None:
-            return None
-        values = self.index_values(user)
+        source, values = found
         word = re.compile(rf"\b{iterator}\b")
         if any(word.search(values[v]) for v in source.indices):
             return None
         return self.bodies.parts(source, values)
+
+    def reduction_at(self, node: isl.AstNode) -> tuple[CheckedStatement, dict[str, str]] | None:
+        """The reduction statement a user node computes, with its index values; None
+        for another node or statement."""
+        if node.get_type() != isl.ast_node_type.user:
+            return None
+        user = self.ast.user(node)
+        stmt = self.scop.statement(user.statement)
+        source = stmt.source(self.scop.cdef)
+        if stmt.kind is Kind.INIT or source.op.reduction is None:
+            return None
+        return source, self.index_values(user)
 
     def register_block(
         self, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
@@ -146,14 +154,10 @@ class _Printer:
             else:
                 marks = (*marks, node.mark_get_id().get_name())
                 node = node.mark_get_node()
-        if node.get_type() != isl.ast_node_type.user:
+        found = self.reduction_at(node)
+        if found is None:
             return False
-        user = self.ast.user(node)
-        stmt = self.scop.statement(user.statement)
-        source = stmt.source(self.scop.cdef)
-        if stmt.kind is Kind.INIT or source.op.reduction is None:
-            return False
-        values = self.index_values(user)
+        source, values = found
         headers = [self.loop_header(loop) for loop, _ in loops]
         iterators = [h.iterator for h in headers]
         target = " ".join(values[v] for v in source.indices)
