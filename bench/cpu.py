@@ -1,27 +1,41 @@
-"""CPU benchmark: every kernel of the suite on the `cpu` target against NumPy, in the
-same run, on the same inputs.
+"""CPU benchmark: every kernel of the suite, and a matmul size sweep, on the `cpu`
+target against NumPy and PyTorch eager (when installed), in the same run, on the same
+inputs.
 
-    python bench/cpu.py [--reps 25] [--only softmax,gelu] [--out bench/results]
+    python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded]
+                        [--tag NAME] [--out bench/results]
 
-For each kernel: the compile time from `define` to the first result (with an empty
-kernel cache), a check of the result against NumPy, then tcpy and NumPy timed in
-alternating blocks (with a pause before each, so that one library's spinning threads
-do not slow the other) and summarised by the medians of all runs. The ratio is NumPy's
-time over tcpy's (above 1: tcpy is faster). Results go to `bench/results/cpu-<date>.json`.
+First the machine's limits are measured: the FP32 FMA peak (a C loop of independent
+vector FMAs on every core, at each vector width the compiler offers) and the copy
+bandwidth (the best of NumPy's copy and a tcpy copy kernel, bytes read plus written).
+Then, for each kernel: the compile time from `define` to the first result (empty
+kernel cache), a check against NumPy, and tcpy's full call (allocating its outputs),
+tcpy's kernel alone on preallocated buffers, NumPy and PyTorch timed in alternating
+blocks (with a pause before each, so that one library's spinning threads do not slow
+the next) and summarised by medians. Ratios are the peer's time over tcpy's full call
+(above 1: tcpy is faster); GFLOP/s and GB/s are of the kernel alone, against the peak
+and the copy bandwidth.
+
+`--loaded` runs one single-threaded busy process at normal priority beside everything,
+as another user of the machine would. Results go to
+`bench/results/cpu-<date>[-<tag>].json` (the tag defaults to `loaded` under --loaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +43,108 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel
+from bench.suite import SUITE, Kernel, matmul_sweep, torch_peer
+from tcpy.binding import bind
+from tcpy.runtime import cpu as runtime
+
+ROUNDS = 4
+GAP_S = 0.3
+"""Each contender runs in alternating blocks, each after a pause: on a small machine
+the threads of one library keep spinning for a while after a call and would otherwise
+slow down the next."""
+
+
+# --- the machine's limits ---------------------------------------------------------------
+
+_PEAK_C = r"""
+#include <omp.h>
+typedef float vec __attribute__((vector_size(%(bytes)d)));
+double peak(long iters) {
+  double total = 0;
+  #pragma omp parallel reduction(+:total)
+  {
+    vec a[12], b, c;
+    for (int k = 0; k < (int)(sizeof(vec) / 4); k++) { b[k] = 0.999999f; c[k] = 1e-6f; }
+    for (int j = 0; j < 12; j++) a[j] = b * (float)j;
+    for (long i = 0; i < iters; i++) {
+      #pragma GCC unroll 12
+      for (int j = 0; j < 12; j++) a[j] = a[j] * b + c;  /* 12 independent FMA chains */
+    }
+    for (int j = 0; j < 12; j++)
+      for (int k = 0; k < (int)(sizeof(vec) / 4); k++) total += a[j][k];
+  }
+  return total;
+}
+"""
+
+
+def fma_peak_gflops() -> float:
+    """The best FP32 GFLOP/s of independent vector FMAs on all cores, over the vector
+    widths (16, 32 and 64 bytes) the compiler builds for this CPU."""
+    best = 0.0
+    threads = os.cpu_count() or 1
+    for width in (16, 32, 64):
+        with tempfile.TemporaryDirectory() as tmp:
+            source, lib = Path(tmp, "peak.c"), Path(tmp, "peak.so")
+            source.write_text(_PEAK_C % {"bytes": width})
+            built = subprocess.run(
+                [runtime.compiler(), "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                 "-o", str(lib), str(source)],
+                capture_output=True, check=False,
+            )  # fmt: skip
+            if built.returncode != 0:
+                continue
+            peak = ctypes.CDLL(str(lib)).peak
+            peak.restype, peak.argtypes = ctypes.c_double, [ctypes.c_long]
+            iters = 2_000_000
+            peak(iters // 10)
+            seconds = min(_seconds(lambda: peak(iters)) for _ in range(5))  # noqa: B023
+            flops = threads * iters * 12 * (width // 4) * 2
+            best = max(best, flops / seconds / 1e9)
+    return best
+
+
+def copy_bandwidth_gbps() -> float:
+    """GB/s (bytes read plus written) of copying 256 MB: the best of NumPy's copy and a
+    tcpy copy kernel (on every core)."""
+    src = np.ones(64 * 2**20, np.float32)
+    dst = np.empty_like(src)
+    numpy_s = min(_seconds(lambda: np.copyto(dst, src)) for _ in range(5))
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def copy(float(N) X) -> (Y) { Y(i) = X(i) }")
+    kernel = kernel_alone(engine.compile("copy", src), (src,))
+    kernel()
+    tcpy_s = min(_seconds(kernel) for _ in range(5))
+    return 2 * src.nbytes / min(numpy_s, tcpy_s) / 1e9
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# --- one kernel -----------------------------------------------------------------------------
+
+
+def kernel_alone(compiled: tcpy.Compiled, inputs: tuple[np.ndarray, ...]) -> Callable[[], None]:
+    """tcpy's compiled code on buffers allocated once: the call without binding the
+    inputs or allocating the outputs (`out=` buffers are not part of the API yet)."""
+    binding = bind(compiled.cdef, inputs)
+    kernel = compiled._kernel  # a HostKernel: the cpu target's
+    outputs = kernel(binding)
+    sizes = [binding.sizes[s] for s in compiled.cdef.size_symbols]
+    buffers = [*binding.host_arrays, *outputs, *kernel._temporaries(binding)]
+    return lambda: kernel.run(sizes, buffers)
 
 
 def _outputs(result: object) -> tuple[np.ndarray, ...]:
-    return tuple(result) if isinstance(result, tuple) else (np.asarray(result),)
+    if isinstance(result, tuple):
+        return tuple(np.asarray(r) for r in result)
+    return (np.asarray(result),)
 
 
-def measure(kernel: Kernel, reps: int) -> dict[str, object]:
+def measure(kernel: Kernel, reps: int, torch: object, limits: dict[str, float]) -> dict:  # type: ignore[type-arg]
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
     engine = tcpy.ExecutionEngine("cpu")
@@ -50,14 +158,27 @@ def measure(kernel: Kernel, reps: int) -> dict[str, object]:
         float(np.max(np.abs(g.astype(np.float64) - w) / (1 + np.abs(w))))
         for g, w in zip(got, want, strict=True)
     )
-    ours: list[float] = []
-    peer: list[float] = []
-    compiled(*inputs)
-    kernel.numpy(*inputs)
+    contenders: dict[str, Callable[[], object]] = {
+        "tcpy": lambda: compiled(*inputs),
+        "tcpy_kernel": kernel_alone(compiled, inputs),
+        "numpy": lambda: kernel.numpy(*inputs),
+    }
+    if torch is not None:
+        tensors = [torch.from_numpy(x) for x in inputs]  # type: ignore[attr-defined]
+        peer = torch_peer(torch, kernel)
+        contenders["torch"] = lambda: peer(*tensors)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():
+        fn()
     for _ in range(ROUNDS):
-        _block(lambda: compiled(*inputs), reps, ours)
-        _block(lambda: kernel.numpy(*inputs), reps, peer)
-    tcpy_s, numpy_s = statistics.median(ours), statistics.median(peer)
+        for name, fn in contenders.items():
+            time.sleep(GAP_S)
+            times[name] += [_seconds(fn) for _ in range(reps)]
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    peers = [ms[p] for p in ("numpy", "torch") if p in ms]
+    flops, moved = kernel.flops(kernel.sizes), kernel.bytes(kernel.sizes)
+    gflops = flops / ms["tcpy_kernel"] / 1e6
+    gbps = moved / ms["tcpy_kernel"] / 1e6
     return {
         "kernel": kernel.name,
         "options": compiled.options.to_dict(),
@@ -65,63 +186,83 @@ def measure(kernel: Kernel, reps: int) -> dict[str, object]:
         "memory_bound": kernel.memory_bound,
         "compile_s": round(compile_s, 4),
         "max_rel_error": error,
-        "tcpy_ms": round(tcpy_s * 1e3, 4),
-        "numpy_ms": round(numpy_s * 1e3, 4),
-        "ratio_vs_numpy": round(numpy_s / tcpy_s, 3),
-        "tcpy_gflops": round(kernel.flops(kernel.sizes) / tcpy_s / 1e9, 2),
-        "tcpy_gbps": round(kernel.bytes(kernel.sizes) / tcpy_s / 1e9, 2),
+        **{f"{name}_ms": round(value, 4) for name, value in ms.items()},
+        "ratio_vs_numpy": round(ms["numpy"] / ms["tcpy"], 3),
+        "ratio_vs_torch": round(ms["torch"] / ms["tcpy"], 3) if "torch" in ms else None,
+        "ratio_vs_best": round(min(peers) / ms["tcpy"], 3),
+        "tcpy_gflops": round(gflops, 2),
+        "fraction_of_fma_peak": round(gflops / limits["fma_peak_gflops"], 3),
+        "tcpy_gbps": round(gbps, 2),
+        "fraction_of_copy_bandwidth": round(gbps / limits["copy_bandwidth_gbps"], 3),
     }
 
 
-ROUNDS = 4
-GAP_S = 0.3
-"""tcpy and NumPy run in alternating blocks, each after a pause: on a small machine the
-threads of one library keep spinning for a while after a call and would otherwise
-slow down the other."""
+# --- the run ---------------------------------------------------------------------------------
 
 
-def _block(fn: object, reps: int, times: list[float]) -> None:
-    time.sleep(GAP_S)
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        times.append(time.perf_counter() - t0)
+def _torch() -> object:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=6, help="runs per block (4 blocks each)")
     parser.add_argument("--only", default="", help="comma-separated kernel names")
+    parser.add_argument("--no-sweep", action="store_true", help="leave out the matmul sweep")
+    parser.add_argument("--loaded", action="store_true", help="a busy process runs beside")
+    parser.add_argument("--tag", default="", help="added to the results file's name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     wanted = set(filter(None, args.only.split(",")))
     os.environ["TCPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="tcpy-bench-")
-    rows = []
-    for kernel in SUITE:
-        if wanted and kernel.name not in wanted:
-            continue
-        row = measure(kernel, args.reps)
-        rows.append(row)
-        print(
-            f"{row['kernel']:18} tcpy {row['tcpy_ms']:9.3f} ms  numpy {row['numpy_ms']:9.3f} ms"
-            f"  ratio {row['ratio_vs_numpy']:6.2f}  {row['tcpy_gflops']:7.1f} GFLOP/s"
-            f"  compile {row['compile_s']:.2f} s  err {row['max_rel_error']:.1e}",
-            flush=True,
-        )
-    bound = [r["ratio_vs_numpy"] for r in rows if r["memory_bound"]]
+    torch = _torch()
+    busy = None
+    if args.loaded:
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        limits = {
+            "fma_peak_gflops": round(fma_peak_gflops(), 1),
+            "copy_bandwidth_gbps": round(copy_bandwidth_gbps(), 1),
+        }
+        print(json.dumps(limits), flush=True)
+        kernels = SUITE if args.no_sweep else (*SUITE, *matmul_sweep())
+        rows = []
+        for kernel in kernels:
+            if wanted and kernel.name not in wanted:
+                continue
+            row = measure(kernel, args.reps, torch, limits)
+            rows.append(row)
+            print(_line(row), flush=True)
+    finally:
+        if busy is not None:
+            busy.kill()
     summary = {
-        "geomean_ratio_all": _geomean([r["ratio_vs_numpy"] for r in rows]),
-        "geomean_ratio_memory_bound": _geomean(bound),
+        "geomean_vs_numpy": _geomean([r["ratio_vs_numpy"] for r in rows]),
+        "geomean_vs_torch": _geomean([r["ratio_vs_torch"] for r in rows]),
+        "geomean_vs_best": _geomean([r["ratio_vs_best"] for r in rows]),
+        "geomean_vs_best_memory_bound": _geomean(
+            [r["ratio_vs_best"] for r in rows if r["memory_bound"]]
+        ),
     }
     print(json.dumps(summary))
+    tag = args.tag or ("loaded" if args.loaded else "")
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cpu",
+        "loaded": args.loaded,
         "machine": {
             "processor": _cpu_name(),
             "cores": os.cpu_count(),
+            "compiler_vector_bytes": runtime.vector_bytes(),
             "python": platform.python_version(),
             "numpy": np.__version__,
+            "torch": getattr(torch, "__version__", None),
+            **limits,
         },
         "options": tcpy.MappingOptions.cpu().to_dict(),
         "runs": {"rounds": ROUNDS, "per_block": args.reps, "pause_s": GAP_S},
@@ -129,10 +270,21 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"cpu-{result['date']}.json"
+    path = args.out / f"cpu-{result['date']}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def _line(row: dict) -> str:  # type: ignore[type-arg]
+    torch = f"{row['torch_ms']:9.3f}" if "torch_ms" in row else "        -"
+    return (
+        f"{row['kernel']:18} tcpy {row['tcpy_ms']:9.3f} ms (kernel {row['tcpy_kernel_ms']:9.3f})"
+        f"  numpy {row['numpy_ms']:9.3f}  torch {torch}  best/tcpy {row['ratio_vs_best']:6.2f}"
+        f"  {row['tcpy_gflops']:7.1f} GFLOP/s ({row['fraction_of_fma_peak']:.0%} of peak)"
+        f"  {row['tcpy_gbps']:6.1f} GB/s ({row['fraction_of_copy_bandwidth']:.0%} of copy)"
+        f"  compile {row['compile_s']:.2f} s"
+    )
 
 
 def _geomean(values: list[object]) -> float | None:

@@ -1,4 +1,3 @@
-# ruff: noqa: E741  (tensor names as in the TC)
 """GPU benchmark: the suite on the `cuda` target against PyTorch eager (TF32 off) and
 `torch.compile`, in the same run, on the same GPU.
 
@@ -28,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel
+from bench.suite import SUITE, Kernel, torch_peer
 
 
 def _torch():  # type: ignore[no-untyped-def]
@@ -55,30 +54,6 @@ def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def _peer(torch, kernel: Kernel, inputs):  # type: ignore[no-untyped-def]
-    """The suite's NumPy function run on torch tensors (it uses only array operations
-    PyTorch shares with NumPy, or their torch equivalents below)."""
-    overrides = {
-        "matmul": lambda A, B: A @ B,
-        "matmul_transposed": lambda A, B: A.T @ B.T,
-        "batch_matmul": lambda X, Y: X @ Y,
-        "tensordot": lambda A, B: torch.einsum("nabhw,nbchw->nachw", A, B),
-        "bias_add_grad": lambda G: G.sum(0),
-        "softmax": lambda x: torch.softmax(x, 1),
-        "layernorm": lambda x, g, b: torch.nn.functional.layer_norm(x, x.shape[1:], g, b, 1e-5),
-        "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-        "mlp": lambda I, W, b: torch.relu(I @ W.T + b),
-        "conv2d": lambda I, K: torch.nn.functional.conv2d(I, K),
-        "conv2d_strided": lambda I, K: torch.nn.functional.conv2d(I, K, stride=2),
-        "group_conv": lambda I, K: torch.nn.functional.conv2d(
-            I.flatten(1, 2), K.flatten(0, 1), groups=I.shape[1]
-        ),
-        "maxpool": lambda I: torch.nn.functional.max_pool2d(I, 2),
-        "two_table_lookup": lambda L1, I1, L2, I2: (L1[I1.long()].sum(1), L2[I2.long()].sum(1)),
-    }
-    return overrides[kernel.name]
-
-
 def copy_bandwidth(torch) -> float:  # type: ignore[no-untyped-def]
     """GB/s of a large device-to-device copy (bytes read plus bytes written)."""
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -91,7 +66,7 @@ def measure(torch, kernel: Kernel, reps: int) -> dict[str, object]:
     rng = np.random.default_rng(0)
     host = kernel.inputs(rng, kernel.sizes)
     device = [torch.as_tensor(x, device="cuda") for x in host]
-    peer = _peer(torch, kernel, device)
+    peer = torch_peer(torch, kernel)
     eager_ms = _time(torch, lambda: peer(*device), reps)
     try:
         compiled_peer = torch.compile(peer)

@@ -2,7 +2,8 @@
 """The benchmark suite of DESIGN.md: each kernel as TC, its NumPy peer, its inputs,
 and the work it does (floating-point operations, and the fewest bytes it must move).
 
-Shared by `bench/cpu.py` (against NumPy) and `bench/gpu.py` (against PyTorch).
+Shared by `bench/cpu.py` (against NumPy and PyTorch eager) and `bench/gpu.py` (against
+PyTorch); `torch_peer` gives each kernel's PyTorch function.
 """
 
 from __future__ import annotations
@@ -253,3 +254,41 @@ SUITE: tuple[Kernel, ...] = (
         memory_bound=True,
     ),
 )
+
+
+def torch_peer(torch, kernel: Kernel) -> Callable[..., object]:  # type: ignore[no-untyped-def]
+    """The kernel's PyTorch function, on tensors of any device: the library's own
+    operator where it has one (softmax, layer_norm, conv2d, ...), else the same array
+    operations as the NumPy peer."""
+    overrides = {
+        "matmul": lambda A, B: A @ B,
+        "matmul_transposed": lambda A, B: A.T @ B.T,
+        "batch_matmul": lambda X, Y: X @ Y,
+        "tensordot": lambda A, B: torch.einsum("nabhw,nbchw->nachw", A, B),
+        "bias_add_grad": lambda G: G.sum(0),
+        "softmax": lambda x: torch.softmax(x, 1),
+        "layernorm": lambda x, g, b: torch.nn.functional.layer_norm(x, x.shape[1:], g, b, 1e-5),
+        "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+        "mlp": lambda I, W, b: torch.relu(I @ W.T + b),
+        "conv2d": lambda I, K: torch.nn.functional.conv2d(I, K),
+        "conv2d_strided": lambda I, K: torch.nn.functional.conv2d(I, K, stride=2),
+        "group_conv": lambda I, K: torch.nn.functional.conv2d(
+            I.flatten(1, 2), K.flatten(0, 1), groups=I.shape[1]
+        ),
+        "maxpool": lambda I: torch.nn.functional.max_pool2d(I, 2),
+        "two_table_lookup": lambda L1, I1, L2, I2: (L1[I1.long()].sum(1), L2[I2.long()].sum(1)),
+    }
+    name = (
+        "matmul" if kernel.name.startswith("matmul_") and kernel.name[7:].isdigit() else kernel.name
+    )
+    return overrides[name]
+
+
+def matmul_sweep(sizes: tuple[int, ...] = (256, 512, 1024, 2048)) -> tuple[Kernel, ...]:
+    """The suite's matmul at n x n x n for each n."""
+    (matmul,) = [k for k in SUITE if k.name == "matmul"]
+    return tuple(
+        Kernel(f"matmul_{n}", matmul.tc, matmul.entry, {"M": n, "K": n, "N": n},
+               matmul.inputs, matmul.numpy, matmul.flops, matmul.bytes)
+        for n in sizes
+    )  # fmt: skip

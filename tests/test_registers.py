@@ -38,6 +38,14 @@ CONTRACTIONS = {
         "def f(int32(A,B,C) X, int32(C,B,D) Y) -> (Z) { Z(a,d) +=! X(a,b,c) * Y(c,b,d) }",
         [{"A": 12, "B": 4, "C": 3, "D": 24}, {"A": 5, "B": 3, "C": 2, "D": 7}],
     ),
+    "dot_rows": (  # the vector loop is the reduction: partial sums per lane
+        "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+        [{"M": 64, "K": 48, "N": 40}, {"M": 9, "K": 13, "N": 7}],
+    ),
+    "dot_rows_int": (
+        "def f(int32(M,K) A, int32(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+        [{"M": 16, "K": 32, "N": 8}, {"M": 5, "K": 3, "N": 11}],
+    ),
     "product": (
         "def f(float(M,K) A, float(K,N) B) -> (P) { P(m,n) *=! A(m,k) - B(k,n) }",
         [{"M": 8, "K": 5, "N": 16}, {"M": 9, "K": 3, "N": 13}],
@@ -105,6 +113,17 @@ def test_the_block_is_a_local_array_around_the_reduction() -> None:
     assert lines[reduction - 4] == "#pragma GCC unroll 4"  # the rows, around the vector loop
 
 
+def test_a_reduction_vector_loop_keeps_partial_sums_per_lane() -> None:
+    source, (sizes, _) = CONTRACTIONS["dot_rows"]
+    lines = [ln.strip() for ln in _source(source, sizes, register_tile=(2, 4)).splitlines()]
+    (declaration,) = [ln for ln in lines if ln.startswith("float tc_reg[2][4][")]
+    (start,) = [k for k, ln in enumerate(lines) if ln.endswith("] = 0.0f;") and "tc_reg" in ln]
+    (total,) = [k for k, ln in enumerate(lines) if ln.startswith("float tc_sum = t_C[")]
+    (store,) = [k for k, ln in enumerate(lines) if ln.startswith("t_C[") and ln.endswith("tc_sum;")]
+    assert start < total < store and declaration
+    assert not any("t_C[" in ln for ln in lines[start:total])
+
+
 def test_blocking_off_and_unblocked_reductions() -> None:
     source, (sizes, _) = CONTRACTIONS["matmul"]
     assert "tc_reg" not in _source(source, sizes, register_tile=(0,))
@@ -115,15 +134,21 @@ def test_blocking_off_and_unblocked_reductions() -> None:
     assert "tc_reg" not in _source(rows, {"M": 16, "K": 8})  # the vector loop reduces
 
 
+@pytest.mark.parametrize("form", ["matmul", "dot_rows"])
 @pytest.mark.parametrize("block", [(), (4, 8), (3, 5)], ids=str)
-def test_nan_and_infinities_propagate_through_a_block(block: tuple[int, ...]) -> None:
-    source, (sizes, _) = CONTRACTIONS["matmul"]
+def test_nan_and_infinities_propagate_through_a_block(form: str, block: tuple[int, ...]) -> None:
+    source, (sizes, _) = CONTRACTIONS[form]
     cpu, reference = _engines(source)
     a, b = _inputs(cpu, sizes, 1)
+    if form == "dot_rows":
+        b = np.ascontiguousarray(np.resize(b, (sizes["K"], 80)).T)  # B(n, k) as B(k, n).T
+        b = b.astype(np.float32)
+        sizes = {**sizes, "N": 80}
     a[3, 7] = np.nan
     a[10, 2] = np.inf
-    b[2, 5] = 0.0  # inf * 0 is NaN in C(10, 5) only
-    b[9, 60] = -np.inf
+    bt = b if form == "matmul" else b.T  # bt(k, n) either way
+    bt[2, 5] = 0.0  # inf * 0 is NaN in C(10, 5) only
+    bt[9, 60] = -np.inf
     a[20, 9] = np.inf  # C(20, 60) is -inf, the rest of its row inf
     got = cpu.run("f", a, b, options=MappingOptions.cpu().replace(register_tile=block))
     want = reference.run("f", a, b)

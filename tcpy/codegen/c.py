@@ -142,10 +142,13 @@ class _Printer:
         self, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
     ) -> bool:
         """Print a register-blocked reduction (`tcpy.mapping.registers`): the loops
-        under the mark are the reduction loops, then one loop per blocked member
-        around one statement. The block of outputs lives in a local array, loaded
-        before the reduction loops and stored after them. Returns False, printing
-        nothing, when the AST does not have that shape."""
+        under the mark are the reduction loops, then one loop per blocked member, then
+        (when the vector loop is a reduction) a lane loop, around one statement. The
+        block of outputs lives in a local array across the reduction loops: loaded
+        before them and stored after them, or, with lanes, a partial sum per lane
+        started at the identity and added into the output at the end (TC lets a
+        reduction be reassociated). Returns False, printing nothing, when the AST does
+        not have that shape."""
         loops: list[tuple[isl.AstNode, tuple[str, ...]]] = []
         while node.get_type() in (_FOR, isl.ast_node_type.mark):
             if node.get_type() == _FOR:
@@ -158,46 +161,78 @@ class _Printer:
         if found is None:
             return False
         source, values = found
+        add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
+        if add is None:
+            return False
         headers = [self.loop_header(loop) for loop, _ in loops]
         iterators = [h.iterator for h in headers]
         target = " ".join(values[v] for v in source.indices)
         written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
-        reductions = written.index(True) if True in written else len(loops)
-        block = headers[reductions:]
-        if not (reductions > 0 and len(block) == len(sizes) and all(written[reductions:])):
+        lane = headers[-1] if any(written) and not written[-1] else None
+        body = headers[:-1] if lane else headers
+        reductions = written.index(True) if True in written else len(body)
+        block = body[reductions:]
+        if not (
+            block
+            and all(written[reductions : len(body)])
+            and len(block) + (lane is not None) == len(sizes)
+            and (reductions > 0 or lane is not None)
+            and (lane is None or lane.inc == "1")
+        ):
             return False
-        outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]))
+        outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
         if any(outer.search(f"{h.init} {h.cond}") or h.inc != "1" for h in block):
             return False
         parts = self.bodies.parts(source, values)
-        element = "tc_reg" + "".join(
-            f"[{h.iterator}]" if h.init == "0" else f"[{h.iterator} - ({h.init})]" for h in block
-        )
+        index = "".join(_offset(h) for h in block)
         dims = "".join(f"[{size}]" for size in sizes)
+        vector = ["#pragma omp simd"] if self.options.vectorize else []
+        unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
+        if lane is None:  # the last block loop is the vector loop
+            here = _loop_marks(loops[-1][1], block[-1].iterator)
+            unrolled[-1] = self.pragmas(here, innermost=True, unroll=1)
+        levels = [(p, h.text) for p, h in zip(unrolled, block, strict=True)]
 
-        def around_block(base: int, statement: str) -> None:
-            for k, h in enumerate(block):
-                innermost = k == len(block) - 1
-                here = _loop_marks(loops[reductions + k][1], h.iterator)
-                pragmas = self.pragmas(here, innermost=True, unroll=1) if innermost else []
-                for pragma in pragmas or ([] if innermost else [f"#pragma GCC unroll {sizes[k]}"]):
+        def nest(base: int, levels: list[tuple[list[str], str]], statements: list[str]) -> None:
+            for k, (pragmas, text) in enumerate(levels):
+                for pragma in pragmas:
                     self.emit(base + k, pragma)
-                self.emit(base + k, h.text)
-            self.emit(base + len(block), statement)
-            for k in reversed(range(len(block))):
+                self.emit(base + k, text)
+            for statement in statements:
+                self.emit(base + len(levels), statement)
+            for k in reversed(range(len(levels))):
                 self.emit(base + k, "}")
 
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_reg{dims};")
-        around_block(depth + 1, f"{element} = {parts.current};")
+        if lane is None:
+            element = f"tc_reg{index}"
+            start, finish = (
+                [f"{element} = {parts.current};"],
+                [f"{parts.target} = {parts.store(element)};"],
+            )
+            inner = levels
+        else:
+            element = f"tc_reg{index}{_offset(lane)}"
+            lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
+            start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
+            finish = [
+                f"{parts.compute} tc_sum = {parts.current};",
+                lanes,
+                f"  tc_sum = tc_sum {add} tc_reg{index}[tc_l];",
+                "}",
+                f"{parts.target} = {parts.store('tc_sum')};",
+            ]
+            inner = [*levels, (vector, lane.text)]
+        nest(depth + 1, levels, start)
         for k, h in enumerate(headers[:reductions]):
             for pragma in self.pragmas(_loop_marks(loops[k][1], h.iterator), False, 1):
                 self.emit(depth + 1 + k, pragma)
             self.emit(depth + 1 + k, h.text)
-        around_block(depth + 1 + reductions, f"{element} = {parts.combine(element)};")
+        nest(depth + 1 + reductions, inner, [f"{element} = {parts.combine(element)};"])
         for k in reversed(range(reductions)):
             self.emit(depth + 1 + k, "}")
-        around_block(depth + 1, f"{parts.target} = {parts.store(element)};")
+        nest(depth + 1, levels, finish)
         self.emit(depth, "}")
         return True
 
@@ -309,6 +344,15 @@ class _Header:
     cond: str
     inc: str
     text: str
+
+
+_BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
+"""How two partial results of a blocked reduction combine."""
+
+
+def _offset(loop: _Header) -> str:
+    """A loop's position in a block array: its iterator less its start."""
+    return f"[{loop.iterator}]" if loop.init == "0" else f"[{loop.iterator} - ({loop.init})]"
 
 
 def _loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:

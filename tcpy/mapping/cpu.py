@@ -78,8 +78,9 @@ SMALL = 8  # loops this short (kernel windows) stay whole
 def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
     """Tile sizes from the loop extents when the options give none: the loop that
     walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
-    the innermost other parallel loop by OUTER_TILE; short loops and outer parallel
-    loops stay whole (batch dimensions become the parallel tile loops)."""
+    the innermost other parallel loop (the two innermost when the vector loop is a
+    reduction) by OUTER_TILE; short loops and outer parallel loops stay whole (batch
+    dimensions become the parallel tile loops)."""
     n = node.band_n_member()
     if not node.band_get_permutable():
         return node
@@ -95,6 +96,8 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
 
     sizes = [0] * n
     rows = [k for k in range(n) if coincident[k] and k != vector and not _short(extents[k])]
+    # a reduction vector loop is register-blocked over two parallel loops, else one
+    blocked = 1 if coincident[vector] else 2
     for k in range(n):
         if _short(extents[k]):
             continue
@@ -102,7 +105,7 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
             sizes[k] = fit(k, VECTOR_TILE if n > 1 else 16 * VECTOR_TILE)
         elif not coincident[k]:
             sizes[k] = fit(k, REDUCTION_TILE)
-        elif rows and k == rows[-1]:
+        elif k in rows[-blocked:]:
             sizes[k] = fit(k, OUTER_TILE)
     return tile_band(node, tuple(sizes))
 

@@ -16,12 +16,18 @@ output at every step (`tcpy.codegen.c`). Reordering and tiling a permutable band
 respects every dependence; the block members are coincident, so the outputs of a
 block are distinct elements.
 
+When the innermost member is a reduction that reads every operand with unit stride
+(an MLP's `O(b,n) +=! I(b,k) * W(n,k)`), it becomes the vector loop instead: it is
+tiled by the vector's lanes, the lane loop goes innermost under the block of two
+parallel members, and each output of the block keeps one partial result per lane,
+added into the output after the reduction loops (TC lets a reduction reassociate).
+
 Sizes come from `options.register_tile` (aligned to the innermost parallel member),
-or else: `VECTORS` of the compiler's vectors on the innermost member (the vector
-loop) and `ROWS` on the
-parallel member along which most operands of the vector loop are invariant (the
-rows of matmul, the filters of a convolution), whose vector loads the rows then
-share.
+or else: `VECTORS` of the compiler's vectors on the innermost member (a parallel
+vector loop) and `ROWS` on the parallel member along which most operands of the
+vector loop are invariant (the rows of matmul, the filters of a convolution), whose
+vector loads the rows then share; with a reduction vector loop, `ROWS` and `COLUMNS`
+on the two parallel members whose blocks share the most operands.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.codegen.c import REGISTER_MARK
+from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import union_set_sets
@@ -38,6 +45,7 @@ from tcpy.poly.transforms import insert_mark, permute_band, tile_band
 
 ROWS = 4
 VECTORS = 2  # 4 x 2 accumulators: enough in flight to hide the latency of an FMA
+COLUMNS = 2  # with a reduction vector loop: 4 x 2 vectors of partial sums
 DEFAULT_VECTOR_BYTES = 16
 BLOCKED_REDUCTIONS = (ast.Reduction.SUM, ast.Reduction.PROD)
 """Reductions kept in a block; min and max keep their scalar accumulator, which also
@@ -58,12 +66,13 @@ def register_block(
         return node
     parallel, reductions, sizes = plan
     node = permute_band(node, parallel + reductions)
-    tiles = tuple(sizes.get(k, 1) for k in parallel) + (1,) * len(reductions)
+    order = parallel + reductions
+    tiles = tuple(sizes.get(k, 1) for k in order)
     node = tile_band(node, tiles).band_split(len(parallel))
-    name = f"{REGISTER_MARK}:{'x'.join(str(sizes[k]) for k in parallel if k in sizes)}"
+    name = f"{REGISTER_MARK}:{'x'.join(str(sizes[k]) for k in order if k in sizes)}"
     point = insert_mark(node.child(0), name).child(0)
-    blocked = [i for i, k in enumerate(parallel) if k in sizes]
-    rest = [i for i in range(len(parallel) + len(reductions)) if i not in blocked]
+    blocked = [i for i, k in enumerate(order) if k in sizes]  # the lanes last
+    rest = [i for i in range(len(order)) if i not in blocked]
     point = permute_band(point, rest + blocked)
     return point.parent().parent().parent()
 
@@ -89,7 +98,7 @@ def _plan(
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     parallel = [k for k in range(n) if coincident[k]]
     reductions = [k for k in range(n) if not coincident[k]]
-    if not coincident[-1] or not reductions:
+    if not parallel or not reductions:
         return None
     variables = []
     for k in range(n):
@@ -97,25 +106,36 @@ def _plan(
         if position is None and member_extent(node, k) != 1:
             return None  # a member that combines indices (skewed)
         variables.append("" if position is None else stmt.dims[position])  # "": constant
-    if not variables[parallel[-1]]:
+    lanes = max(1, vector_bytes // scop.cdef.tensor(source.tensor).scalar.dtype.itemsize)
+    # the vector loop: the innermost member, parallel, or a reduction that reads every
+    # operand with unit stride (its lanes then hold partial results)
+    inner = n - 1
+    if not variables[inner] or (not coincident[inner] and worst_stride(node, inner, scop) < 2):
         return None
     if options.register_tile:
         asked = dict(zip(reversed(parallel), reversed(options.register_tile), strict=False))
     else:
-        lanes = max(1, vector_bytes // scop.cdef.tensor(source.tensor).scalar.dtype.itemsize)
-        asked = _automatic(parallel, variables, source.rhs, VECTORS * lanes)
+        asked = _automatic(parallel, variables, source.rhs, inner, VECTORS * lanes)
+    if not coincident[inner] and asked:
+        asked[inner] = lanes
     sizes = {}
     for k, size in asked.items():
         extent = member_extent(node, k)
         size = size if extent is None else min(size, extent)
         if size > 1:
             sizes[k] = size
+    if not coincident[inner] and (inner not in sizes or len(sizes) < 2):
+        return None
     return (parallel, reductions, sizes) if sizes else None
 
 
 def _automatic(
-    parallel: list[int], variables: list[str], rhs: ast.Expr, vector: int
+    parallel: list[int], variables: list[str], rhs: ast.Expr, inner: int, vector: int
 ) -> dict[int, int]:
+    """Block sizes when the options give none: with a parallel vector loop, `vector`
+    on it and ROWS on the member whose rows share the most operands; with a reduction
+    vector loop (its lanes are sized by the caller), ROWS and COLUMNS on the two
+    parallel members whose blocks share the most operands."""
     accesses = [
         {i.name for a in node.args for i in ast.walk(a) if isinstance(i, ast.Index)}
         for node in ast.walk(rhs)
@@ -124,16 +144,18 @@ def _automatic(
 
     def shared(k: int) -> int:
         """Operands read in the vector loop that the rows along member k share."""
-        inner = variables[parallel[-1]]
         if not variables[k]:
             return 0
-        return sum(inner in a and variables[k] not in a for a in accesses)
+        return sum(variables[inner] in a and variables[k] not in a for a in accesses)
 
-    sizes = {parallel[-1]: vector}
-    rows = max(reversed(parallel[:-1]), key=shared, default=None)
-    if rows is not None and shared(rows) > 0:
-        sizes[rows] = ROWS
-    return sizes
+    if inner in parallel:
+        sizes = {inner: vector}
+        rows = max(reversed(parallel[:-1]), key=shared, default=None)
+        if rows is not None and shared(rows) > 0:
+            sizes[rows] = ROWS
+        return sizes
+    ranked = sorted((k for k in parallel if shared(k) > 0), key=lambda k: (shared(k), k))
+    return dict(zip(reversed(ranked), (ROWS, COLUMNS), strict=False))
 
 
 def _reads(rhs: ast.Expr, tensor: str) -> bool:
