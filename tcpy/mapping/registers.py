@@ -133,7 +133,8 @@ def _automatic(
     parallel: list[int], variables: list[str], rhs: ast.Expr, inner: int, vector: int
 ) -> dict[int, int]:
     """Block sizes when the options give none: with a parallel vector loop, `vector`
-    on it and ROWS on the member whose rows share the most operands; with a reduction
+    on it and ROWS on the member whose rows share the most operands (no block when
+    no member's rows share one); with a reduction
     vector loop (its lanes are sized by the caller), ROWS and COLUMNS on the two
     parallel members whose blocks share the most operands."""
     accesses = [
@@ -149,11 +150,12 @@ def _automatic(
         return sum(variables[inner] in a and variables[k] not in a for a in accesses)
 
     if inner in parallel:
-        sizes = {inner: vector}
+        # a block of one row reuses nothing across its vectors: measured slower than
+        # the unblocked nest when the reduction strides (tensordot, convolutions)
         rows = max(reversed(parallel[:-1]), key=shared, default=None)
-        if rows is not None and shared(rows) > 0:
-            sizes[rows] = ROWS
-        return sizes
+        if rows is None or shared(rows) == 0:
+            return {}
+        return {inner: vector, rows: ROWS}
     ranked = sorted((k for k in parallel if shared(k) > 0), key=lambda k: (shared(k), k))
     return dict(zip(reversed(ranked), (ROWS, COLUMNS), strict=False))
 
