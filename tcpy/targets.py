@@ -159,7 +159,9 @@ class Cpu(Target):
     name = "cpu"
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
-        return MappingOptions.cpu()
+        from tcpy.mapping.cpu import cpu_defaults
+
+        return cpu_defaults(cdef)
 
     def device(self) -> str:
         from tcpy.runtime import cpu as runtime

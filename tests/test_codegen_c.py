@@ -105,3 +105,56 @@ def test_parametric_sizes_come_from_the_call() -> None:
     A = np.ones((5, 6), np.float32)
     B = np.ones((6, 7), np.float32)
     np.testing.assert_array_equal(engine.matmul(A, B, options=options), np.full((5, 7), 6.0))
+
+
+def test_invariant_reads_are_hoisted_out_of_innermost_loops() -> None:
+    source, sizes, options = GOLDENS["softmax"]  # fused: one loop over n, four over d
+    lines = [ln.strip() for ln in _lower(source, sizes, options).source.splitlines()]
+    (load,) = [k for k, ln in enumerate(lines) if ln.startswith("const float tc_h0 = ")]
+    assert "t_maxVal[" in lines[load]
+    assert lines[load + 1] == "#pragma omp simd" and lines[load + 2].startswith("for (")
+    assert "tc_h0" in lines[load + 3] and "t_maxVal" not in lines[load + 3]
+
+
+def test_a_read_of_a_tensor_the_loop_writes_stays_in_the_loop() -> None:
+    """T(i, 0) does not depend on j, but the j loop writes T: the read stays."""
+    source = "def f(float(N,M) A) -> (T, U) {\n T(i,j) = A(i,j) * 2.0\n U(i,j) = A(i,j) + T(i,0)\n}"
+    options = MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.MAX)
+    text = _lower(source, {"N": 4, "M": 8}, options).source
+    assert "tc_h" not in text
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    a = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for got, want in zip(engine.run("f", a, options=options), reference.run("f", a), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+PIPELINES = {
+    "softmax": (GOLDENS["softmax"][0], Fusion.MAX),
+    "layernorm": (
+        """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
+            mean(n) +=! X(n, d) / D
+            var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
+            O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
+        }""",
+        Fusion.MAX,
+    ),
+    "matmul": (GOLDENS["matmul"][0], Fusion.MIN),
+    "mlp": (
+        """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+            O(b, n) +=! I(b, k) * W(n, k)
+            O(b, n) = fmax(O(b, n) + bias(n), 0)
+        }""",
+        Fusion.MIN,
+    ),
+    "gelu": ("def gelu(float(N) X) -> (O) { O(n) = 0.5 * X(n) * (1.0 + tanh(X(n))) }", Fusion.MIN),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_cpu_target_fuses_pipelines_but_not_contractions(name: str) -> None:
+    source, fusion = PIPELINES[name]
+    engine = tcpy.ExecutionEngine("cpu")
+    (entry,) = engine.define(source)
+    assert engine.default_options(entry).outer_schedule_fusion is fusion

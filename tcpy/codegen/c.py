@@ -72,6 +72,7 @@ class _Printer:
         # isl's parameters already carry the C names of the sizes; CUDA adds the block
         # and thread parameters' spellings
         self.names: dict[str, str] = {}
+        self.locals = 0  # hoisted reads so far: tc_h0, tc_h1, ...
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -109,9 +110,50 @@ class _Printer:
         self.emit(depth, header)
         self.node(body, depth + 1, marks)
         self.emit(depth, "}")
+        innermost = not _contains_for(body)
+        hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
         unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
-        pragmas = self.pragmas(here, innermost=not _contains_for(body), unroll=unroll)
-        self.lines[start:start] = ["  " * depth + pragma for pragma in pragmas]
+        pragmas = self.pragmas(here, innermost=innermost, unroll=unroll)
+        indent = "  " * depth
+        self.lines[start:start] = [indent + line for line in (*hoisted, *pragmas)]
+
+    hoists = True  # the CUDA printer leaves its loops as they are
+
+    def hoist_invariant_reads(self, loop: _Header, start: int) -> list[str]:
+        """Replace, in the body of the innermost loop printed from line `start`, each
+        read of a tensor element that the loop does not change (its subscript does not
+        use the loop's index, and the body writes no element of that tensor) by a local
+        loaded before the loop; returns the locals' declarations. A fused nest reading
+        `maxVal[i]` beside the `expDist[i][j]` it computes then vectorises. The load is
+        guarded by the loop's first test, so a loop that runs no iteration reads
+        nothing it would not have read."""
+        if not self.hoists:
+            return []
+        body = self.lines[start + 1 : -1]
+        text = "\n".join(body)
+        written = set(re.findall(r"^\s*(t_\w+)\[", text, flags=re.M))
+        index = re.compile(rf"\b{loop.iterator}\b")
+        reads: dict[str, str] = {}
+        for match in re.finditer(r"\b(t_\w+)\[", text):
+            name = match.group(1)
+            end = _closing_bracket(text, match.end())
+            read = text[match.start() : end + 1]
+            if name in written or index.search(read) or read in reads:
+                continue
+            reads[read] = f"tc_h{self.locals}"
+            self.locals += 1
+        if not reads:
+            return []
+        types = {tensor_name(t.name): self.dialect.ctype(t.scalar) for t in self.scop.cdef.tensors}
+        first = index.sub(f"({loop.init})", loop.cond)
+        declarations = []
+        for read, local in reads.items():
+            ctype = types[read[: read.index("[")]]
+            declarations.append(f"const {ctype} {local} = ({first}) ? {read} : ({ctype})0;")
+        for k in range(start + 1, len(self.lines) - 1):
+            for read, local in reads.items():
+                self.lines[k] = self.lines[k].replace(read, local)
+        return declarations
 
     def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
         """The parts of the statement of a loop that only reduces into one element (the
@@ -348,6 +390,19 @@ class _Header:
 
 _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
 """How two partial results of a blocked reduction combine."""
+
+
+def _closing_bracket(text: str, position: int) -> int:
+    """The index of the `]` that closes the `[` just before `position`."""
+    depth = 1
+    for k in range(position, len(text)):
+        if text[k] == "[":
+            depth += 1
+        elif text[k] == "]":
+            depth -= 1
+            if depth == 0:
+                return k
+    raise InternalError("unbalanced brackets in generated code")
 
 
 def _offset(loop: _Header) -> str:

@@ -36,6 +36,8 @@ _AXES = ("x", "y", "z")
 
 @dataclass
 class _CudaPrinter(_Printer):
+    hoists = False
+
     def pragmas(self, marks: tuple[str, ...], innermost: bool, unroll: int) -> list[str]:
         if innermost and unroll > 1:
             return [f"#pragma unroll {unroll}"]

@@ -56,9 +56,10 @@ int tc_kernel(const int64_t *restrict tc_sizes,
       }
       t_maxVal[(int64_t)(c1)] = (tc_nan ? (float)NAN : tc_acc);
     }
+    const float tc_h0 = ((0) <= 39) ? t_maxVal[(int64_t)(c1)] : (float)0;
     #pragma omp simd
     for (int64_t c2 = 0; c2 <= 39; c2++) {
-      t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - t_maxVal[(int64_t)(c1)]));
+      t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
     }
     t_expSum[(int64_t)(c1)] = 0.0f;
     {
@@ -69,9 +70,10 @@ int tc_kernel(const int64_t *restrict tc_sizes,
       }
       t_expSum[(int64_t)(c1)] = tc_acc;
     }
+    const float tc_h1 = ((0) <= 39) ? t_expSum[(int64_t)(c1)] : (float)0;
     #pragma omp simd
     for (int64_t c2 = 0; c2 <= 39; c2++) {
-      t_O[((int64_t)(c1) * e_O_1 + (c2))] = (t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] / t_expSum[(int64_t)(c1)]);
+      t_O[((int64_t)(c1) * e_O_1 + (c2))] = (t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] / tc_h1);
     }
   }
   return tc_status_value;
