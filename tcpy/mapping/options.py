@@ -265,7 +265,9 @@ class MappingOptions:
     def cpu(cls) -> MappingOptions:
         """The CPU default: sizes fixed, one loop nest per statement (so a reduction's
         loops form one band), tile sizes chosen from the loop extents, the unit-stride
-        loop innermost and vectorised, the outermost parallel loop on OpenMP threads."""
+        loop innermost and vectorised, the outermost parallel loop on OpenMP threads.
+        The `cpu` target's defaults add `Max` fusion for pipelines without a
+        contraction (`tcpy.mapping.cpu.cpu_defaults`)."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,
