@@ -14,7 +14,7 @@ import pytest
 import tcpy
 from tcpy.errors import TCMappingError
 from tcpy.genetic.space import build_space, repair
-from tcpy.mapping.options import MAX_REGISTER_BLOCK, MappingOptions
+from tcpy.mapping.options import MappingOptions
 
 CONTRACTIONS = {
     "matmul": (
@@ -177,4 +177,5 @@ def test_the_tuner_searches_register_blocks() -> None:
     genes = [g for g in space.genes if g.name == "register_tile"]
     assert len(genes) == 2 and 8 in genes[1].alleles and 0 in genes[1].alleles
     repaired = repair(MappingOptions.cpu(), {"register_tile": (64, 64)})
-    assert np.prod(repaired.register_tile) <= MAX_REGISTER_BLOCK
+    assert repaired.register_tile == (32, 32)  # the larger size halved until 1024 fit
+    assert repair(MappingOptions.cpu(), {"register_tile": (4, 8)}).register_tile == (4, 8)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tcpy
+from tcpy.codegen.c import unroll_factor
 from tcpy.errors import InternalError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
@@ -338,6 +339,17 @@ def f(int32(L) tmp, int32(L, R) C) -> (Z, B) {
         where kh in 0:L-1
 }
 """
+
+
+@pytest.mark.parametrize(
+    ("asked", "tokens", "factor"),
+    [(64, 100, 4), (64, 8, 64), (8, 8, 8), (6, 8, 4), (64, 256, 2), (64, 257, 1), (1, 1, 1)],
+)
+def test_unrolling_is_lowered_to_the_budget(asked: int, tokens: int, factor: int) -> None:
+    """The factor is the largest power of two up to the one asked for whose unrolled
+    body stays within UNROLL_BUDGET (512) tokens."""
+    body = [" ".join(["x"] * (tokens - 1)), ";"]  # `tokens` tokens over two lines
+    assert unroll_factor(asked, body) == factor
 
 
 def test_a_heavy_loop_body_is_not_unrolled_as_far_as_asked() -> None:

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcpy.errors import TCMappingError
-from tcpy.mapping.options import MAX_REGISTER_BLOCK, MappingOptions, Tuning, TuningKind
+from tcpy.mapping.options import (
+    MAX_REGISTER_BLOCK,
+    MappingOptions,
+    Tuning,
+    TuningKind,
+    block_elements,
+)
 from tcpy.parser.checked import CheckedDef
 
 MAX_TILE_MEMBERS = 8  # tile vectors longer than any loop nest are never needed
@@ -135,10 +141,9 @@ def repair(base: MappingOptions, fields: dict[str, Any]) -> MappingOptions:
             block[0] *= 2
         fields = {**fields, "map_to_threads": tuple(block)}
     registers = list(fields.get("register_tile", base.register_tile))
-    if _product([max(r, 1) for r in registers]) > MAX_REGISTER_BLOCK:
-        while _product([max(r, 1) for r in registers]) > MAX_REGISTER_BLOCK:
-            k = registers.index(max(registers))
-            registers[k] //= 2
+    if block_elements(registers) > MAX_REGISTER_BLOCK:
+        while block_elements(registers) > MAX_REGISTER_BLOCK:
+            registers[registers.index(max(registers))] //= 2
         fields = {**fields, "register_tile": tuple(registers)}
     try:
         return base.replace(**fields)

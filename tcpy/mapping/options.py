@@ -61,6 +61,14 @@ MAX_UNROLL = 1024
 rejects `#pragma GCC unroll` of 65535 or more)."""
 
 
+def block_elements(register_tile: tuple[int, ...] | list[int]) -> int:
+    """How many outputs a register block of these sizes holds (0 counts as 1)."""
+    n = 1
+    for size in register_tile:
+        n *= max(size, 1)
+    return n
+
+
 def _tuned(kind: TuningKind, targets: tuple[str, ...], *values: Any) -> dict[str, Tuning]:
     """The metadata of a searched field."""
     return {"tuning": Tuning(kind, targets, tuple(values))}
@@ -322,10 +330,7 @@ def _validate(o: MappingOptions) -> None:
             fail(f"{name} must be an integer, not {value!r}")
     if any(t < 0 for t in o.tile):
         fail(f"tile sizes must be 0 (untiled) or positive, not {o.tile}")
-    block = 1
-    for r in o.register_tile:
-        block *= max(r, 1)
-    if any(r < 0 for r in o.register_tile) or block > MAX_REGISTER_BLOCK:
+    if any(r < 0 for r in o.register_tile) or block_elements(o.register_tile) > MAX_REGISTER_BLOCK:
         fail(
             f"register_tile sizes must be 0 (unblocked) or positive, with at most "
             f"{MAX_REGISTER_BLOCK} elements in a block, not {o.register_tile}"

@@ -25,6 +25,7 @@ import numpy as np
 from tcpy import knobs
 from tcpy.codegen.c import CONSERVATIVE_MACRO, KERNEL_SYMBOL
 from tcpy.errors import TCCompileError, TCLaunchError, TCWarning
+from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES
 from tcpy.runtime import toolchain
 from tcpy.runtime.status import check_status
 
@@ -65,9 +66,6 @@ def device_identity() -> str:
     except OSError:
         pass
     return f"{model} {flags}".strip()
-
-
-DEFAULT_VECTOR_BYTES = 16
 
 
 @functools.cache
