@@ -152,6 +152,29 @@ PIPELINES = {
 }
 
 
+def test_a_guarded_read_stays_under_its_guard() -> None:
+    """Found by hypothesis: `I(.., h + kh - 1, ..)` is read only where the `?:` guard
+    holds; hoisted above the loop it was read at h + kh - 1 = -1, and the bounds check
+    reported an index out of range."""
+    source = """def conv(float(N, C, H, W) I, float(F, C, 3, 3) W1) -> (O) {
+        O(n, f, h, w) +=! (h + kh >= 1 && h + kh <= H && w + kw >= 1 && w + kw <= W)
+            ? I(n, c, h + kh - 1, w + kw - 1) * W1(f, c, kh, kw) : 0.0
+            where h in 0:H, w in 0:W, kh in 0:3, kw in 0:3
+    }"""
+    options = MappingOptions(
+        outer_schedule_fusion=Fusion.MIN, intra_tile_schedule_fusion=Fusion.MAX,
+        tile=(0, 2), parallel=False, vectorize=False, positive_orthant=False,
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    i = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    got = engine.run("conv", i, w, options=options)
+    np.testing.assert_allclose(got, reference.run("conv", i, w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_the_cpu_target_fuses_pipelines_but_not_contractions(name: str) -> None:
     source, fusion = PIPELINES[name]

@@ -126,7 +126,9 @@ class _Printer:
         loaded before the loop; returns the locals' declarations. A fused nest reading
         `maxVal[i]` beside the `expDist[i][j]` it computes then vectorises. The load is
         guarded by the loop's first test, so a loop that runs no iteration reads
-        nothing it would not have read."""
+        nothing it would not have read. A subscript that calls a function is left in
+        place: `tc_index` checks an access proven only under a condition (a `?:` guard,
+        a gather), which the loop may not evaluate."""
         if not self.hoists:
             return []
         body = self.lines[start + 1 : -1]
@@ -138,7 +140,7 @@ class _Printer:
             name = match.group(1)
             end = _closing_bracket(text, match.end())
             read = text[match.start() : end + 1]
-            if name in written or index.search(read) or read in reads:
+            if name in written or index.search(read) or _CALL.search(read) or read in reads:
                 continue
             reads[read] = f"tc_h{self.locals}"
             self.locals += 1
@@ -219,11 +221,11 @@ class _Printer:
             and all(written[reductions : len(body)])
             and len(block) + (lane is not None) == len(sizes)
             and (reductions > 0 or lane is not None)
-            and (lane is None or lane.inc == "1")
+            and all(h.inc == "1" for h in headers[reductions:])
         ):
             return False
         outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
-        if any(outer.search(f"{h.init} {h.cond}") or h.inc != "1" for h in block):
+        if any(outer.search(f"{h.init} {h.cond}") for h in block):
             return False
         parts = self.bodies.parts(source, values)
         index = "".join(_offset(h) for h in block)
@@ -390,6 +392,10 @@ class _Header:
 
 _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
 """How two partial results of a blocked reduction combine."""
+
+
+_CALL = re.compile(r"[A-Za-z_]\w*\s*\(")
+"""A function call in printed C (a cast such as `(int64_t)(c0)` is not one)."""
 
 
 def _closing_bracket(text: str, position: int) -> int:
