@@ -9,6 +9,9 @@
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
   (default `sm_90`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
+- `TCPY_NUM_THREADS`: the threads a `cpu` kernel runs on, read at each call (default:
+  `OMP_NUM_THREADS`'s first value, else the cores this process may run on);
+  `MappingOptions.threads` overrides both.
 - `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
   before tcpy stops it and falls back to a cheaper one (default 2; all of a compile's
   isl analyses stop after two and a half times that).
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from tcpy.errors import TCLaunchError
 
 
 def cache_dir() -> Path | None:
@@ -69,3 +74,27 @@ def isl_seconds() -> float:
     except ValueError:
         return 2.0
     return value if value > 0 else 2.0
+
+
+def cpu_threads(asked: int = 0) -> int:
+    """The threads a `cpu` kernel runs on at this call: `asked` (the options'
+    `threads`) when positive, else `TCPY_NUM_THREADS`, else the first value of
+    `OMP_NUM_THREADS`, else the cores this process may run on. A `TCPY_NUM_THREADS`
+    that is not a positive integer is an error; an `OMP_NUM_THREADS` that is not one is
+    skipped, as OpenMP skips it."""
+    if asked > 0:
+        return asked
+    value = os.environ.get("TCPY_NUM_THREADS", "").strip()
+    if value:
+        if not value.isdigit() or int(value) == 0:
+            raise TCLaunchError(
+                f"TCPY_NUM_THREADS={value!r}: the thread count must be a positive integer"
+            )
+        return int(value)
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first.isdigit() and int(first) > 0:
+        return int(first)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

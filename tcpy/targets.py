@@ -174,6 +174,9 @@ class Cpu(Target):
         from tcpy.pipeline import lower_to_c
         from tcpy.runtime import cpu as runtime
 
+        # the thread count is chosen at each call: no kernel is built for one
+        threads, options = options.threads, options.replace(threads=0)
+
         def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_c(cdef, binding.sizes, options)
             (directory / "kernel.c").write_text(lowered.source)
@@ -181,9 +184,10 @@ class Cpu(Target):
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> Kernel:
-            kernel = runtime.CpuKernel(directory / "kernel.so")
+            kernel = runtime.CpuKernel(directory / "kernel.so", threads)
             source = (directory / "kernel.c").read_text()
-            return HostKernel(cdef, source, kernel, *_read_record(directory))
+            built, written = _read_record(directory)
+            return HostKernel(cdef, source, kernel, built.replace(threads=threads), written)
 
         return _compiled(
             self.name, cdef, binding, options, session, build,

@@ -68,7 +68,8 @@ def test_statement_comments_and_pragmas() -> None:
     text = _lower(source, sizes, options).source
     assert "/* C(m,n) +=! A(m,k) * B(k,n) */" in text
     assert "/* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */" in text
-    assert "#pragma omp parallel for" in text
+    assert "#pragma omp parallel num_threads(tc_threads)" in text
+    assert "#pragma omp for nowait" in text
     assert "#pragma omp simd" in text
     for line in text.splitlines():
         if line.strip().startswith("for ("):

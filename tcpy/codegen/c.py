@@ -1,20 +1,25 @@
 """isl AST -> C with OpenMP: one method per AST node kind.
 
-The kernel is `int tc_kernel(const int64_t *sizes, void *const *buffers)`: sizes in
-the order of the definition's size symbols, buffers in the order inputs, outputs,
-temporaries; it returns 0, or a status code when the data made the computation
-undefined (an integer division by zero, an index out of range).
+The kernel is `int tc_kernel(const int64_t *sizes, void *const *buffers, int threads)`:
+sizes in the order of the definition's size symbols, buffers in the order inputs,
+outputs, temporaries, and the number of OpenMP threads to run on (chosen at each call,
+so no kernel is built for a thread count); it returns 0, or a status code when the data
+made the computation undefined (an integer division by zero, an index out of range).
 
 Marks in the schedule tree become pragmas on the loop the marked band generates (the
 mark `omp_parallel@3` belongs to the loop of schedule depth 3, which isl names `c3`,
 and to no loop if isl dropped that loop as a single iteration):
-`omp_parallel` -> `#pragma omp parallel for`, `omp_simd` -> `#pragma omp simd`; the
+`omp_parallel` -> `#pragma omp for`, `omp_simd` -> `#pragma omp simd`; the
 innermost loops get `#pragma GCC unroll` when the options ask for unrolling. A loop
 that only reduces into one element keeps its accumulator in a local (register
 promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
 allows. Under a `register_tile:RxV` mark (`tcpy.mapping.registers`) the block of
 outputs lives in a local array `tc_reg[R][V]` across the reduction loops. The TC
 statements computed by each top-level loop nest are printed as comments above it.
+
+A kernel with parallel loops runs its nests in one `#pragma omp parallel` region
+(`_Printer.region`): threads are started once per call, not once per nest, and wait
+for each other only where a nest needs what an earlier one wrote.
 """
 
 from __future__ import annotations
@@ -97,7 +102,11 @@ class _Printer:
         else:
             raise InternalError(f"unexpected isl AST node {kind}")
 
-    def for_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+    def for_(
+        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
+    ) -> None:
+        """A loop; with `shared` (its clauses), the worksharing loop of a nest inside the
+        kernel's parallel region (`#pragma omp for`), else a loop of its own."""
         loop = self.loop_header(node)
         iterator, header = loop.iterator, loop.text
         body = node.for_get_body()
@@ -113,7 +122,7 @@ class _Printer:
         innermost = not _contains_for(body)
         hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
         unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
-        pragmas = self.pragmas(here, innermost=innermost, unroll=unroll)
+        pragmas = self.pragmas(here, innermost=innermost, unroll=unroll, shared=shared)
         indent = "  " * depth
         self.lines[start:start] = [indent + line for line in (*hoisted, *pragmas)]
 
@@ -320,14 +329,20 @@ class _Printer:
         self.emit(depth + 1, f"{parts.target} = {parts.store(result)};")
         self.emit(depth, "}")
 
-    def pragmas(self, marks: tuple[str, ...], innermost: bool, unroll: int) -> list[str]:
+    def pragmas(
+        self, marks: tuple[str, ...], innermost: bool, unroll: int, shared: str | None = None
+    ) -> list[str]:
+        """A loop's pragmas: `omp for` with the clauses `shared` for the worksharing
+        loop of the kernel's parallel region; a parallel loop met anywhere else (never,
+        as mapped) opens a region of its own, which OpenMP runs on one thread when it is
+        nested."""
         out = []
         parallel, simd = PARALLEL_MARK in marks, SIMD_MARK in marks
-        threads = f" num_threads({self.options.threads})" if self.options.threads else ""
-        if parallel and simd:
-            out.append(f"#pragma omp parallel for simd{threads}")
+        work = f"for{' simd' if simd else ''}"
+        if parallel and shared is not None:
+            out.append(f"#pragma omp {work}{shared}")
         elif parallel:
-            out.append(f"#pragma omp parallel for{threads}")
+            out.append(f"#pragma omp parallel {work}")
         elif simd:
             out.append("#pragma omp simd")
         if innermost and unroll > 1 and not out:  # OpenMP loops take no other pragma
@@ -358,12 +373,100 @@ class _Printer:
 
     # --- the kernel -------------------------------------------------------------
     def top_level(self, depth: int) -> None:
-        root = self.ast.root
-        nests = list(ast_children(root)) if root.get_type() == isl.ast_node_type.block else [root]
-        for nest in nests:
+        for nest in self.nests():
             for comment in self.comments(nest):
                 self.emit(depth, comment)
             self.node(nest, depth)
+
+    def region(self, depth: int) -> None:
+        """The nests inside one `omp parallel` region of `tc_threads` threads (read at
+        call time): a nest's parallel loop is a worksharing loop, the loops around it
+        run in every thread (their bounds depend only on the sizes and on outer loops),
+        and code outside any parallel loop runs in one thread (`omp single`). Inside a
+        nest every construct ends at a barrier; between nests there is one only where
+        a nest touches a tensor that an earlier nest since the last barrier writes, or
+        writes one that it reads."""
+        self.emit(depth, "#pragma omp parallel num_threads(tc_threads)")
+        self.emit(depth, "{")
+        unordered: list[_Touches] = []
+        for nest in self.nests():
+            touches = self.touches(nest)
+            if any(touches.conflicts(t) for t in unordered):
+                self.emit(depth + 1, "#pragma omp barrier")
+                unordered = []
+            unordered.append(touches)
+            for comment in self.comments(nest):
+                self.emit(depth + 1, comment)
+            self.replicated(nest, depth + 1, (), " nowait")
+        self.emit(depth, "}")
+
+    def replicated(self, node: isl.AstNode, depth: int, marks: tuple[str, ...], end: str) -> None:
+        """`node`, run by every thread of the region: its parallel loop shared among
+        them, the rest of its code in one of them. `end` is the clause of the last
+        construct (`" nowait"` at the end of a nest, else nothing: a barrier)."""
+        kind = node.get_type()
+        if not self.has_parallel_loop(node, marks):
+            self.emit(depth, f"#pragma omp single{end}")
+            self.emit(depth, "{")
+            self.node(node, depth + 1, marks)
+            self.emit(depth, "}")
+        elif kind == _FOR:
+            iterator = isl_expr(node.for_get_iterator(), self.names)
+            if PARALLEL_MARK in _loop_marks(marks, iterator):
+                self.for_(node, depth, marks, shared=end)
+                return
+            self.emit(depth, self.loop_header(node).text)
+            self.replicated(node.for_get_body(), depth + 1, marks, "")
+            self.emit(depth, "}")
+        elif kind == isl.ast_node_type.block:
+            children = list(ast_children(node))
+            for k, child in enumerate(children):
+                self.replicated(child, depth, marks, end if k == len(children) - 1 else "")
+        elif kind == _IF:
+            self.emit(depth, f"if ({isl_expr(node.if_get_cond(), self.names, top=True)}) {{")
+            self.replicated(node.if_get_then_node(), depth + 1, marks, end)
+            if node.if_has_else_node():
+                self.emit(depth, "} else {")
+                self.replicated(node.if_get_else_node(), depth + 1, marks, end)
+            self.emit(depth, "}")
+        else:  # a mark (a register block with a parallel loop inside is not blocked)
+            name = node.mark_get_id().get_name()
+            self.replicated(node.mark_get_node(), depth, (*marks, name), end)
+
+    def has_parallel_loop(self, node: isl.AstNode, marks: tuple[str, ...]) -> bool:
+        """Whether `node` has a loop that the marks above it make parallel."""
+        kind = node.get_type()
+        if kind == _FOR:
+            iterator = isl_expr(node.for_get_iterator(), self.names)
+            return PARALLEL_MARK in _loop_marks(marks, iterator) or self.has_parallel_loop(
+                node.for_get_body(), marks
+            )
+        if kind == isl.ast_node_type.mark:
+            name = node.mark_get_id().get_name()
+            return self.has_parallel_loop(node.mark_get_node(), (*marks, name))
+        if kind == _IF:
+            branches = [node.if_get_then_node()]
+            if node.if_has_else_node():
+                branches.append(node.if_get_else_node())
+            return any(self.has_parallel_loop(b, marks) for b in branches)
+        if kind == isl.ast_node_type.block:
+            return any(self.has_parallel_loop(c, marks) for c in ast_children(node))
+        return False
+
+    def nests(self) -> list[isl.AstNode]:
+        root = self.ast.root
+        return list(ast_children(root)) if root.get_type() == isl.ast_node_type.block else [root]
+
+    def touches(self, nest: isl.AstNode) -> _Touches:
+        """The tensors the statements of `nest` read and write."""
+        reads: set[str] = set()
+        writes: set[str] = set()
+        for name in _user_statements(nest, self.ast):
+            source = self.scop.statement(name).source(self.scop.cdef)
+            writes.add(source.tensor)
+            reads.add(source.tensor)  # a reduction reads what it updates
+            reads.update(n.tensor for n in tc.walk(source.rhs) if isinstance(n, tc.Access))
+        return _Touches(frozenset(reads), frozenset(writes))
 
     def comments(self, nest: isl.AstNode) -> list[str]:
         seen: list[tuple[int, bool]] = []
@@ -388,6 +491,18 @@ class _Header:
     cond: str
     inc: str
     text: str
+
+
+@dataclass(frozen=True)
+class _Touches:
+    """The tensors a nest reads and writes."""
+
+    reads: frozenset[str]
+    writes: frozenset[str]
+
+    def conflicts(self, earlier: _Touches) -> bool:
+        """Whether this nest must wait for `earlier` to finish."""
+        return bool(earlier.writes & (self.reads | self.writes) or earlier.reads & self.writes)
 
 
 _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
@@ -511,7 +626,11 @@ def print_c(
             printer.emit(1, f"const int64_t {extent_name(name, d)} = {sym_expr(extent)};")
     printer.emit(1, "int tc_status_value = 0;")
     printer.emit(1, "int *tc_status = &tc_status_value;")
-    printer.top_level(1)
+    region = any(printer.has_parallel_loop(nest, ()) for nest in printer.nests())
+    if region:
+        printer.region(1)
+    else:
+        printer.top_level(1)
     printer.emit(1, "return tc_status_value;")
 
     header = [
@@ -525,11 +644,13 @@ def print_c(
         helper_source(printer.helpers),
         "",
         f"int {KERNEL_SYMBOL}(const int64_t *restrict tc_sizes,",
-        "              void *const *restrict tc_buffers) {",
+        "              void *const *restrict tc_buffers, int tc_threads) {",
     ]
     tail = ["}", ""]
-    unused = "  (void)tc_sizes;" if sizes is not None or not scop.params else None
-    return "\n".join([*header, *([unused] if unused else []), *body, *tail])
+    unused = [] if region else ["(void)tc_threads;"]
+    if sizes is not None or not scop.params:
+        unused.append("(void)tc_sizes;")
+    return "\n".join([*header, *(f"  {u}" for u in unused), *body, *tail])
 
 
 def _guarded(declarations: str) -> str:

@@ -38,7 +38,9 @@ _AXES = ("x", "y", "z")
 class _CudaPrinter(_Printer):
     hoists = False
 
-    def pragmas(self, marks: tuple[str, ...], innermost: bool, unroll: int) -> list[str]:
+    def pragmas(
+        self, marks: tuple[str, ...], innermost: bool, unroll: int, shared: str | None = None
+    ) -> list[str]:
         if innermost and unroll > 1:
             return [f"#pragma unroll {unroll}"]
         return []

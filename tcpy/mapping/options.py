@@ -167,7 +167,9 @@ class MappingOptions:
     )
     """Mark the innermost loop `omp simd` when its iterations are independent."""
     threads: int = 0
-    """OpenMP threads (0: OpenMP's default)."""
+    """The threads a `cpu` kernel runs on (0: chosen at each call, from
+    `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The
+    generated code does not depend on it: kernels differing only here are one build."""
 
     def __post_init__(self) -> None:
         _validate(self)

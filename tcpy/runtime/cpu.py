@@ -139,20 +139,24 @@ def _compile(
 
 
 class CpuKernel:
-    """A loaded kernel: call it with the sizes and the buffers in kernel order."""
+    """A loaded kernel: call it with the sizes and the buffers in kernel order; it runs
+    on `threads` threads, or as many as `knobs.cpu_threads` says at each call."""
 
-    def __init__(self, library_path: Path) -> None:
+    def __init__(self, library_path: Path, threads: int = 0) -> None:
         try:
             self._lib = ctypes.CDLL(os.fspath(library_path))
             fn = getattr(self._lib, KERNEL_SYMBOL)
         except (OSError, AttributeError) as e:
             raise TCLaunchError(f"cannot load the compiled kernel {library_path}: {e}") from None
-        fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p)]
+        fn.argtypes = [
+            ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+        ]  # fmt: skip
         fn.restype = ctypes.c_int
         self._fn = fn
         self.path = library_path
+        self.threads = threads
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
         c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
-        check_status(self._fn(c_sizes, c_buffers))
+        check_status(self._fn(c_sizes, c_buffers, knobs.cpu_threads(self.threads)))

@@ -11,7 +11,7 @@ static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 
 int tc_kernel(const int64_t *restrict tc_sizes,
-              void *const *restrict tc_buffers) {
+              void *const *restrict tc_buffers, int tc_threads) {
   (void)tc_sizes;
   const int64_t s_M = 64;
   const int64_t s_K = 48;
@@ -27,44 +27,48 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   const int64_t e_C_1 = s_N;
   int tc_status_value = 0;
   int *tc_status = &tc_status_value;
-  /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
-  #pragma omp parallel for
-  for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
-    for (int64_t c2 = 0; c2 <= 31; c2++) {
-      #pragma omp simd
-      for (int64_t c3 = 0; c3 <= 79; c3++) {
-        t_C[((int64_t)(c0 + c2) * e_C_1 + (c3))] = 0.0f;
+  #pragma omp parallel num_threads(tc_threads)
+  {
+    /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
+    #pragma omp for nowait
+    for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
+      for (int64_t c2 = 0; c2 <= 31; c2++) {
+        #pragma omp simd
+        for (int64_t c3 = 0; c3 <= 79; c3++) {
+          t_C[((int64_t)(c0 + c2) * e_C_1 + (c3))] = 0.0f;
+        }
       }
     }
-  }
-  /* C(m,n) +=! A(m,k) * B(k,n) */
-  #pragma omp parallel for
-  for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
-    for (int64_t c3 = 0; c3 <= 31; c3 += 4) {
-      for (int64_t c4 = 0; c4 <= 79; c4 += 16) {
-        {
-          float tc_reg[4][16];
-          #pragma GCC unroll 4
-          for (int64_t c7 = 0; c7 <= 3; c7++) {
-            #pragma omp simd
-            for (int64_t c8 = 0; c8 <= 15; c8++) {
-              tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
-            }
-          }
-          for (int64_t c5 = 0; c5 <= 47; c5++) {
+    #pragma omp barrier
+    /* C(m,n) +=! A(m,k) * B(k,n) */
+    #pragma omp for nowait
+    for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
+      for (int64_t c3 = 0; c3 <= 31; c3 += 4) {
+        for (int64_t c4 = 0; c4 <= 79; c4 += 16) {
+          {
+            float tc_reg[4][16];
             #pragma GCC unroll 4
             for (int64_t c7 = 0; c7 <= 3; c7++) {
               #pragma omp simd
               for (int64_t c8 = 0; c8 <= 15; c8++) {
-                tc_reg[c7][c8] = tc_reg[c7][c8] + (t_A[((int64_t)((c0 + c3) + c7) * e_A_1 + (c5))] * t_B[((int64_t)(c5) * e_B_1 + (c4 + c8))]);
+                tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
               }
             }
-          }
-          #pragma GCC unroll 4
-          for (int64_t c7 = 0; c7 <= 3; c7++) {
-            #pragma omp simd
-            for (int64_t c8 = 0; c8 <= 15; c8++) {
-              t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))] = tc_reg[c7][c8];
+            for (int64_t c5 = 0; c5 <= 47; c5++) {
+              #pragma GCC unroll 4
+              for (int64_t c7 = 0; c7 <= 3; c7++) {
+                #pragma omp simd
+                for (int64_t c8 = 0; c8 <= 15; c8++) {
+                  tc_reg[c7][c8] = tc_reg[c7][c8] + (t_A[((int64_t)((c0 + c3) + c7) * e_A_1 + (c5))] * t_B[((int64_t)(c5) * e_B_1 + (c4 + c8))]);
+                }
+              }
+            }
+            #pragma GCC unroll 4
+            for (int64_t c7 = 0; c7 <= 3; c7++) {
+              #pragma omp simd
+              for (int64_t c8 = 0; c8 <= 15; c8++) {
+                t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))] = tc_reg[c7][c8];
+              }
             }
           }
         }

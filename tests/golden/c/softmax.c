@@ -18,7 +18,7 @@ static inline float tc_max_float32(float a, float b) { return (a > b || a != a) 
 
 
 int tc_kernel(const int64_t *restrict tc_sizes,
-              void *const *restrict tc_buffers) {
+              void *const *restrict tc_buffers, int tc_threads) {
   (void)tc_sizes;
   const int64_t s_N = 16;
   const int64_t s_D = 40;
@@ -37,43 +37,46 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   const int64_t e_expSum_0 = s_N;
   int tc_status_value = 0;
   int *tc_status = &tc_status_value;
-  /* maxVal(n) max=! I(n, d)  [initialisation] */
-  /* maxVal(n) max=! I(n, d) */
-  /* expDist(n, d) = exp(I(n, d) - maxVal(n)) */
-  /* expSum(n) +=! expDist(n, d)  [initialisation] */
-  /* expSum(n) +=! expDist(n, d) */
-  /* O(n, d) = expDist(n, d) / expSum(n) */
-  #pragma omp parallel for
-  for (int64_t c1 = 0; c1 <= 15; c1++) {
-    t_maxVal[(int64_t)(c1)] = (-1.0f / 0.0f);
-    {
-      float tc_acc = t_maxVal[(int64_t)(c1)];
-      int tc_nan = tc_acc != tc_acc;
-      #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
-      for (int64_t c2 = 0; c2 <= 39; c2++) {
-        tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
-        tc_nan |= tc_acc != tc_acc;
+  #pragma omp parallel num_threads(tc_threads)
+  {
+    /* maxVal(n) max=! I(n, d)  [initialisation] */
+    /* maxVal(n) max=! I(n, d) */
+    /* expDist(n, d) = exp(I(n, d) - maxVal(n)) */
+    /* expSum(n) +=! expDist(n, d)  [initialisation] */
+    /* expSum(n) +=! expDist(n, d) */
+    /* O(n, d) = expDist(n, d) / expSum(n) */
+    #pragma omp for nowait
+    for (int64_t c1 = 0; c1 <= 15; c1++) {
+      t_maxVal[(int64_t)(c1)] = (-1.0f / 0.0f);
+      {
+        float tc_acc = t_maxVal[(int64_t)(c1)];
+        int tc_nan = tc_acc != tc_acc;
+        #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
+        for (int64_t c2 = 0; c2 <= 39; c2++) {
+          tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
+          tc_nan |= tc_acc != tc_acc;
+        }
+        t_maxVal[(int64_t)(c1)] = (tc_nan ? (float)NAN : tc_acc);
       }
-      t_maxVal[(int64_t)(c1)] = (tc_nan ? (float)NAN : tc_acc);
-    }
-    const float tc_h0 = ((0) <= 39) ? t_maxVal[(int64_t)(c1)] : (float)0;
-    #pragma omp simd
-    for (int64_t c2 = 0; c2 <= 39; c2++) {
-      t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
-    }
-    t_expSum[(int64_t)(c1)] = 0.0f;
-    {
-      float tc_acc = t_expSum[(int64_t)(c1)];
-      #pragma omp simd reduction(+:tc_acc)
+      const float tc_h0 = ((0) <= 39) ? t_maxVal[(int64_t)(c1)] : (float)0;
+      #pragma omp simd
       for (int64_t c2 = 0; c2 <= 39; c2++) {
-        tc_acc = tc_acc + t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))];
+        t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
       }
-      t_expSum[(int64_t)(c1)] = tc_acc;
-    }
-    const float tc_h1 = ((0) <= 39) ? t_expSum[(int64_t)(c1)] : (float)0;
-    #pragma omp simd
-    for (int64_t c2 = 0; c2 <= 39; c2++) {
-      t_O[((int64_t)(c1) * e_O_1 + (c2))] = (t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] / tc_h1);
+      t_expSum[(int64_t)(c1)] = 0.0f;
+      {
+        float tc_acc = t_expSum[(int64_t)(c1)];
+        #pragma omp simd reduction(+:tc_acc)
+        for (int64_t c2 = 0; c2 <= 39; c2++) {
+          tc_acc = tc_acc + t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))];
+        }
+        t_expSum[(int64_t)(c1)] = tc_acc;
+      }
+      const float tc_h1 = ((0) <= 39) ? t_expSum[(int64_t)(c1)] : (float)0;
+      #pragma omp simd
+      for (int64_t c2 = 0; c2 <= 39; c2++) {
+        t_O[((int64_t)(c1) * e_O_1 + (c2))] = (t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] / tc_h1);
+      }
     }
   }
   return tc_status_value;

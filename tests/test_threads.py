@@ -1,0 +1,129 @@
+"""The `cpu` target's threads: one OpenMP region per kernel, its size chosen at each
+call (`MappingOptions.threads`, else `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else
+the cores), never compiled in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy import knobs
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_c
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_thread_count_comes_from_the_options_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert knobs.cpu_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "5,2")  # one value per nesting level
+    assert knobs.cpu_threads() == 5
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")  # OpenMP ignores it too
+    assert knobs.cpu_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("TCPY_NUM_THREADS", "3")
+    assert knobs.cpu_threads() == 3
+    assert knobs.cpu_threads(7) == 7
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_thread_count_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def f(float(N) A) -> (B) { B(i) = A(i) + 1 }")
+    monkeypatch.setenv("TCPY_NUM_THREADS", value)
+    with pytest.raises(tcpy.TCLaunchError, match="TCPY_NUM_THREADS"):
+        engine.f(np.ones(64, np.float32))
+
+
+# Run in a fresh process: the threads OpenMP starts stay in its pool, and the test counts
+# the process's threads (libgomp grows the pool to the largest region it has run).
+_COUNT_THREADS = """
+import os
+import numpy as np
+import tcpy
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+engine = tcpy.ExecutionEngine("cpu")
+engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+a = np.ones((256, 256), np.float32)
+engine.mm(a, a)  # built, and run on the 2 threads of TCPY_NUM_THREADS
+base = threads()
+os.environ["TCPY_NUM_THREADS"] = "4"
+assert (engine.mm(a, a) == 256).all()
+grown = threads()
+assert (engine.mm(a, a, options=engine.compile("mm", a, a).options.replace(threads=6)) == 256).all()
+print(base, grown, threads(), engine.stats.compiles)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_the_thread_count_is_read_at_each_call_and_costs_no_build(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "TCPY_NUM_THREADS": "2", "TCPY_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_COUNT_THREADS)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    base, grown, last, compiles = (int(v) for v in done.stdout.split())
+    assert (grown - base, last - grown) == (2, 2)  # a pool of 2, then of 4, then of 6
+    assert compiles == 1
+
+
+def _source(text: str, entry: str, sizes: dict[str, int], options: MappingOptions) -> str:
+    cdef = check_source(text)[entry]
+    return lower_to_c(cdef, sizes, options).source
+
+
+def test_independent_nests_share_one_region_without_a_barrier() -> None:
+    text = "def f(float(N) A, float(N) B) -> (X, Y) { X(i) = A(i) * 2.0\n Y(i) = B(i) + 1.0 }"
+    source = _source(text, "f", {"N": 4096}, MappingOptions.cpu())
+    assert source.count("#pragma omp parallel") == 1
+    assert source.count("#pragma omp for") == 2
+    assert "#pragma omp barrier" not in source
+
+
+def test_a_nest_waits_for_the_nest_it_reads() -> None:
+    text = "def f(float(N) A) -> (X, Y) { X(i) = A(i) * 2.0\n Y(i) = X(N - 1 - i) + 1.0 }"
+    options = MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.MIN)
+    source = _source(text, "f", {"N": 4096}, options)
+    assert source.count("#pragma omp parallel") == 1
+    assert source.count("#pragma omp barrier") == 1
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(text)
+    a = np.random.default_rng(0).random(4096, dtype=np.float32)
+    x, y = engine.f(a, options=options)
+    np.testing.assert_array_equal(x, a * 2)
+    np.testing.assert_array_equal(y, (a * 2)[::-1] + 1)
+
+
+def test_code_outside_the_parallel_loops_runs_once() -> None:
+    """A reduction over the whole of a tensor has no parallel loop: it runs in one thread
+    of the region (`omp single`), after the nest it reads."""
+    text = "def f(float(N) A) -> (X, S) { X(i) = A(i) * 2.0\n S +=! X(i) }"
+    source = _source(text, "f", {"N": 4096}, MappingOptions.cpu())
+    assert "#pragma omp single" in source
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(text)
+    a = np.random.default_rng(1).random(4096, dtype=np.float32)
+    for threads in (1, 2, 5):
+        x, s = engine.f(a, options=MappingOptions.cpu().replace(threads=threads))
+        np.testing.assert_array_equal(x, a * 2)
+        np.testing.assert_allclose(s, 2 * a.sum(dtype=np.float64), rtol=1e-5)
+
+
+def test_a_kernel_without_parallel_loops_opens_no_region() -> None:
+    text = "def f(float(N) A) -> (X) { X(i) = A(i) * 2.0 }"
+    source = _source(text, "f", {"N": 64}, MappingOptions.cpu().replace(parallel=False))
+    assert "#pragma omp" not in source.replace("#pragma omp simd", "")
