@@ -10,8 +10,8 @@
   (default `sm_90`).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 - `TCPY_NUM_THREADS`: the threads a `cpu` kernel runs on, read at each call (default:
-  `OMP_NUM_THREADS`'s first value, else the cores this process may run on);
-  `MappingOptions.threads` overrides both.
+  `OMP_NUM_THREADS`'s first value, else the cores this process may run on that other
+  processes do not keep busy); `MappingOptions.threads` overrides both.
 - `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
   before tcpy stops it and falls back to a cheaper one (default 2; all of a compile's
   isl analyses stop after two and a half times that).
@@ -76,12 +76,13 @@ def isl_seconds() -> float:
     return value if value > 0 else 2.0
 
 
-def cpu_threads(asked: int = 0) -> int:
-    """The threads a `cpu` kernel runs on at this call: `asked` (the options'
-    `threads`) when positive, else `TCPY_NUM_THREADS`, else the first value of
-    `OMP_NUM_THREADS`, else the cores this process may run on. A `TCPY_NUM_THREADS`
-    that is not a positive integer is an error; an `OMP_NUM_THREADS` that is not one is
-    skipped, as OpenMP skips it."""
+def cpu_threads(asked: int = 0) -> int | None:
+    """The threads a `cpu` kernel runs on at this call when they are given: `asked`
+    (the options' `threads`) when positive, else `TCPY_NUM_THREADS`, else the first
+    value of `OMP_NUM_THREADS`; None when none is (the runtime then counts the cores
+    that are free, `tcpy.runtime.cpu.threads_now`). A `TCPY_NUM_THREADS` that is not a
+    positive integer is an error; an `OMP_NUM_THREADS` that is not one is skipped, as
+    OpenMP skips it."""
     if asked > 0:
         return asked
     value = os.environ.get("TCPY_NUM_THREADS", "").strip()
@@ -94,6 +95,11 @@ def cpu_threads(asked: int = 0) -> int:
     first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if first.isdigit() and int(first) > 0:
         return int(first)
+    return None
+
+
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -15,8 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # Compiled kernels of the test suite go to their own cache (reused by a second run of
 # the suite), never to the user's; tests of the cache itself use their own directories.
-# Every schedule transform is checked against the dependences while testing.
+# Every schedule transform is checked against the dependences while testing. Kernels
+# run on two threads even where the tests' own processes keep the cores busy (the
+# default would then be one), so that the parallel code is what is tested.
 os.environ.setdefault("TCPY_VERIFY", "1")
+os.environ.setdefault("TCPY_NUM_THREADS", "2")
 os.environ.setdefault("TCPY_POISON", "1")
 os.environ.setdefault(
     "TCPY_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"tcpy-test-cache-{os.getuid()}")

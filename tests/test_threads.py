@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tcpy import knobs
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
+from tcpy.runtime import cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,14 +28,66 @@ def test_the_thread_count_comes_from_the_options_then_the_environment(
 ) -> None:
     monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert knobs.cpu_threads() == len(os.sched_getaffinity(0))
+    assert knobs.cpu_threads() is None  # the runtime counts the free cores
     monkeypatch.setenv("OMP_NUM_THREADS", "5,2")  # one value per nesting level
     assert knobs.cpu_threads() == 5
     monkeypatch.setenv("OMP_NUM_THREADS", "many")  # OpenMP ignores it too
-    assert knobs.cpu_threads() == len(os.sched_getaffinity(0))
+    assert knobs.cpu_threads() is None
     monkeypatch.setenv("TCPY_NUM_THREADS", "3")
     assert knobs.cpu_threads() == 3
     assert knobs.cpu_threads(7) == 7
+    assert cpu.threads_now() == 3
+
+
+def test_without_a_count_kernels_leave_the_cores_other_processes_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(knobs, "cores", lambda: 4)
+    monkeypatch.setattr(cpu, "_LOAD", cpu.Load(interval=0))
+    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 1)
+    assert cpu.threads_now() == 3
+    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 9)
+    assert cpu.threads_now() == 3  # the least of the last three samples: 1, 9
+    cpu.threads_now()
+    assert cpu.threads_now() == 1  # 9, 9, 9: never fewer than one thread
+    assert cpu.threads_now(2) == 2  # the options' count is kept
+
+
+def test_the_load_is_sampled_at_most_once_an_interval() -> None:
+    load = cpu.Load(interval=0.05, samples=3)
+    taken: list[float] = []
+
+    def sample(value: int | None) -> Callable[[], int | None]:
+        def read() -> int | None:
+            taken.append(value or 0)
+            return value
+
+        return read
+
+    assert load.busy_elsewhere(0.0, sample(2)) == 2
+    assert load.busy_elsewhere(0.01, sample(5)) == 2  # too soon: not sampled
+    assert load.busy_elsewhere(0.06, sample(None)) == 2  # unknown: not counted
+    assert load.busy_elsewhere(0.12, sample(5)) == 2
+    assert load.busy_elsewhere(0.18, sample(4)) == 2
+    assert load.busy_elsewhere(0.24, sample(6)) == 4  # 2 is older than the last three
+    assert taken == [2, 0, 5, 4, 6]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="reads /proc")
+def test_a_busy_process_is_counted() -> None:
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nprint(flush=True)\nwhile True: pass"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert busy.stdout is not None
+        busy.stdout.readline()  # it runs
+        assert max(cpu.runnable_elsewhere() or 0 for _ in range(20)) >= 1
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])

@@ -16,8 +16,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 import warnings
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -159,4 +162,65 @@ class CpuKernel:
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
         c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
-        check_status(self._fn(c_sizes, c_buffers, knobs.cpu_threads(self.threads)))
+        check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads)))
+
+
+# --- how many threads -------------------------------------------------------------------
+
+
+def threads_now(asked: int = 0) -> int:
+    """The threads a kernel runs on at this call: those given (`knobs.cpu_threads`),
+    else the cores less those other processes keep busy. An OpenMP team waits at each
+    barrier for its slowest thread, and a thread that shares its core with a busy
+    process loses whole time slices there: measured on 2 cores beside one busy
+    process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
+    thread at most 2x slower."""
+    given = knobs.cpu_threads(asked)
+    if given is not None:
+        return given
+    return max(1, knobs.cores() - _LOAD.busy_elsewhere(time.monotonic(), runnable_elsewhere))
+
+
+class Load:
+    """The tasks other processes keep running, sampled at most every `interval`
+    seconds: the least of the last `samples` samples, so that a task that runs for an
+    instant does not take a core away from the kernels."""
+
+    def __init__(self, interval: float = 0.05, samples: int = 3) -> None:
+        self.interval = interval
+        self._samples: deque[int] = deque(maxlen=samples)
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+
+    def busy_elsewhere(self, now: float, sample: Callable[[], int | None]) -> int:
+        with self._lock:
+            if now - self._last >= self.interval:
+                self._last = now
+                value = sample()
+                if value is not None:
+                    self._samples.append(value)
+            return min(self._samples, default=0)
+
+
+_LOAD = Load()
+
+
+def runnable_elsewhere() -> int | None:
+    """The tasks of other processes running or waiting to run now: the kernel's count
+    of runnable tasks (`/proc/loadavg`) less this process's running threads (a thread
+    of this process's OpenMP teams that waits spins, and counts as running). None
+    where /proc does not say."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:  # the thread ended
+                continue
+            own += stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
+        return max(0, running - own)
+    except (OSError, ValueError, IndexError):
+        return None
