@@ -100,6 +100,11 @@ def signature_key(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple((np.shape(a), getattr(a, "dtype", type(a).__name__)) for a in args)
 
 
+def generic_signature_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What a size-generic kernel depends on: the rank and dtype of every input."""
+    return tuple((np.ndim(a), getattr(a, "dtype", type(a).__name__)) for a in args)
+
+
 def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
     if len(args) != len(cdef.inputs):
         names = ", ".join(t.name for t in cdef.inputs) or "none"

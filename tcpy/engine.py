@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tcpy import targets
-from tcpy.binding import Binding, bind, signature_key
+from tcpy.binding import Binding, bind, generic_signature_key, signature_key
 from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
 from tcpy.genetic.store import TunedStore, tuned_key
@@ -159,6 +159,7 @@ class ExecutionEngine:
                 known = self._resolved.get((entry, signature))
                 if known is not None:
                     self._session.stats.memory_hits += 1
+                    signature = _signature_of(known, binding)
                     return Compiled(cdef, known.options, known, signature), binding
                 tuned = self._tuned.get(self._tuned_key(cdef, binding))
                 resolved = self._compile(entry, inputs, tuned or self._target.default_options(cdef))
@@ -170,15 +171,19 @@ class ExecutionEngine:
                     f"{entry} is in GPU memory; use the cuda target or copy it to the host"
                 )
             key = (entry, signature, options.to_json())
+            # a size-generic kernel serves every shape of its inputs' ranks and dtypes
+            generic = (entry, generic_signature_key(binding.arrays), key[2])
             kernel = self._kernels.get(key)
+            if kernel is None and self._target.generic_kernels:
+                kernel = self._kernels.get(generic)
             if kernel is None:
                 kernel = self._target.prepare(cdef, binding, options, self._session)
-                self._kernels[key] = kernel
+                self._kernels[generic if kernel.generic else key] = kernel
             else:
                 self._session.stats.memory_hits += 1
         except TCError as e:
             raise e.with_source(cdef.source) from None
-        return Compiled(cdef, kernel.options, kernel, key[1]), binding
+        return Compiled(cdef, kernel.options, kernel, _signature_of(kernel, binding)), binding
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         defs = self.__dict__.get("_defs", {})
@@ -193,7 +198,9 @@ class ExecutionEngine:
 class Compiled:
     """A kernel for one signature: `.source` is the generated code, `.options` the
     mapping options it was built with (those asked for, as any fallback of the
-    compiler changed them); call it with inputs of that signature."""
+    compiler changed them); call it with inputs of that signature: the shapes and
+    dtypes it was compiled for, or, when `.generic`, any shapes of those ranks and
+    dtypes."""
 
     def __init__(self, cdef: CheckedDef, options: MappingOptions, kernel: Kernel, signature: Any):
         self.cdef = cdef
@@ -205,14 +212,21 @@ class Compiled:
     def source(self) -> str:
         return self._kernel.source
 
+    @property
+    def generic(self) -> bool:
+        """Whether the kernel reads the sizes at each call and serves every shape
+        (`fix_parameters_before_scheduling=False` on the cpu target)."""
+        return self._kernel.generic
+
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
             raise e.with_source(self.cdef.source) from None
-        if signature_key(binding.arrays) != self._signature:
+        if _signature_of(self._kernel, binding) != self._signature:
+            what = "ranks" if self._kernel.generic else "shapes"
             raise TCInputError(
-                f"this kernel of {self.cdef.name} was compiled for other input shapes or "
+                f"this kernel of {self.cdef.name} was compiled for other input {what} or "
                 "dtypes; compile it again (or call the engine) for these"
             )
         return self.run(binding)
@@ -224,6 +238,13 @@ class Compiled:
         except TCError as e:
             raise e.with_source(self.cdef.source) from None
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _signature_of(kernel: Kernel, binding: Binding) -> tuple[Any, ...]:
+    """What the inputs of a call must match to run `kernel`: their ranks and dtypes
+    for a size-generic kernel, else their shapes and dtypes."""
+    arrays = binding.arrays
+    return generic_signature_key(arrays) if kernel.generic else signature_key(arrays)
 
 
 def _signature(binding: Binding) -> list[list[Any]]:

@@ -46,6 +46,12 @@ class Kernel(Protocol):
         the compiler changed them."""
         ...
 
+    @property
+    def generic(self) -> bool:
+        """Whether the kernel serves every shape of its inputs' ranks and dtypes (the
+        sizes are read at each call), not only the shapes it was built for."""
+        ...
+
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]: ...
 
 
@@ -71,6 +77,7 @@ class ReferenceKernel:
     cdef: CheckedDef
     source: str
     options: MappingOptions
+    generic: bool = False
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         return interpreter.run(self.cdef, binding)
@@ -87,13 +94,15 @@ class HostKernel:
     (NaN, -1), so that an element the kernel failed to write shows. Outputs are new
     arrays on every call (they are the caller's); temporaries are allocated once per
     thread (calls may run in several threads at once) and kept while their shapes
-    hold."""
+    hold. A `generic` kernel reads the sizes at each call and serves every shape (see
+    `Target.generic_kernels`)."""
 
     cdef: CheckedDef
     source: str
     run: Callable[[list[int], list[np.ndarray]], None]
     options: MappingOptions
     written: frozenset[str] = frozenset()
+    generic: bool = False
     _scratch: threading.local = field(
         default_factory=threading.local, init=False, compare=False, repr=False
     )
@@ -132,6 +141,9 @@ class HostKernel:
 class Target(abc.ABC):
     name: str = ""
     accepts_device_arrays = False
+    generic_kernels = False
+    """Whether options with `fix_parameters_before_scheduling=False` give a kernel
+    that serves every shape of the same ranks and dtypes, reused across shapes."""
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions()
@@ -157,6 +169,7 @@ class Reference(Target):
 
 class Cpu(Target):
     name = "cpu"
+    generic_kernels = True
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         from tcpy.mapping.cpu import cpu_defaults
@@ -176,22 +189,30 @@ class Cpu(Target):
 
         # the thread count is chosen at each call: no kernel is built for one
         threads, options = options.threads, options.replace(threads=0)
+        generic = not options.fix_parameters_before_scheduling
 
         def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_c(cdef, binding.sizes, options)
             (directory / "kernel.c").write_text(lowered.source)
             runtime.build(directory / "kernel.c", directory / "kernel.so")
-            return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
+            record = _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
+            if generic and lowered.options.fix_parameters_before_scheduling:
+                record["cache"] = False  # fell back to these sizes: not for every shape
+            return record
 
         def load(directory: Path) -> Kernel:
             kernel = runtime.CpuKernel(directory / "kernel.so", threads)
             source = (directory / "kernel.c").read_text()
             built, written = _read_record(directory)
-            return HostKernel(cdef, source, kernel, built.replace(threads=threads), written)
+            return HostKernel(
+                cdef, source, kernel, built.replace(threads=threads), written,
+                generic=not built.fix_parameters_before_scheduling,
+            )  # fmt: skip
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
             device=runtime.device_identity(), toolchain=runtime.compiler_identity(), load=load,
+            generic=generic,
         )  # fmt: skip
 
 
@@ -281,13 +302,15 @@ def _compiled(
     device: str,
     toolchain: str,
     load: Callable[[Path], Loaded],
+    generic: bool = False,
 ) -> Loaded:
     """The kernel of this compilation, made by `load(directory)` from its cache entry:
     found on disk (an entry that does not load is rebuilt once), or built by
     `build(directory)` (which writes the kernel's files) and published; without a usable
     disk cache, or when `build` says its result must not be cached, built in a private
-    temporary directory that is removed once `load` has read it."""
-    signature = [(a.shape, a.dtype) for a in binding.arrays]
+    temporary directory that is removed once `load` has read it. A `generic` kernel is
+    keyed by its inputs' ranks and dtypes, not their shapes."""
+    signature = [(("*",) * a.ndim if generic else a.shape, a.dtype) for a in binding.arrays]
     key = cache_key(cdef, signature, options.to_json(), target, device, toolchain)
 
     def counted(directory: Path) -> dict[str, Any]:
@@ -324,6 +347,7 @@ class GpuKernels:
     functions: list[Any]
     launches: list[Launch]
     options: MappingOptions
+    generic: bool = False
 
     def __call__(self, binding: Binding) -> tuple[Any, ...]:
         from tcpy.binding import DeviceInput
@@ -444,6 +468,7 @@ class NoGpu:
 
     source: str
     options: MappingOptions
+    generic: bool = False
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         from tcpy.runtime import cuda as runtime

@@ -244,49 +244,69 @@ class _Printer:
         if lane is None:  # the last block loop is the vector loop
             here = _loop_marks(loops[-1][1], block[-1].iterator)
             unrolled[-1] = self.pragmas(here, innermost=True, unroll=1)
-        levels = [(p, h.text) for p, h in zip(unrolled, block, strict=True)]
 
-        def nest(base: int, levels: list[tuple[list[str], str]], statements: list[str]) -> None:
-            for k, (pragmas, text) in enumerate(levels):
-                for pragma in pragmas:
-                    self.emit(base + k, pragma)
-                self.emit(base + k, text)
-            for statement in statements:
-                self.emit(base + len(levels), statement)
-            for k in reversed(range(len(levels))):
-                self.emit(base + k, "}")
+        def emit_block(depth: int, block: list[_Header], lane: _Header | None) -> None:
+            levels = [(p, h.text) for p, h in zip(unrolled, block, strict=True)]
 
-        self.emit(depth, "{")
-        self.emit(depth + 1, f"{parts.compute} tc_reg{dims};")
-        if lane is None:
-            element = f"tc_reg{index}"
-            start, finish = (
-                [f"{element} = {parts.current};"],
-                [f"{parts.target} = {parts.store(element)};"],
-            )
-            inner = levels
+            def nest(base: int, levels: list[tuple[list[str], str]], statements: list[str]) -> None:
+                for k, (pragmas, text) in enumerate(levels):
+                    for pragma in pragmas:
+                        self.emit(base + k, pragma)
+                    self.emit(base + k, text)
+                for statement in statements:
+                    self.emit(base + len(levels), statement)
+                for k in reversed(range(len(levels))):
+                    self.emit(base + k, "}")
+
+            self.emit(depth, "{")
+            self.emit(depth + 1, f"{parts.compute} tc_reg{dims};")
+            if lane is None:
+                element = f"tc_reg{index}"
+                start, finish = (
+                    [f"{element} = {parts.current};"],
+                    [f"{parts.target} = {parts.store(element)};"],
+                )
+                inner = levels
+            else:
+                element = f"tc_reg{index}{_offset(lane)}"
+                lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
+                start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
+                finish = [
+                    f"{parts.compute} tc_sum = {parts.current};",
+                    lanes,
+                    f"  tc_sum = tc_sum {add} tc_reg{index}[tc_l];",
+                    "}",
+                    f"{parts.target} = {parts.store('tc_sum')};",
+                ]
+                inner = [*levels, (vector, lane.text)]
+            nest(depth + 1, levels, start)
+            for k, h in enumerate(headers[:reductions]):
+                for pragma in self.pragmas(_loop_marks(loops[k][1], h.iterator), False, 1):
+                    self.emit(depth + 1 + k, pragma)
+                self.emit(depth + 1 + k, h.text)
+            nest(depth + 1 + reductions, inner, [f"{element} = {parts.combine(element)};"])
+            for k in reversed(range(reductions)):
+                self.emit(depth + 1 + k, "}")
+            nest(depth + 1, levels, finish)
+            self.emit(depth, "}")
+
+        blocked = [*block, *([lane] if lane else [])]
+        full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
+        if lane is not None and full[-1] is not None and outer.search(full[-1][1]):
+            full[-1] = (lane, "")  # bounded by a reduction loop: tested where it runs
+        tests = [f[1] for f in full if f is not None and f[1]]
+        if tests and all(f is not None for f in full):
+            # a block inside the iteration domain (the common case) gets constant
+            # bounds, which the compiler unrolls with the block in registers; a partial
+            # block at an edge keeps the bounds isl gave (sizes read at each call)
+            headers_full = [f[0] for f in full if f is not None]
+            self.emit(depth, f"if ({' && '.join(tests)}) {{")
+            emit_block(depth + 1, headers_full[: len(block)], headers_full[-1] if lane else None)
+            self.emit(depth, "} else {")
+            emit_block(depth + 1, block, lane)
+            self.emit(depth, "}")
         else:
-            element = f"tc_reg{index}{_offset(lane)}"
-            lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
-            start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
-            finish = [
-                f"{parts.compute} tc_sum = {parts.current};",
-                lanes,
-                f"  tc_sum = tc_sum {add} tc_reg{index}[tc_l];",
-                "}",
-                f"{parts.target} = {parts.store('tc_sum')};",
-            ]
-            inner = [*levels, (vector, lane.text)]
-        nest(depth + 1, levels, start)
-        for k, h in enumerate(headers[:reductions]):
-            for pragma in self.pragmas(_loop_marks(loops[k][1], h.iterator), False, 1):
-                self.emit(depth + 1 + k, pragma)
-            self.emit(depth + 1 + k, h.text)
-        nest(depth + 1 + reductions, inner, [f"{element} = {parts.combine(element)};"])
-        for k in reversed(range(reductions)):
-            self.emit(depth + 1 + k, "}")
-        nest(depth + 1, levels, finish)
-        self.emit(depth, "}")
+            emit_block(depth, block, lane)
         return True
 
     def loop_header(self, node: isl.AstNode) -> _Header:
@@ -524,6 +544,23 @@ def _closing_bracket(text: str, position: int) -> int:
             if depth == 0:
                 return k
     raise InternalError("unbalanced brackets in generated code")
+
+
+def _full_tile(loop: _Header, size: int) -> tuple[_Header, str] | None:
+    """A block loop of `size` iterations with a constant bound, and the test under
+    which its iterations are all in the domain ("" when isl's bound is constant
+    already); None when its bound is of another form."""
+    if loop.init != "0":
+        return None
+    last = size - 1
+    if loop.cond == f"{loop.iterator} <= {last}":
+        return loop, ""
+    edge = re.fullmatch(rf"{loop.iterator} <= tc_min\({last}, (.+)\)", loop.cond)
+    if edge is None:
+        return None
+    cond = f"{loop.iterator} <= {last}"
+    full = _Header(loop.iterator, loop.init, cond, loop.inc, loop.text.replace(loop.cond, cond))
+    return full, f"{edge.group(1)} >= {last}"
 
 
 def _offset(loop: _Header) -> str:
