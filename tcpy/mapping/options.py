@@ -100,7 +100,11 @@ class MappingOptions:
         default=False, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
     )
     """Schedule (and generate code) for the call's sizes as constants rather than
-    for any size; the kernel is compiled per shape either way."""
+    for any size. With False, the `cpu` target builds one size-generic kernel that
+    reads the sizes at each call and serves every shape of the same input ranks and
+    dtypes (a new batch size costs no compile; `Compiled.generic`), unless isl's
+    parametric analysis fails and the build falls back to the call's sizes. The CUDA
+    targets compile per shape either way."""
 
     # --- tiling and unrolling ---------------------------------------------------------
     tile: tuple[int, ...] = dataclasses.field(
