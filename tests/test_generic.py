@@ -91,7 +91,8 @@ def test_one_generic_kernel_serves_every_shape(
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
 
 
-def test_fixed_sizes_compile_per_shape() -> None:
+def test_fixed_sizes_compile_per_shape(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))  # no kernel of an earlier run
     text, inputs = PROGRAMS["matmul"]
     engine = _engine("cpu", text)
     rng = np.random.default_rng(1)
@@ -105,10 +106,11 @@ def test_fixed_sizes_compile_per_shape() -> None:
 
 
 def test_a_kernel_that_fell_back_to_the_call_sizes_is_not_reused_for_others(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """When the parametric analysis cannot finish, the kernel is built for the call's
     sizes: it serves those shapes only, and is not kept on disk as a generic kernel."""
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     text, inputs = PROGRAMS["strided_conv"]
     monkeypatch.setenv("TCPY_ISL_SECONDS", "0.000001")
     engine = _engine("cpu", text)
