@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pytest
 import tcpy
 from tcpy.mapping.options import MappingOptions
 
+CORPUS = Path(__file__).parent / "corpus"
 GENERIC = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
 
 Inputs = Callable[[np.random.Generator, int], tuple[np.ndarray, ...]]
@@ -30,13 +32,8 @@ PROGRAMS: dict[str, tuple[str, Inputs]] = {
         "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
         lambda r, s: (_f32(r, 13 * s, 7 * s + 2), _f32(r, 7 * s + 2, 37 * s - 1)),
     ),
-    "softmax": (
-        """def f(float(N,D) I) -> (O, maxVal, expDist, expSum) {
-            maxVal(n) max=! I(n, d)
-            expDist(n, d) = exp(I(n, d) - maxVal(n))
-            expSum(n) +=! expDist(n, d)
-            O(n, d) = expDist(n, d) / expSum(n)
-        }""",
+    "softmax": (  # the corpus's: two temporaries, reductions and a broadcast
+        (CORPUS / "softmax.tc").read_text().replace("def softmax", "def f"),
         lambda r, s: (_f32(r, 5 * s, 301 * s),),
     ),
     "strided_conv": (

@@ -14,11 +14,12 @@ innermost loops get `#pragma GCC unroll` when the options ask for unrolling. A l
 that only reduces into one element keeps its accumulator in a local (register
 promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
 allows. Under a `register_tile:RxV` mark (`tcpy.mapping.registers`) the block of
-outputs lives in a local array `tc_reg[R][V]` across the reduction loops. The TC
+outputs lives in a local array `tc_reg[R][V]` across the reduction loops
+(`tcpy.codegen.register_block`). The TC
 statements computed by each top-level loop nest are printed as comments above it.
 
 A kernel with parallel loops runs its nests in one `#pragma omp parallel` region
-(`_Printer.region`): threads are started once per call, not once per nest, and wait
+(`tcpy.codegen.region`): threads are started once per call, not once per nest, and wait
 for each other only where a nest needs what an earlier one wrote.
 """
 
@@ -40,7 +41,20 @@ from tcpy.codegen.exprs import (
     isl_expr,
     sym_expr,
 )
+from tcpy.codegen.loops import (
+    FOR,
+    IF,
+    PARALLEL_MARK,
+    SIMD_MARK,
+    Header,
+    contains_for,
+    loop_marks,
+    register_sizes,
+    user_statements,
+)
 from tcpy.codegen.naming import extent_name, size_name, tensor_name
+from tcpy.codegen.region import has_parallel_loop, print_region
+from tcpy.codegen.register_block import print_register_block
 from tcpy.errors import InternalError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast as tc
@@ -50,17 +64,12 @@ from tcpy.poly.scop import Kind, Scop
 
 KERNEL_SYMBOL = "tc_kernel"
 CONSERVATIVE_MACRO = "TC_CONSERVATIVE"  # defined by a build that retries with safe flags
-_FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
-_IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
 _OPENMP_REDUCTION = {
     tc.Reduction.SUM: "+",
     tc.Reduction.PROD: "*",
     tc.Reduction.MIN: "min",
     tc.Reduction.MAX: "max",
 }
-PARALLEL_MARK = "omp_parallel"
-REGISTER_MARK = "register_tile"
-SIMD_MARK = "omp_simd"
 
 
 @dataclass
@@ -85,17 +94,18 @@ class _Printer:
     # --- nodes ------------------------------------------------------------------
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
         kind = node.get_type()
-        if kind == _FOR:
+        if kind == FOR:
             self.for_(node, depth, marks)
-        elif kind == _IF:
+        elif kind == IF:
             self.if_(node, depth, marks)
         elif kind == isl.ast_node_type.block:
             for child in ast_children(node):
                 self.node(child, depth, marks)
         elif kind == isl.ast_node_type.mark:
             name = node.mark_get_id().get_name()
-            block = _register_sizes(name)
-            if block is None or not self.register_block(node.mark_get_node(), depth, marks, block):
+            sizes = register_sizes(name)
+            inner = node.mark_get_node()
+            if sizes is None or not print_register_block(self, inner, depth, marks, sizes):
                 self.node(node.mark_get_node(), depth, (*marks, name))
         elif kind == isl.ast_node_type.user:
             self.user(node, depth)
@@ -110,7 +120,7 @@ class _Printer:
         loop = self.loop_header(node)
         iterator, header = loop.iterator, loop.text
         body = node.for_get_body()
-        here = _loop_marks(marks, iterator)
+        here = loop_marks(marks, iterator)
         accumulator = None if here else self.accumulator(body, iterator)
         if accumulator is not None:
             self.promoted(accumulator, header, depth)
@@ -119,7 +129,7 @@ class _Printer:
         self.emit(depth, header)
         self.node(body, depth + 1, marks)
         self.emit(depth, "}")
-        innermost = not _contains_for(body)
+        innermost = not contains_for(body)
         hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
         unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
         pragmas = self.pragmas(here, innermost=innermost, unroll=unroll, shared=shared)
@@ -128,7 +138,7 @@ class _Printer:
 
     hoists = True  # the CUDA printer leaves its loops as they are
 
-    def hoist_invariant_reads(self, loop: _Header, start: int) -> list[str]:
+    def hoist_invariant_reads(self, loop: Header, start: int) -> list[str]:
         """Replace, in the body of the innermost loop printed from line `start`, each
         read of a tensor element that the loop does not change (its subscript does not
         use the loop's index, and the body writes no element of that tensor) by a local
@@ -191,132 +201,14 @@ class _Printer:
             return None
         return source, self.index_values(user)
 
-    def register_block(
-        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
-    ) -> bool:
-        """Print a register-blocked reduction (`tcpy.mapping.registers`): the loops
-        under the mark are the reduction loops, then one loop per blocked member, then
-        (when the vector loop is a reduction) a lane loop, around one statement. The
-        block of outputs lives in a local array across the reduction loops: loaded
-        before them and stored after them, or, with lanes, a partial sum per lane
-        started at the identity and added into the output at the end (TC lets a
-        reduction be reassociated). Returns False, printing nothing, when the AST does
-        not have that shape."""
-        loops: list[tuple[isl.AstNode, tuple[str, ...]]] = []
-        while node.get_type() in (_FOR, isl.ast_node_type.mark):
-            if node.get_type() == _FOR:
-                loops.append((node, marks))
-                node = node.for_get_body()
-            else:
-                marks = (*marks, node.mark_get_id().get_name())
-                node = node.mark_get_node()
-        found = self.reduction_at(node)
-        if found is None:
-            return False
-        source, values = found
-        add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
-        if add is None:
-            return False
-        headers = [self.loop_header(loop) for loop, _ in loops]
-        iterators = [h.iterator for h in headers]
-        target = " ".join(values[v] for v in source.indices)
-        written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
-        lane = headers[-1] if any(written) and not written[-1] else None
-        body = headers[:-1] if lane else headers
-        reductions = written.index(True) if True in written else len(body)
-        block = body[reductions:]
-        if not (
-            block
-            and all(written[reductions : len(body)])
-            and len(block) + (lane is not None) == len(sizes)
-            and (reductions > 0 or lane is not None)
-            and all(h.inc == "1" for h in headers[reductions:])
-        ):
-            return False
-        outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
-        if any(outer.search(f"{h.init} {h.cond}") for h in block):
-            return False
-        parts = self.bodies.parts(source, values)
-        index = "".join(_offset(h) for h in block)
-        dims = "".join(f"[{size}]" for size in sizes)
-        vector = ["#pragma omp simd"] if self.options.vectorize else []
-        unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
-        if lane is None:  # the last block loop is the vector loop
-            here = _loop_marks(loops[-1][1], block[-1].iterator)
-            unrolled[-1] = self.pragmas(here, innermost=True, unroll=1)
-
-        def emit_block(depth: int, block: list[_Header], lane: _Header | None) -> None:
-            levels = [(p, h.text) for p, h in zip(unrolled, block, strict=True)]
-
-            def nest(base: int, levels: list[tuple[list[str], str]], statements: list[str]) -> None:
-                for k, (pragmas, text) in enumerate(levels):
-                    for pragma in pragmas:
-                        self.emit(base + k, pragma)
-                    self.emit(base + k, text)
-                for statement in statements:
-                    self.emit(base + len(levels), statement)
-                for k in reversed(range(len(levels))):
-                    self.emit(base + k, "}")
-
-            self.emit(depth, "{")
-            self.emit(depth + 1, f"{parts.compute} tc_reg{dims};")
-            if lane is None:
-                element = f"tc_reg{index}"
-                start, finish = (
-                    [f"{element} = {parts.current};"],
-                    [f"{parts.target} = {parts.store(element)};"],
-                )
-                inner = levels
-            else:
-                element = f"tc_reg{index}{_offset(lane)}"
-                lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
-                start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
-                finish = [
-                    f"{parts.compute} tc_sum = {parts.current};",
-                    lanes,
-                    f"  tc_sum = tc_sum {add} tc_reg{index}[tc_l];",
-                    "}",
-                    f"{parts.target} = {parts.store('tc_sum')};",
-                ]
-                inner = [*levels, (vector, lane.text)]
-            nest(depth + 1, levels, start)
-            for k, h in enumerate(headers[:reductions]):
-                for pragma in self.pragmas(_loop_marks(loops[k][1], h.iterator), False, 1):
-                    self.emit(depth + 1 + k, pragma)
-                self.emit(depth + 1 + k, h.text)
-            nest(depth + 1 + reductions, inner, [f"{element} = {parts.combine(element)};"])
-            for k in reversed(range(reductions)):
-                self.emit(depth + 1 + k, "}")
-            nest(depth + 1, levels, finish)
-            self.emit(depth, "}")
-
-        blocked = [*block, *([lane] if lane else [])]
-        full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
-        if lane is not None and full[-1] is not None and outer.search(full[-1][1]):
-            full[-1] = (lane, "")  # bounded by a reduction loop: tested where it runs
-        tests = [f[1] for f in full if f is not None and f[1]]
-        if tests and all(f is not None for f in full):
-            # a block inside the iteration domain (the common case) gets constant
-            # bounds, which the compiler unrolls with the block in registers; a partial
-            # block at an edge keeps the bounds isl gave (sizes read at each call)
-            headers_full = [f[0] for f in full if f is not None]
-            self.emit(depth, f"if ({' && '.join(tests)}) {{")
-            emit_block(depth + 1, headers_full[: len(block)], headers_full[-1] if lane else None)
-            self.emit(depth, "} else {")
-            emit_block(depth + 1, block, lane)
-            self.emit(depth, "}")
-        else:
-            emit_block(depth, block, lane)
-        return True
-
-    def loop_header(self, node: isl.AstNode) -> _Header:
+    def loop_header(self, node: isl.AstNode) -> Header:
         iterator = isl_expr(node.for_get_iterator(), self.names)
         init = isl_expr(node.for_get_init(), self.names, top=True)
         cond = isl_expr(node.for_get_cond(), self.names, top=True)
         inc = isl_expr(node.for_get_inc(), self.names, top=True)
         step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
         text = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
-        return _Header(iterator, init, cond, inc, text)
+        return Header(iterator, init, cond, inc, text)
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         """Pragmas of a loop whose accumulator lives in a register (vectorised as a
@@ -398,99 +290,13 @@ class _Printer:
                 self.emit(depth, comment)
             self.node(nest, depth)
 
-    def region(self, depth: int) -> None:
-        """The nests inside one `omp parallel` region of `tc_threads` threads (read at
-        call time): a nest's parallel loop is a worksharing loop, the loops around it
-        run in every thread (their bounds depend only on the sizes and on outer loops),
-        and code outside any parallel loop runs in one thread (`omp single`). Inside a
-        nest every construct ends at a barrier; between nests there is one only where
-        a nest touches a tensor that an earlier nest since the last barrier writes, or
-        writes one that it reads."""
-        self.emit(depth, "#pragma omp parallel num_threads(tc_threads)")
-        self.emit(depth, "{")
-        unordered: list[_Touches] = []
-        for nest in self.nests():
-            touches = self.touches(nest)
-            if any(touches.conflicts(t) for t in unordered):
-                self.emit(depth + 1, "#pragma omp barrier")
-                unordered = []
-            unordered.append(touches)
-            for comment in self.comments(nest):
-                self.emit(depth + 1, comment)
-            self.replicated(nest, depth + 1, (), " nowait")
-        self.emit(depth, "}")
-
-    def replicated(self, node: isl.AstNode, depth: int, marks: tuple[str, ...], end: str) -> None:
-        """`node`, run by every thread of the region: its parallel loop shared among
-        them, the rest of its code in one of them. `end` is the clause of the last
-        construct (`" nowait"` at the end of a nest, else nothing: a barrier)."""
-        kind = node.get_type()
-        if not self.has_parallel_loop(node, marks):
-            self.emit(depth, f"#pragma omp single{end}")
-            self.emit(depth, "{")
-            self.node(node, depth + 1, marks)
-            self.emit(depth, "}")
-        elif kind == _FOR:
-            iterator = isl_expr(node.for_get_iterator(), self.names)
-            if PARALLEL_MARK in _loop_marks(marks, iterator):
-                self.for_(node, depth, marks, shared=end)
-                return
-            self.emit(depth, self.loop_header(node).text)
-            self.replicated(node.for_get_body(), depth + 1, marks, "")
-            self.emit(depth, "}")
-        elif kind == isl.ast_node_type.block:
-            children = list(ast_children(node))
-            for k, child in enumerate(children):
-                self.replicated(child, depth, marks, end if k == len(children) - 1 else "")
-        elif kind == _IF:
-            self.emit(depth, f"if ({isl_expr(node.if_get_cond(), self.names, top=True)}) {{")
-            self.replicated(node.if_get_then_node(), depth + 1, marks, end)
-            if node.if_has_else_node():
-                self.emit(depth, "} else {")
-                self.replicated(node.if_get_else_node(), depth + 1, marks, end)
-            self.emit(depth, "}")
-        else:  # a mark (a register block with a parallel loop inside is not blocked)
-            name = node.mark_get_id().get_name()
-            self.replicated(node.mark_get_node(), depth, (*marks, name), end)
-
-    def has_parallel_loop(self, node: isl.AstNode, marks: tuple[str, ...]) -> bool:
-        """Whether `node` has a loop that the marks above it make parallel."""
-        kind = node.get_type()
-        if kind == _FOR:
-            iterator = isl_expr(node.for_get_iterator(), self.names)
-            return PARALLEL_MARK in _loop_marks(marks, iterator) or self.has_parallel_loop(
-                node.for_get_body(), marks
-            )
-        if kind == isl.ast_node_type.mark:
-            name = node.mark_get_id().get_name()
-            return self.has_parallel_loop(node.mark_get_node(), (*marks, name))
-        if kind == _IF:
-            branches = [node.if_get_then_node()]
-            if node.if_has_else_node():
-                branches.append(node.if_get_else_node())
-            return any(self.has_parallel_loop(b, marks) for b in branches)
-        if kind == isl.ast_node_type.block:
-            return any(self.has_parallel_loop(c, marks) for c in ast_children(node))
-        return False
-
     def nests(self) -> list[isl.AstNode]:
         root = self.ast.root
         return list(ast_children(root)) if root.get_type() == isl.ast_node_type.block else [root]
 
-    def touches(self, nest: isl.AstNode) -> _Touches:
-        """The tensors the statements of `nest` read and write."""
-        reads: set[str] = set()
-        writes: set[str] = set()
-        for name in _user_statements(nest, self.ast):
-            source = self.scop.statement(name).source(self.scop.cdef)
-            writes.add(source.tensor)
-            reads.add(source.tensor)  # a reduction reads what it updates
-            reads.update(n.tensor for n in tc.walk(source.rhs) if isinstance(n, tc.Access))
-        return _Touches(frozenset(reads), frozenset(writes))
-
     def comments(self, nest: isl.AstNode) -> list[str]:
         seen: list[tuple[int, bool]] = []
-        for name in _user_statements(nest, self.ast):
+        for name in user_statements(nest, self.ast):
             stmt = self.scop.statement(name)
             key = (stmt.index, stmt.kind is Kind.INIT)
             if key not in seen:
@@ -500,33 +306,6 @@ class _Printer:
             text = self.scop.cdef.statements[index].text.replace("*/", "* /")
             out.append(f"/* {text}{'  [initialisation]' if init else ''} */")
         return out
-
-
-@dataclass(frozen=True)
-class _Header:
-    """A printed `for` loop: its parts and its header line."""
-
-    iterator: str
-    init: str
-    cond: str
-    inc: str
-    text: str
-
-
-@dataclass(frozen=True)
-class _Touches:
-    """The tensors a nest reads and writes."""
-
-    reads: frozenset[str]
-    writes: frozenset[str]
-
-    def conflicts(self, earlier: _Touches) -> bool:
-        """Whether this nest must wait for `earlier` to finish."""
-        return bool(earlier.writes & (self.reads | self.writes) or earlier.reads & self.writes)
-
-
-_BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
-"""How two partial results of a blocked reduction combine."""
 
 
 _CALL = re.compile(r"[A-Za-z_]\w*\s*\(")
@@ -546,41 +325,6 @@ def _closing_bracket(text: str, position: int) -> int:
     raise InternalError("unbalanced brackets in generated code")
 
 
-def _full_tile(loop: _Header, size: int) -> tuple[_Header, str] | None:
-    """A block loop of `size` iterations with a constant bound, and the test under
-    which its iterations are all in the domain ("" when isl's bound is constant
-    already); None when its bound is of another form."""
-    if loop.init != "0":
-        return None
-    last = size - 1
-    if loop.cond == f"{loop.iterator} <= {last}":
-        return loop, ""
-    edge = re.fullmatch(rf"{loop.iterator} <= tc_min\({last}, (.+)\)", loop.cond)
-    if edge is None:
-        return None
-    cond = f"{loop.iterator} <= {last}"
-    full = _Header(loop.iterator, loop.init, cond, loop.inc, loop.text.replace(loop.cond, cond))
-    return full, f"{edge.group(1)} >= {last}"
-
-
-def _offset(loop: _Header) -> str:
-    """A loop's position in a block array: its iterator less its start."""
-    return f"[{loop.iterator}]" if loop.init == "0" else f"[{loop.iterator} - ({loop.init})]"
-
-
-def _loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:
-    """The marks that belong to the loop of `iterator` (`omp_simd@3` to `c3`)."""
-    return tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
-
-
-def _register_sizes(mark: str) -> list[int] | None:
-    """The block sizes a register-block mark carries (`register_tile:4x16`)."""
-    name, _, sizes = mark.partition(":")
-    if name != REGISTER_MARK or not sizes:
-        return None
-    return [int(s) for s in sizes.split("x")]
-
-
 UNROLL_BUDGET = 512  # tokens of C an unrolled loop body may grow to
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|[^\s\w]")
 
@@ -595,39 +339,6 @@ def unroll_factor(asked: int, body: list[str]) -> int:
     while factor * 2 <= asked and factor * 2 * size <= UNROLL_BUDGET:
         factor *= 2
     return factor
-
-
-def _contains_for(node: isl.AstNode) -> bool:
-    kind = node.get_type()
-    if kind == _FOR:
-        return True
-    if kind == isl.ast_node_type.block:
-        return any(_contains_for(c) for c in ast_children(node))
-    if kind == _IF:
-        return _contains_for(node.if_get_then_node()) or (
-            node.if_has_else_node() and _contains_for(node.if_get_else_node())
-        )
-    if kind == isl.ast_node_type.mark:
-        return _contains_for(node.mark_get_node())
-    return False
-
-
-def _user_statements(node: isl.AstNode, ast: Ast) -> list[str]:
-    kind = node.get_type()
-    if kind == isl.ast_node_type.user:
-        return [ast.user(node).statement]
-    if kind == _FOR:
-        return _user_statements(node.for_get_body(), ast)
-    if kind == isl.ast_node_type.block:
-        return [s for c in ast_children(node) for s in _user_statements(c, ast)]
-    if kind == _IF:
-        out = _user_statements(node.if_get_then_node(), ast)
-        if node.if_has_else_node():
-            out += _user_statements(node.if_get_else_node(), ast)
-        return out
-    if kind == isl.ast_node_type.mark:
-        return _user_statements(node.mark_get_node(), ast)
-    return []
 
 
 def buffer_order(scop: Scop) -> list[str]:
@@ -663,9 +374,9 @@ def print_c(
             printer.emit(1, f"const int64_t {extent_name(name, d)} = {sym_expr(extent)};")
     printer.emit(1, "int tc_status_value = 0;")
     printer.emit(1, "int *tc_status = &tc_status_value;")
-    region = any(printer.has_parallel_loop(nest, ()) for nest in printer.nests())
+    region = any(has_parallel_loop(printer, nest, ()) for nest in printer.nests())
     if region:
-        printer.region(1)
+        print_region(printer, 1)
     else:
         printer.top_level(1)
     printer.emit(1, "return tc_status_value;")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.c import PARALLEL_MARK, SIMD_MARK
+from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK
 from tcpy.mapping.locality import is_reduction_member, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.c import REGISTER_MARK
+from tcpy.codegen.loops import REGISTER_MARK
 from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast

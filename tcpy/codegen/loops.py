@@ -1,0 +1,74 @@
+"""What the printers share about isl's loops: node kinds, the marks the mappings
+leave on loops, and a printed loop's header."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.codegen.ast_build import Ast
+from tcpy.poly.isl_helpers import ast_children
+
+FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
+IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
+PARALLEL_MARK = "omp_parallel"
+REGISTER_MARK = "register_tile"
+SIMD_MARK = "omp_simd"
+
+
+@dataclass(frozen=True)
+class Header:
+    """A printed `for` loop: its parts and its header line."""
+
+    iterator: str
+    init: str
+    cond: str
+    inc: str
+    text: str
+
+
+def loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:
+    """The marks that belong to the loop of `iterator` (`omp_simd@3` to `c3`)."""
+    return tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
+
+
+def register_sizes(mark: str) -> list[int] | None:
+    """The block sizes a register-block mark carries (`register_tile:4x16`)."""
+    name, _, sizes = mark.partition(":")
+    if name != REGISTER_MARK or not sizes:
+        return None
+    return [int(s) for s in sizes.split("x")]
+
+
+def contains_for(node: isl.AstNode) -> bool:
+    kind = node.get_type()
+    if kind == FOR:
+        return True
+    if kind == isl.ast_node_type.block:
+        return any(contains_for(c) for c in ast_children(node))
+    if kind == IF:
+        return contains_for(node.if_get_then_node()) or (
+            node.if_has_else_node() and contains_for(node.if_get_else_node())
+        )
+    if kind == isl.ast_node_type.mark:
+        return contains_for(node.mark_get_node())
+    return False
+
+
+def user_statements(node: isl.AstNode, ast: Ast) -> list[str]:
+    kind = node.get_type()
+    if kind == isl.ast_node_type.user:
+        return [ast.user(node).statement]
+    if kind == FOR:
+        return user_statements(node.for_get_body(), ast)
+    if kind == isl.ast_node_type.block:
+        return [s for c in ast_children(node) for s in user_statements(c, ast)]
+    if kind == IF:
+        out = user_statements(node.if_get_then_node(), ast)
+        if node.if_has_else_node():
+            out += user_statements(node.if_get_else_node(), ast)
+        return out
+    if kind == isl.ast_node_type.mark:
+        return user_statements(node.mark_get_node(), ast)
+    return []

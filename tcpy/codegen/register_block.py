@@ -1,0 +1,182 @@
+"""Printing a register-blocked reduction (`tcpy.mapping.registers`): under a
+`register_tile:RxV` mark, the block of outputs lives in a local array `tc_reg[R][V]`
+across the reduction loops."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import islpy as isl
+
+from tcpy.codegen.exprs import StatementParts
+from tcpy.codegen.loops import FOR, Header, loop_marks
+from tcpy.parser import ast as tc
+
+if TYPE_CHECKING:
+    from tcpy.codegen.c import _Printer
+
+
+def print_register_block(
+    p: _Printer, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
+) -> bool:
+    """Print a register-blocked reduction (`tcpy.mapping.registers`): the loops
+    under the mark are the reduction loops, then one loop per blocked member, then
+    (when the vector loop is a reduction) a lane loop, around one statement. The
+    block of outputs lives in a local array across the reduction loops: loaded
+    before them and stored after them, or, with lanes, a partial sum per lane
+    started at the identity and added into the output at the end (TC lets a
+    reduction be reassociated). Returns False, printing nothing, when the AST does
+    not have that shape."""
+    loops: list[tuple[isl.AstNode, tuple[str, ...]]] = []
+    while node.get_type() in (FOR, isl.ast_node_type.mark):
+        if node.get_type() == FOR:
+            loops.append((node, marks))
+            node = node.for_get_body()
+        else:
+            marks = (*marks, node.mark_get_id().get_name())
+            node = node.mark_get_node()
+    found = p.reduction_at(node)
+    if found is None:
+        return False
+    source, values = found
+    add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
+    if add is None:
+        return False
+    headers = [p.loop_header(loop) for loop, _ in loops]
+    iterators = [h.iterator for h in headers]
+    target = " ".join(values[v] for v in source.indices)
+    written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
+    lane = headers[-1] if any(written) and not written[-1] else None
+    body = headers[:-1] if lane else headers
+    reductions = written.index(True) if True in written else len(body)
+    block = body[reductions:]
+    if not (
+        block
+        and all(written[reductions : len(body)])
+        and len(block) + (lane is not None) == len(sizes)
+        and (reductions > 0 or lane is not None)
+        and all(h.inc == "1" for h in headers[reductions:])
+    ):
+        return False
+    outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
+    if any(outer.search(f"{h.init} {h.cond}") for h in block):
+        return False
+    unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
+    if lane is None:  # the last block loop is the vector loop
+        here = loop_marks(loops[-1][1], block[-1].iterator)
+        unrolled[-1] = p.pragmas(here, innermost=True, unroll=1)
+    plan = _Plan(
+        parts=p.bodies.parts(source, values),
+        add=add,
+        sizes=sizes,
+        unrolled=unrolled,
+        vector=["#pragma omp simd"] if p.options.vectorize else [],
+        reductions=[
+            (p.pragmas(loop_marks(marks, h.iterator), False, 1), h.text)
+            for (_, marks), h in zip(loops, headers[:reductions], strict=False)
+        ],
+    )
+    blocked = [*block, *([lane] if lane else [])]
+    full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
+    if lane is not None and full[-1] is not None and outer.search(full[-1][1]):
+        full[-1] = (lane, "")  # bounded by a reduction loop: tested where it runs
+    tests = [f[1] for f in full if f is not None and f[1]]
+    if tests and all(f is not None for f in full):
+        # a block inside the iteration domain (the common case) gets constant
+        # bounds, which the compiler unrolls with the block in registers; a partial
+        # block at an edge keeps the bounds isl gave (sizes read at each call)
+        constant = [f[0] for f in full if f is not None]
+        p.emit(depth, f"if ({' && '.join(tests)}) {{")
+        _print_block(p, plan, depth + 1, constant[: len(block)], constant[-1] if lane else None)
+        p.emit(depth, "} else {")
+        _print_block(p, plan, depth + 1, block, lane)
+        p.emit(depth, "}")
+    else:
+        _print_block(p, plan, depth, block, lane)
+    return True
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a register block prints, whatever its loops' bounds."""
+
+    parts: StatementParts
+    add: str  # how two partial results combine
+    sizes: list[int]
+    unrolled: list[list[str]]  # the pragmas of each block loop
+    vector: list[str]  # the pragmas of the lane loop
+    reductions: list[tuple[list[str], str]]  # the reduction loops: pragmas, header
+
+
+def _print_block(
+    p: _Printer, plan: _Plan, depth: int, block: list[Header], lane: Header | None
+) -> None:
+    """The block of outputs loaded (or, with lanes, started at the identity), updated
+    across the reduction loops, and stored, with `block` and `lane` as its loops."""
+    parts, sizes = plan.parts, plan.sizes
+    levels = [(pragmas, h.text) for pragmas, h in zip(plan.unrolled, block, strict=True)]
+    index = "".join(_offset(h) for h in block)
+    p.emit(depth, "{")
+    p.emit(depth + 1, f"{parts.compute} tc_reg{''.join(f'[{n}]' for n in sizes)};")
+    if lane is None:
+        element = f"tc_reg{index}"
+        start = [f"{element} = {parts.current};"]
+        finish = [f"{parts.target} = {parts.store(element)};"]
+        inner = levels
+    else:
+        element = f"tc_reg{index}{_offset(lane)}"
+        lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
+        start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
+        finish = [
+            f"{parts.compute} tc_sum = {parts.current};",
+            lanes,
+            f"  tc_sum = tc_sum {plan.add} tc_reg{index}[tc_l];",
+            "}",
+            f"{parts.target} = {parts.store('tc_sum')};",
+        ]
+        inner = [*levels, (plan.vector, lane.text)]
+    _nest(p, depth + 1, levels, start)
+    update = [f"{element} = {parts.combine(element)};"]
+    _nest(p, depth + 1, [*plan.reductions, *inner], update)
+    _nest(p, depth + 1, levels, finish)
+    p.emit(depth, "}")
+
+
+def _nest(p: _Printer, depth: int, levels: list[tuple[list[str], str]], body: list[str]) -> None:
+    """Loops (their pragmas and headers, outermost first) around `body`."""
+    for k, (pragmas, header) in enumerate(levels):
+        for pragma in pragmas:
+            p.emit(depth + k, pragma)
+        p.emit(depth + k, header)
+    for line in body:
+        p.emit(depth + len(levels), line)
+    for k in reversed(range(len(levels))):
+        p.emit(depth + k, "}")
+
+
+_BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
+"""How two partial results of a blocked reduction combine."""
+
+
+def _full_tile(loop: Header, size: int) -> tuple[Header, str] | None:
+    """A block loop of `size` iterations with a constant bound, and the test under
+    which its iterations are all in the domain ("" when isl's bound is constant
+    already); None when its bound is of another form."""
+    if loop.init != "0":
+        return None
+    last = size - 1
+    if loop.cond == f"{loop.iterator} <= {last}":
+        return loop, ""
+    edge = re.fullmatch(rf"{loop.iterator} <= tc_min\({last}, (.+)\)", loop.cond)
+    if edge is None:
+        return None
+    cond = f"{loop.iterator} <= {last}"
+    full = Header(loop.iterator, loop.init, cond, loop.inc, loop.text.replace(loop.cond, cond))
+    return full, f"{edge.group(1)} >= {last}"
+
+
+def _offset(loop: Header) -> str:
+    """A loop's position in a block array: its iterator less its start."""
+    return f"[{loop.iterator}]" if loop.init == "0" else f"[{loop.iterator} - ({loop.init})]"
