@@ -53,6 +53,7 @@ options_strategy = st.builds(
     tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 7, 16, 32]), max_size=4).map(tuple),
     unroll=st.sampled_from([1, 2, 4, 8]),
     register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 8, 16]), max_size=2).map(tuple),
+    pack_operands=st.sampled_from([None, True, False]),
     parallel=st.booleans(),
     vectorize=st.booleans(),
     allow_skewing=st.booleans(),

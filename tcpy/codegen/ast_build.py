@@ -3,15 +3,19 @@
 isl's AST build calls back at each statement instance set; there the schedule is
 inverted to express every index of the statement (in the domain's order) as an
 expression of the loop iterators. The user node is annotated with an id whose name
-keys the recorded expressions.
+keys the recorded expressions. At a pack mark (`tcpy.mapping.promotion`), the box
+of each tensor it copies is computed over the loops outside the mark, its first
+element expressed in their iterators, and the mark node annotated with it likewise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
+from tcpy.codegen.loops import pack_tensors
+from tcpy.mapping.promotion import box, footprint
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
 
@@ -23,12 +27,28 @@ class UserStatement:
 
 
 @dataclass(frozen=True, eq=False, slots=True)
+class PackedBox:
+    """The box of a tensor a pack mark copies, in the loop iterators outside it."""
+
+    tensor: str
+    offsets: tuple[isl.AstExpr, ...]  # the box's first element, one per dimension
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
 class Ast:
     root: isl.AstNode
     statements: dict[str, UserStatement]  # by annotation id name
+    packs: dict[str, tuple[PackedBox, ...]] = field(default_factory=dict)  # likewise
 
     def user(self, node: isl.AstNode) -> UserStatement:
         return self.statements[node.get_annotation().get_name()]
+
+    def packed(self, mark: isl.AstNode) -> tuple[PackedBox, ...]:
+        """The boxes a mark node copies (none for another mark)."""
+        if not pack_tensors(mark.mark_get_id().get_name()):
+            return ()
+        return self.packs[mark.get_annotation().get_name()]
 
 
 def build_ast(scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None) -> Ast:
@@ -49,8 +69,26 @@ def build_ast(scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None
         statements[key] = UserStatement(name, indices)
         return node.set_annotation(isl.Id(key, context=ctx))
 
+    packs: dict[str, tuple[PackedBox, ...]] = {}
+
+    def after_each_mark(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+        tensors = pack_tensors(node.mark_get_id().get_name())
+        if not tensors:
+            return node
+        boxes = []
+        for tensor in tensors:
+            found = footprint(build.get_schedule(), scop.reads, tensor)
+            b = None if found is None else box(found, tensor)
+            if b is not None:
+                offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
+                boxes.append(PackedBox(tensor, offsets, b.sizes))
+        key = f"P{len(packs)}"
+        packs[key] = tuple(boxes)
+        return node.set_annotation(isl.Id(key, context=ctx))
+
     with isl_errors(f"building the loop nest of {scop.cdef.name}"):
         build = isl.AstBuild.from_context(context if context is not None else scop.context)
         build, _callback = build.set_at_each_domain(at_each_domain)
+        build, _after = build.set_after_each_mark(after_each_mark)
         root = build.node_from_schedule(schedule)
-    return Ast(root, statements)
+    return Ast(root, statements, packs)

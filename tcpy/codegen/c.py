@@ -35,6 +35,7 @@ from tcpy.codegen.ast_build import Ast, UserStatement
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
 from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import (
+    STATUS_OUT_OF_MEMORY,
     BodyPrinter,
     Helpers,
     StatementParts,
@@ -53,6 +54,7 @@ from tcpy.codegen.loops import (
     user_statements,
 )
 from tcpy.codegen.naming import extent_name, size_name, tensor_name
+from tcpy.codegen.pack import ALIGN, ARENA, MINE, arena_bytes, print_pack
 from tcpy.codegen.region import has_parallel_loop, print_region
 from tcpy.codegen.register_block import print_register_block
 from tcpy.errors import InternalError
@@ -87,6 +89,7 @@ class _Printer:
         # and thread parameters' spellings
         self.names: dict[str, str] = {}
         self.locals = 0  # hoisted reads so far: tc_h0, tc_h1, ...
+        self.copies = 0  # packed tiles so far: tc_pack0, tc_pack1, ...
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -105,7 +108,10 @@ class _Printer:
             name = node.mark_get_id().get_name()
             sizes = register_sizes(name)
             inner = node.mark_get_node()
-            if sizes is None or not print_register_block(self, inner, depth, marks, sizes):
+            boxes = self.ast.packed(node)
+            if boxes:
+                print_pack(self, boxes, inner, depth, marks)
+            elif sizes is None or not print_register_block(self, inner, depth, marks, sizes):
                 self.node(node.mark_get_node(), depth, (*marks, name))
         elif kind == isl.ast_node_type.user:
             self.user(node, depth)
@@ -375,10 +381,21 @@ def print_c(
     printer.emit(1, "int tc_status_value = 0;")
     printer.emit(1, "int *tc_status = &tc_status_value;")
     region = any(has_parallel_loop(printer, nest, ()) for nest in printer.nests())
+    arena = arena_bytes(ast, cdef)
+    if arena:
+        # before any work: a thread without its buffers could not keep to the barriers
+        threads = "(size_t)tc_threads" if region else "1"
+        printer.emit(1, f"char *{ARENA} = (char *)aligned_alloc({ALIGN}, {threads} * {arena});")
+        printer.emit(1, f"if (!{ARENA}) return {STATUS_OUT_OF_MEMORY};")
     if region:
-        print_region(printer, 1)
+        mine = f"(size_t)omp_get_thread_num() * {arena}"
+        print_region(printer, 1, (f"char *{MINE} = {ARENA} + {mine};",) if arena else ())
     else:
+        if arena:
+            printer.emit(1, f"char *{MINE} = {ARENA};")
         printer.top_level(1)
+    if arena:
+        printer.emit(1, f"free({ARENA});")
     printer.emit(1, "return tc_status_value;")
 
     header = [
@@ -387,6 +404,8 @@ def print_c(
         "#include <stdint.h>",
         "#include <stdbool.h>",
         "#include <math.h>",
+        *(["#include <stdlib.h>"] if arena else []),
+        *(["int omp_get_thread_num(void);"] if arena and region else []),
         _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
         "",
         helper_source(printer.helpers),

@@ -27,6 +27,7 @@ from tcpy.types import ScalarType, promote
 
 STATUS_DIVISION_BY_ZERO = 1
 STATUS_INDEX_OUT_OF_RANGE = 2
+STATUS_OUT_OF_MEMORY = 3  # the buffers of packed tiles could not be allocated
 
 
 # --- isl AST expressions ---------------------------------------------------------------
@@ -113,6 +114,16 @@ class Helpers:
     builtins: set[str] = field(default_factory=set)  # C function names used
 
 
+@dataclass(frozen=True, slots=True)
+class LocalCopy:
+    """A tile of a tensor copied into a local buffer (`tcpy.codegen.pack`): the
+    statements printed inside the copy's scope read the tensor from there."""
+
+    buffer: str
+    offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
+    sizes: tuple[int, ...]  # the buffer's extents
+
+
 @dataclass
 class BodyPrinter:
     """Prints the bodies of one definition's statements."""
@@ -121,6 +132,7 @@ class BodyPrinter:
     dialect: Dialect
     helpers: Helpers
     readonly: frozenset[str] = frozenset()  # tensors read through the read-only cache
+    copies: Mapping[str, LocalCopy] = field(default_factory=dict)  # by tensor
 
     def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
         """One statement instance in C; `indices` maps each TC index to its value."""
@@ -199,12 +211,8 @@ class _Context:
         return self.p.dialect
 
     def flat(self, tensor: str, subscripts: list[str]) -> str:
-        if not subscripts:
-            return "0"
-        out = f"({self.d.index_type})({subscripts[0]})"
-        for k, sub in enumerate(subscripts[1:], start=1):
-            out = f"({out} * {extent_name(tensor, k)} + ({sub}))"
-        return out
+        extents = [extent_name(tensor, k) for k in range(len(subscripts))]
+        return flat_index(self.d, subscripts, extents)
 
     def expr(self, e: ast.Expr, want: ScalarType) -> str:
         """`e` converted to the compute type `want`."""
@@ -267,14 +275,21 @@ class _Context:
     def access(self, e: ast.Access) -> str:
         info = self.p.cdef.tensor(e.tensor)
         subscripts = []
+        checked = False
         for k, arg in enumerate(e.args):
             # a plain index is used as the 64-bit loop value it is
             text = self.indices[arg.name] if isinstance(arg, ast.Index) else self.value(arg)
             if id(e) in self.unproved or linear_form(arg) is None:
-                self.p.helpers.checked_index = True
+                self.p.helpers.checked_index = checked = True
                 text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
             subscripts.append(text)
-        load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
+        copy = self.p.copies.get(e.tensor)
+        if copy is not None and not checked:
+            # proven in the tensor and in the tile, so in what was copied
+            local = [f"({s}) - {o}" for s, o in zip(subscripts, copy.offsets, strict=True)]
+            load = f"{copy.buffer}[{flat_index(self.d, local, [str(n) for n in copy.sizes])}]"
+        else:
+            load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
         if e.tensor in self.p.readonly and not info.scalar.is_bool:  # no __ldg for bool
             load = f"__ldg(&{load})"
         return _convert(load, info.scalar, info.scalar.compute, self.d)
@@ -288,6 +303,16 @@ class _Context:
             case ast.Reduction.MIN | ast.Reduction.MAX:
                 return _extremum(reduction is ast.Reduction.MIN, current, value, ty, self.p.helpers)
         raise InternalError(str(reduction))
+
+
+def flat_index(d: Dialect, subscripts: list[str], extents: list[str]) -> str:
+    """The row-major offset of an element of an array of these extents."""
+    if not subscripts:
+        return "0"
+    out = f"({d.index_type})({subscripts[0]})"
+    for sub, extent in zip(subscripts[1:], extents[1:], strict=True):
+        out = f"({out} * {extent} + ({sub}))"
+    return out
 
 
 def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) -> str:

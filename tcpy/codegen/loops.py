@@ -4,16 +4,20 @@ leave on loops, and a printed loop's header."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import islpy as isl
 
-from tcpy.codegen.ast_build import Ast
 from tcpy.poly.isl_helpers import ast_children
+
+if TYPE_CHECKING:
+    from tcpy.codegen.ast_build import Ast
 
 FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
 IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
 PARALLEL_MARK = "omp_parallel"
 REGISTER_MARK = "register_tile"
+PACK_MARK = "pack"  # `pack:A,B`: copy these tensors' tiles into local buffers here
 SIMD_MARK = "omp_simd"
 
 
@@ -41,7 +45,14 @@ def register_sizes(mark: str) -> list[int] | None:
     return [int(s) for s in sizes.split("x")]
 
 
+def pack_tensors(mark: str) -> list[str]:
+    """The tensors a pack mark copies (`pack:A,B`); empty for another mark."""
+    name, _, tensors = mark.partition(":")
+    return tensors.split(",") if name == PACK_MARK and tensors else []
+
+
 def contains_for(node: isl.AstNode) -> bool:
+    """Whether `node` prints a loop (a pack mark prints its copy loops)."""
     kind = node.get_type()
     if kind == FOR:
         return True
@@ -52,7 +63,9 @@ def contains_for(node: isl.AstNode) -> bool:
             node.if_has_else_node() and contains_for(node.if_get_else_node())
         )
     if kind == isl.ast_node_type.mark:
-        return contains_for(node.mark_get_node())
+        return bool(pack_tensors(node.mark_get_id().get_name())) or contains_for(
+            node.mark_get_node()
+        )
     return False
 
 

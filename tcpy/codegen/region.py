@@ -19,16 +19,18 @@ if TYPE_CHECKING:
     from tcpy.codegen.c import _Printer
 
 
-def print_region(p: _Printer, depth: int) -> None:
+def print_region(p: _Printer, depth: int, private: tuple[str, ...] = ()) -> None:
     """The nests inside one `omp parallel` region of `tc_threads` threads (read at
     call time): a nest's parallel loop is a worksharing loop, the loops around it
     run in every thread (their bounds depend only on the sizes and on outer loops),
     and code outside any parallel loop runs in one thread (`omp single`). Inside a
     nest every construct ends at a barrier; between nests there is one only where
     a nest touches a tensor that an earlier nest since the last barrier writes, or
-    writes one that it reads."""
+    writes one that it reads. `private` are declarations made in every thread."""
     p.emit(depth, "#pragma omp parallel num_threads(tc_threads)")
     p.emit(depth, "{")
+    for line in private:
+        p.emit(depth + 1, line)
     unordered: list[_Touches] = []
     for nest in p.nests():
         touches = _touches(p, nest)

@@ -18,6 +18,7 @@ import islpy as isl
 from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK
 from tcpy.mapping.locality import is_reduction_member, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.promotion import pack_operands
 from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
@@ -66,6 +67,8 @@ def map_to_cpu(
         schedule = map_innermost_bands(schedule, _mark_simd)
     if options.parallel:
         schedule = _mark_parallel(schedule.get_root()).get_schedule()
+    # after the parallel marks: a copy goes only where no worksharing loop is below it
+    schedule = pack_operands(schedule, scop, options)
     return schedule
 
 

@@ -132,6 +132,13 @@ class MappingOptions:
     size is the vector loop's). The block of outputs stays in registers across the
     whole reduction. 0 leaves a loop unblocked, so (0,) turns blocking off; empty: the
     target chooses."""
+    pack_operands: bool | None = dataclasses.field(
+        default=None, metadata=_tuned(TuningKind.CHOICE, ("cpu",), None, True, False)
+    )
+    """Copy the tile of each operand a loop nest reads into a contiguous buffer of each
+    thread before the tile's loops (`tcpy.mapping.promotion`). None: the operands
+    whose tiles are reused and read across rows far apart in memory; True: every
+    operand read affinely that fits the buffers; False: none."""
 
     # --- GPU mapping (the CUDA target) ------------------------------------------------
     map_to_blocks: tuple[int, ...] = dataclasses.field(
@@ -341,6 +348,8 @@ def _validate(o: MappingOptions) -> None:
             f"register_tile sizes must be 0 (unblocked) or positive, with at most "
             f"{MAX_REGISTER_BLOCK} elements in a block, not {o.register_tile}"
         )
+    if not (o.pack_operands is None or isinstance(o.pack_operands, bool)):
+        fail(f"pack_operands must be null, true or false, not {o.pack_operands!r}")
     if not 1 <= o.unroll <= MAX_UNROLL:
         fail(f"unroll must be 1 to {MAX_UNROLL}, not {o.unroll}")
     if len(o.map_to_blocks) > 3 or any(b < 1 for b in o.map_to_blocks):

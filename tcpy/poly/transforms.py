@@ -32,14 +32,14 @@ def map_innermost_bands(schedule: isl.Schedule, rewrite: Rewrite) -> isl.Schedul
     return _map_bands(schedule.get_root(), rewrite, outermost=False).get_schedule()
 
 
-def _has_band_below(node: isl.ScheduleNode) -> bool:
-    return any(is_band(c) or _has_band_below(c) for c in schedule_children(node))
+def has_band_below(node: isl.ScheduleNode) -> bool:
+    return any(is_band(c) or has_band_below(c) for c in schedule_children(node))
 
 
 def _map_bands(node: isl.ScheduleNode, rewrite: Rewrite, outermost: bool) -> isl.ScheduleNode:
     """Walk the subtree at `node`, rewriting the chosen bands; returns the node at the
     same position in the rewritten tree."""
-    if is_band(node) and (outermost or not _has_band_below(node)):
+    if is_band(node) and (outermost or not has_band_below(node)):
         return rewrite(node)
     for i in range(node.n_children()):
         node = _map_bands(node.child(i), rewrite, outermost).parent()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tcpy.codegen.exprs import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
+from tcpy.codegen.exprs import (
+    STATUS_DIVISION_BY_ZERO,
+    STATUS_INDEX_OUT_OF_RANGE,
+    STATUS_OUT_OF_MEMORY,
+)
 from tcpy.errors import TCInputError, TCLaunchError
 
 
@@ -13,6 +17,11 @@ def check_status(status: int) -> None:
         raise TCInputError(
             "the kernel read a tensor at an index outside its extent (through a gather, "
             "a modulo or a guarded subscript); check the index inputs"
+        )
+    if status == STATUS_OUT_OF_MEMORY:
+        raise TCLaunchError(
+            "the kernel could not allocate the buffers of its packed tiles (out of memory); "
+            "pack_operands=False runs without them"
         )
     if status != 0:
         raise TCLaunchError(f"the kernel returned the unknown status {status}")

@@ -82,6 +82,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "unroll": _unroll,
     "interchange": _interchange,
     "register_tile": _register_tile,
+    "pack_operands": lambda rng: rng.choice((None, True, False)),
     "map_to_blocks": _grid,
     "map_to_threads": _block,
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),

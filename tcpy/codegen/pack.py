@@ -1,0 +1,105 @@
+"""Printing a pack mark (`tcpy.mapping.promotion`): each tensor the mark names is
+copied, for the tile that the loops outside the mark select, into a buffer of the
+thread running it, and the statements inside read it from there.
+
+The buffers of every thread are carved out of one arena, allocated once per call
+before any work starts (`arena_bytes` per thread; a failed allocation returns a
+status, so no thread is left without its buffers inside the parallel region). They
+are reached through pointers: GCC keeps a register block in registers beside a
+pointer, not beside a large local array (measured: 2.4x slower with the buffers on
+the stack).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import islpy as isl
+
+from tcpy.codegen.ast_build import Ast, PackedBox
+from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
+from tcpy.codegen.naming import extent_name, tensor_name
+from tcpy.parser.checked import CheckedDef
+
+if TYPE_CHECKING:
+    from tcpy.codegen.c import _Printer
+
+ALIGN = 64  # a cache line: each buffer starts on one
+ARENA = "tc_arena"  # every thread's buffers, allocated once per call
+MINE = "tc_mine"  # the calling thread's part of the arena
+
+
+def arena_bytes(ast: Ast, cdef: CheckedDef) -> int:
+    """The bytes of buffers a thread needs: the largest copy site's."""
+    return max((_site_bytes(boxes, cdef)[-1] for boxes in ast.packs.values()), default=0)
+
+
+def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
+    """Where each box's buffer starts in the thread's part of the arena, then the end."""
+    starts = [0]
+    for b in boxes:
+        elements = 1
+        for size in b.sizes:
+            elements *= size
+        size = elements * cdef.tensor(b.tensor).scalar.dtype.itemsize
+        starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
+    return starts
+
+
+def print_pack(
+    p: _Printer,
+    boxes: tuple[PackedBox, ...],
+    inner: isl.AstNode,
+    depth: int,
+    marks: tuple[str, ...],
+) -> None:
+    """The copies of `boxes`, then `inner` reading them, in a scope of their own (the
+    buffers live as long as the tile). The box of a tile at the edge of the domain may
+    reach past the tensor: only the part inside it is copied, which holds every
+    element the statements read (their reads are proven in bounds)."""
+    p.emit(depth, "{")
+    copies = {}
+    starts = _site_bytes(boxes, p.scop.cdef)
+    for b, start in zip(boxes, starts, strict=False):
+        buffer = f"tc_pack{p.copies}"
+        p.copies += 1
+        offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
+        for name, expr in zip(offsets, b.offsets, strict=True):
+            p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
+        copy = LocalCopy(buffer, offsets, b.sizes)
+        _copy(p, depth + 1, b.tensor, copy, start)
+        copies[b.tensor] = copy
+    saved = p.bodies
+    p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+    p.node(inner, depth + 1, marks)
+    p.bodies = saved
+    p.emit(depth, "}")
+
+
+def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy, start: int) -> None:
+    """The buffer, `start` bytes into the thread's arena, and the loops filling it: one
+    loop per dimension, from the first element inside the tensor to the last inside
+    both box and tensor."""
+    ctype = p.dialect.ctype(p.scop.cdef.tensor(tensor).scalar)
+    p.emit(depth, f"{ctype} *restrict {copy.buffer} = ({ctype} *)({MINE} + {start});")
+    n = len(copy.sizes)
+    local = [f"tc_i{d}" for d in range(n)]
+    for d, (o, size) in enumerate(zip(copy.offsets, copy.sizes, strict=True)):
+        room = f"{extent_name(tensor, d)} - {o}"
+        p.emit(depth, f"const int64_t {copy.buffer}_l{d} = {o} < 0 ? -{o} : 0;")
+        p.emit(depth, f"const int64_t {copy.buffer}_u{d} = {room} < {size} ? {room} : {size};")
+    for d, i in enumerate(local):
+        if d == n - 1 and p.options.vectorize:
+            p.emit(depth + d, "#pragma omp simd")
+        bounds = f"{i} = {copy.buffer}_l{d}; {i} < {copy.buffer}_u{d}"
+        p.emit(depth + d, f"for (int64_t {bounds}; {i}++) {{")
+    source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
+    extents = [extent_name(tensor, d) for d in range(n)]
+    p.emit(
+        depth + n,
+        f"{copy.buffer}[{flat_index(p.dialect, local, [str(s) for s in copy.sizes])}] = "
+        f"{tensor_name(tensor)}[{flat_index(p.dialect, source, extents)}];",
+    )
+    for d in reversed(range(n)):
+        p.emit(depth + d, "}")

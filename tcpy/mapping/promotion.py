@@ -1,0 +1,260 @@
+"""Promotion: copying the tile of a tensor that a loop nest reads into a local buffer.
+
+The *footprint* of a tensor at a schedule node is what the statements below the node
+access of it, as a function of the loops above the node (the node's prefix
+schedule). Its *box* over-approximates it by a rectangle: for each tensor dimension,
+the first element as a piecewise affine function of the outer loops, and a constant
+extent. The box is what a copy moves: on the CPU a contiguous, thread-private buffer
+("packing", this module's `pack_operands` pass); on the GPU the same analysis sizes
+shared-memory tiles.
+
+Whether a copy pays is decided from three facts, all computed here:
+- *reuse*: some loop below the node leaves every access of the tensor invariant, so
+  each element copied is read that many times (`reuse`);
+- *stride*: the box is not contiguous in the tensor, and the rows of the box lie far
+  apart in memory (`run_stride`): rows at a large power-of-two distance map to the
+  same cache sets, so a tile read across them evicts itself;
+- *size*: the boxes fit the budget of buffers a thread keeps (`PACK_BYTES`).
+
+`pack_operands(schedule, scop, options)` expects a CPU-mapped schedule (tiled, with
+its parallel marks) and returns it with a `pack:<tensors>` mark above the point
+loops of each nest whose tiles it copies. Marks change no order: coincidence,
+permutability and every dependence are as they were. The mark is only placed where
+no worksharing loop is below it (each thread copies into its own buffer) and the
+tensors it names are not written below it (the copy stays current).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK
+from tcpy.codegen.naming import tensor_name
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import ast
+from tcpy.parser.checked import CheckedStatement
+from tcpy.parser.ranges import guarded_accesses, linear_form
+from tcpy.parser.symbolic import Sym
+from tcpy.poly.isl_helpers import schedule_children, union_map_maps, union_set_sets
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import has_band_below, insert_mark, is_band, map_outermost_bands
+
+PACK_BYTES = 192 * 1024
+"""The buffers of one copy site, per thread: they live on the thread's stack (a tile of
+128 x 256 floats and one of 32 x 128 for a matmul block fit)."""
+MIN_REUSE = 4
+"""Reads of each copied element that make a copy worth its cost (a copy is a load
+and a store per element)."""
+LARGE_STRIDE = 4096
+"""Bytes between the rows of a box above which its rows alias in the cache: measured
+on matmul, one thread: rows of 4 KB 1.75x faster packed, rows of 2 KB no faster)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A rectangle holding a footprint: per tensor dimension, its first element (a
+    function of the loops outside the copy) and its constant extent."""
+
+    tensor: str
+    offsets: tuple[isl.PwAff, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+
+def footprint(prefix: isl.UnionMap, accesses: isl.UnionMap, tensor: str) -> isl.Map | None:
+    """Outer loop values -> the elements of `tensor` accessed there; `prefix` maps the
+    statement instances below the copy site to the outer loop values. None when no
+    statement there accesses the tensor."""
+    name = tensor_name(tensor)
+    found = [
+        m
+        for m in union_map_maps(prefix.reverse().apply_range(accesses))
+        if m.get_tuple_name(isl.dim_type.out) == name
+    ]
+    return found[0] if found else None
+
+
+def box(footprint: isl.Map, tensor: str) -> Box | None:
+    """The box of a footprint; None when an extent is not bounded by a constant (a
+    dimension the loops below walk whole, of a size known only at run time)."""
+    offsets, sizes = [], []
+    for d in range(footprint.dim(isl.dim_type.out)):
+        lo, hi = footprint.dim_min(d), footprint.dim_max(d)
+        widest = hi.sub(lo).max_val()
+        if not widest.is_int():
+            return None
+        offsets.append(lo)
+        sizes.append(int(widest.to_python()) + 1)
+    return Box(tensor, tuple(offsets), tuple(sizes))
+
+
+def run_stride(b: Box, shape: tuple[int | None, ...], itemsize: int) -> int | None:
+    """The bytes between the contiguous runs of elements a box covers (the tensor's
+    row length, or more when the box covers whole rows); 0 when the box is one run;
+    None when a size it depends on is known only at run time."""
+    stride = itemsize
+    for d in reversed(range(len(shape))):
+        extent = shape[d]
+        if extent is None:
+            return None
+        if b.sizes[d] < extent:
+            return 0 if all(s == 1 for s in b.sizes[:d]) else stride * extent
+        stride *= extent
+    return 0
+
+
+# --- the CPU pass ------------------------------------------------------------------------
+
+
+def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -> isl.Schedule:
+    """The schedule with a `pack:` mark (see the module docstring) above the point
+    loops of every nest with tiles worth copying: with `options.pack_operands` None,
+    the tensors whose boxes are reused and strided; True, every tensor that can be
+    copied; False, none."""
+    if options.pack_operands is False:
+        return schedule
+
+    def site(band: isl.ScheduleNode) -> isl.ScheduleNode:
+        if not has_band_below(band):  # an untiled nest: no loops above a copy
+            return band
+        point = band.child(0)
+        chosen = [
+            t for t in _candidates(point, scop) if options.pack_operands or _pays(point, t, scop)
+        ]
+        chosen = _within_budget(point, chosen, scop)
+        if not chosen:
+            return band
+        return insert_mark(point, f"{PACK_MARK}:{','.join(chosen)}").parent().parent()
+
+    return map_outermost_bands(schedule, site)
+
+
+def _candidates(node: isl.ScheduleNode, scop: Scop) -> list[str]:
+    """The tensors of rank 2 or more that the statements below `node` read and do not
+    write, every read affine and unconditional (so each element read is in the box and
+    in the tensor); none when a worksharing loop is below `node`."""
+    if _has_parallel_mark(node):
+        return []
+    statements = _statements(node, scop)
+    written = {st.tensor for st in statements}  # an initialisation's is its reduction's
+    reads: dict[str, bool] = {}
+    for st in statements:
+        for access, guarded in guarded_accesses(st.rhs):
+            affine = all(linear_form(a) is not None for a in access.args)
+            ok = affine and not guarded and reads.get(access.tensor, True)
+            reads[access.tensor] = ok
+    return sorted(
+        t
+        for t, ok in reads.items()
+        if ok and t not in written and len(scop.cdef.tensor(t).shape) >= 2
+    )
+
+
+def _pays(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether copying `tensor` at `node` pays: its elements are reused and its box
+    is strided (a size known only at run time counts as large)."""
+    b = _box_at(node, tensor, scop)
+    if b is None or reuse(node, tensor, scop) < MIN_REUSE:
+        return False
+    info = scop.cdef.tensor(tensor)
+    shape = tuple(_extent(scop, e) for e in info.shape)
+    stride = run_stride(b, shape, info.scalar.dtype.itemsize)
+    return stride is None or stride >= LARGE_STRIDE
+
+
+def reuse(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
+    """The most iterations of one loop below `node` along which every access of
+    `tensor` stays put: a lower bound on how often each element of its footprint is
+    read (a loop of a size known only at run time counts as MIN_REUSE)."""
+    best = 1
+    for band in _bands_below(node):
+        for k in range(band.band_n_member()):
+            walked = member_variables(band, k)
+            if not walked:
+                continue
+            invariant = True
+            for name, position in walked.items():
+                stmt = scop.statement(name)
+                if stmt.kind is not Kind.COMPUTE:
+                    continue
+                source = stmt.source(scop.cdef)
+                uses = _subscript_indices(source, tensor)
+                if uses is None:
+                    continue
+                if position is None or stmt.dims[position] in uses:
+                    invariant = False
+            if invariant:
+                extent = member_extent(band, k)
+                best = max(best, MIN_REUSE if extent is None else extent)
+    return best
+
+
+def _within_budget(node: isl.ScheduleNode, tensors: list[str], scop: Scop) -> list[str]:
+    """The tensors whose boxes fit PACK_BYTES together, smallest first."""
+    sized = []
+    for t in tensors:
+        b = _box_at(node, t, scop)
+        if b is not None:
+            sized.append((b.elements * scop.cdef.tensor(t).scalar.dtype.itemsize, t))
+    chosen, used = [], 0
+    for size, t in sorted(sized):
+        if used + size <= PACK_BYTES:
+            chosen.append(t)
+            used += size
+    return sorted(chosen)
+
+
+def _box_at(node: isl.ScheduleNode, tensor: str, scop: Scop) -> Box | None:
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    found = footprint(prefix, scop.reads, tensor)
+    return None if found is None else box(found, tensor)
+
+
+def _extent(scop: Scop, extent: Sym) -> int | None:
+    """A tensor extent's value, when the sizes are fixed (else None)."""
+    if extent.is_const:
+        return extent.const
+    return None if scop.sizes is None else extent.evaluate(scop.sizes)
+
+
+def _statements(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatement]:
+    """The TC statements with instances below `node` (computed or initialised)."""
+    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    indices = sorted({scop.statement(n).index for n in names})
+    return [scop.cdef.statements[k] for k in indices]
+
+
+def _subscript_indices(st: CheckedStatement, tensor: str) -> set[str] | None:
+    """The indices the statement's accesses of `tensor` use; None when it reads none."""
+    found = None
+    for node in ast.walk(st.rhs):
+        if isinstance(node, ast.Access) and node.tensor == tensor:
+            found = found or set()
+            found |= {i.name for a in node.args for i in ast.walk(a) if isinstance(i, ast.Index)}
+    return found
+
+
+def _bands_below(node: isl.ScheduleNode) -> list[isl.ScheduleNode]:
+    found = []
+    for c in schedule_children(node):
+        if is_band(c):
+            found.append(c)
+        found.extend(_bands_below(c))
+    return found
+
+
+def _has_parallel_mark(node: isl.ScheduleNode) -> bool:
+    """Whether `node` or a node below it is a parallel mark."""
+    mark = node.get_type() == isl.schedule_node_type.mark
+    if mark and node.mark_get_id().get_name().startswith(PARALLEL_MARK):
+        return True
+    return any(_has_parallel_mark(c) for c in schedule_children(node))

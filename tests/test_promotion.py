@@ -1,0 +1,231 @@
+"""Promotion (`tcpy.mapping.promotion`) and the packed tiles the C printer copies: the
+footprint boxes, the decision per tensor, and packed kernels against the `reference`
+target for tiles that do and do not divide the loops, with sizes fixed and generic."""
+
+from __future__ import annotations
+
+import re
+
+import islpy as isl
+import numpy as np
+import pytest
+from test_registers import CONTRACTIONS, _engines, _inputs
+
+from tcpy.codegen.exprs import STATUS_OUT_OF_MEMORY
+from tcpy.errors import TCLaunchError, TCMappingError
+from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.promotion import Box, box, footprint, run_stride
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_c
+from tcpy.runtime.status import check_status
+
+MATMUL = CONTRACTIONS["matmul"][0]
+
+
+def _lower(source: str, sizes: dict[str, int], **options: object):  # type: ignore[no-untyped-def]
+    (cdef,) = check_source(source).values()
+    return lower_to_c(cdef, sizes, MappingOptions.cpu().replace(**options), check=True)
+
+
+def _pack_marks(source: str, sizes: dict[str, int], **options: object) -> list[str]:
+    text = _lower(source, sizes, **options).schedule.get_root().to_str()
+    return re.findall(r'mark: "(pack:[^"]*)"', text)
+
+
+# --- the analysis -----------------------------------------------------------------------
+
+
+def test_the_box_of_a_footprint() -> None:
+    ctx = isl.Context()
+    # rows 0..3 whole, a window of 8 columns from `a`, cut short at N
+    fp = isl.Map("[N] -> { [a] -> t_X[i, j] : 0 <= i < 4 and a <= j < a + 8 and j < N }", ctx)
+    b = box(fp, "X")
+    assert b is not None and b.sizes == (4, 8)
+    assert b.offsets[0].is_equal(isl.PwAff("[N] -> { [a] -> [(0)] : a < N }", ctx))
+    assert b.offsets[1].is_equal(isl.PwAff("[N] -> { [a] -> [(a)] : a < N }", ctx))
+    # a window as wide as N has no constant extent: no box
+    whole = isl.Map("[N] -> { [a] -> t_X[i, j] : 0 <= i < 4 and 0 <= j < N }", ctx)
+    assert box(whole, "X") is None
+
+
+def test_the_footprint_collects_every_access_under_the_site() -> None:
+    ctx = isl.Context()
+    prefix = isl.UnionMap("{ S[i, j] -> [i - i mod 8] }", ctx)
+    reads = isl.UnionMap("{ S[i, j] -> t_X[i, j] : 0 <= i < 32 and 0 <= j < 5; "
+                         "S[i, j] -> t_X[i + 1, j] : 0 <= i < 32 and 0 <= j < 5; "
+                         "S[i, j] -> t_Y[j] : 0 <= i < 32 and 0 <= j < 5 }", ctx)  # fmt: skip
+    fp = footprint(prefix, reads, "X")
+    assert fp is not None
+    b = box(fp, "X")
+    assert b is not None and b.sizes == (9, 5)  # rows i..i+8 of a tile of 8, shifted by 1
+    assert footprint(prefix, reads, "Z") is None
+
+
+def test_run_stride() -> None:
+    def b(*sizes: int) -> Box:
+        return Box("X", (), sizes)
+
+    assert run_stride(b(128, 256), (1024, 1024), 4) == 4096  # rows of 1 KB, 4 KB apart
+    assert run_stride(b(4, 1024), (1024, 1024), 4) == 0  # whole rows: one run
+    assert run_stride(b(1, 8), (16, 16), 4) == 0  # a piece of one row
+    assert run_stride(b(2, 4, 16), (8, 4, 16), 2) == 0  # two whole planes: one run
+    assert run_stride(b(2, 2, 16), (8, 4, 16), 2) == 128  # half planes, a plane apart
+    assert run_stride(b(128, 256), (None, 1024), 4) == 4096
+    assert run_stride(b(128, 256), (1024, None), 4) is None
+
+
+# --- where and what is packed -----------------------------------------------------------
+
+
+def test_operands_with_rows_far_apart_are_packed_by_default() -> None:
+    big = {"M": 1024, "K": 1024, "N": 1024}
+    assert _pack_marks(MATMUL, big) == ["pack:A,B"]
+    # rows of 2 KB do not alias enough to pay (measured): left in place
+    assert _pack_marks(MATMUL, {"M": 512, "K": 512, "N": 512}) == []
+    assert _pack_marks(MATMUL, big, pack_operands=False) == []
+    assert _pack_marks(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True) == ["pack:A,B"]
+
+
+def test_only_tensors_read_affinely_and_not_written_are_packed() -> None:
+    gather = (
+        "def f(float(E,D) T, int32(B) I, float(D,F) W) -> (O) { O(b,f) +=! T(I(b),d) * W(d,f) }"
+    )
+    assert _pack_marks(gather, {"E": 50, "D": 40, "B": 100, "F": 600}, pack_operands=True) == [
+        "pack:W"
+    ]
+    guarded = "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! m > 2 ? A(m,k) * B(k,n) : 0 }"
+    assert _pack_marks(guarded, {"M": 20, "K": 30, "N": 40}, pack_operands=True) == []
+    # one-dimensional tensors are one run already
+    axpy = "def f(float(N) X, float(N) Y) -> (Z) { Z(i) = 2 * X(i) + Y(i) }"
+    assert _pack_marks(axpy, {"N": 4096}, pack_operands=True) == []
+
+
+def _tree(parallel_above: bool) -> str:
+    """A tiled nest of `S0[n, k]`, its parallel mark above or below the point loops."""
+    point = '{ schedule: "[{ S0[n, k] -> [(n mod 16)] }, { S0[n, k] -> [(k)] }]" }'
+    below = f'{{ mark: "omp_parallel@1", child: {point} }}'
+    inner = point if parallel_above else below
+    tile = f'schedule: "[{{ S0[n, k] -> [(n - (n) mod 16)] }}]", child: {inner}'
+    band = (
+        f'{{ mark: "omp_parallel@0", child: {{ {tile} }} }}' if parallel_above else f"{{ {tile} }}"
+    )
+    return f'{{ domain: "{{ S0[n, k] : 0 <= n < 64 and 0 <= k < 64 }}", child: {band} }}'
+
+
+def test_no_copy_above_a_worksharing_loop() -> None:
+    """Each thread copies into its own buffer: a copy above the loop the threads share
+    would leave the others reading what one thread copied."""
+    from tcpy.mapping.promotion import pack_operands
+
+    source = "def f(float(N,K) A) -> (S) { S(n,k) = 2 * A(n,k) }"
+    scop = _lower(source, {"N": 64, "K": 64}).scop
+    on = MappingOptions.cpu().replace(pack_operands=True)
+    for above, want in ((True, ["pack:A"]), (False, [])):
+        schedule = isl.Schedule(_tree(above), scop.ctx)
+        text = pack_operands(schedule, scop, on).get_root().to_str()
+        assert re.findall(r'mark: "(pack:[^"]*)"', text) == want
+
+
+def test_the_packed_kernel_reads_its_buffers() -> None:
+    text = _lower(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True).source
+    assert "aligned_alloc(64, (size_t)tc_threads * " in text
+    assert "char *tc_mine = tc_arena + (size_t)omp_get_thread_num() * " in text
+    assert "free(tc_arena);" in text
+    update = next(ln for ln in text.splitlines() if "tc_reg[c" in ln and "] + (" in ln)
+    assert "tc_pack0[" in update and "tc_pack1[" in update
+    assert "t_A[" not in update and "t_B[" not in update
+    # the copies come before the block that reads them, in the tile's scope
+    assert text.index("tc_pack1[((int64_t)(tc_i0)") < text.index("float tc_reg[")
+    serial = _lower(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True, parallel=False)
+    assert "char *tc_mine = tc_arena;" in serial.source
+    assert "omp_get_thread_num" not in serial.source
+
+
+def test_pack_operands_is_validated_and_tuned() -> None:
+    with pytest.raises(TCMappingError, match="pack_operands"):
+        MappingOptions(pack_operands=1)  # type: ignore[arg-type]
+    assert MappingOptions.from_json('{"pack_operands": null}').pack_operands is None
+    assert MappingOptions.from_json(MappingOptions(pack_operands=True).to_json()).pack_operands
+    from tcpy.genetic.space import build_space
+
+    (cdef,) = check_source(MATMUL).values()
+    space = build_space(cdef, {"M": 64, "K": 48, "N": 80}, "cpu", MappingOptions.cpu())
+    (gene,) = [g for g in space.genes if g.name == "pack_operands"]
+    assert set(gene.alleles) == {None, True, False}
+
+
+def test_a_failed_allocation_is_a_launch_error() -> None:
+    with pytest.raises(TCLaunchError, match="packed tiles"):
+        check_status(STATUS_OUT_OF_MEMORY)
+
+
+# --- packed kernels compute the reference -------------------------------------------------
+
+TILES = [(), (8, 16, 4), (5, 7, 3), (32, 32, 32)]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=str)
+@pytest.mark.parametrize("name", sorted(CONTRACTIONS))
+def test_packed_contractions_compute_the_reference(name: str, tile: tuple[int, ...]) -> None:
+    source, size_sets = CONTRACTIONS[name]
+    cpu, reference = _engines(source)
+    for k, sizes in enumerate(size_sets):
+        inputs = _inputs(cpu, sizes, seed=k)
+        want = reference.run("f", *inputs)
+        for generic in (False, True):
+            options = MappingOptions.cpu().replace(
+                pack_operands=True, tile=tile, fix_parameters_before_scheduling=not generic
+            )
+            got = cpu.run("f", *inputs, options=options)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=str(sizes))
+
+
+def test_packed_large_matmul_computes_the_reference() -> None:
+    """At a size the default packs (rows of 4 KB), with edges on every side."""
+    cpu, reference = _engines(MATMUL)
+    sizes = {"M": 67, "K": 1030, "N": 1025}
+    assert _pack_marks(MATMUL, sizes) == ["pack:A,B"]
+    a, b = _inputs(cpu, sizes, seed=5)
+    np.testing.assert_allclose(cpu.run("f", a, b), reference.run("f", a, b), rtol=1e-4, atol=1e-3)
+
+
+def test_nan_reaches_the_output_through_a_packed_tile() -> None:
+    cpu, _ = _engines(MATMUL)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((9, 33)).astype(np.float32)
+    b = rng.standard_normal((33, 17)).astype(np.float32)
+    a[4, 20] = np.nan
+    b[7, 3] = np.inf
+    got = cpu.run("f", a, b, options=MappingOptions.cpu().replace(pack_operands=True))
+    with np.errstate(invalid="ignore"):
+        want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[4]).all()
+
+
+def test_packed_kernels_serve_every_shape_when_generic() -> None:
+    cpu, reference = _engines(MATMUL)
+    options = MappingOptions.cpu().replace(
+        pack_operands=True, fix_parameters_before_scheduling=False
+    )
+    for sizes in ({"M": 40, "K": 300, "N": 70}, {"M": 3, "K": 5, "N": 600}):
+        a, b = _inputs(cpu, sizes, seed=1)
+        got = cpu.run("f", a, b, options=options)
+        np.testing.assert_allclose(got, reference.run("f", a, b), rtol=1e-5, atol=1e-4)
+    compiled = cpu.compile("f", a, b, options=options)
+    assert compiled.generic and "tc_pack0[" in compiled.source
+
+
+def test_a_copy_inside_the_innermost_tile_loop_is_not_hoisted() -> None:
+    """With tiles of one iteration the copy loops are the only loops inside the last
+    tile loop; the reads they make change with it and must stay inside."""
+    cpu, reference = _engines(MATMUL)
+    sizes = {"M": 4, "K": 16, "N": 12}
+    a, b = _inputs(cpu, sizes, seed=2)
+    for parallel in (False, True):
+        options = MappingOptions.cpu().replace(
+            pack_operands=True, tile=(1, 1, 1), parallel=parallel
+        )
+        assert _pack_marks(MATMUL, sizes, pack_operands=True, tile=(1, 1, 1)) == ["pack:A,B"]
+        got = cpu.run("f", a, b, options=options)
+        np.testing.assert_allclose(got, reference.run("f", a, b), rtol=1e-5, atol=1e-4)
