@@ -13,7 +13,7 @@ from test_registers import CONTRACTIONS, _engines, _inputs
 
 from tcpy.codegen.exprs import STATUS_OUT_OF_MEMORY
 from tcpy.errors import TCLaunchError, TCMappingError
-from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import Box, box, footprint, run_stride
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
@@ -229,3 +229,29 @@ def test_a_copy_inside_the_innermost_tile_loop_is_not_hoisted() -> None:
         assert _pack_marks(MATMUL, sizes, pack_operands=True, tile=(1, 1, 1)) == ["pack:A,B"]
         got = cpu.run("f", a, b, options=options)
         np.testing.assert_allclose(got, reference.run("f", a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_footprint_isl_cannot_bound_is_not_packed() -> None:
+    """Found by the fuzzer: a strided access under skewed tiles gave an extent isl's
+    maximum refused (`isl_pw_aff_max_val`); the tensor is left in place."""
+    source = """def f(float(M, 5, S) O) -> (do, inline) {
+        do(kw, i, b) max=! O(2*b + restrict, r, i) where restrict in 0:1, kw in 0:M
+        inline(extern, p0) = min(max((O(p0, p0, p0) - do(p0, extern, extern)), (-100.0)), 100.0)
+        inline(nan, h) max= min(max(do(nan, 25, h), (-9.0)), 9.0)
+    }"""
+    options = MappingOptions.cpu().replace(
+        intra_tile_schedule_fusion=Fusion.MIN,
+        outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT,
+        allow_skewing=True,
+        positive_orthant=False,
+        fix_parameters_before_scheduling=False,
+        tile=(3, 64, 4),
+        unroll=16,
+        register_tile=(16,),
+        vectorize=False,
+    )
+    cpu, reference = _engines(source)
+    rng = np.random.default_rng(0)
+    o = rng.standard_normal((17, 5, 31)).astype(np.float32)
+    for got, want in zip(cpu.run("f", o, options=options), reference.run("f", o), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -85,11 +85,16 @@ def footprint(prefix: isl.UnionMap, accesses: isl.UnionMap, tensor: str) -> isl.
 
 def box(footprint: isl.Map, tensor: str) -> Box | None:
     """The box of a footprint; None when an extent is not bounded by a constant (a
-    dimension the loops below walk whole, of a size known only at run time)."""
+    dimension the loops below walk whole, of a size known only at run time), or when
+    isl cannot bound it (its maximum only takes affine expressions with integer
+    coefficients, and a strided access can give floor divisions)."""
     offsets, sizes = [], []
     for d in range(footprint.dim(isl.dim_type.out)):
         lo, hi = footprint.dim_min(d), footprint.dim_max(d)
-        widest = hi.sub(lo).max_val()
+        try:
+            widest = hi.sub(lo).max_val()
+        except isl.Error:
+            return None
         if not widest.is_int():
             return None
         offsets.append(lo)
