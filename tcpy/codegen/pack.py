@@ -13,6 +13,7 @@ the stack).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import islpy as isl
@@ -39,10 +40,7 @@ def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
     """Where each box's buffer starts in the thread's part of the arena, then the end."""
     starts = [0]
     for b in boxes:
-        elements = 1
-        for size in b.sizes:
-            elements *= size
-        size = elements * cdef.tensor(b.tensor).scalar.dtype.itemsize
+        size = math.prod(b.sizes) * cdef.tensor(b.tensor).scalar.dtype.itemsize
         starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
     return starts
 

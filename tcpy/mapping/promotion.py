@@ -26,6 +26,7 @@ tensors it names are not written below it (the copy stays current).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import islpy as isl
@@ -64,10 +65,7 @@ class Box:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
+        return math.prod(self.sizes)
 
 
 def footprint(prefix: isl.UnionMap, accesses: isl.UnionMap, tensor: str) -> isl.Map | None:
@@ -183,24 +181,23 @@ def reuse(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
     best = 1
     for band in _bands_below(node):
         for k in range(band.band_n_member()):
-            walked = member_variables(band, k)
-            if not walked:
-                continue
-            invariant = True
-            for name, position in walked.items():
-                stmt = scop.statement(name)
-                if stmt.kind is not Kind.COMPUTE:
-                    continue
-                source = stmt.source(scop.cdef)
-                uses = _subscript_indices(source, tensor)
-                if uses is None:
-                    continue
-                if position is None or stmt.dims[position] in uses:
-                    invariant = False
-            if invariant:
+            if member_variables(band, k) and not _moves(band, k, tensor, scop):
                 extent = member_extent(band, k)
                 best = max(best, MIN_REUSE if extent is None else extent)
     return best
+
+
+def _moves(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool:
+    """Whether some statement's access of `tensor` changes along band member `member`
+    (a member that combines indices counts as changing it)."""
+    for name, position in member_variables(band, member).items():
+        stmt = scop.statement(name)
+        if stmt.kind is not Kind.COMPUTE:
+            continue
+        uses = _subscript_indices(stmt.source(scop.cdef), tensor)
+        if uses is not None and (position is None or stmt.dims[position] in uses):
+            return True
+    return False
 
 
 def _within_budget(node: isl.ScheduleNode, tensors: list[str], scop: Scop) -> list[str]:
