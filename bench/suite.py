@@ -9,7 +9,7 @@ PyTorch); `torch_peer` gives each kernel's PyTorch function.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -292,3 +292,30 @@ def matmul_sweep(sizes: tuple[int, ...] = (256, 512, 1024, 2048)) -> tuple[Kerne
                matmul.inputs, matmul.numpy, matmul.flops, matmul.bytes)
         for n in sizes
     )  # fmt: skip
+
+
+# The suite at sizes the emulator profiles in seconds (`bench/emu_profile.py`), the same
+# for the GPU emulator's baseline and the GPU mapping's progress against it. Each keeps
+# the shape's character (rows of a reduction longer than a warp, more than one tile per
+# dimension, a stride's gap) at a few hundred kilobytes of traffic.
+REDUCED_SIZES: dict[str, dict[str, int]] = {
+    "matmul": {"M": 128, "K": 128, "N": 128},
+    "matmul_transposed": {"M": 128, "K": 128, "N": 128},
+    "batch_matmul": {"B": 4, "M": 64, "K": 64, "N": 64},
+    "tensordot": {"N": 2, "C1": 16, "C2": 16, "C3": 16, "H": 8, "W": 8},
+    "bias_add_grad": {"B": 256, "N": 256},
+    "softmax": {"N": 128, "D": 256},
+    "layernorm": {"N": 128, "D": 256},
+    "gelu": {"N": 128, "D": 256},
+    "mlp": {"B": 64, "K": 128, "N": 128},
+    "conv2d": {"N": 2, "C": 8, "H": 18, "W": 18, "F": 8, "KH": 3, "KW": 3},
+    "conv2d_strided": {"N": 2, "C": 8, "H": 33, "W": 33, "F": 8, "KH": 3, "KW": 3},
+    "group_conv": {"N": 2, "G": 2, "C": 4, "H": 18, "W": 18, "F": 4, "KH": 3, "KW": 3},
+    "maxpool": {"N": 2, "C": 8, "H": 32, "W": 32},
+    "two_table_lookup": {"E1": 1000, "E2": 1000, "D": 64, "B": 64, "L1": 16, "L2": 16},
+}
+
+
+def reduced(kernel: Kernel) -> Kernel:
+    """`kernel` at its reduced sizes (`REDUCED_SIZES`)."""
+    return replace(kernel, sizes=REDUCED_SIZES[kernel.name])

@@ -26,6 +26,7 @@ from tcpy.errors import TCError
 from tcpy.genetic.tuner import TUNABLE_TARGETS, TunerConfig, TuneResult
 from tcpy.inputs import random_inputs, resolve_sizes
 from tcpy.mapping.options import MappingOptions
+from tcpy.runtime import profile
 from tcpy.sandbox import Failure
 
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="where to run (default: cuda with a GPU, else cpu)")  # fmt: skip
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--options", help="mapping options: a preset name or a JSON object")
+    run.add_argument("--profile", action="store_true",
+                     help="count each launch's memory traffic (cuda-emu): a table against "
+                     "the bytes the def must move")  # fmt: skip
     comp = sub.add_parser("compile", help="print the generated C, schedule tree or isl AST")
     comp.add_argument("file", type=Path)
     comp.add_argument("--entry", help="the def to compile (default: the only one)")
@@ -138,6 +142,8 @@ def _compile(source: str, args: argparse.Namespace) -> int:
 def _run(source: str, args: argparse.Namespace) -> int:
     engine = ExecutionEngine(args.target)
     args.target = engine.target
+    if args.profile and args.target != "cuda-emu":
+        raise TCError("--profile counts traffic in the emulator: use it with --target cuda-emu")
     t0 = time.perf_counter()
     names = engine.define(source, str(args.file))
     t_define = time.perf_counter() - t0
@@ -162,6 +168,10 @@ def _run(source: str, args: argparse.Namespace) -> int:
         f"  time: define {t_define * 1e3:.1f} ms, first call {t_first * 1e3:.1f} ms, "
         f"second call {t_second * 1e3:.1f} ms"
     )
+    if args.profile:
+        compiled = engine.compile(entry, *inputs, options=options)
+        minimum = profile.minimum_bytes(inputs, outputs)
+        print(profile.table(compiled.profile(*inputs), minimum))
     return 0
 
 

@@ -31,11 +31,19 @@ from tcpy.targets import Kernel
 class ExecutionEngine:
     """Runs TC definitions on one target: `"cuda"` (the default on a machine with a
     GPU), `"cpu"` (the default elsewhere: C with OpenMP), `"cuda-emu"` (the CUDA kernels
-    emulated on the CPU) or `"reference"` (the NumPy interpreter)."""
+    emulated on the CPU) or `"reference"` (the NumPy interpreter). `emu_check` (cuda-emu
+    only; default `TCPY_EMU_CHECK=1`) checks every emulated launch for out-of-bounds
+    accesses, shared-memory races and divergent barriers."""
 
-    def __init__(self, target: str | None = None) -> None:
+    def __init__(self, target: str | None = None, emu_check: bool | None = None) -> None:
         self.target = target or targets.default_target()
         self._target = targets.get(self.target)
+        if emu_check is not None:
+            if self.target != "cuda-emu":
+                raise TCError(
+                    f"emu_check is an option of the cuda-emu target, not of {self.target}"
+                )
+            self._target = targets.CudaEmu(check=emu_check)
         self._defs: dict[str, CheckedDef] = {}
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
         self._resolved: dict[tuple[str, tuple[Any, ...]], Kernel] = {}  # calls without options
@@ -219,6 +227,23 @@ class Compiled:
         return self._kernel.generic
 
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        return self.run(self._bind(inputs))
+
+    def profile(self, *inputs: Any) -> list[dict[str, Any]]:
+        """Run once on the `cuda-emu` target, counting: one dict per kernel launch, with
+        `kernel`, `grid`, `block`, `global_load_bytes`, `global_store_bytes`,
+        `global_requests`, `global_sectors`, `shared_bytes`, `bank_conflicts`,
+        `barriers`, `shuffles` and `atomics` (see `tcpy.runtime.emulator`)."""
+        binding = self._bind(inputs)
+        profile = getattr(self._kernel, "profile", None)
+        if profile is None:
+            raise TCError("profiles are counted by the emulator: compile on the cuda-emu target")
+        try:
+            return list(profile(binding))
+        except TCError as e:
+            raise e.with_source(self.cdef.source) from None
+
+    def _bind(self, inputs: tuple[Any, ...]) -> Binding:
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
@@ -229,7 +254,7 @@ class Compiled:
                 f"this kernel of {self.cdef.name} was compiled for other input {what} or "
                 "dtypes; compile it again (or call the engine) for these"
             )
-        return self.run(binding)
+        return binding
 
     def run(self, binding: Binding) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run on inputs already bound (and checked) for this kernel's signature."""

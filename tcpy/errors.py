@@ -123,6 +123,11 @@ class TCLaunchError(TCError):
     """A compiled kernel failed to load or run."""
 
 
+class TCEmulationError(TCLaunchError):
+    """The CUDA emulator found a defect while running a kernel: an out-of-bounds
+    access, a shared-memory race, a divergent barrier or an incomplete warp operation."""
+
+
 class TCInputError(TCError):
     """The inputs of a call do not fit the definition (count, rank, dtype, sizes),
     or their values make the computation undefined (an index out of range)."""

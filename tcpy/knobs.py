@@ -4,6 +4,8 @@
   `~/.cache/tcpy`). `TCPY_CACHE_DIR=off` disables the disk cache.
 - `TCPY_CC`: the C compiler of the `cpu` target (default `cc`).
 - `TCPY_CXX`: the C++ compiler of the `cuda-emu` target (default `g++`).
+- `TCPY_EMU_CHECK=1`: check every `cuda-emu` launch (bounds, shared-memory races,
+  divergent barriers), with the emulator's instrumented build.
 - `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
   pycuda when installed, else cuda.bindings).
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
@@ -53,6 +55,12 @@ def poison_buffers() -> bool:
     """`TCPY_POISON=1` fills the buffers that are not zero-filled (tensors a kernel
     writes whole) with all-ones bytes, so that an element left unwritten shows."""
     return os.environ.get("TCPY_POISON") == "1"
+
+
+def emu_check() -> bool:
+    """`TCPY_EMU_CHECK=1` runs `cuda-emu` kernels instrumented and checked: bounds,
+    shared-memory races, divergent barriers."""
+    return os.environ.get("TCPY_EMU_CHECK") == "1"
 
 
 def cxx_compiler() -> str:

@@ -17,7 +17,7 @@ import abc
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -108,11 +108,18 @@ class HostKernel:
     )
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+        sizes, buffers, outputs = self._buffers(binding)
+        self.run(sizes, buffers)
+        return outputs
+
+    def _buffers(
+        self, binding: Binding
+    ) -> tuple[list[int], list[np.ndarray], tuple[np.ndarray, ...]]:
+        """The sizes and buffers of a call, and its outputs (among the buffers)."""
         cdef = self.cdef
         outputs = [self._output(t, binding) for t in cdef.outputs]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        self.run(sizes, [*binding.host_arrays, *outputs, *self._temporaries(binding)])
-        return tuple(outputs)
+        return sizes, [*binding.host_arrays, *outputs, *self._temporaries(binding)], tuple(outputs)
 
     def _output(self, tensor: TensorInfo, binding: Binding) -> np.ndarray:
         shape, dtype = binding.shape_of(tensor), tensor.scalar.dtype
@@ -216,10 +223,34 @@ class Cpu(Target):
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class EmulatedKernel(HostKernel):
+    """CUDA kernels run by the emulator. `profile` counts their memory traffic, with
+    the instrumented build (`twin` gives it when this one is not)."""
+
+    twin: Callable[[], EmulatedKernel] | None = field(default=None, compare=False, repr=False)
+
+    def profile(self, binding: Binding) -> list[dict[str, Any]]:
+        from tcpy.runtime.emulator import EmulatedKernels
+
+        run = self.run
+        assert isinstance(run, EmulatedKernels)
+        if not run.instrumented:
+            assert self.twin is not None
+            return self.twin().profile(binding)
+        sizes, buffers, _ = self._buffers(binding)
+        return run.profile(sizes, buffers)
+
+
 class CudaEmu(Target):
-    """The CUDA source of the `cuda` target, run on the CPU by the emulator."""
+    """The CUDA source of the `cuda` target, run on the CPU by the emulator; with
+    `check` (default: `TCPY_EMU_CHECK=1`), instrumented, every launch checked for
+    out-of-bounds accesses, shared-memory races and divergent barriers."""
 
     name = "cuda-emu"
+
+    def __init__(self, check: bool | None = None) -> None:
+        self.check = check
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions.cuda()
@@ -227,6 +258,22 @@ class CudaEmu(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
+        check = knobs.emu_check() if self.check is None else self.check
+        kernel = self._prepare(cdef, binding, options, session, instrumented=check)
+        if check:
+            return kernel
+        return replace(
+            kernel, twin=lambda: self._prepare(cdef, binding, options, session, instrumented=True)
+        )
+
+    def _prepare(
+        self,
+        cdef: CheckedDef,
+        binding: Binding,
+        options: MappingOptions,
+        session: Session,
+        instrumented: bool,
+    ) -> EmulatedKernel:
         from tcpy.codegen.cuda import kernel_parameters
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import emulator
@@ -239,19 +286,24 @@ class CudaEmu(Target):
                 emulator.launcher(k.index, params, len(cdef.size_symbols), lowered.source)
                 for k in lowered.mapping.kernels
             )
-            emulator.build(lowered.source, launchers, directory)
+            emulator.build(lowered.source, launchers, directory, instrumented)
             _write_launches(directory, lowered.mapping)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
-        def load(directory: Path) -> Kernel:
+        def load(directory: Path) -> EmulatedKernel:
             launches = _read_launches(directory)
-            kernels = emulator.EmulatedKernels(directory / "kernel-emu.so", launches)
+            names = [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
+            kernels = emulator.EmulatedKernels(
+                directory / "kernel-emu.so", launches, names,
+                kernels=[f"{cdef.name}#{k}" for k in range(len(launches))],
+                instrumented=instrumented, check=instrumented,
+            )  # fmt: skip
             source = (directory / "kernel.cu").read_text()
-            return HostKernel(cdef, source, kernels, *_read_record(directory))
+            return EmulatedKernel(cdef, source, kernels, *_read_record(directory))
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
-            device="host", toolchain=emulator.compiler_identity(), load=load,
+            device="host", toolchain=emulator.compiler_identity(instrumented), load=load,
         )  # fmt: skip
 
 

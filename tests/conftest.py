@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TCPY_VERIFY", "1")
 os.environ.setdefault("TCPY_NUM_THREADS", "2")
 os.environ.setdefault("TCPY_POISON", "1")
+os.environ.setdefault("TCPY_EMU_CHECK", "1")
 os.environ.setdefault(
     "TCPY_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"tcpy-test-cache-{os.getuid()}")
 )

@@ -149,7 +149,6 @@ extern "C" __global__ void tc_kernel_0(long long s_N, const float *__restrict__ 
         "int *tc_status",
     ]  # fmt: skip
     launcher = emulator.launcher(0, params, 1, source)
-    assert "omp parallel num_threads(threads)" in launcher
     library = emulator.build(source, launcher, tmp_path)
     kernels = emulator.EmulatedKernels(library, [((4, 1, 1), (8, 1, 1))])
     a = np.arange(32, dtype=np.float32)

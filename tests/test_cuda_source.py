@@ -73,8 +73,8 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
     text = lowered.source.split("tc_kernel_1")[1]
     # n (the last subscript of C and B) is the thread x loop: coalesced accesses
     assert (
-        "t_B[((long long)(c5) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))]"
-        in text
+        "TC_LD(t_B, ((long long)(c5) * e_B_1 + "
+        "((32 * (long long)blockIdx.x) + (long long)threadIdx.x)))" in text
     )
     assert "tc_acc = tc_acc + " in text  # the reduction runs innermost, in a register
 

@@ -45,6 +45,11 @@ class Dialect:
     restrict: str = "restrict"
     function_prefix: str = "static inline"  # of the helper functions
     status_store: str = "__atomic_store_n(tc_status, {code}, __ATOMIC_RELAXED)"
+    # an element of a tensor's buffer: read, written (an lvalue), read through the
+    # read-only cache
+    load: str = "{array}[{index}]"
+    store: str = "{array}[{index}]"
+    readonly_load: str = "{array}[{index}]"
 
     def ctype(self, ty: ScalarType) -> str:
         return self.types[ty]
@@ -61,4 +66,7 @@ CUDA = Dialect(
     restrict="__restrict__",
     function_prefix="static __device__ __forceinline__",
     status_store="atomicExch(tc_status, {code})",
+    load="TC_LD({array}, {index})",  # the access macros of `tcpy.codegen.cuda`
+    store="TC_ST({array}, {index})",
+    readonly_load="TC_LDG({array}, {index})",
 )

@@ -153,7 +153,8 @@ class BodyPrinter:
         tensor = self.cdef.tensor(st.tensor)
         lhs = ctx.flat(st.tensor, [indices[v] for v in st.indices])
         compute = tensor.scalar.compute
-        target = f"{tensor_name(st.tensor)}[{lhs}]"
+        target = self.dialect.store.format(array=tensor_name(st.tensor), index=lhs)
+        current = self.dialect.load.format(array=tensor_name(st.tensor), index=lhs)
         reduction = st.op.reduction
         identity = (
             "" if reduction is None else _literal(reduction.neutral(tensor.scalar), tensor.scalar)
@@ -167,7 +168,7 @@ class BodyPrinter:
 
         return StatementParts(
             target=target,
-            current=_convert(target, tensor.scalar, compute, self.dialect),
+            current=_convert(current, tensor.scalar, compute, self.dialect),
             value=value,
             identity=identity,
             reduction=reduction,
@@ -289,9 +290,9 @@ class _Context:
             local = [f"({s}) - {o}" for s, o in zip(subscripts, copy.offsets, strict=True)]
             load = f"{copy.buffer}[{flat_index(self.d, local, [str(n) for n in copy.sizes])}]"
         else:
-            load = f"{tensor_name(e.tensor)}[{self.flat(e.tensor, subscripts)}]"
-        if e.tensor in self.p.readonly and not info.scalar.is_bool:  # no __ldg for bool
-            load = f"__ldg(&{load})"
+            readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
+            form = self.d.readonly_load if readonly else self.d.load
+            load = form.format(array=tensor_name(e.tensor), index=self.flat(e.tensor, subscripts))
         return _convert(load, info.scalar, info.scalar.compute, self.d)
 
     def combine(self, reduction: ast.Reduction, current: str, value: str, ty: ScalarType) -> str:

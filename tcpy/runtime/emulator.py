@@ -1,16 +1,29 @@
 """The `cuda-emu` runtime: the exact CUDA source of the `cuda` target, built by the host
-C++ compiler with a small header that provides CUDA's built-ins, and run on the CPU.
+C++ compiler with a header that provides CUDA's built-ins (`emulator.h`), and run on
+the CPU.
 
-Blocks and threads: every (block, thread) pair of a launch runs as one iteration of an
-OpenMP loop, with `blockIdx` and `threadIdx` thread-local, which is exact for kernels
-without `__syncthreads()`; a kernel that synchronises instead runs its blocks one
-after another, each block's threads as the threads of an OpenMP parallel region, with
-`__syncthreads()` an OpenMP barrier and `__shared__` storage per block. Warp-level
-built-ins are not used by the generated code yet and are not emulated. The CUDA math
-functions C lacks come from the same C implementations the `cpu` target uses.
+Execution: the blocks of a launch are spread over the cores; the threads of a block
+run in one OS thread, in sequence when the source has no barrier and no warp
+operation, else as cooperative fibers that switch at `__syncthreads()` (a real
+barrier) and at warp operations (`__shfl*_sync`, `__ballot_sync`, `__any_sync`,
+`__all_sync`, `__syncwarp`, with their masks and widths). `__shared__` storage is per
+block, static or dynamic; atomics are real atomics. The CUDA math functions C lacks come
+from the same C implementations the `cpu` target uses.
 
-Each kernel gets a launcher, `tc_launch_<k>(grid_and_block, sizes, buffers, status)`,
-generated from the kernel's parameter list, which the Python side calls in order.
+Instrumentation: built `instrumented`, every global and shared access of the source
+(the `TC_LD`, `TC_ST`, `TC_SLD`, ... macros the CUDA printer emits, plain indexing
+elsewhere) goes through a hook. A launch with `check` then stops at the first
+out-of-bounds access, shared-memory race (a write and another thread's access of the
+same word with no barrier between them) or divergent barrier, and raises
+`TCEmulationError` naming the kernel, the array and the threads; a launch with
+`count` runs the lanes of each warp together and returns its traffic (`COUNTERS`).
+A warp-level request gathers the lanes that execute the same access site for the
+same time; its sectors are the distinct 32-byte segments its lanes touch, and a
+shared request's bank conflicts are the wavefronts it needs beyond one per 32 words.
+
+Each kernel gets a launcher, `tc_launch_<k>(grid_and_block, sizes, buffers, status,
+launch)`, generated from the kernel's parameter list, which the Python side calls in
+order.
 """
 
 from __future__ import annotations
@@ -18,117 +31,104 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tcpy import knobs
 from tcpy.codegen.c_helpers import math_helpers
-from tcpy.errors import TCCompileError, TCLaunchError
+from tcpy.errors import TCCompileError, TCEmulationError, TCLaunchError
 from tcpy.parser.builtins import BUILTINS
 from tcpy.runtime import toolchain
 from tcpy.runtime.status import check_status
 
 FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC", "-std=gnu++17", "-w")
+INSTRUMENT_FLAG = "-DTC_EMU_INSTRUMENT"
 
-_HEADER_TOP = r"""
-/* tcpy's CUDA emulation header: CUDA built-ins for running kernels on the CPU. */
-#include <math.h>
-#include <stdint.h>
-#include <omp.h>
-using std::isfinite;
-struct dim3 { unsigned int x, y, z; };
-static thread_local dim3 blockIdx, threadIdx;
-static dim3 gridDim, blockDim;
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __syncthreads() _Pragma("omp barrier")
-template <class T> static inline T __ldg(const T *p) { return *p; }
-static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
-static inline dim3 tc_unflatten(long long i, const long long *d) {
-  return dim3{(unsigned)(i % d[0]), (unsigned)(i / d[0] % d[1]), (unsigned)(i / d[0] / d[1])};
-}
-"""
+# what makes the threads of a block wait for one another
+_SYNCHRONISING = re.compile(
+    r"__syncthreads|__shfl\w*_sync|__ballot_sync|__any_sync|__all_sync|__syncwarp"
+)
+
+COUNTERS = (
+    "global_load_bytes",
+    "global_store_bytes",
+    "global_requests",
+    "global_sectors",
+    "shared_bytes",
+    "bank_conflicts",
+    "barriers",
+    "shuffles",
+    "atomics",
+)
+
+Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
 
 
 @functools.cache
 def header() -> str:
     """The emulation header: built-ins, then every CUDA math function C lacks."""
     every = {name for name in BUILTINS} | {name + "f" for name in BUILTINS}
-    return _HEADER_TOP + math_helpers(every) + "\n"
+    return Path(__file__).with_name("emulator.h").read_text() + math_helpers(every) + "\n"
 
 
 def compiler() -> str:
     return toolchain.require(knobs.cxx_compiler(), "C++ compiler", "TCPY_CXX", "g++")
 
 
-def compiler_identity() -> str:
-    return f"{toolchain.version_line(compiler())} {' '.join(FLAGS)}"
+def compiler_identity(instrumented: bool = False) -> str:
+    flags = [*FLAGS, INSTRUMENT_FLAG] if instrumented else FLAGS
+    return f"{toolchain.version_line(compiler())} {' '.join(flags)}"
 
 
-def launcher(index: int, parameters: list[str], n_sizes: int, source: str) -> str:
-    """The host function that runs kernel `index` of `source` over its grid (C++)."""
-    body = source.split(f"tc_kernel_{index}(", 1)[1].split('extern "C"', 1)[0]
-    synchronises = "__syncthreads" in body
+def launcher(
+    index: int, parameters: Sequence[str], n_sizes: int, source: str, function: str | None = None
+) -> str:
+    """The host function that runs kernel `index` of `source` over its grid (C++).
+    `parameters`: the kernel's, sizes first and the status pointer last; `function`:
+    its name (`tc_kernel_<index>` by default)."""
+    function = function or f"tc_kernel_{index}"
+    synchronises = "true" if _SYNCHRONISING.search(source) else "false"
     args = []
     for k, param in enumerate(parameters):
         ctype, _, _name = param.rpartition(" ")
         if k < n_sizes:
-            args.append(f"tc_sizes[{k}]")
+            args.append(f"a->sizes[{k}]")
         elif k == len(parameters) - 1:  # the status pointer closes every parameter list
-            args.append("tc_status")
+            args.append("a->status")
         else:
             pointer_type = ctype.replace("__restrict__", "").strip()
-            args.append(f"({pointer_type})tc_buffers[{k - n_sizes}]")
-    call = f"tc_kernel_{index}({', '.join(args)});"
-    if synchronises:
-        run_blocks = f"""
-  for (long long b = 0; b < blocks; b++) {{
-    #pragma omp parallel num_threads(threads)
-    {{
-      long long t = omp_get_thread_num();
-      blockIdx = tc_unflatten(b, g);
-      threadIdx = tc_unflatten(t, d);
-      {call}
-    }}
-  }}"""
-    else:
-        run_blocks = f"""
-  #pragma omp parallel for schedule(static)
-  for (long long i = 0; i < blocks * threads; i++) {{
-    long long b = i / threads, t = i % threads;
-    blockIdx = tc_unflatten(b, g);
-    threadIdx = tc_unflatten(t, d);
-    {call}
-  }}"""
+            args.append(f"({pointer_type})a->buffers[{k - n_sizes}]")
     return f"""
-extern "C" int tc_launch_{index}(const long long *tc_dims, const long long *tc_sizes,
-                                  void *const *tc_buffers, int *tc_status) {{
-  const long long *g = tc_dims, *d = tc_dims + 3;
-  gridDim = dim3{{(unsigned)g[0], (unsigned)g[1], (unsigned)g[2]}};
-  blockDim = dim3{{(unsigned)d[0], (unsigned)d[1], (unsigned)d[2]}};
-  long long blocks = g[0] * g[1] * g[2], threads = d[0] * d[1] * d[2];{run_blocks}
-  return 0;
+struct tc_args_{index} {{ const long long *sizes; void *const *buffers; int *status; }};
+static void tc_body_{index}(void *p) {{
+  tc_args_{index} *a = (tc_args_{index} *)p;
+  {function}({", ".join(args)});
+}}
+extern "C" int tc_launch_{index}(const long long *dims, const long long *sizes,
+                                  void *const *buffers, int *status, tc_emu_launch *launch) {{
+  tc_args_{index} a = {{sizes, buffers, status}};
+  return tc_emu::run(dims, tc_body_{index}, &a, launch, {synchronises}, __COUNTER__ + 1);
 }}
 """
 
 
-def build(source: str, launchers: str, directory: Path) -> Path:
+def build(source: str, launchers: str, directory: Path, instrumented: bool = False) -> Path:
     """Compile the CUDA source and its launchers into `directory/kernel-emu.so` (the
     intermediate C++ files are removed once it is built)."""
     (directory / "tc_emu.h").write_text(header())
     unit = directory / "kernel-emu.cpp"
     unit.write_text(f'#include "tc_emu.h"\n{source}\n{launchers}')
     library = directory / "kernel-emu.so"
-    cmd = [compiler(), *FLAGS, "-o", str(library), str(unit), "-lm"]
+    flags = [*FLAGS, INSTRUMENT_FLAG] if instrumented else list(FLAGS)
+    cmd = [compiler(), *flags, "-o", str(library), str(unit), "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -146,29 +146,116 @@ def build(source: str, launchers: str, directory: Path) -> Path:
     return library
 
 
-class EmulatedKernels:
-    """The launchers of one compiled definition, run in order."""
+class _Buffer(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("bytes", ctypes.c_longlong), ("name", ctypes.c_char_p)]
 
-    def __init__(self, library: Path, launches: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]):
+
+class _Launch(ctypes.Structure):
+    _fields_ = [
+        ("check", ctypes.c_int),
+        ("count", ctypes.c_int),
+        ("n_buffers", ctypes.c_int),
+        ("buffers", ctypes.POINTER(_Buffer)),
+        ("kernel", ctypes.c_char_p),
+        ("dynamic_shared", ctypes.c_longlong),
+        ("counters", ctypes.c_longlong * len(COUNTERS)),
+        ("error", ctypes.c_char * 1024),
+    ]
+
+
+class EmulatedKernels:
+    """The launchers of one compiled definition, run in order.
+
+    `names`: the buffers' tensor names (for messages); `kernels`: each launch's name;
+    `dynamic_shared`: each launch's dynamic shared memory in bytes; `instrumented`:
+    the library was built with the hooks, which `check` (bounds, races, barriers) and
+    `profile` need."""
+
+    def __init__(
+        self,
+        library: Path,
+        launches: Sequence[Launch],
+        names: Sequence[str] = (),
+        kernels: Sequence[str] = (),
+        dynamic_shared: Sequence[int] = (),
+        instrumented: bool = False,
+        check: bool = False,
+    ):
         try:
             self._lib = ctypes.CDLL(os.fspath(library))
         except OSError as e:
             raise TCLaunchError(f"cannot load the emulated kernels {library}: {e}") from None
-        self._launches = []
-        for k, (grid, block) in enumerate(launches):
+        self.launches = list(launches)
+        self.instrumented = instrumented
+        self.check = check and instrumented
+        self._names = [n.encode() for n in names]
+        n = len(self.launches)
+        named = [kernels[k] if k < len(kernels) else f"kernel {k}" for k in range(n)]
+        self._kernels = [name.encode() for name in named]
+        self._shared = [dynamic_shared[k] if k < len(dynamic_shared) else 0 for k in range(n)]
+        self._functions = []
+        for k in range(len(self.launches)):
             fn = getattr(self._lib, f"tc_launch_{k}")
             fn.argtypes = [ctypes.POINTER(ctypes.c_longlong)] * 2 + [
                 ctypes.POINTER(ctypes.c_void_p),
                 ctypes.POINTER(ctypes.c_int),
+                ctypes.POINTER(_Launch),
             ]
             fn.restype = ctypes.c_int
-            dims = (ctypes.c_longlong * 6)(*grid, *block)
-            self._launches.append((fn, dims))
+            self._functions.append(fn)
+        self._lock = threading.Lock()  # a launch sets the library's globals (gridDim, ...)
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
+        self._run(sizes, buffers, count=False)
+
+    def profile(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> list[dict[str, Any]]:
+        """Run once, counting: one dict per launch (`kernel`, `grid`, `block` and the
+        `COUNTERS`)."""
+        if not self.instrumented:
+            raise TCLaunchError("profiling needs the instrumented build of the emulated kernels")
+        # at the alignment of GPU allocations, so that sectors are counted as they would be
+        aligned = [_aligned_copy(b) for b in buffers]
+        profiles = self._run(sizes, aligned, count=True)
+        for b, a in zip(buffers, aligned, strict=True):
+            b[...] = a
+        return profiles
+
+    def _run(
+        self, sizes: Sequence[int], buffers: Sequence[np.ndarray], count: bool
+    ) -> list[dict[str, Any]]:
         c_sizes = (ctypes.c_longlong * max(1, len(sizes)))(*sizes)
         c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
+        table = (_Buffer * max(1, len(buffers)))()
+        for k, b in enumerate(buffers):
+            name = self._names[k] if k < len(self._names) else f"buffer {k}".encode()
+            table[k] = _Buffer(b.ctypes.data, b.nbytes, name)
         status = ctypes.c_int(0)
-        for fn, dims in self._launches:
-            fn(dims, c_sizes, c_buffers, ctypes.byref(status))
-            check_status(status.value)
+        profiles = []
+        with self._lock:
+            for k, fn in enumerate(self._functions):
+                grid, block = self.launches[k]
+                dims = (ctypes.c_longlong * 6)(*grid, *block)
+                launch = _Launch(
+                    check=int(self.check), count=int(count), n_buffers=len(buffers),
+                    buffers=table, kernel=self._kernels[k], dynamic_shared=self._shared[k],
+                )  # fmt: skip
+                if fn(dims, c_sizes, c_buffers, ctypes.byref(status), ctypes.byref(launch)):
+                    raise TCEmulationError(launch.error.decode(errors="replace"))
+                check_status(status.value)
+                if count:
+                    counted = dict(zip(COUNTERS, launch.counters, strict=True))
+                    shape = {"kernel": self._kernels[k].decode(), "grid": grid, "block": block}
+                    profiles.append({**shape, **counted})
+        return profiles
+
+
+ALIGNMENT = 256  # of a cudaMalloc allocation
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A copy of `array` that starts on an `ALIGNMENT`-byte boundary."""
+    raw = np.empty(array.nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    copy = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy

@@ -37,7 +37,12 @@ from tools.fuzz.mutate import mutate, seed_sources, token_soup
 from tools.fuzz.options import sample_options
 from tools.fuzz.shrink import Case, TextCase, shrink_case, shrink_text
 
-WORKER_ENV = {"TCPY_VERIFY": "1", "TCPY_POISON": "1", "TCPY_NUM_THREADS": "2"}
+WORKER_ENV = {
+    "TCPY_VERIFY": "1",
+    "TCPY_POISON": "1",
+    "TCPY_NUM_THREADS": "2",
+    "TCPY_EMU_CHECK": "1",  # cuda-emu runs instrumented: bounds, races, barriers
+}
 
 
 def pair_seed(seed: int, i: int) -> int:

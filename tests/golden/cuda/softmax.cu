@@ -6,6 +6,21 @@
 /*               O(n, d) = expDist(n, d) / expSum(n) */
 /*           } */
 
+#ifndef TC_ACCESS_MACROS
+#define TC_ACCESS_MACROS
+#define TC_LD(a, i) ((a)[i])
+#define TC_LDG(a, i) __ldg(&(a)[i])
+#define TC_ST(a, i) ((a)[i])
+#define TC_AT(a, i) (&(a)[i])
+#define TC_LDV(T, a, i) (*reinterpret_cast<const T *>(&(a)[i]))
+#define TC_SLD(s, i) ((s)[i])
+#define TC_SST(s, i) ((s)[i])
+#define TC_SAT(s, i) (&(s)[i])
+#endif
+#ifndef TC_DYNAMIC_SHARED
+#define TC_DYNAMIC_SHARED(T, s) extern __shared__ __align__(16) T s[]
+#endif
+
 static __device__ __forceinline__ long long tc_floord(long long a, long long b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
 static __device__ __forceinline__ long long tc_min(long long a, long long b) { return a < b ? a : b; }
 static __device__ __forceinline__ long long tc_max(long long a, long long b) { return a > b ? a : b; }
@@ -23,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_0(long long s_N, long
   const long long e_expDist_1 = s_D;
   const long long e_expSum_0 = s_N;
   /* maxVal(n) max=! I(n, d)  [initialisation] */
-  t_maxVal[(long long)((long long)threadIdx.x)] = (-1.0f / 0.0f);
+  TC_ST(t_maxVal, (long long)((long long)threadIdx.x)) = (-1.0f / 0.0f);
 }
 extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
@@ -36,11 +51,11 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long
   const long long e_expSum_0 = s_N;
   /* maxVal(n) max=! I(n, d) */
   {
-    float tc_acc = t_maxVal[(long long)((long long)threadIdx.x)];
+    float tc_acc = TC_LD(t_maxVal, (long long)((long long)threadIdx.x));
     for (long long c3 = 0; c3 <= 39; c3++) {
-      tc_acc = tc_max_float32(tc_acc, t_I[((long long)((long long)threadIdx.x) * e_I_1 + (c3))]);
+      tc_acc = tc_max_float32(tc_acc, TC_LD(t_I, ((long long)((long long)threadIdx.x) * e_I_1 + (c3))));
     }
-    t_maxVal[(long long)((long long)threadIdx.x)] = tc_acc;
+    TC_ST(t_maxVal, (long long)((long long)threadIdx.x)) = tc_acc;
   }
 }
 extern "C" __global__ void __launch_bounds__(256) tc_kernel_2(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
@@ -56,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_2(long long s_N, lon
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 39) {
     #pragma unroll 4
     for (long long c2 = (long long)threadIdx.y; c2 <= 15; c2 += 8) {
-      t_expDist[((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] = expf((t_I[((long long)(c2) * e_I_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] - t_maxVal[(long long)(c2)]));
+      TC_ST(t_expDist, ((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = expf((TC_LD(t_I, ((long long)(c2) * e_I_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) - TC_LD(t_maxVal, (long long)(c2))));
     }
   }
 }
@@ -70,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_3(long long s_N, long
   const long long e_expDist_1 = s_D;
   const long long e_expSum_0 = s_N;
   /* expSum(n) +=! expDist(n, d)  [initialisation] */
-  t_expSum[(long long)((long long)threadIdx.x)] = 0.0f;
+  TC_ST(t_expSum, (long long)((long long)threadIdx.x)) = 0.0f;
 }
 extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
@@ -83,11 +98,11 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long
   const long long e_expSum_0 = s_N;
   /* expSum(n) +=! expDist(n, d) */
   {
-    float tc_acc = t_expSum[(long long)((long long)threadIdx.x)];
+    float tc_acc = TC_LD(t_expSum, (long long)((long long)threadIdx.x));
     for (long long c3 = 0; c3 <= 39; c3++) {
-      tc_acc = tc_acc + t_expDist[((long long)((long long)threadIdx.x) * e_expDist_1 + (c3))];
+      tc_acc = tc_acc + TC_LD(t_expDist, ((long long)((long long)threadIdx.x) * e_expDist_1 + (c3)));
     }
-    t_expSum[(long long)((long long)threadIdx.x)] = tc_acc;
+    TC_ST(t_expSum, (long long)((long long)threadIdx.x)) = tc_acc;
   }
 }
 extern "C" __global__ void __launch_bounds__(256) tc_kernel_5(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
@@ -103,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_5(long long s_N, lon
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 39) {
     #pragma unroll 4
     for (long long c2 = (long long)threadIdx.y; c2 <= 15; c2 += 8) {
-      t_O[((long long)(c2) * e_O_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] = (t_expDist[((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))] / t_expSum[(long long)(c2)]);
+      TC_ST(t_O, ((long long)(c2) * e_O_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = (TC_LD(t_expDist, ((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) / TC_LD(t_expSum, (long long)(c2)));
     }
   }
 }

@@ -1,0 +1,885 @@
+/* tcpy's CUDA emulator: the built-ins of CUDA for running kernels on the CPU.
+
+   A launch spreads its blocks over the CPU's cores (OpenMP). The threads of a block
+   run in one OS thread: one after another when the translation unit uses no barrier
+   and no warp operation, else as cooperative fibers that switch only where a thread
+   must wait for others (a barrier, a warp operation) and, when counting, after each
+   memory access, so that the lanes of a warp advance together.
+
+   Built with TC_EMU_INSTRUMENT, the access macros of the generated source (TC_LD,
+   TC_ST, TC_SLD, ...) go through hooks that check bounds and shared-memory races and
+   count traffic, as the launch asks; without it they are the plain indexing that
+   NVRTC compiles. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <omp.h>
+#include <type_traits>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+using std::isfinite;
+
+struct dim3 { unsigned int x, y, z; };
+struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(16))) double2 { double x, y; };
+struct __attribute__((aligned(8))) int2 { int x, y; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline double2 make_double2(double x, double y) { return double2{x, y}; }
+static inline int2 make_int2(int x, int y) { return int2{x, y}; }
+static inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+
+static thread_local dim3 blockIdx, threadIdx;
+static dim3 gridDim, blockDim;
+static const int warpSize = 32;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+/* one block at a time runs in an OS thread: its static shared memory is thread-local */
+#define __shared__ static thread_local
+
+/* What Python passes to a launch and reads back (`tcpy.runtime.emulator._Launch`). */
+struct tc_emu_buffer { const char *base; long long bytes; const char *name; };
+enum { TC_EMU_GLOBAL_LOAD_BYTES, TC_EMU_GLOBAL_STORE_BYTES, TC_EMU_GLOBAL_REQUESTS,
+       TC_EMU_GLOBAL_SECTORS, TC_EMU_SHARED_BYTES, TC_EMU_BANK_CONFLICTS, TC_EMU_BARRIERS,
+       TC_EMU_SHUFFLES, TC_EMU_ATOMICS, TC_EMU_COUNTERS };
+struct tc_emu_launch {
+  int check, count;
+  int n_buffers;
+  const tc_emu_buffer *buffers;
+  const char *kernel;
+  long long dynamic_shared;
+  long long counters[TC_EMU_COUNTERS];
+  char error[1024];
+};
+
+namespace tc_emu {
+
+/* --- context switching ------------------------------------------------------------
+   On x86-64 a switch saves the callee-saved registers and the floating-point control
+   words on the old stack and loads them from the new one (swapcontext would also make
+   a system call for the signal mask at every switch); elsewhere ucontext. */
+#if defined(__x86_64__)
+extern "C" void tc_emu_switch(void **save, void *load);
+extern "C" void tc_emu_entry();
+asm(R"(
+  .text
+  .globl tc_emu_switch
+  .hidden tc_emu_switch
+  .type tc_emu_switch, @function
+tc_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tc_emu_switch, .-tc_emu_switch
+  .globl tc_emu_entry
+  .hidden tc_emu_entry
+  .type tc_emu_entry, @function
+tc_emu_entry:
+  call tc_emu_fiber_main
+  ud2
+  .size tc_emu_entry, .-tc_emu_entry
+)");
+struct Context { void *sp; };
+static inline void start_context(Context &c, char *stack, size_t bytes) {
+  uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+  void **sp = (void **)top;
+  *--sp = (void *)tc_emu_entry;  /* the address `ret` jumps to; rsp is then 16-aligned */
+  for (int r = 0; r < 6; r++) *--sp = nullptr;  /* rbp, rbx, r12-r15 */
+  --sp;
+  uint32_t mxcsr = 0x1F80; uint16_t fpcw = 0x037F;
+  memcpy(sp, &mxcsr, 4); memcpy((char *)sp + 4, &fpcw, 2);
+  c.sp = sp;
+}
+static inline void switch_context(Context &from, Context &to) { tc_emu_switch(&from.sp, to.sp); }
+#else
+extern "C" void tc_emu_fiber_main();
+struct Context { ucontext_t uc; };
+static inline void start_context(Context &c, char *stack, size_t bytes) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, tc_emu_fiber_main, 0);
+}
+static inline void switch_context(Context &from, Context &to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+/* --- the state of a launch and of each OS thread ------------------------------------ */
+enum State { READY, AT_BARRIER, AT_WARP, DONE };
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP };
+enum Access { LOAD, STORE, ATOMIC };
+static const char *const WARP_OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+  "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp"};
+
+struct Fiber {
+  Context context;
+  int state;
+  int site;  /* of the barrier or warp operation waited at */
+  int op, width;
+  unsigned mask;
+  long long arg;
+  uint64_t value, result;
+};
+
+/* A warp-level memory instruction being gathered: the lanes that executed the same
+   access site for the same time, and what they touched. */
+struct Request {
+  int site;
+  uint32_t occurrence;
+  unsigned lanes;
+  bool shared;
+  int n;
+  uint64_t units[128];  /* 32-byte sectors (global) or 4-byte words (shared) */
+};
+
+struct Requests {  /* the open requests of one warp */
+  Request *items;
+  int n, capacity;
+};
+
+/* Of one 4-byte word of shared memory, for the race check: its last writer and up to
+   two readers since, each with the block's clock at the access. */
+struct Shadow {
+  int writer = -1, reader = -1, other = -1;
+  long long written = 0, read = 0, other_read = 0;
+};
+
+/* The shadow words of a block's shared memory, by address: open addressing. */
+struct ShadowTable {
+  uintptr_t *keys = nullptr;
+  Shadow *values = nullptr;
+  size_t capacity = 0, used = 0;
+
+  ~ShadowTable() { free(keys); free(values); }
+  void clear() {
+    if (used) memset(keys, 0, capacity * sizeof *keys);
+    used = 0;
+  }
+  size_t slot(uintptr_t key) const {
+    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (capacity - 1);
+    while (keys[i] && keys[i] != key) i = (i + 1) & (capacity - 1);
+    return i;
+  }
+  Shadow &at(uintptr_t key) {  /* key: a word's address, never 0 */
+    if (2 * (used + 1) > capacity) grow();
+    size_t i = slot(key);
+    if (!keys[i]) {
+      keys[i] = key;
+      values[i] = Shadow();
+      used++;
+    }
+    return values[i];
+  }
+  void grow() {
+    uintptr_t *old_keys = keys;
+    Shadow *old_values = values;
+    size_t old = capacity;
+    capacity = capacity ? 2 * capacity : 4096;
+    keys = (uintptr_t *)calloc(capacity, sizeof *keys);
+    values = (Shadow *)malloc(capacity * sizeof *values);
+    for (size_t k = 0; k < old; k++)
+      if (old_keys[k]) {
+        size_t i = slot(old_keys[k]);
+        keys[i] = old_keys[k];
+        values[i] = old_values[k];
+      }
+    free(old_keys);
+    free(old_values);
+  }
+};
+
+static inline long long smaller_of(long long a, long long b) { return a < b ? a : b; }
+
+static tc_emu_launch *launch_info;
+static int launch_sites;
+static volatile int failed;
+static const size_t STACK_BYTES = 256 * 1024;
+
+struct Worker {
+  int n = 0;  /* threads in a block */
+  bool fibers = false;
+  Fiber *fiber = nullptr;
+  char *stacks = nullptr;
+  size_t stacks_bytes = 0;
+  Context scheduler;
+  int current = 0;
+  dim3 block;
+  /* the race check's clock: it ticks at every barrier and completed __syncwarp; an
+     access is ordered before another thread's if a barrier passed since, or a
+     __syncwarp of both lanes (`paired`, per warp and pair of lanes) */
+  long long clock = 1, barrier_clock = 0;
+  long long *paired = nullptr;
+  bool aborted = false;
+  void (*body)(void *) = nullptr;
+  void *arg = nullptr;
+  char *dynamic_shared = nullptr;
+  long long counters[TC_EMU_COUNTERS] = {};
+  uint32_t *occurrences = nullptr;  /* per thread and access site */
+  Requests *requests = nullptr;  /* per warp */
+  int warps = 0;
+  ShadowTable shadow;
+  char sink[64] __attribute__((aligned(16)));  /* where a refused access goes */
+
+  ~Worker() {
+    if (stacks) munmap(stacks, stacks_bytes);
+    delete[] fiber;
+    free(dynamic_shared);
+    free(occurrences);
+    free(paired);
+    for (int k = 0; k < warps; k++) free(requests[k].items);
+    free(requests);
+  }
+};
+static thread_local Worker *worker;
+
+static inline dim3 unflatten(long long i, dim3 d) {
+  return dim3{(unsigned)(i % d.x), (unsigned)(i / d.x % d.y), (unsigned)(i / d.x / d.y)};
+}
+
+static inline int lane_of(int t) { return t % 32; }
+
+/* --- errors: the first one of a launch is kept, and the launch stops --------------- */
+static void record_failure(const char *message) {
+  if (__sync_bool_compare_and_swap(&failed, 0, 1))
+    snprintf(launch_info->error, sizeof launch_info->error, "%s", message);
+}
+
+static void where(char *out, size_t size, int t) {
+  Worker &w = *worker;
+  dim3 th = unflatten(t, blockDim);
+  snprintf(out, size, "block (%u, %u, %u) thread (%u, %u, %u)", w.block.x, w.block.y,
+           w.block.z, th.x, th.y, th.z);
+}
+
+/* Called in a thread of the kernel: records the error and leaves the block (a fiber
+   switches away for good; a thread run in sequence carries on into the sink, and the
+   launch stops after it). */
+static void fail_here(const char *message) {
+  record_failure(message);
+  Worker &w = *worker;
+  w.aborted = true;
+  if (w.fibers) switch_context(w.fiber[w.current].context, w.scheduler);
+}
+
+static inline void yield(int state) {
+  Worker &w = *worker;
+  w.fiber[w.current].state = state;
+  switch_context(w.fiber[w.current].context, w.scheduler);
+}
+
+extern "C" __attribute__((used, visibility("hidden"))) void tc_emu_fiber_main() {
+  for (;;) {
+    Worker &w = *worker;
+    w.body(w.arg);
+    w.fiber[w.current].state = DONE;
+    switch_context(w.fiber[w.current].context, w.scheduler);
+  }
+}
+
+/* --- counting: warp-level requests ------------------------------------------------- */
+static void finish_request(Worker &w, Request &r) {
+  if (!r.shared) {
+    w.counters[TC_EMU_GLOBAL_REQUESTS] += 1;
+    w.counters[TC_EMU_GLOBAL_SECTORS] += r.n;
+    return;
+  }
+  /* a shared request takes as many wavefronts as the most distinct words in one bank;
+     the fewest it could take is one per 32 words */
+  int per_bank[32] = {};
+  int most = 0;
+  for (int k = 0; k < r.n; k++) {
+    int in_bank = ++per_bank[r.units[k] % 32];
+    most = in_bank > most ? in_bank : most;
+  }
+  long long fewest = ((long long)r.n + 31) / 32;
+  if (most > fewest) w.counters[TC_EMU_BANK_CONFLICTS] += most - fewest;
+}
+
+static int live_lanes(Worker &w, int warp) {
+  int live = 0;
+  for (int t = warp * 32; t < smaller_of(w.n, warp * 32 + 32); t++) live += w.fiber[t].state != DONE;
+  return live;
+}
+
+static void count_access(int site, const void *address, long long bytes, bool shared) {
+  Worker &w = *worker;
+  int t = w.current, warp = t / 32;
+  uint32_t occurrence = ++w.occurrences[(size_t)t * launch_sites + site];
+  Requests &open = w.requests[warp];
+  Request *r = nullptr;
+  for (int k = 0; k < open.n; k++)
+    if (open.items[k].site == site && open.items[k].occurrence == occurrence) r = &open.items[k];
+  if (!r) {
+    if (open.n == open.capacity) {
+      open.capacity = open.capacity ? 2 * open.capacity : 4;
+      open.items = (Request *)realloc(open.items, open.capacity * sizeof(Request));
+    }
+    r = &open.items[open.n++];
+    r->site = site;
+    r->occurrence = occurrence;
+    r->lanes = 0;
+    r->shared = shared;
+    r->n = 0;
+  }
+  r->lanes |= 1u << lane_of(t);
+  uintptr_t a = (uintptr_t)address;
+  uint64_t unit = shared ? 4 : 32;
+  for (uint64_t k = a / unit; k <= (a + bytes - 1) / unit; k++) {
+    bool seen = false;
+    for (int u = 0; u < r->n; u++) seen |= r->units[u] == k;
+    if (!seen && r->n < 128) r->units[r->n++] = k;
+  }
+  if (__builtin_popcount(r->lanes) >= live_lanes(w, warp)) {
+    finish_request(w, *r);
+    *r = open.items[--open.n];
+  }
+}
+
+static void finish_requests(Worker &w) {
+  for (int k = 0; k < w.warps; k++) {
+    Requests &open = w.requests[k];
+    for (int i = 0; i < open.n; i++) finish_request(w, open.items[i]);
+    open.n = 0;
+  }
+}
+
+/* --- checking: the race check of shared memory ------------------------------------- */
+static void race(const char *array, int other, const char *first, const char *second) {
+  Worker &w = *worker;
+  char a[96], b[96], message[512];
+  where(a, sizeof a, other);
+  where(b, sizeof b, w.current);
+  snprintf(message, sizeof message,
+           "%s: shared-memory race on %s: %s by %s and %s by %s with no barrier between them",
+           launch_info->kernel, array, first, a, second, b);
+  fail_here(message);
+}
+
+static bool ordered(Worker &w, int first, long long at, int then) {
+  if (first == then || w.barrier_clock > at) return true;
+  if (first / 32 != then / 32 || !w.paired) return false;
+  return w.paired[((size_t)(first / 32) * 32 + lane_of(first)) * 32 + lane_of(then)] > at;
+}
+
+static void check_race(const char *array, const void *address, long long bytes, int kind) {
+  Worker &w = *worker;
+  int t = w.current;
+  if (kind == ATOMIC) return;
+  uintptr_t a = (uintptr_t)address;
+  for (uintptr_t word = a / 4; word <= (a + bytes - 1) / 4; word++) {
+    Shadow &s = w.shadow.at(word);
+    const char *access = kind == LOAD ? "a read" : "a write";
+    if (s.writer >= 0 && !ordered(w, s.writer, s.written, t))
+      return race(array, s.writer, "a write", access);
+    if (kind == STORE) {
+      if (s.reader >= 0 && !ordered(w, s.reader, s.read, t))
+        return race(array, s.reader, "a read", access);
+      if (s.other >= 0 && !ordered(w, s.other, s.other_read, t))
+        return race(array, s.other, "a read", access);
+      s.writer = t;
+      s.written = w.clock;
+      s.reader = s.other = -1;
+    } else if (s.reader < 0 || s.reader == t || ordered(w, s.reader, s.read, t)) {
+      s.reader = t;
+      s.read = w.clock;
+    } else {
+      s.other = t;
+      s.other_read = w.clock;
+    }
+  }
+}
+
+/* --- the hooks of the access macros ------------------------------------------------ */
+static void out_of_bounds(const char *space, const char *array, long long index, long long n) {
+  char at[96], message[512];
+  where(at, sizeof at, worker->current);
+  snprintf(message, sizeof message,
+           "%s: %s access out of bounds: %s has %lld elements, index %lld, by %s",
+           launch_info->kernel, space, array, n, index, at);
+  fail_here(message);
+}
+
+template <class T>
+static T *global_access(T *base, long long index, long long bytes, int kind, int site) {
+  Worker &w = *worker;
+  if (w.aborted) return (T *)w.sink;
+  const tc_emu_launch &L = *launch_info;
+  if (L.check) {
+    const tc_emu_buffer *found = nullptr;
+    for (int k = 0; k < L.n_buffers; k++)
+      if (L.buffers[k].base == (const char *)base) found = &L.buffers[k];
+    if (!found) {
+      char message[256];
+      snprintf(message, sizeof message, "%s: a global access through a pointer that is not "
+               "the start of a buffer of the launch", L.kernel);
+      fail_here(message);
+      return (T *)w.sink;
+    }
+    long long n = found->bytes / (long long)sizeof(T);
+    if (index < 0 || index * (long long)sizeof(T) + bytes > found->bytes) {
+      out_of_bounds("global", found->name, index, n);
+      return (T *)w.sink;
+    }
+    if (index * (long long)sizeof(T) % bytes) {  /* a vector access must be aligned to its size */
+      char at[96], message[512];
+      where(at, sizeof at, w.current);
+      snprintf(message, sizeof message, "%s: misaligned %lld-byte access to %s at index %lld, by %s",
+               L.kernel, bytes, found->name, index, at);
+      fail_here(message);
+      return (T *)w.sink;
+    }
+  }
+  T *address = base + index;
+  if (L.count && kind != ATOMIC) {
+    w.counters[kind == LOAD ? TC_EMU_GLOBAL_LOAD_BYTES : TC_EMU_GLOBAL_STORE_BYTES] += bytes;
+    count_access(site, address, bytes, false);
+    yield(READY);
+  }
+  return address;
+}
+
+template <class T>
+static T *shared_access(T *base, long long n, const char *name, long long index, long long bytes,
+                        int kind, int site) {
+  Worker &w = *worker;
+  if (w.aborted) return (T *)w.sink;
+  const tc_emu_launch &L = *launch_info;
+  if (L.check) {
+    if (index < 0 || index * (long long)sizeof(T) + bytes > n * (long long)sizeof(T)) {
+      out_of_bounds("shared", name, index, n);
+      return (T *)w.sink;
+    }
+    check_race(name, base + index, bytes, kind);
+    if (w.aborted) return (T *)w.sink;
+  }
+  T *address = base + index;
+  if (L.count && kind != ATOMIC) {
+    w.counters[TC_EMU_SHARED_BYTES] += bytes;
+    count_access(site, address, bytes, true);
+    yield(READY);
+  }
+  return address;
+}
+
+/* A shared array's elements: all of a static array; from `base` to the end of the
+   launch's dynamic shared memory for a pointer into it. */
+template <class A>
+static auto shared(A &a, const char *name, long long index, long long bytes, int kind, int site) {
+  if constexpr (std::is_array<A>::value) {
+    return shared_access(&a[0], (long long)std::extent<A>::value, name, index, bytes, kind, site);
+  } else {
+    using T = typename std::remove_pointer<A>::type;
+    Worker &w = *worker;
+    long long n = (w.dynamic_shared + launch_info->dynamic_shared - (char *)a) / (long long)sizeof(T);
+    return shared_access(a, n, name, index, bytes, kind, site);
+  }
+}
+
+static inline void *dynamic_shared() { return worker->dynamic_shared; }
+
+/* --- barriers and warp operations -------------------------------------------------- */
+static void syncthreads(int site) {
+  Worker &w = *worker;
+  if (!w.fibers) return;
+  w.fiber[w.current].site = site;
+  yield(AT_BARRIER);
+}
+
+static uint64_t warp_op(int op, int site, unsigned mask, uint64_t value, long long arg, int width) {
+  Worker &w = *worker;
+  Fiber &f = w.fiber[w.current];
+  if (launch_info->check && !(mask >> lane_of(w.current) & 1)) {
+    char at[96], message[512];
+    where(at, sizeof at, w.current);
+    snprintf(message, sizeof message, "%s: %s by %s, a lane not in its mask 0x%08x",
+             launch_info->kernel, WARP_OP_NAMES[op], at, mask);
+    fail_here(message);
+    return value;
+  }
+  f.op = op; f.site = site; f.mask = mask; f.value = value; f.arg = arg; f.width = width;
+  yield(AT_WARP);
+  return f.result;
+}
+
+/* The result of a warp operation for lane `t` of a group that has all arrived. */
+static uint64_t warp_result(Worker &w, int t, int first) {
+  Fiber &f = w.fiber[t];
+  int lane = lane_of(t), width = f.width, base = lane & ~(width - 1);
+  unsigned mask = f.mask;
+  auto member = [&](int l) { return l >= 0 && l < 32 && (mask >> l & 1) && first + l < w.n; };
+  auto from = [&](int l) { return member(l) ? w.fiber[first + l].value : f.value; };
+  switch (f.op) {
+    case SHFL_IDX: return from(base + (int)(f.arg & (width - 1)));
+    case SHFL_UP: return (lane - base) < f.arg ? f.value : from(lane - (int)f.arg);
+    case SHFL_DOWN: return (lane - base) + f.arg >= width ? f.value : from(lane + (int)f.arg);
+    case SHFL_XOR: {
+      int src = lane ^ (int)f.arg;
+      return src >= base + width ? f.value : from(src);
+    }
+    default: {
+      unsigned ballot = 0;
+      for (int l = 0; l < 32; l++)
+        if (member(l) && w.fiber[first + l].value) ballot |= 1u << l;
+      unsigned present = 0;
+      for (int l = 0; l < 32; l++) present |= (unsigned)member(l) << l;
+      if (f.op == BALLOT) return ballot;
+      if (f.op == ANY) return ballot != 0;
+      if (f.op == ALL) return ballot == present;
+      return 0;
+    }
+  }
+}
+
+/* A __syncwarp completed: the lanes' earlier shared accesses are ordered before their
+   later ones. */
+static void order_lanes(Worker &w, int warp, const int *lanes, int n) {
+  if (!w.paired) w.paired = (long long *)calloc((size_t)((w.n + 31) / 32) * 1024, sizeof(long long));
+  long long now = ++w.clock;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++)
+      w.paired[((size_t)warp * 32 + lane_of(lanes[i])) * 32 + lane_of(lanes[j])] = now;
+}
+
+/* Completes every warp operation whose lanes have all arrived; false when none has. */
+static bool resolve_warps(Worker &w) {
+  bool released = false;
+  for (int first = 0; first < w.n; first += 32) {
+    for (int t = first; t < smaller_of(w.n, first + 32); t++) {
+      Fiber &f = w.fiber[t];
+      if (f.state != AT_WARP) continue;
+      bool complete = true;
+      for (int l = 0; l < 32 && complete; l++) {
+        if (!(f.mask >> l & 1) || first + l >= w.n) continue;
+        Fiber &g = w.fiber[first + l];
+        if (g.state == DONE && launch_info->check) {
+          char at[96], message[512];
+          where(at, sizeof at, t);
+          snprintf(message, sizeof message, "%s: %s by %s names lane %d in its mask 0x%08x, "
+                   "which has exited", launch_info->kernel, WARP_OP_NAMES[f.op], at, l, f.mask);
+          record_failure(message);
+          w.aborted = true;
+          return false;
+        }
+        complete = g.state == DONE || (g.state == AT_WARP && g.mask == f.mask);
+      }
+      if (!complete) continue;
+      unsigned group = f.mask;
+      bool shuffle = f.op <= SHFL_XOR;
+      int lanes[32], n_lanes = 0;
+      for (int l = 0; l < 32; l++)
+        if ((group >> l & 1) && first + l < w.n && w.fiber[first + l].state == AT_WARP)
+          lanes[n_lanes++] = first + l;
+      for (int k = 0; k < n_lanes; k++) {
+        int u = lanes[k];
+        if (launch_info->check && w.fiber[u].op != f.op) {
+          char message[512];
+          snprintf(message, sizeof message, "%s: the lanes of mask 0x%08x of warp %d meet at "
+                   "different warp operations (%s and %s)", launch_info->kernel, group, first / 32,
+                   WARP_OP_NAMES[f.op], WARP_OP_NAMES[w.fiber[u].op]);
+          record_failure(message);
+          w.aborted = true;
+          return false;
+        }
+        w.fiber[u].result = warp_result(w, u, first);
+      }
+      for (int k = 0; k < n_lanes; k++) w.fiber[lanes[k]].state = READY;
+      if (shuffle) w.counters[TC_EMU_SHUFFLES] += 1;
+      if (f.op == SYNCWARP && launch_info->check) order_lanes(w, first / 32, lanes, n_lanes);
+      released = true;
+    }
+  }
+  return released;
+}
+
+/* Every live thread waits at a barrier and no warp operation can complete: release
+   the barrier, or report why the block cannot go on. */
+static void release_barrier(Worker &w) {
+  int site = -1, waiting = 0, exited = 0, warp = -1;
+  bool differ = false;
+  for (int t = 0; t < w.n; t++) {
+    Fiber &f = w.fiber[t];
+    if (f.state == AT_BARRIER) {
+      differ |= site >= 0 && f.site != site;
+      site = f.site;
+      waiting++;
+    } else if (f.state == DONE) {
+      exited++;
+    } else if (f.state == AT_WARP && warp < 0) {
+      warp = t;
+    }
+  }
+  char message[512];
+  if (warp >= 0) {
+    char at[96];
+    where(at, sizeof at, warp);
+    snprintf(message, sizeof message, "%s: %s by %s waits for lanes of mask 0x%08x that "
+             "never reach it", launch_info->kernel, WARP_OP_NAMES[w.fiber[warp].op], at,
+             w.fiber[warp].mask);
+    record_failure(message);
+    w.aborted = true;
+    return;
+  }
+  if (launch_info->check && (differ || exited)) {
+    snprintf(message, sizeof message, "%s: barrier divergence in block (%u, %u, %u): %s",
+             launch_info->kernel, w.block.x, w.block.y, w.block.z,
+             differ ? "its threads wait at different __syncthreads()"
+                    : "some threads exited while others wait at __syncthreads()");
+    record_failure(message);
+    w.aborted = true;
+    return;
+  }
+  for (int t = 0; t < w.n; t++)
+    if (w.fiber[t].state == AT_BARRIER) w.fiber[t].state = READY;
+  w.barrier_clock = ++w.clock;
+  w.counters[TC_EMU_BARRIERS] += 1;
+}
+
+/* --- running blocks ---------------------------------------------------------------- */
+static void prepare(Worker &w, int threads, bool fibers) {
+  w.n = threads;
+  w.fibers = fibers;
+  if (fibers && !w.fiber) {
+    w.fiber = new Fiber[threads]();
+    w.stacks_bytes = (size_t)threads * STACK_BYTES;
+    void *m = mmap(nullptr, w.stacks_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      record_failure("the emulator could not map the stacks of a block's threads");
+      w.aborted = true;
+      return;
+    }
+    w.stacks = (char *)m;
+    long page = sysconf(_SC_PAGESIZE);
+    for (int t = 0; t < threads; t++)  /* a guard page below each stack */
+      mprotect(w.stacks + (size_t)t * STACK_BYTES, (size_t)page, PROT_NONE);
+  }
+  if (launch_info->dynamic_shared && !w.dynamic_shared)
+    w.dynamic_shared = (char *)aligned_alloc(16, ((size_t)launch_info->dynamic_shared + 15) & ~(size_t)15);
+  if (launch_info->count && !w.occurrences) {
+    w.occurrences = (uint32_t *)calloc((size_t)threads * launch_sites, sizeof(uint32_t));
+    w.warps = (threads + 31) / 32;
+    w.requests = (Requests *)calloc((size_t)w.warps, sizeof(Requests));
+  }
+}
+
+static void run_block(Worker &w, long long b) {
+  w.block = unflatten(b, gridDim);
+  blockIdx = w.block;
+  if (launch_info->check) w.shadow.clear();
+  if (launch_info->count)
+    memset(w.occurrences, 0, (size_t)w.n * launch_sites * sizeof(uint32_t));
+  if (!w.fibers) {
+    for (int t = 0; t < w.n && !w.aborted; t++) {
+      w.current = t;
+      threadIdx = unflatten(t, blockDim);
+      w.body(w.arg);
+    }
+    return;
+  }
+  for (int t = 0; t < w.n; t++) {
+    w.fiber[t].state = READY;
+    start_context(w.fiber[t].context, w.stacks + (size_t)t * STACK_BYTES, STACK_BYTES);
+  }
+  for (;;) {
+    bool ready = false, all_done = true;
+    for (int t = 0; t < w.n && !w.aborted; t++) {
+      if (w.fiber[t].state != READY) continue;
+      w.current = t;
+      threadIdx = unflatten(t, blockDim);
+      switch_context(w.scheduler, w.fiber[t].context);
+    }
+    if (w.aborted) return;
+    for (int t = 0; t < w.n; t++) {
+      ready |= w.fiber[t].state == READY;
+      all_done &= w.fiber[t].state == DONE;
+    }
+    if (all_done) break;
+    if (ready || resolve_warps(w)) continue;
+    if (w.aborted) return;
+    release_barrier(w);
+    if (w.aborted) return;
+  }
+  if (launch_info->count) finish_requests(w);
+}
+
+/* Runs every block of a launch; `sync`: the unit uses barriers or warp operations. */
+static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_launch *L,
+               bool sync, int sites) {
+  launch_info = L;
+  launch_sites = sites;
+  failed = 0;
+  L->error[0] = 0;
+  for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] = 0;
+  gridDim = dim3{(unsigned)dims[0], (unsigned)dims[1], (unsigned)dims[2]};
+  blockDim = dim3{(unsigned)dims[3], (unsigned)dims[4], (unsigned)dims[5]};
+  long long blocks = dims[0] * dims[1] * dims[2];
+  int threads = (int)(dims[3] * dims[4] * dims[5]);
+  bool fibers = sync || L->count;
+  int teams = (int)smaller_of(blocks, omp_get_max_threads());
+  #pragma omp parallel num_threads(teams > 0 ? teams : 1)
+  {
+    Worker *w = new Worker();
+    worker = w;
+    w->body = body;
+    w->arg = arg;
+    prepare(*w, threads, fibers);
+    #pragma omp for schedule(dynamic, 1)
+    for (long long b = 0; b < blocks; b++) {
+      if (failed || w->aborted) continue;
+      run_block(*w, b);
+    }
+    #pragma omp critical
+    for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] += w->counters[k];
+    worker = nullptr;
+    delete w;
+  }
+  return failed;
+}
+
+/* --- atomics ----------------------------------------------------------------------- */
+static inline void count_atomic() {
+  if (worker && launch_info->count) worker->counters[TC_EMU_ATOMICS] += 1;
+}
+
+template <class T> static inline T atomic_update(T *p, T (*f)(T, T), T v) {
+  count_atomic();
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(p, &old, f(old, v), true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+
+template <class F> static inline F atomic_update_float(F *p, F (*f)(F, F), F v) {
+  count_atomic();
+  using U = typename std::conditional<sizeof(F) == 4, uint32_t, uint64_t>::type;
+  U *q = (U *)p;
+  U old = __atomic_load_n(q, __ATOMIC_RELAXED), next;
+  for (;;) {
+    F o, n;
+    memcpy(&o, &old, sizeof o);
+    n = f(o, v);
+    memcpy(&next, &n, sizeof n);
+    if (__atomic_compare_exchange_n(q, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return o;
+  }
+}
+
+template <class T> static T add(T a, T b) { return a + b; }
+template <class T> static T larger(T a, T b) { return a > b ? a : b; }
+template <class T> static T smaller(T a, T b) { return a < b ? a : b; }
+
+template <class T> static inline uint64_t bits(T v) {
+  uint64_t u = 0;
+  memcpy(&u, &v, sizeof v);
+  return u;
+}
+template <class T> static inline T unbits(uint64_t u) {
+  T v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+}  // namespace tc_emu
+
+#define __syncthreads() tc_emu::syncthreads(__LINE__)
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+
+template <class T> static inline T __ldg(const T *p) { return *p; }
+static inline int __float_as_int(float v) { return tc_emu::unbits<int>(tc_emu::bits(v)); }
+static inline unsigned int __float_as_uint(float v) { return tc_emu::unbits<unsigned>(tc_emu::bits(v)); }
+static inline float __int_as_float(int v) { return tc_emu::unbits<float>(tc_emu::bits(v)); }
+static inline float __uint_as_float(unsigned int v) { return tc_emu::unbits<float>(tc_emu::bits(v)); }
+static inline long long __double_as_longlong(double v) { return tc_emu::unbits<long long>(tc_emu::bits(v)); }
+static inline double __longlong_as_double(long long v) { return tc_emu::unbits<double>(tc_emu::bits(v)); }
+
+#define TC_EMU_ATOMIC_INT(T)                                                              \
+  static inline T atomicAdd(T *p, T v) { tc_emu::count_atomic(); return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); } \
+  static inline T atomicSub(T *p, T v) { tc_emu::count_atomic(); return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); } \
+  static inline T atomicMax(T *p, T v) { return tc_emu::atomic_update<T>(p, tc_emu::larger<T>, v); } \
+  static inline T atomicMin(T *p, T v) { return tc_emu::atomic_update<T>(p, tc_emu::smaller<T>, v); } \
+  static inline T atomicExch(T *p, T v) { tc_emu::count_atomic(); return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
+  static inline T atomicCAS(T *p, T compare, T v) {                                       \
+    tc_emu::count_atomic();                                                               \
+    __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); \
+    return compare;                                                                       \
+  }
+TC_EMU_ATOMIC_INT(int)
+TC_EMU_ATOMIC_INT(unsigned int)
+TC_EMU_ATOMIC_INT(long long)
+TC_EMU_ATOMIC_INT(unsigned long long)
+static inline float atomicAdd(float *p, float v) { return tc_emu::atomic_update_float<float>(p, tc_emu::add<float>, v); }
+static inline double atomicAdd(double *p, double v) { return tc_emu::atomic_update_float<double>(p, tc_emu::add<double>, v); }
+static inline float atomicExch(float *p, float v) {
+  tc_emu::count_atomic();
+  uint32_t old = __atomic_exchange_n((uint32_t *)p, (uint32_t)tc_emu::bits(v), __ATOMIC_RELAXED);
+  return tc_emu::unbits<float>(old);
+}
+
+/* warp operations: the value travels as 64 bits */
+template <class T> static inline T tc_emu_shfl(int op, int site, unsigned mask, T v, long long arg, int width) {
+  return tc_emu::unbits<T>(tc_emu::warp_op(op, site, mask, tc_emu::bits<T>(v), arg, width));
+}
+#define __shfl_sync(mask, v, lane, ...) tc_emu_shfl(tc_emu::SHFL_IDX, __LINE__, (mask), (v), (lane), tc_emu_width(__VA_ARGS__ + 0))
+#define __shfl_up_sync(mask, v, delta, ...) tc_emu_shfl(tc_emu::SHFL_UP, __LINE__, (mask), (v), (delta), tc_emu_width(__VA_ARGS__ + 0))
+#define __shfl_down_sync(mask, v, delta, ...) tc_emu_shfl(tc_emu::SHFL_DOWN, __LINE__, (mask), (v), (delta), tc_emu_width(__VA_ARGS__ + 0))
+#define __shfl_xor_sync(mask, v, lanes, ...) tc_emu_shfl(tc_emu::SHFL_XOR, __LINE__, (mask), (v), (lanes), tc_emu_width(__VA_ARGS__ + 0))
+static inline int tc_emu_width(int width) { return width > 0 && width <= 32 ? width : 32; }
+static inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  return (unsigned)tc_emu::warp_op(tc_emu::BALLOT, 0, mask, predicate != 0, 0, 32);
+}
+static inline int __any_sync(unsigned mask, int predicate) {
+  return (int)tc_emu::warp_op(tc_emu::ANY, 0, mask, predicate != 0, 0, 32);
+}
+static inline int __all_sync(unsigned mask, int predicate) {
+  return (int)tc_emu::warp_op(tc_emu::ALL, 0, mask, predicate != 0, 0, 32);
+}
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  tc_emu::warp_op(tc_emu::SYNCWARP, 0, mask, 0, 0, 32);
+}
+
+/* The access macros of generated code: its own prelude defines them as plain indexing
+   for NVRTC and the uninstrumented build; here, the hooks. */
+#define TC_DYNAMIC_SHARED(T, s) T *s = (T *)tc_emu::dynamic_shared()
+#ifdef TC_EMU_INSTRUMENT
+#define TC_ACCESS_MACROS
+#define TC_LD(a, i) (*tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::LOAD, __COUNTER__))
+#define TC_LDG(a, i) TC_LD(a, i)
+#define TC_ST(a, i) (*tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::STORE, __COUNTER__))
+#define TC_AT(a, i) (tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::ATOMIC, 0))
+#define TC_LDV(T, a, i) (*(const T *)tc_emu::global_access((a), (long long)(i), (long long)sizeof(T), tc_emu::LOAD, __COUNTER__))
+#define TC_SLD(s, i) (*tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::LOAD, __COUNTER__))
+#define TC_SST(s, i) (*tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::STORE, __COUNTER__))
+#define TC_SAT(s, i) (tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::ATOMIC, 0))
+#endif

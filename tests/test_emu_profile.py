@@ -1,0 +1,109 @@
+"""Traffic counters and checking of generated kernels on `cuda-emu`, through the
+engine (`Compiled.profile`), the CLI (`tcpy run --profile`) and their errors. The
+counts expected here follow from the definitions' shapes alone: bytes requested are
+the elements each statement touches, and a warp of 32 lanes reading 32 consecutive
+floats touches 4 sectors while lanes 256 bytes apart touch one sector each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.cli import main
+from tcpy.runtime import profile
+
+COPY = """
+def copy(float(N,M) I) -> (O) {
+    O(i,j) = I(i,j)
+}
+def transpose(float(N,M) I) -> (O) {
+    O(j,i) = I(i,j)
+}
+"""
+
+
+def _engine(check: bool | None = None) -> tcpy.ExecutionEngine:
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=check)
+    engine.define(COPY)
+    return engine
+
+
+def _one(launches: list[dict[str, int]]) -> dict[str, int]:
+    (launch,) = launches
+    return launch
+
+
+def test_profile_of_a_copy_is_coalesced() -> None:
+    x = np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32)
+    compiled = _engine().compile("copy", x)
+    launch = _one(compiled.profile(x))
+    assert launch["global_load_bytes"] == launch["global_store_bytes"] == x.nbytes
+    # every request of 32 lanes covers 128 consecutive bytes: 4 sectors
+    assert launch["global_sectors"] * 32 == 2 * x.nbytes
+    assert launch["global_requests"] * 4 == launch["global_sectors"]
+    assert profile.efficiency(launch) == 1.0
+    assert launch["shared_bytes"] == launch["barriers"] == launch["atomics"] == 0
+    assert launch["kernel"] == "copy#0" and len(launch["grid"]) == len(launch["block"]) == 3
+
+
+def test_profile_of_a_transpose_has_one_strided_side() -> None:
+    """Whichever side the mapping makes coalesced, the other side's lanes are 64 floats
+    apart: one sector per element there, an eighth of a sector per element on the
+    coalesced side."""
+    x = np.random.default_rng(1).standard_normal((64, 64), dtype=np.float32)
+    compiled = _engine().compile("transpose", x)
+    launch = _one(compiled.profile(x))
+    np.testing.assert_array_equal(compiled(x), x.T)
+    assert launch["global_sectors"] == x.size + x.size // 8
+    assert profile.efficiency(launch) == pytest.approx(2 * x.nbytes / (32 * (x.size + x.size // 8)))
+
+
+def test_plain_build_profiles_through_its_instrumented_twin() -> None:
+    x = np.random.default_rng(2).standard_normal((16, 64), dtype=np.float32)
+    plain = _engine(check=False).compile("copy", x)
+    assert "TC_LD(" in plain.source
+    checked = _engine(check=True).compile("copy", x)
+    assert plain.profile(x) == checked.profile(x)
+    np.testing.assert_array_equal(plain(x), x)
+
+
+def test_profile_needs_the_emulator() -> None:
+    engine = tcpy.ExecutionEngine("reference")
+    engine.define(COPY)
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(tcpy.TCError, match="cuda-emu"):
+        engine.compile("copy", x).profile(x)
+
+
+def test_emu_check_is_an_option_of_the_emulator_only() -> None:
+    with pytest.raises(tcpy.TCError, match="emu_check"):
+        tcpy.ExecutionEngine("cpu", emu_check=True)
+
+
+def test_minimum_bytes_and_table() -> None:
+    a, b = np.zeros((4, 8), np.float32), np.zeros(3, np.float64)
+    assert profile.minimum_bytes([a], [b]) == 128 + 24
+    launch = {
+        "kernel": "k#0", "grid": (2, 1, 1), "block": (32, 1, 1), "global_load_bytes": 256,
+        "global_store_bytes": 0, "global_requests": 2, "global_sectors": 16, "shared_bytes": 0,
+        "bank_conflicts": 0, "barriers": 0, "shuffles": 0, "atomics": 0,
+    }  # fmt: skip
+    text = profile.table([launch], minimum=256)
+    assert "0.500" in text  # 256 bytes asked for, 16 sectors of 32 moved
+    assert "8.00" in text  # sectors per request
+    assert text.splitlines()[-1] == "total: 512 bytes moved, 256 the definition must move (2.00x)"
+
+
+def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "copy.tc"
+    f.write_text(COPY)
+    argv = ["run", str(f), "--entry", "copy", "--sizes", "N=8,M=64", "--target", "cuda-emu"]
+    assert main([*argv, "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "efficiency" in out and "copy#0" in out
+    assert "total: 4096 bytes moved, 4096 the definition must move (1.00x)" in out
+    assert main(["run", str(f), "--entry", "copy", "--target", "cpu", "--profile"]) == 1
+    assert "--target cuda-emu" in capsys.readouterr().err
