@@ -2,6 +2,7 @@
 `torch.compile`, in the same run, on the same GPU.
 
     python bench/gpu.py [--reps 50] [--only matmul,softmax] [--out bench/results]
+    python bench/gpu.py --emulate    # no GPU: the emulator's traffic profile instead
 
 For each kernel and each option set (the `naive` preset and the CUDA default): the
 time of a launch (inputs already on the device, CUDA events around the call), GFLOP/s
@@ -121,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--emulate", action="store_true",
+                        help="no GPU needed: the emulator's traffic profile of every kernel "
+                        "at the suite's reduced sizes (bench/emu_profile.py)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.emulate:
+        from bench import emu_profile
+
+        only = ["--only", args.only] if args.only else []
+        return emu_profile.main([*only, "--out", str(args.out)])
     torch = _torch()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing measured", file=sys.stderr)

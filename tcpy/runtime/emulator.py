@@ -1,6 +1,6 @@
 """The `cuda-emu` runtime: the exact CUDA source of the `cuda` target, built by the host
-C++ compiler with a header that provides CUDA's built-ins (`emulator.h`), and run on
-the CPU.
+C++ compiler with a header that provides CUDA's built-ins (`emulator.h`, then the
+access hooks of `emulator_hooks.h`), and run on the CPU.
 
 Execution: the blocks of a launch are spread over the cores; the threads of a block
 run in one OS thread, in sequence when the source has no barrier and no warp
@@ -76,7 +76,9 @@ Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
 def header() -> str:
     """The emulation header: built-ins, then every CUDA math function C lacks."""
     every = {name for name in BUILTINS} | {name + "f" for name in BUILTINS}
-    return Path(__file__).with_name("emulator.h").read_text() + math_helpers(every) + "\n"
+    here = Path(__file__).parent
+    parts = [(here / name).read_text() for name in ("emulator.h", "emulator_hooks.h")]
+    return "".join(parts) + math_helpers(every) + "\n"
 
 
 def compiler() -> str:
