@@ -538,6 +538,7 @@ static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_la
   blockDim = dim3{(unsigned)dims[3], (unsigned)dims[4], (unsigned)dims[5]};
   long long blocks = dims[0] * dims[1] * dims[2];
   int threads = (int)(dims[3] * dims[4] * dims[5]);
+  if (blocks <= 0 || threads <= 0) return 0;
   bool fibers = sync || L->count;
   int teams = (int)smaller_of(blocks, omp_get_max_threads());
   #pragma omp parallel num_threads(teams > 0 ? teams : 1)
