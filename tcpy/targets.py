@@ -274,6 +274,7 @@ class CudaEmu(Target):
         session: Session,
         instrumented: bool,
     ) -> EmulatedKernel:
+        from tcpy.codegen.c import buffer_order
         from tcpy.codegen.cuda import kernel_parameters
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import emulator
@@ -292,9 +293,8 @@ class CudaEmu(Target):
 
         def load(directory: Path) -> EmulatedKernel:
             launches = _read_launches(directory)
-            names = [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
             kernels = emulator.EmulatedKernels(
-                directory / "kernel-emu.so", launches, names,
+                directory / "kernel-emu.so", launches, buffer_order(cdef),
                 kernels=[f"{cdef.name}#{k}" for k in range(len(launches))],
                 instrumented=instrumented, check=instrumented,
             )  # fmt: skip

@@ -347,9 +347,8 @@ def unroll_factor(asked: int, body: list[str]) -> int:
     return factor
 
 
-def buffer_order(scop: Scop) -> list[str]:
+def buffer_order(cdef: CheckedDef) -> list[str]:
     """The tensors in the order of the kernel's buffers: inputs, outputs, temporaries."""
-    cdef = scop.cdef
     return [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
 
 
@@ -369,7 +368,7 @@ def print_c(
     for k, p in enumerate(scop.params):
         value = str(sizes[p]) if sizes is not None else f"tc_sizes[{k}]"
         printer.emit(1, f"const int64_t {size_name(p)} = {value};")
-    for k, name in enumerate(buffer_order(scop)):
+    for k, name in enumerate(buffer_order(scop.cdef)):
         info = cdef.tensor(name)
         ctype = printer.dialect.ctype(info.scalar)
         const = "const " if info.role is Role.INPUT else ""

@@ -81,7 +81,7 @@ def kernel_parameters(scop: Scop) -> list[str]:
     """The C parameter list shared by every kernel of a definition."""
     cdef = scop.cdef
     params = [f"long long {size_name(p)}" for p in scop.params]
-    for name in buffer_order(scop):
+    for name in buffer_order(scop.cdef):
         info = cdef.tensor(name)
         const = "const " if info.role is Role.INPUT else ""
         params.append(f"{const}{CUDA.ctype(info.scalar)} *__restrict__ {tensor_name(name)}")
@@ -115,7 +115,7 @@ def print_cuda(
         printer.names.update(_launch_names(kernel))
         body: list[str] = []
         printer.lines = body
-        for name in buffer_order(scop):
+        for name in buffer_order(scop.cdef):
             for d, extent in enumerate(cdef.tensor(name).shape):
                 printer.emit(1, f"const long long {extent_name(name, d)} = {sym_expr(extent)};")
         printer.top_level(1)
