@@ -22,6 +22,7 @@ from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
 from tcpy.genetic.store import TunedStore, tuned_key
 from tcpy.genetic.tuner import TunerConfig, TuneResult
+from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
@@ -31,19 +32,24 @@ from tcpy.targets import Kernel
 class ExecutionEngine:
     """Runs TC definitions on one target: `"cuda"` (the default on a machine with a
     GPU), `"cpu"` (the default elsewhere: C with OpenMP), `"cuda-emu"` (the CUDA kernels
-    emulated on the CPU) or `"reference"` (the NumPy interpreter). `emu_check` (cuda-emu
-    only; default `TCPY_EMU_CHECK=1`) checks every emulated launch for out-of-bounds
-    accesses, shared-memory races and divergent barriers."""
+    emulated on the CPU) or `"reference"` (the NumPy interpreter). Options of cuda-emu
+    only: `emu_check` (default `TCPY_EMU_CHECK=1`) checks every emulated launch for
+    out-of-bounds accesses, shared-memory races and divergent barriers; `device` names
+    the GPU the kernels are mapped for (`tcpy.mapping.device.PROFILES`; default
+    `TCPY_CUDA_DEVICE`, else "h100")."""
 
-    def __init__(self, target: str | None = None, emu_check: bool | None = None) -> None:
+    def __init__(
+        self, target: str | None = None, emu_check: bool | None = None, device: str | None = None
+    ) -> None:
         self.target = target or targets.default_target()
         self._target = targets.get(self.target)
-        if emu_check is not None:
-            if self.target != "cuda-emu":
-                raise TCError(
-                    f"emu_check is an option of the cuda-emu target, not of {self.target}"
-                )
-            self._target = targets.CudaEmu(check=emu_check)
+        for name, value in (("emu_check", emu_check), ("device", device)):
+            if value is not None and self.target != "cuda-emu":
+                raise TCError(f"{name} is an option of the cuda-emu target, not of {self.target}")
+        if emu_check is not None or device is not None:
+            if device is not None:
+                named(device)  # an unknown name is an error now, not at the first call
+            self._target = targets.CudaEmu(check=emu_check, device=device)
         self._defs: dict[str, CheckedDef] = {}
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
         self._resolved: dict[tuple[str, tuple[Any, ...]], Kernel] = {}  # calls without options

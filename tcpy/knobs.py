@@ -8,8 +8,10 @@
   divergent barriers), with the emulator's instrumented build.
 - `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
   pycuda when installed, else cuda.bindings).
+- `TCPY_CUDA_DEVICE`: the device profile (`tcpy.mapping.device`) that `cuda-emu`
+  maps for, and `cuda` when no GPU is present (default `h100`).
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
-  (default `sm_90`).
+  (default: the device profile's).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
 - `TCPY_NUM_THREADS`: the threads a `cpu` kernel runs on, read at each call (default:
   `OMP_NUM_THREADS`'s first value, else the cores this process may run on that other
@@ -71,8 +73,12 @@ def cuda_driver() -> str | None:
     return os.environ.get("TCPY_CUDA_DRIVER") or None
 
 
-def cuda_arch() -> str:
-    return os.environ.get("TCPY_CUDA_ARCH", "sm_90")
+def cuda_arch() -> str | None:
+    return os.environ.get("TCPY_CUDA_ARCH") or None
+
+
+def cuda_device() -> str | None:
+    return os.environ.get("TCPY_CUDA_DEVICE") or None
 
 
 def isl_seconds() -> float:

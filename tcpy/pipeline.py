@@ -19,6 +19,7 @@ from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import print_c
 from tcpy.codegen.cuda import print_cuda
 from tcpy.mapping.cpu import map_to_cpu
+from tcpy.mapping.device import DeviceProfile
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
@@ -89,7 +90,9 @@ def lower_to_cuda(
     sizes: Mapping[str, int],
     options: MappingOptions,
     check: bool | None = None,
+    device: DeviceProfile | None = None,
 ) -> LoweredCuda:
+    """`device`: the GPU's profile (default: `tcpy.mapping.device.default_profile()`)."""
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
     analysis = _analyse(cdef, sizes, options, check)
@@ -97,7 +100,7 @@ def lower_to_cuda(
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
     with isl_errors(f"mapping {cdef.name} to the GPU"):
-        mapping = map_to_gpu(analysis.schedule, scop, options)
+        mapping = map_to_gpu(analysis.schedule, scop, options, device)
     _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
     asts = tuple(

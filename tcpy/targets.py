@@ -27,6 +27,7 @@ from tcpy import cache, knobs
 from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
+from tcpy.mapping.device import DeviceProfile, default_profile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, Role, TensorInfo
 from tcpy.parser.printer import summary
@@ -249,8 +250,17 @@ class CudaEmu(Target):
 
     name = "cuda-emu"
 
-    def __init__(self, check: bool | None = None) -> None:
+    def __init__(self, check: bool | None = None, device: str | None = None) -> None:
         self.check = check
+        self.profile_name = device
+
+    def profile(self) -> DeviceProfile:
+        """The device mapped for: the one named here, else `TCPY_CUDA_DEVICE`'s, else
+        H100's."""
+        return named(self.profile_name) if self.profile_name else default_profile()
+
+    def device(self) -> str:
+        return f"emulated {self.profile().key()}"
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         return MappingOptions.cuda()
@@ -279,8 +289,10 @@ class CudaEmu(Target):
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import emulator
 
+        profile = self.profile()
+
         def build(directory: Path) -> dict[str, Any]:
-            lowered = lower_to_cuda(cdef, binding.sizes, options)
+            lowered = lower_to_cuda(cdef, binding.sizes, options, device=profile)
             (directory / "kernel.cu").write_text(lowered.source)
             params = kernel_parameters(lowered.scop)
             launchers = "".join(
@@ -303,7 +315,7 @@ class CudaEmu(Target):
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
-            device="host", toolchain=emulator.compiler_identity(instrumented), load=load,
+            device=self.device(), toolchain=emulator.compiler_identity(instrumented), load=load,
         )  # fmt: skip
 
 
@@ -468,13 +480,21 @@ class Cuda(Target):
         return MappingOptions.cuda()
 
     def device(self) -> str:
+        profile, arch = self.profile()
+        return f"{profile.key()} {arch}"
+
+    def profile(self) -> tuple[DeviceProfile, str]:
+        """The GPU's profile, read from the driver, and the architecture cubins are
+        built for. Without a GPU: the profile `TCPY_CUDA_DEVICE` names (H100's by
+        default), built for `TCPY_CUDA_ARCH` or else the profile's architecture."""
         from tcpy.runtime import cuda as runtime
 
         try:
-            drv = runtime.driver()
+            profile = runtime.device_profile(runtime.driver())
         except TCError:
-            return f"no device {knobs.cuda_arch()}"
-        return f"{drv.device_name()} {drv.arch()}"
+            profile = default_profile()
+            return profile, knobs.cuda_arch() or profile.arch
+        return profile, profile.arch
 
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
@@ -487,10 +507,10 @@ class Cuda(Target):
             drv: runtime.Driver | None = runtime.driver()
         except TCError:
             drv = None  # no GPU here: build the source and a cubin, refuse to run
-        arch = drv.arch() if drv is not None else knobs.cuda_arch()
+        profile, arch = self.profile()
 
         def build(directory: Path) -> dict[str, Any]:
-            lowered = lower_to_cuda(cdef, binding.sizes, options)
+            lowered = lower_to_cuda(cdef, binding.sizes, options, device=profile)
             (directory / "kernel.cu").write_text(lowered.source)
             (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
             _write_launches(directory, lowered.mapping)
@@ -506,10 +526,9 @@ class Cuda(Target):
             functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
             return GpuKernels(cdef, source, functions, launches, built_with)
 
-        device = f"{drv.device_name() if drv is not None else 'no device'} {arch}"
         return _compiled(
             self.name, cdef, binding, options, session, build,
-            device=device, toolchain=nvrtc.identity(), load=load,
+            device=f"{profile.key()} {arch}", toolchain=nvrtc.identity(), load=load,
         )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from tcpy.mapping.device import DeviceProfile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
@@ -19,11 +20,12 @@ from golden_util import check_golden
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
 
 
-def _lower(source: str, entry: str, sizes: dict[str, int], options: MappingOptions):  # type: ignore[no-untyped-def]
+def _lower(source: str, entry: str, sizes: dict[str, int], options: MappingOptions,  # type: ignore[no-untyped-def]
+           device: DeviceProfile | None = None):  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cdef = check_source(source)[entry]
-    return lower_to_cuda(cdef, sizes, options, check=True)
+    return lower_to_cuda(cdef, sizes, options, check=True, device=device or named("h100"))
 
 
 @needs_nvrtc
@@ -69,7 +71,9 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
     source, entry, sizes = GOLDENS["matmul"]
     lowered = _lower(source, entry, sizes, MappingOptions.cuda())
     _init, product = lowered.mapping.kernels
-    assert product.block == (32, 8) and product.grid == (3, 2)  # n: 80 -> 3 tiles, m: 2
+    # 32x8 threads would make 3 x 8 blocks; the block's y halves while the grid is
+    # under two waves of an H100's 132 SMs, down to one warp: 3 x 64 blocks
+    assert product.block == (32, 1) and product.grid == (3, 64)
     text = lowered.source.split("tc_kernel_1")[1]
     # n (the last subscript of C and B) is the thread x loop: coalesced accesses
     assert (
@@ -77,6 +81,39 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
         "((32 * (long long)blockIdx.x) + (long long)threadIdx.x)))" in text
     )
     assert "tc_acc = tc_acc + " in text  # the reduction runs innermost, in a register
+
+
+def test_a_large_grid_keeps_full_blocks() -> None:
+    source, entry, _ = GOLDENS["matmul"]
+    lowered = _lower(source, entry, {"M": 512, "K": 8, "N": 256}, MappingOptions.cuda())
+    assert [(k.grid, k.block) for k in lowered.mapping.kernels] == [((8, 64), (32, 8))] * 2
+
+
+def test_the_device_profile_sizes_the_grid() -> None:
+    """64 x 256 outputs: 32x8 threads make 8 x 8 blocks; two waves of an L4 (58 SMs)
+    need 116 blocks, of an H100 (132 SMs) 264."""
+    source, entry, _ = GOLDENS["matmul"]
+    sizes = {"M": 64, "K": 8, "N": 256}
+    grids = {
+        name: _lower(source, entry, sizes, MappingOptions.cuda(), named(name)).mapping.kernels[1]
+        for name in ("l4", "h100")
+    }
+    assert (grids["l4"].grid, grids["l4"].block) == ((8, 16), (32, 4))
+    assert (grids["h100"].grid, grids["h100"].block) == ((8, 64), (32, 1))
+
+
+def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
+    source = "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) " \
+             "{ O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"  # fmt: skip
+    sizes = {"N": 8, "C": 3, "H": 34, "W": 66, "F": 5, "KH": 3, "KW": 3}
+    lowered = _lower(source, "conv", sizes, MappingOptions.cuda())
+    update = lowered.mapping.kernels[1]
+    # w (64 outputs, unit stride) on x, h (32) on y, then f and n folded into z
+    assert update.block == (32, 8) and update.grid == (2, 4, 5, 8)
+    assert update.launch_dims() == ((2, 4, 40), (32, 8, 1))
+    text = lowered.source.split("tc_kernel_1")[1]
+    assert "(blockIdx.z % 5u)" in text and "(blockIdx.z / 5u)" in text
+    assert "e_O_3 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)" in text
 
 
 def test_launch_sizes_are_tightened() -> None:

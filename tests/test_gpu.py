@@ -63,3 +63,12 @@ def test_torch_tensors_stay_on_the_device(driver: str) -> None:
     got = torch.as_tensor(C, device="cuda")
     torch.testing.assert_close(got, A @ B, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(C.get(), (A @ B).cpu().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_device_profile_comes_from_the_driver(driver: str) -> None:
+    drv = runtime.driver()
+    profile = runtime.device_profile(drv)
+    assert profile.arch == drv.arch() and profile.name == drv.device_name()
+    assert profile.sms > 0 and profile.max_threads_per_block >= 1024
+    assert profile.shared_per_block >= 48 * 1024 and profile.registers_per_block >= 32768
+    assert profile.key() in tcpy.ExecutionEngine("cuda")._target.device()

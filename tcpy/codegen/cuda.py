@@ -142,7 +142,8 @@ def print_cuda(
 
 
 def _launch_names(kernel: Kernel) -> dict[str, str]:
-    names = {p: f"(long long)blockIdx.{a}" for p, a in zip(BLOCK_PARAMS, _AXES, strict=True)}
+    names = {p: f"(long long){kernel.block_index(j)}" for j, p in enumerate(BLOCK_PARAMS)
+             if j < len(kernel.grid)}  # fmt: skip
     names.update(
         {p: f"(long long)threadIdx.{a}" for p, a in zip(THREAD_PARAMS, _AXES, strict=True)}
     )

@@ -33,7 +33,7 @@ TENSOR = "t_"
 EXTENT = "e_"
 RUNTIME = "tc_"  # the generated code's own symbols
 
-BLOCK_PARAMS = ("b0", "b1", "b2")
+BLOCK_PARAMS = tuple(f"b{k}" for k in range(12))  # blocks of the grid: x, y, then folded in z
 THREAD_PARAMS = ("t0", "t1", "t2")
 
 

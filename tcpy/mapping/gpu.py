@@ -24,12 +24,14 @@ schedule restricted to the kernel's statements.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import islpy as isl
 
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.errors import TCMappingError
+from tcpy.mapping.device import WARP, DeviceProfile, default_profile
 from tcpy.mapping.locality import stride_score
 from tcpy.mapping.options import MappingOptions
 from tcpy.poly.isl_helpers import multi_val, read_set
@@ -38,7 +40,8 @@ from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band
 
 DEFAULT_BLOCK = (32, 8, 1)
-DEFAULT_TILE = 32
+FILL_WAVES = 2
+"""Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
 MAX_GRID = (2**31 - 1, 65535, 65535)
 UNKNOWN_GRID = (256, 32, 8)  # blocks per dimension when the loop extents are not known
 
@@ -47,20 +50,32 @@ UNKNOWN_GRID = (256, 32, 8)  # blocks per dimension when the loop extents are no
 class Kernel:
     index: int
     domain: isl.UnionSet  # the statement instances this kernel runs
-    grid: tuple[int, ...]  # blocks along x, y, z (only the mapped dimensions)
+    grid: tuple[int, ...]  # blocks along x, y, then the dimensions folded into z
     block: tuple[int, ...]  # threads along x, y, z
 
     @property
     def threads(self) -> int:
-        n = 1
-        for b in self.block:
-            n *= b
-        return n
+        return math.prod(self.block)
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
 
     def launch_dims(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        grid = (*self.grid, 1, 1, 1)[:3]
+        grid = (*self.grid[:2], math.prod(self.grid[2:]), 1, 1)[:3]
         block = (*self.block, 1, 1, 1)[:3]
         return (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])
+
+    def block_index(self, j: int) -> str:
+        """The CUDA expression of the block index along grid dimension `j`: x, y,
+        and the folded dimensions decoded from z (the first varies fastest)."""
+        if j < 2 or len(self.grid) == 3:
+            return f"blockIdx.{'xyz'[j]}"
+        index = "blockIdx.z"
+        below = math.prod(self.grid[2:j])
+        if below > 1:
+            index = f"({index} / {below}u)"
+        return index if j == len(self.grid) - 1 else f"({index} % {self.grid[j]}u)"
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -94,12 +109,20 @@ def check_options(options: MappingOptions) -> None:
         )
 
 
-def map_to_gpu(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -> GpuMapping:
+def map_to_gpu(
+    schedule: isl.Schedule,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile | None = None,
+) -> GpuMapping:
+    """`device`: the profile mapped for (default: `default_profile()`)."""
     check_options(options)
+    device = device or default_profile()
     scop.ctx.set_tile_scale_tile_loops(0)
-    unbound = _map_nests(schedule.get_root().child(0), scop, options, [], bind=False)
+    root = schedule.get_root().child(0)
+    unbound = _map_nests(root, scop, options, device, [], bind=False)
     kernels: list[Kernel] = []
-    bound = _map_nests(schedule.get_root().child(0), scop, options, kernels, bind=True)
+    bound = _map_nests(root, scop, options, device, kernels, bind=True)
     return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
 
 
@@ -107,18 +130,19 @@ def _map_nests(
     node: isl.ScheduleNode,
     scop: Scop,
     options: MappingOptions,
+    device: DeviceProfile,
     kernels: list[Kernel],
     bind: bool,
 ) -> isl.ScheduleNode:
     """Map every top-level nest under `node`; returns the node at the same position."""
     if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         for i in range(node.n_children()):
-            child = _map_nests(node.child(i).child(0), scop, options, kernels, bind)
+            child = _map_nests(node.child(i).child(0), scop, options, device, kernels, bind)
             node = child.parent().parent()
         return node
     domain = node.get_domain()
     if is_band(node) and node.band_member_get_coincident(0):
-        node, grid, block = _map_band(node, scop, options, bind)
+        node, grid, block = _map_band(node, scop, options, device, bind)
     else:
         grid, block = (), ()
     kernels.append(Kernel(len(kernels), domain, grid, block))
@@ -126,49 +150,36 @@ def _map_nests(
 
 
 def _map_band(
-    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, bind: bool
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    bind: bool,
 ) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]]:
     n = node.band_n_member()
+    permutable = bool(node.band_get_permutable())
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     prefix = next((k for k in range(n) if not coincident[k]), n)
-    if not node.band_get_permutable():
+    if not permutable:
         prefix = min(prefix, 1)
-    wanted_blocks = len(options.map_to_blocks) or 3
-    mapped = min(prefix, 3, wanted_blocks)
-    stride_best = _unit_stride_member(node, scop, list(range(mapped)))
-    if node.band_get_permutable() and prefix > 1:
-        # the unit-stride member last among the mapped ones: it goes on x
-        order = [k for k in range(mapped) if k != stride_best] + [stride_best]
-        order += list(range(mapped, n))
-        node = permute_band(node, order)
-    tile = _tile_sizes(options, n, prefix)
-    tiled = node.band_get_permutable() and any(tile)
-    if tiled:
-        node = node.band_tile(multi_val(node.band_get_space(), [t if t else 1 for t in tile]))
-    extents = [member_extent(node, k) for k in range(mapped)]
-    grid_option = options.map_to_blocks or ()
-    grid = []
-    for j in range(mapped):  # x is the last mapped member
-        member = mapped - 1 - j
-        size = grid_option[j] if j < len(grid_option) else MAX_GRID[j]
-        e = extents[member]
-        grid.append(min(size, MAX_GRID[j], e) if e is not None else min(size, UNKNOWN_GRID[j]))
+    mapped = min(prefix, len(options.map_to_blocks) or len(BLOCK_PARAMS))
+    if permutable and prefix > 1:
+        node = permute_band(node, _grid_order(node, scop, prefix, mapped) + list(range(prefix, n)))
+    members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
+    extents = [member_extent(node, m) for m in members]
+    sizes = _Sizes.choose(options, n, prefix, members, extents, device) if permutable else None
+    if sizes is not None and any(sizes.tile):
+        node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
+        grid = _grid(options, [member_extent(node, m) for m in members])
+        block = sizes.block
+    else:  # untiled: the loops themselves on blocks, one thread each
+        grid, block = _grid(options, extents), []
     if bind:
-        node = _bind(node, [mapped - 1 - j for j in range(mapped)], grid, BLOCK_PARAMS)
-    block: list[int] = []
-    if tiled:
+        node = _bind(node, members, grid, BLOCK_PARAMS)
+    if block:
         point = node.child(0)
-        threads = min(mapped, len(options.map_to_threads) or 2)
-        block_option = options.map_to_threads or DEFAULT_BLOCK[:threads]
-        point_extents = [member_extent(point, k) for k in range(threads)]
-        for j in range(threads):
-            member = mapped - 1 - j
-            size = block_option[j] if j < len(block_option) else 1
-            e = point_extents[member] if member < len(point_extents) else None
-            block.append(max(1, min(size, e)) if e is not None else size)
         if bind:
-            point = _bind(point, [mapped - 1 - j for j in range(threads)], block, THREAD_PARAMS)
-            point = point.parent()  # the thread filter
+            point = _bind(point, members[: len(block)], block, THREAD_PARAMS).parent()
         node = point.parent()  # the tile band
     if bind and mapped:
         node = node.parent()  # the block filter, now at the band's old position
@@ -179,13 +190,98 @@ WHOLE = 1 << 30
 """A tile size no loop reaches: the loop stays whole inside the point band."""
 
 
-def _tile_sizes(options: MappingOptions, n: int, prefix: int) -> list[int]:
-    """The options' sizes, else 32 for the parallel loops and, for the others (the
-    reductions), one whole tile: their loops then run inside each thread, innermost,
-    where the accumulator stays in a register."""
-    if options.tile:
-        return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
-    return [DEFAULT_TILE if k < prefix else WHOLE for k in range(n)]
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The tile sizes of a band (member by member) and the block (threads along x, y,
+    z) of the members mapped to threads."""
+
+    tile: list[int]
+    block: list[int]
+
+    @staticmethod
+    def choose(
+        options: MappingOptions,
+        n: int,
+        prefix: int,
+        members: list[int],
+        extents: list[int | None],
+        device: DeviceProfile,
+    ) -> _Sizes:
+        """The options' sizes where they give them. Else each thread computes one
+        element of its tile: the tile of a member on threads is the block's size
+        along it, the tile of a member on blocks only is 1, and a reduction's loops
+        stay whole in the thread (innermost, the accumulator in a register). A block
+        is tightened to the loops it runs; then, while the grid would not fill the
+        device `FILL_WAVES` times over, its y size halves (never below a warp)."""
+        threads = min(len(members), len(options.map_to_threads) or 2)
+        wanted = list(options.map_to_threads or DEFAULT_BLOCK)[:threads]
+        wanted += [1] * (threads - len(wanted))
+
+        def tiles(block: list[int]) -> list[int]:
+            if options.tile:
+                return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
+            tile = [1 if k < prefix else WHOLE for k in range(n)]
+            for j, size in enumerate(block):
+                tile[members[j]] = size
+            return tile
+
+        def tightened(block: list[int]) -> list[int]:
+            """Each size at most the extent of the point loop it runs (a tile of 0
+            leaves one point per tile)."""
+            tile = tiles(block)
+            out = []
+            for j, size in enumerate(block):
+                point = tile[members[j]] or 1
+                e = extents[j]
+                out.append(max(1, min(size, point, e if e is not None else point)))
+            return out
+
+        block = tightened(wanted)
+        if not options.tile and not options.map_to_threads:
+            while (
+                len(block) > 1
+                and block[1] > 1
+                and block[0] * block[1] // 2 >= WARP
+                and _blocks(extents, tiles(block), members) < FILL_WAVES * device.sms
+            ):
+                block = tightened([block[0], block[1] // 2, *block[2:]])
+        return _Sizes(tiles(block), block)
+
+
+def _blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:
+    """How many blocks tiles of these sizes make (a loop of unknown extent counts as
+    large)."""
+    total = 1
+    for e, m in zip(extents, members, strict=True):
+        total *= -(-e // max(tile[m], 1)) if e is not None else 1 << 20
+    return total
+
+
+def _grid(options: MappingOptions, extents: list[int | None]) -> list[int]:
+    """Blocks along each grid dimension (x, y, then the folded ones): the options'
+    sizes, else the loop's extent, else `UNKNOWN_GRID`. The folded dimensions (the
+    third on) multiply into z, so they shrink, the largest first, until z fits; a
+    grid smaller than its loop makes the loop strided, never wrong."""
+    grid = []
+    for j, e in enumerate(extents):
+        limit = MAX_GRID[min(j, 2)]
+        size = options.map_to_blocks[j] if j < len(options.map_to_blocks) else limit
+        grid.append(min(size, limit, e) if e is not None else min(size, UNKNOWN_GRID[min(j, 2)]))
+    while len(grid) > 2 and math.prod(grid[2:]) > MAX_GRID[2]:
+        largest = max(range(2, len(grid)), key=lambda j: grid[j])
+        grid[largest] = -(-grid[largest] // 2)
+    return grid
+
+
+def _grid_order(node: isl.ScheduleNode, scop: Scop, prefix: int, mapped: int) -> list[int]:
+    """The parallel members of a permutable band reordered for the grid, outermost
+    first: innermost the member that walks memory best with unit stride (it goes on
+    threadIdx.x, for coalescing), before it the next best (threadIdx.y); ties keep
+    the band's order. The `mapped` innermost are those bound to blocks."""
+    ranked = sorted(range(prefix), key=lambda m: (stride_score(node, m, scop), m))
+    x, y = ranked[-1], (ranked[-2] if prefix > 1 else None)
+    rest = [m for m in range(prefix) if m not in (x, y)]
+    return [*rest, *([y] if y is not None else []), x]
 
 
 def _bind(
@@ -208,11 +304,3 @@ def _bind(
     values = isl.MultiUnionPwAff.from_union_pw_aff_list(space, exprs)
     filter_ = values.bind(isl.MultiId.from_id_list(space, ids))
     return node.insert_filter(filter_).child(0)
-
-
-def _unit_stride_member(node: isl.ScheduleNode, scop: Scop, candidates: list[int]) -> int:
-    """Among `candidates`, the member that walks memory best with unit stride (the
-    last candidate on a tie)."""
-    if not candidates:
-        return 0
-    return max(candidates, key=lambda m: (stride_score(node, m, scop), m))

@@ -144,11 +144,14 @@ class MappingOptions:
     map_to_blocks: tuple[int, ...] = dataclasses.field(
         default=(), metadata=_tuned(TuningKind.GRID, ("cuda",))
     )
-    """Grid size: blocks along x, y, z. Empty: as large as the mapped loops need."""
+    """Grid size: blocks along x, y, z; only that many parallel loops go on blocks.
+    Empty: every parallel loop, those beyond two folded into z, as many blocks as
+    the loops need."""
     map_to_threads: tuple[int, ...] = dataclasses.field(
         default=(), metadata=_tuned(TuningKind.BLOCK, ("cuda",))
     )
-    """Block size: threads along x, y, z (at most 1024 in all)."""
+    """Block size: threads along x, y, z (at most 1024 in all). Empty: the mapping
+    chooses (up to 32x8, fewer when the grid would not fill the device)."""
     use_shared_memory: bool = False
     """Promote reused or uncoalesced tensor tiles to shared memory."""
     use_private_memory: bool = False
@@ -297,12 +300,13 @@ class MappingOptions:
 
     @classmethod
     def cuda(cls) -> MappingOptions:
-        """The CUDA default: sizes fixed, one kernel per statement, 32-wide tiles of the
-        parallel loops on blocks, 32x8 threads, reductions sequential in each thread."""
+        """The CUDA default: sizes fixed, one kernel per statement, every parallel loop
+        on the grid (the unit-stride one on threadIdx.x), blocks of up to 32x8 threads
+        each computing one element, narrowed until the grid fills the device,
+        reductions sequential in each thread (`tcpy.mapping.gpu`)."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,
-            map_to_threads=(32, 8),
             unroll=4,
         )
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from tcpy import knobs
 from tcpy.errors import TCLaunchError
+from tcpy.mapping.device import DeviceProfile
 
 
 class Driver(Protocol):
@@ -26,6 +27,7 @@ class Driver(Protocol):
 
     def device_name(self) -> str: ...
     def arch(self) -> str: ...
+    def attribute(self, name: str) -> int: ...
     def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]: ...
     def alloc(self, nbytes: int) -> int: ...
     def free(self, pointer: int) -> None: ...
@@ -37,6 +39,25 @@ class Driver(Protocol):
         args: Sequence[tuple[str, int]],
     ) -> None: ...  # fmt: skip
     def synchronize(self) -> None: ...
+
+
+# The driver's device attributes (`CU_DEVICE_ATTRIBUTE_<name>`) each profile field reads.
+_PROFILE_ATTRIBUTES = {
+    "sms": "MULTIPROCESSOR_COUNT",
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "max_threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
+    "max_blocks_per_sm": "MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "shared_per_block": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "shared_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "registers_per_block": "MAX_REGISTERS_PER_BLOCK",
+    "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
+}
+
+
+def device_profile(drv: Driver) -> DeviceProfile:
+    """The profile of the driver's device, from its attributes."""
+    facts = {field: drv.attribute(name) for field, name in _PROFILE_ATTRIBUTES.items()}
+    return DeviceProfile(name=drv.device_name(), arch=drv.arch(), **facts)
 
 
 def has_gpu() -> bool:
@@ -89,6 +110,9 @@ class _PyCuda:
     def arch(self) -> str:
         major, minor = self.device.compute_capability()
         return f"sm_{major}{minor}"
+
+    def attribute(self, name: str) -> int:
+        return int(self.device.get_attribute(getattr(self.cuda.device_attribute, name)))
 
     def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]:
         module = self.cuda.module_from_buffer(cubin)
@@ -156,6 +180,10 @@ class _Bindings:
         major = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device)
         minor = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device)
         return f"sm_{self._check(major, 'attribute')}{self._check(minor, 'attribute')}"
+
+    def attribute(self, name: str) -> int:
+        which = getattr(self.cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        return int(self._check(self.cu.cuDeviceGetAttribute(which, self.device), name))
 
     def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]:
         module = self._check(self.cu.cuModuleLoadData(cubin), "cuModuleLoadData")

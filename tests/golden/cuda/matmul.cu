@@ -20,7 +20,7 @@ static __device__ __forceinline__ long long tc_floord(long long a, long long b) 
 static __device__ __forceinline__ long long tc_min(long long a, long long b) { return a < b ? a : b; }
 static __device__ __forceinline__ long long tc_max(long long a, long long b) { return a > b ? a : b; }
 
-extern "C" __global__ void __launch_bounds__(256) tc_kernel_0(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
   const long long e_A_0 = s_M;
   const long long e_A_1 = s_K;
   const long long e_B_0 = s_K;
@@ -29,13 +29,10 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_0(long long s_M, lon
   const long long e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79) {
-    #pragma unroll 4
-    for (long long c2 = (long long)threadIdx.y; c2 <= 31; c2 += 8) {
-      TC_ST(t_C, ((long long)((32 * (long long)blockIdx.y) + c2) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = 0.0f;
-    }
+    TC_ST(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = 0.0f;
   }
 }
-extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_1(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
   const long long e_A_0 = s_M;
   const long long e_A_1 = s_K;
   const long long e_B_0 = s_K;
@@ -44,14 +41,12 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, lon
   const long long e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n) */
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79) {
-    for (long long c3 = (long long)threadIdx.y; c3 <= 31; c3 += 8) {
-      {
-        float tc_acc = TC_LD(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
-        for (long long c5 = 0; c5 <= 47; c5++) {
-          tc_acc = tc_acc + (TC_LD(t_A, ((long long)((32 * (long long)blockIdx.y) + c3) * e_A_1 + (c5))) * TC_LD(t_B, ((long long)(c5) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))));
-        }
-        TC_ST(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = tc_acc;
+    {
+      float tc_acc = TC_LD(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
+      for (long long c5 = 0; c5 <= 47; c5++) {
+        tc_acc = tc_acc + (TC_LD(t_A, ((long long)((long long)blockIdx.y) * e_A_1 + (c5))) * TC_LD(t_B, ((long long)(c5) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))));
       }
+      TC_ST(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = tc_acc;
     }
   }
 }

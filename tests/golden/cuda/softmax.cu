@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long
     TC_ST(t_maxVal, (long long)((long long)threadIdx.x)) = tc_acc;
   }
 }
-extern "C" __global__ void __launch_bounds__(256) tc_kernel_2(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_2(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
   const long long e_I_1 = s_D;
   const long long e_O_0 = s_N;
@@ -69,10 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_2(long long s_N, lon
   const long long e_expSum_0 = s_N;
   /* expDist(n, d) = exp(I(n, d) - maxVal(n)) */
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 39) {
-    #pragma unroll 4
-    for (long long c2 = (long long)threadIdx.y; c2 <= 15; c2 += 8) {
-      TC_ST(t_expDist, ((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = expf((TC_LD(t_I, ((long long)(c2) * e_I_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) - TC_LD(t_maxVal, (long long)(c2))));
-    }
+    TC_ST(t_expDist, ((long long)((long long)blockIdx.y) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = expf((TC_LD(t_I, ((long long)((long long)blockIdx.y) * e_I_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) - TC_LD(t_maxVal, (long long)((long long)blockIdx.y))));
   }
 }
 extern "C" __global__ void __launch_bounds__(16) tc_kernel_3(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
@@ -105,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long
     TC_ST(t_expSum, (long long)((long long)threadIdx.x)) = tc_acc;
   }
 }
-extern "C" __global__ void __launch_bounds__(256) tc_kernel_5(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_5(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
   const long long e_I_1 = s_D;
   const long long e_O_0 = s_N;
@@ -116,9 +113,6 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_5(long long s_N, lon
   const long long e_expSum_0 = s_N;
   /* O(n, d) = expDist(n, d) / expSum(n) */
   if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 39) {
-    #pragma unroll 4
-    for (long long c2 = (long long)threadIdx.y; c2 <= 15; c2 += 8) {
-      TC_ST(t_O, ((long long)(c2) * e_O_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = (TC_LD(t_expDist, ((long long)(c2) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) / TC_LD(t_expSum, (long long)(c2)));
-    }
+    TC_ST(t_O, ((long long)((long long)blockIdx.y) * e_O_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = (TC_LD(t_expDist, ((long long)((long long)blockIdx.y) * e_expDist_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) / TC_LD(t_expSum, (long long)((long long)blockIdx.y)));
   }
 }
