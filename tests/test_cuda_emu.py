@@ -58,6 +58,7 @@ options_strategy = st.builds(
     map_to_threads=blocks.filter(lambda b: np.prod(b) <= 256),
     unroll=st.sampled_from([1, 2, 4]),
     use_readonly_cache=st.booleans(),
+    reduce_across_threads=st.booleans(),
 )
 
 

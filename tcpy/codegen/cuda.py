@@ -14,22 +14,25 @@ hooks). No includes: types are C++'s own and every math function is CUDA's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import islpy as isl
 
 from tcpy.codegen.ast_build import Ast
 from tcpy.codegen.c import _def_text, _Printer, buffer_order
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA
-from tcpy.codegen.exprs import (
-    BodyPrinter,
-    sym_expr,
-)
+from tcpy.codegen.exprs import BodyPrinter, StatementParts, sym_expr
+from tcpy.codegen.loops import FOR, IF
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
-from tcpy.errors import TCMappingError
-from tcpy.mapping.gpu import GpuMapping, Kernel
+from tcpy.errors import InternalError, TCMappingError
+from tcpy.mapping.device import WARP
+from tcpy.mapping.gpu import LANES_MARK, GpuMapping, Kernel
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import Role
+from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Scop
 from tcpy.types import ScalarType
 
@@ -61,6 +64,61 @@ ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 @dataclass
 class _CudaPrinter(_Printer):
     hoists = False
+    lane_parts: StatementParts | None = None  # inside a lane reduction: what it reduces
+
+    def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
+        is_mark = node.get_type() == isl.ast_node_type.mark
+        if is_mark and node.mark_get_id().get_name() == LANES_MARK:
+            self.lane_reduction(node.mark_get_node(), depth, marks)
+        else:
+            super().node(node, depth, marks)
+
+    def lane_reduction(self, inner: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+        """A reduction spread over the lanes of a warp (`tcpy.mapping.gpu`): each lane
+        reduces its instances into a register, from the identity; the warp combines
+        the lanes' partial results by a butterfly of shuffles, outside every loop and
+        guard of the subtree, where all 32 lanes arrive; lane 0 combines the total into
+        the element, when some lane had an instance (a guard may leave a whole row
+        out). Every instance under the mark reduces into one element, which the
+        mapping guarantees and this checks."""
+        users, iterators = _users_and_iterators(inner)
+        found = [self.reduction_at(u) for u in users]
+        first = found[0] if found else None
+        if first is None or any(f is None or f != first for f in found):
+            raise InternalError("a lane reduction must run instances of one reduction")
+        source, values = first
+        if any(re.search(rf"\b{i}\b", values[v]) for v in source.indices for i in iterators):
+            raise InternalError("a lane reduction must reduce into one element")
+        parts = self.bodies.parts(source, values)
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"{parts.compute} tc_part = {parts.identity};")
+        self.emit(depth + 1, "bool tc_seen = false;")
+        self.lane_parts = parts
+        self.node(inner, depth + 1, marks)
+        self.lane_parts = None
+        shuffled = "__shfl_xor_sync(0xffffffffu, tc_part, tc_lane)"
+        self.emit(depth + 1, f"for (int tc_lane = {WARP // 2}; tc_lane > 0; tc_lane /= 2) {{")
+        self.emit(depth + 2, f"tc_part = {parts.merge('tc_part', shuffled)};")
+        self.emit(depth + 1, "}")
+        self.emit(depth + 1, "const bool tc_any = __any_sync(0xffffffffu, tc_seen);")
+        self.emit(depth + 1, "if (tc_any && threadIdx.x == 0) {")
+        total = parts.store(parts.merge(parts.current, "tc_part"))
+        self.emit(depth + 2, f"{parts.target} = {total};")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+
+    def user(self, node: isl.AstNode, depth: int) -> None:
+        if self.lane_parts is None:
+            super().user(node, depth)
+            return
+        found = self.reduction_at(node)
+        assert found is not None
+        parts = self.bodies.parts(*found)
+        self.emit(depth, f"tc_part = {parts.combine('tc_part')};")
+        self.emit(depth, "tc_seen = true;")
+
+    def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
+        return None if self.lane_parts is not None else super().accumulator(body, iterator)
 
     def pragmas(
         self, marks: tuple[str, ...], innermost: bool, unroll: int, shared: str | None = None
@@ -148,3 +206,27 @@ def _launch_names(kernel: Kernel) -> dict[str, str]:
         {p: f"(long long)threadIdx.{a}" for p, a in zip(THREAD_PARAMS, _AXES, strict=True)}
     )
     return names
+
+
+def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str]]:
+    """The user nodes under `node`, and the iterators of the loops under it."""
+    users: list[isl.AstNode] = []
+    iterators: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        kind = n.get_type()
+        if kind == isl.ast_node_type.user:
+            users.append(n)
+        elif kind == FOR:
+            iterators.append(n.for_get_iterator().get_id().get_name())
+            stack.append(n.for_get_body())
+        elif kind == IF:
+            stack.append(n.if_get_then_node())
+            if n.if_has_else_node():
+                stack.append(n.if_get_else_node())
+        elif kind == isl.ast_node_type.mark:
+            stack.append(n.mark_get_node())
+        else:
+            stack.extend(ast_children(n))
+    return users, iterators

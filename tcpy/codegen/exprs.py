@@ -162,9 +162,12 @@ class BodyPrinter:
         value = "" if init else ctx.expr(st.rhs, compute)
 
         def combine(current: str) -> str:
+            return merge(current, value)
+
+        def merge(a: str, b: str) -> str:
             if reduction is None:
-                return value
-            return ctx.combine(reduction, current, value, compute)
+                return b
+            return ctx.combine(reduction, a, b, compute)
 
         return StatementParts(
             target=target,
@@ -176,6 +179,7 @@ class BodyPrinter:
             storage=self.dialect.ctype(tensor.scalar),
             floating=compute.is_float,
             combine=combine,
+            merge=merge,
         )
 
 
@@ -193,6 +197,7 @@ class StatementParts:
     storage: str  # C type of the tensor
     floating: bool  # whether the computation is in floating point
     combine: Callable[[str], str]  # accumulator -> combined value
+    merge: Callable[[str, str], str]  # two partial results -> their combination
 
     def store(self, value: str) -> str:
         return value if self.compute == self.storage else f"({self.storage})({value})"

@@ -1,21 +1,28 @@
 """GPU mapping: loop nests become CUDA kernels, tile loops run on blocks, point loops
 on threads.
 
-`map_to_gpu(schedule, scop, options)` expects a valid schedule of `scop` and returns a
-`GpuMapping`: the schedule with its mapping filters, and one `Kernel` per top-level
-loop nest (a statement sequence at the top of the tree becomes a sequence of kernel
-launches, whose boundaries order every dependence between nests).
+`map_to_gpu(schedule, scop, options, device)` expects a valid schedule of `scop` and
+returns a `GpuMapping`: the schedule with its mapping filters, and one `Kernel` per
+top-level loop nest (a statement sequence at the top of the tree becomes a sequence of
+kernel launches, whose boundaries order every dependence between nests).
 
-In each nest (PPCG style) the outermost permutable band is tiled; the coincident prefix
-of the tile band is bound to the block parameters `b0, b1, b2` (blockIdx.x, .y, .z) and
-the coincident prefix of the point band to the thread parameters `t0, t1, t2`
-(threadIdx.x, .y, .z), by filters `member mod size = parameter`: a grid or block smaller
-than the loop gives a strided loop, never a wrong result. Only a prefix of coincident
-members is mapped, so no dependence crosses threads or blocks; everything below runs
-sequentially in its thread (reductions stay sequential in a thread). The member that
-walks the innermost array dimension with unit stride goes on threadIdx.x, for
-coalescing. A nest with no parallel loop runs in one thread. Launch sizes are
-tightened to the loop extents when the sizes are fixed.
+In each nest (PPCG style) the outermost permutable band is tiled, and its coincident
+members, all of them, go on the grid: the member that walks the innermost array
+dimension with unit stride (chosen among all of them) on x, the next best on y, the
+others folded into z (`Kernel.block_index` decodes them). The same members' point
+loops go on threadIdx.x and .y. Binding is by filters `member mod size = parameter`,
+so a grid or block smaller than the loop gives a strided loop, never a wrong result.
+Only coincident members are bound, so no dependence crosses threads or blocks, with
+one exception made safe by construction: a *lane reduction*, a reduction loop that
+reads its operands with unit stride where no parallel loop does (a softmax's row
+maximum), is spread over the 32 lanes of a warp, each lane reducing every 32nd value
+into a register, the warp combining them with shuffles (`LANES_MARK`,
+`tcpy.codegen.cuda`). Other reductions run whole in their thread, innermost.
+
+Sizes: the options' where given; else each thread computes one element, the block
+is 32x8 threads tightened to the loops, and its y halves while the grid would not fill
+the device (`FILL_WAVES` blocks per SM of the `DeviceProfile`). A nest with no
+parallel loop runs in one thread (one warp for a lane reduction).
 
 The parameters are bounded in each kernel's AST build context (isl's AST generator
 here rejects schedule-tree context nodes), and each kernel's AST is built from the
@@ -32,16 +39,23 @@ import islpy as isl
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.errors import TCMappingError
 from tcpy.mapping.device import WARP, DeviceProfile, default_profile
-from tcpy.mapping.locality import stride_score
+from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import MappingOptions
-from tcpy.poly.isl_helpers import multi_val, read_set
+from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
-from tcpy.poly.scop import Scop
-from tcpy.poly.transforms import is_band, permute_band
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import insert_mark, is_band, permute_band
+from tcpy.types import ScalarType
 
 DEFAULT_BLOCK = (32, 8, 1)
 FILL_WAVES = 2
 """Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
+LANES_MARK = "lane_reduction"
+"""Marks the point band of a reduction spread over the lanes of a warp."""
+SHUFFLED = tuple(
+    ScalarType(t) for t in ("float32", "float64", "int32", "int64", "uint32", "uint64")
+)
+"""Compute types a warp shuffle moves."""
 MAX_GRID = (2**31 - 1, 65535, 65535)
 UNKNOWN_GRID = (256, 32, 8)  # blocks per dimension when the loop extents are not known
 
@@ -141,10 +155,10 @@ def _map_nests(
             node = child.parent().parent()
         return node
     domain = node.get_domain()
-    if is_band(node) and node.band_member_get_coincident(0):
+    grid: tuple[int, ...] = ()
+    block: tuple[int, ...] = ()
+    if is_band(node):
         node, grid, block = _map_band(node, scop, options, device, bind)
-    else:
-        grid, block = (), ()
     kernels.append(Kernel(len(kernels), domain, grid, block))
     return node
 
@@ -162,12 +176,20 @@ def _map_band(
     prefix = next((k for k in range(n) if not coincident[k]), n)
     if not permutable:
         prefix = min(prefix, 1)
+    lanes = _lane_member(node, scop, options, prefix) if permutable else None
+    if prefix == 0 and lanes is None:
+        return node, (), ()  # no parallel loop: the nest runs in one thread
     mapped = min(prefix, len(options.map_to_blocks) or len(BLOCK_PARAMS))
-    if permutable and prefix > 1:
-        node = permute_band(node, _grid_order(node, scop, prefix, mapped) + list(range(prefix, n)))
+    if permutable and (prefix > 1 or lanes is not None):
+        order = _grid_order(node, scop, prefix, mapped) if prefix > 1 else list(range(prefix))
+        rest = [k for k in range(prefix, n) if k != lanes]
+        node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
+        lanes = None if lanes is None else n - 1
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
     extents = [member_extent(node, m) for m in members]
-    sizes = _Sizes.choose(options, n, prefix, members, extents, device) if permutable else None
+    sizes = (
+        _Sizes.choose(options, n, prefix, members, extents, device, lanes) if permutable else None
+    )
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
         grid = _grid(options, [member_extent(node, m) for m in members])
@@ -179,7 +201,11 @@ def _map_band(
     if block:
         point = node.child(0)
         if bind:
-            point = _bind(point, members[: len(block)], block, THREAD_PARAMS).parent()
+            on_threads = ([lanes] if lanes is not None else []) + members
+            point = _bind(point, on_threads[: len(block)], block, THREAD_PARAMS)
+            if lanes is not None:
+                point = insert_mark(point, LANES_MARK).parent()
+            point = point.parent()  # the thread filter
         node = point.parent()  # the tile band
     if bind and mapped:
         node = node.parent()  # the block filter, now at the band's old position
@@ -206,23 +232,29 @@ class _Sizes:
         members: list[int],
         extents: list[int | None],
         device: DeviceProfile,
+        lanes: int | None = None,
     ) -> _Sizes:
         """The options' sizes where they give them. Else each thread computes one
         element of its tile: the tile of a member on threads is the block's size
         along it, the tile of a member on blocks only is 1, and a reduction's loops
-        stay whole in the thread (innermost, the accumulator in a register). A block
-        is tightened to the loops it runs; then, while the grid would not fill the
-        device `FILL_WAVES` times over, its y size halves (never below a warp)."""
-        threads = min(len(members), len(options.map_to_threads) or 2)
+        stay whole in the thread (innermost, the accumulator in a register). With
+        `lanes` (a reduction member spread over the lanes of a warp), x is a warp on
+        it and y the innermost member of the grid. A block is tightened to the loops
+        it runs; then, while the grid would not fill the device `FILL_WAVES` times
+        over, its y size halves (never below a warp)."""
+        threads = min(len(members) + (lanes is not None), len(options.map_to_threads) or 2)
         wanted = list(options.map_to_threads or DEFAULT_BLOCK)[:threads]
         wanted += [1] * (threads - len(wanted))
+        on_threads = members if lanes is None else [lanes, *members]
+        shape = extents if lanes is None else [WARP, *extents]
 
         def tiles(block: list[int]) -> list[int]:
             if options.tile:
                 return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
             tile = [1 if k < prefix else WHOLE for k in range(n)]
             for j, size in enumerate(block):
-                tile[members[j]] = size
+                if on_threads[j] != lanes:
+                    tile[on_threads[j]] = size
             return tile
 
         def tightened(block: list[int]) -> list[int]:
@@ -231,8 +263,8 @@ class _Sizes:
             tile = tiles(block)
             out = []
             for j, size in enumerate(block):
-                point = tile[members[j]] or 1
-                e = extents[j]
+                point = tile[on_threads[j]] or 1
+                e = shape[j]
                 out.append(max(1, min(size, point, e if e is not None else point)))
             return out
 
@@ -246,6 +278,43 @@ class _Sizes:
             ):
                 block = tightened([block[0], block[1] // 2, *block[2:]])
         return _Sizes(tiles(block), block)
+
+
+def _lane_member(
+    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, prefix: int
+) -> int | None:
+    """The reduction member of a permutable band to spread over the lanes of a warp
+    (each lane reduces every 32nd value into a register, the warp then combines its
+    lanes with shuffles): one that reads some operand with unit stride and none
+    across rows, when no parallel member reads every operand with unit stride
+    (threadIdx.x on it would not coalesce). Only where it is
+    safe and whole: the band runs one reduction statement (`+ * min max` on a type
+    the shuffles move) over a rectangular domain, the member runs at least a warp of
+    values, and the options leave the tiles and the block's x to the mapping."""
+    if not options.reduce_across_threads or options.tile:
+        return None
+    if options.map_to_threads and options.map_to_threads[0] != WARP:
+        return None
+    n = node.band_n_member()
+    domain = node.get_domain()
+    sets = union_set_sets(domain)
+    if len(sets) != 1 or not sets[0].is_box():
+        return None
+    stmt = scop.statement(sets[0].get_tuple_name())
+    source = stmt.source(scop.cdef)
+    tensor = scop.cdef.tensor(source.tensor)
+    if stmt.kind is not Kind.COMPUTE or source.op.reduction is None:
+        return None
+    if tensor.scalar.compute not in SHUFFLED:
+        return None
+    if any(worst_stride(node, m, scop) == 2 for m in range(prefix)):
+        return None
+    for m in range(prefix, n):
+        e = member_extent(node, m)
+        unit = worst_stride(node, m, scop) >= 0 and stride_score(node, m, scop) >= 2
+        if e is not None and e >= WARP and unit:  # some operand walked, none strided
+            return m
+    return None
 
 
 def _blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:

@@ -152,6 +152,13 @@ class MappingOptions:
     )
     """Block size: threads along x, y, z (at most 1024 in all). Empty: the mapping
     chooses (up to 32x8, fewer when the grid would not fill the device)."""
+    reduce_across_threads: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Spread a reduction over the lanes of a warp (partial results in registers,
+    combined with shuffles) when it, and no parallel loop, reads its operands with
+    unit stride: a softmax's row maximum, an MLP's dot products. Needs the tiles and
+    the block's x (a warp) left to the mapping."""
     use_shared_memory: bool = False
     """Promote reused or uncoalesced tensor tiles to shared memory."""
     use_private_memory: bool = False
@@ -332,6 +339,7 @@ def _validate(o: MappingOptions) -> None:
     for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
                  "tile_imperfectly_nested", "use_shared_memory", "use_private_memory",
                  "unroll_copy_shared", "use_readonly_cache", "match_library_calls",
+                 "reduce_across_threads",
                  "parallel", "vectorize"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")

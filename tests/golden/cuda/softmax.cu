@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_0(long long s_N, long
   /* maxVal(n) max=! I(n, d)  [initialisation] */
   TC_ST(t_maxVal, (long long)((long long)threadIdx.x)) = (-1.0f / 0.0f);
 }
-extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_1(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
   const long long e_I_1 = s_D;
   const long long e_O_0 = s_N;
@@ -51,11 +51,20 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_1(long long s_N, long
   const long long e_expSum_0 = s_N;
   /* maxVal(n) max=! I(n, d) */
   {
-    float tc_acc = TC_LD(t_maxVal, (long long)((long long)threadIdx.x));
-    for (long long c3 = 0; c3 <= 39; c3++) {
-      tc_acc = tc_max_float32(tc_acc, TC_LD(t_I, ((long long)((long long)threadIdx.x) * e_I_1 + (c3))));
+    float tc_part = (-1.0f / 0.0f);
+    bool tc_seen = false;
+    #pragma unroll 4
+    for (long long c3 = (long long)threadIdx.x; c3 <= 39; c3 += 32) {
+      tc_part = tc_max_float32(tc_part, TC_LD(t_I, ((long long)((long long)blockIdx.x) * e_I_1 + (c3))));
+      tc_seen = true;
     }
-    TC_ST(t_maxVal, (long long)((long long)threadIdx.x)) = tc_acc;
+    for (int tc_lane = 16; tc_lane > 0; tc_lane /= 2) {
+      tc_part = tc_max_float32(tc_part, __shfl_xor_sync(0xffffffffu, tc_part, tc_lane));
+    }
+    const bool tc_any = __any_sync(0xffffffffu, tc_seen);
+    if (tc_any && threadIdx.x == 0) {
+      TC_ST(t_maxVal, (long long)((long long)blockIdx.x)) = tc_max_float32(TC_LD(t_maxVal, (long long)((long long)blockIdx.x)), tc_part);
+    }
   }
 }
 extern "C" __global__ void __launch_bounds__(32) tc_kernel_2(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
@@ -84,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_3(long long s_N, long
   /* expSum(n) +=! expDist(n, d)  [initialisation] */
   TC_ST(t_expSum, (long long)((long long)threadIdx.x)) = 0.0f;
 }
-extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_4(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const long long e_I_0 = s_N;
   const long long e_I_1 = s_D;
   const long long e_O_0 = s_N;
@@ -95,11 +104,20 @@ extern "C" __global__ void __launch_bounds__(16) tc_kernel_4(long long s_N, long
   const long long e_expSum_0 = s_N;
   /* expSum(n) +=! expDist(n, d) */
   {
-    float tc_acc = TC_LD(t_expSum, (long long)((long long)threadIdx.x));
-    for (long long c3 = 0; c3 <= 39; c3++) {
-      tc_acc = tc_acc + TC_LD(t_expDist, ((long long)((long long)threadIdx.x) * e_expDist_1 + (c3)));
+    float tc_part = 0.0f;
+    bool tc_seen = false;
+    #pragma unroll 4
+    for (long long c3 = (long long)threadIdx.x; c3 <= 39; c3 += 32) {
+      tc_part = tc_part + TC_LD(t_expDist, ((long long)((long long)blockIdx.x) * e_expDist_1 + (c3)));
+      tc_seen = true;
     }
-    TC_ST(t_expSum, (long long)((long long)threadIdx.x)) = tc_acc;
+    for (int tc_lane = 16; tc_lane > 0; tc_lane /= 2) {
+      tc_part = tc_part + __shfl_xor_sync(0xffffffffu, tc_part, tc_lane);
+    }
+    const bool tc_any = __any_sync(0xffffffffu, tc_seen);
+    if (tc_any && threadIdx.x == 0) {
+      TC_ST(t_expSum, (long long)((long long)blockIdx.x)) = TC_LD(t_expSum, (long long)((long long)blockIdx.x)) + tc_part;
+    }
   }
 }
 extern "C" __global__ void __launch_bounds__(32) tc_kernel_5(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {

@@ -1,0 +1,111 @@
+"""Reductions spread over the lanes of a warp on `cuda-emu` (`tcpy.mapping.gpu`,
+`reduce_across_threads`), with the emulator's checks on, against `reference`: each
+operator and type the shuffles move, NaN and infinities, rows the block does not
+divide, a whole tensor reduced by one warp, and the cases the mapping leaves alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_cuda
+
+
+def _run(source: str, *inputs: np.ndarray, options: MappingOptions | None = None):  # type: ignore[no-untyped-def]
+    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
+    (entry,) = emu.define(source)
+    reference.define(source)
+    compiled = emu.compile(entry, *inputs, options=options)
+    return compiled(*inputs), reference.run(entry, *inputs), compiled.source
+
+
+def _lanes(source: str) -> bool:
+    return "__shfl_xor_sync" in source
+
+
+@pytest.mark.parametrize("op", ["+", "*", "max", "min"])
+@pytest.mark.parametrize("dtype", ["float", "double", "int32", "int64"])
+def test_row_reductions_on_lanes(op: str, dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    np_dtype = {"float": np.float32, "double": np.float64, "int32": np.int32, "int64": np.int64}
+    shape = (37, 100)  # 37 rows: not a multiple of any block; 100: lanes run 3 or 4 values
+    if dtype.startswith("int"):
+        data = rng.integers(-3, 4, shape).astype(np_dtype[dtype])
+    else:
+        data = (rng.random(shape) + 0.5).astype(np_dtype[dtype])  # products stay finite
+    source = f"def r({dtype}(N,D) I) -> (O) {{ O(n) {op}=! I(n,d) }}"
+    got, want, text = _run(source, data)
+    assert _lanes(text)
+    if op == "*" and dtype.startswith("int"):
+        np.testing.assert_array_equal(got, want)  # wraps the same way in any order
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["max", "min", "+"])
+def test_nan_and_infinities_reach_the_result(op: str) -> None:
+    data = np.ones((6, 64), np.float32)
+    data[1, 17] = np.nan  # one lane's value: every other lane must take it up
+    data[2, :] = -np.inf
+    data[3, :] = np.inf
+    data[4, 40] = np.nan
+    data[4, 41] = np.inf
+    got, want, text = _run(f"def r(float(N,D) I) -> (O) {{ O(n) {op}=! I(n,d) }}", data)
+    assert _lanes(text)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[1]) and np.isnan(got[4])
+
+
+def test_a_whole_tensor_reduced_by_one_warp() -> None:
+    data = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    got, want, text = _run("def total(float(N) A) -> (s) { s +=! A(i) }", data)
+    assert _lanes(text)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_that_updates_runs_into_the_current_value() -> None:
+    """`+=` without `!`: the warp's total is added to what the output holds."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((9, 70)).astype(np.float32)
+    source = "def f(float(N,D) X) -> (O) { O(n) = 1.5 where n in 0:N\n O(n) += X(n,d) }"
+    got, want, text = _run(source, X)
+    assert _lanes(text)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("source", "sizes", "why"),
+    [
+        ("def r(float(N,D) I) -> (O) { O(n) +=! I(n,d) }", {"N": 8, "D": 20}, "under a warp"),
+        ("def c(float(B,N) I) -> (O) { O(n) +=! I(b,n) }", {"B": 64, "N": 64}, "coalesced"),
+    ],
+)  # fmt: skip
+def test_reductions_the_mapping_keeps_in_one_thread(
+    source: str, sizes: dict[str, int], why: str
+) -> None:
+    (cdef,) = check_source(source).values()
+    lowered = lower_to_cuda(cdef, sizes, MappingOptions.cuda(), check=True)
+    assert not _lanes(lowered.source), why
+
+
+def test_a_guarded_operand_inside_the_lanes_loop() -> None:
+    """A running sum (`j <= i ? A(j) : 0`): each lane's loop evaluates the guard."""
+    A = np.random.default_rng(5).standard_normal(77).astype(np.float32)
+    source = "def cs(float(N) A) -> (O) { O(i) +=! j <= i ? A(j) : 0.0 where i in 0:N }"
+    got, want, text = _run(source, A)
+    assert _lanes(text)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_option_turns_lanes_off_and_both_agree() -> None:
+    data = np.random.default_rng(4).standard_normal((40, 96)).astype(np.float32)
+    source = "def r(float(N,D) I) -> (O) { O(n) max=! I(n,d) }"
+    off = MappingOptions.cuda().replace(reduce_across_threads=False)
+    got_on, want, text_on = _run(source, data)
+    got_off, _, text_off = _run(source, data, options=off)
+    assert _lanes(text_on) and not _lanes(text_off)
+    np.testing.assert_array_equal(got_on, want)
+    np.testing.assert_array_equal(got_off, want)
