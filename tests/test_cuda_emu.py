@@ -59,6 +59,8 @@ options_strategy = st.builds(
     unroll=st.sampled_from([1, 2, 4]),
     use_readonly_cache=st.booleans(),
     reduce_across_threads=st.booleans(),
+    use_shared_memory=st.booleans(),
+    unroll_copy_shared=st.booleans(),
 )
 
 
@@ -70,11 +72,11 @@ def test_corpus_cuda_emu_drawn_options(case: Case, options: MappingOptions, whic
     differential(case, size_sets[which % len(size_sets)], options)
 
 
-def test_memory_promotion_is_refused_not_ignored() -> None:
+def test_private_memory_promotion_is_refused_not_ignored() -> None:
     e = tcpy.ExecutionEngine("cuda-emu")
     e.define("def f(float(N) A) -> (B) { B(i) = A(i) }")
-    with pytest.raises(tcpy.TCMappingError, match="use_shared_memory"):
-        e.f(np.ones(4, np.float32), options=MappingOptions.cuda().replace(use_shared_memory=True))
+    with pytest.raises(tcpy.TCMappingError, match="use_private_memory"):
+        e.f(np.ones(4, np.float32), options=MappingOptions.cuda().replace(use_private_memory=True))
 
 
 def test_gather_out_of_range_on_cuda_emu() -> None:

@@ -17,6 +17,9 @@ from corpus_cases import CASES, Case
 from differential import CORPUS
 from golden_util import check_golden
 
+PLAIN = MappingOptions.cuda().replace(use_shared_memory=False)
+"""The CUDA default without shared memory: one element per thread, blocks narrowed
+until the grid fills the device."""
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
 
 
@@ -69,7 +72,7 @@ def test_golden_cuda(name: str, accept: bool) -> None:
 
 def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
     source, entry, sizes = GOLDENS["matmul"]
-    lowered = _lower(source, entry, sizes, MappingOptions.cuda())
+    lowered = _lower(source, entry, sizes, PLAIN)
     _init, product = lowered.mapping.kernels
     # 32x8 threads would make 3 x 8 blocks; the block's y halves while the grid is
     # under two waves of an H100's 132 SMs, down to one warp: 3 x 64 blocks
@@ -85,7 +88,7 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
 
 def test_a_large_grid_keeps_full_blocks() -> None:
     source, entry, _ = GOLDENS["matmul"]
-    lowered = _lower(source, entry, {"M": 512, "K": 8, "N": 256}, MappingOptions.cuda())
+    lowered = _lower(source, entry, {"M": 512, "K": 8, "N": 256}, PLAIN)
     assert [(k.grid, k.block) for k in lowered.mapping.kernels] == [((8, 64), (32, 8))] * 2
 
 
@@ -95,7 +98,7 @@ def test_the_device_profile_sizes_the_grid() -> None:
     source, entry, _ = GOLDENS["matmul"]
     sizes = {"M": 64, "K": 8, "N": 256}
     grids = {
-        name: _lower(source, entry, sizes, MappingOptions.cuda(), named(name)).mapping.kernels[1]
+        name: _lower(source, entry, sizes, PLAIN, named(name)).mapping.kernels[1]
         for name in ("l4", "h100")
     }
     assert (grids["l4"].grid, grids["l4"].block) == ((8, 16), (32, 4))
@@ -106,7 +109,7 @@ def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
     source = "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) " \
              "{ O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"  # fmt: skip
     sizes = {"N": 8, "C": 3, "H": 34, "W": 66, "F": 5, "KH": 3, "KW": 3}
-    lowered = _lower(source, "conv", sizes, MappingOptions.cuda())
+    lowered = _lower(source, "conv", sizes, PLAIN)
     update = lowered.mapping.kernels[1]
     # w (64 outputs, unit stride) on x, h (32) on y, then f and n folded into z
     assert update.block == (32, 8) and update.grid == (2, 4, 5, 8)
@@ -114,6 +117,22 @@ def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
     text = lowered.source.split("tc_kernel_1")[1]
     assert "(blockIdx.z % 5u)" in text and "(blockIdx.z / 5u)" in text
     assert "e_O_3 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)" in text
+
+
+def test_shared_memory_tiles_of_a_matmul() -> None:
+    """32x8 threads compute a 32x32 tile of C, 4 outputs each; A's 32x64 and B's
+    64x32 tiles are copied once per 64 values of k, between two barriers, and read
+    from shared memory (rows of 64 padded to 65)."""
+    source, entry, _ = GOLDENS["matmul"]
+    lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 96}, MappingOptions.cuda())
+    update = lowered.mapping.kernels[1]
+    assert (update.grid, update.block) == ((3, 4), (32, 8))
+    text = lowered.source.split("tc_kernel_1")[1]
+    assert "__shared__ float tc_shared0[2080];" in text  # A: 32 x (64 + 1)
+    assert "__shared__ float tc_shared1[2112];" in text  # B: 64 x (32 + 1)
+    assert text.count("__syncthreads();") == 2
+    assert "TC_LD(t_A" not in text.split("__syncthreads();")[2]  # reads after the copy
+    assert "TC_SLD(tc_shared0" in text and "TC_SLD(tc_shared1" in text
 
 
 def test_launch_sizes_are_tightened() -> None:

@@ -40,7 +40,8 @@ def test_each_profile_is_its_own_compilation(tmp_path, monkeypatch: pytest.Monke
     for name in ("l4", "h100", "l4"):
         engine = tcpy.ExecutionEngine("cuda-emu", device=name)
         engine.define(MATMUL)
-        compiled = engine.compile("mm", A, B)
+        plain = tcpy.MappingOptions.cuda().replace(use_shared_memory=False)
+        compiled = engine.compile("mm", A, B, options=plain)
         np.testing.assert_allclose(compiled(A, B), A @ B, rtol=1e-5, atol=1e-5)
         blocks[name] = compiled.profile(A, B)[1]["block"]
         stats.append((engine.stats.compiles, engine.stats.disk_hits))

@@ -138,7 +138,7 @@ def test_options_are_valid_and_cover_every_field() -> None:
         for name, value in sample_options(rng).to_dict().items():
             seen.setdefault(name, set()).add(repr(value))
     varied = {n for n, values in seen.items() if len(values) > 1}
-    refused = {"use_shared_memory", "use_private_memory", "unroll_copy_shared"}
+    refused = {"use_private_memory"}
     assert varied == set(seen) - refused
     assert max(sample_options(rng).unroll for _ in range(200)) < 65535
 

@@ -14,18 +14,27 @@ hooks). No includes: types are C++'s own and every math function is CUDA's.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.ast_build import Ast
+from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.c import _def_text, _Printer, buffer_order
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA
-from tcpy.codegen.exprs import BodyPrinter, StatementParts, sym_expr
-from tcpy.codegen.loops import FOR, IF
+from tcpy.codegen.exprs import (
+    BodyPrinter,
+    LocalCopy,
+    StatementParts,
+    flat_index,
+    isl_expr,
+    sym_expr,
+)
+from tcpy.codegen.loops import FOR, IF, SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.errors import InternalError, TCMappingError
 from tcpy.mapping.device import WARP
@@ -65,13 +74,112 @@ ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 class _CudaPrinter(_Printer):
     hoists = False
     lane_parts: StatementParts | None = None  # inside a lane reduction: what it reduces
+    kernel: Kernel | None = None
+    sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
+
+    def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+        """A guard on thread indices above a shared-memory copy (isl hoists the
+        conditions that only involve parameters as far out as it can) is sunk into
+        the copy's scope, around the statements only: every thread of the block must
+        run the copy and reach its barriers. The guard does not change below it, so
+        this is the same program."""
+        cond = isl_expr(node.if_get_cond(), self.names, top=True)
+        then = node.if_get_then_node()
+        if "threadIdx" not in cond or not _has_shared_mark(then):
+            super().if_(node, depth, marks)
+            return
+        if node.if_has_else_node():
+            raise InternalError("a guard with an else branch above a shared-memory copy")
+        self.sunk.append(cond)
+        self.node(then, depth, marks)
+        self.sunk.pop()
+
+    def for_(
+        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
+    ) -> None:
+        if self.sunk and _has_shared_mark(node) and "threadIdx" in self.loop_header(node).text:
+            raise InternalError("a loop whose bounds depend on the thread around a shared copy")
+        super().for_(node, depth, marks, shared)
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
-        is_mark = node.get_type() == isl.ast_node_type.mark
-        if is_mark and node.mark_get_id().get_name() == LANES_MARK:
+        name = node.mark_get_id().get_name() if node.get_type() == isl.ast_node_type.mark else ""
+        if name == LANES_MARK:
             self.lane_reduction(node.mark_get_node(), depth, marks)
+        elif name.startswith(f"{SHARED_MARK}:"):
+            self.shared_copy(self.ast.packed(node), node.mark_get_node(), depth, marks)
         else:
             super().node(node, depth, marks)
+
+    def shared_copy(
+        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+    ) -> None:
+        """The operand tiles of a block (`tcpy.mapping.promotion.shared_tensors`) copied
+        into shared memory by all its threads, then `inner` reading them there. A
+        barrier before the copy lets the previous tile's readers finish, one after it
+        makes the copy visible; every thread of the block reaches both, as the mark
+        sits above the thread filter. Each thread copies every `threads`-th element,
+        so consecutive threads read consecutive elements (coalesced); only the part of
+        a box inside the tensor is copied (it holds every element read). Rows of 32
+        elements or more get one element of padding, so that threads walking a column
+        of the tile hit distinct banks."""
+        assert self.kernel is not None
+        threads = max(1, self.kernel.threads)
+        self.emit(depth, "{")
+        self.emit(depth + 1, "__syncthreads();")
+        copies = {}
+        for b in boxes:
+            buffer = f"tc_shared{self.copies}"
+            self.copies += 1
+            padded = (*b.sizes[:-1], b.sizes[-1] + (b.sizes[-1] >= WARP))
+            ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
+            self.emit(depth + 1, f"__shared__ {ctype} {buffer}[{math.prod(padded)}];")
+            offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
+            for o, expr in zip(offsets, b.offsets, strict=True):
+                start = isl_expr(expr, self.names, top=True)
+                self.emit(depth + 1, f"const long long {o} = {start};")
+            copy = LocalCopy(buffer, offsets, padded)
+            self._cooperative_copy(depth + 1, b, copy, threads)
+            copies[b.tensor] = copy
+        self.emit(depth + 1, "__syncthreads();")
+        saved, sunk = self.bodies, self.sunk
+        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+        self.sunk = []
+        inside = depth + 1 + bool(sunk)
+        if sunk:
+            self.emit(depth + 1, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
+        self.node(inner, inside, marks)
+        if sunk:
+            self.emit(depth + 1, "}")
+        self.bodies, self.sunk = saved, sunk
+        self.emit(depth, "}")
+
+    def _cooperative_copy(self, depth: int, b: PackedBox, copy: LocalCopy, threads: int) -> None:
+        n = len(b.sizes)
+        pragma = ["#pragma unroll"] if self.options.unroll_copy_shared else []
+        for line in pragma:
+            self.emit(depth, line)
+        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
+        total = math.prod(b.sizes)
+        self.emit(depth, f"for (int tc_e = {tid}; tc_e < {total}; tc_e += {threads}) {{")
+        local: list[str] = []
+        inside: list[str] = []
+        rest = "tc_e"
+        for d in reversed(range(n)):
+            i = f"tc_i{d}"
+            self.emit(depth + 1, f"const int {i} = {rest} % {b.sizes[d]};")
+            rest = f"{rest} / {b.sizes[d]}"
+            local.insert(0, i)
+            at = f"{copy.offsets[d]} + {i}"
+            inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
+        source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
+        extents = [extent_name(b.tensor, d) for d in range(n)]
+        target = flat_index(CUDA, local, [str(s) for s in copy.sizes])
+        index = flat_index(CUDA, source, extents)
+        value = CUDA.load.format(array=tensor_name(b.tensor), index=index)
+        self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
+        self.emit(depth + 2, f"TC_SST({copy.buffer}, {target}) = {value};")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
 
     def lane_reduction(self, inner: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
         """A reduction spread over the lanes of a warp (`tcpy.mapping.gpu`): each lane
@@ -171,6 +279,7 @@ def print_cuda(
         printer.bodies = BodyPrinter(cdef, CUDA, printer.helpers, readonly)
         helpers = printer.helpers
         printer.names.update(_launch_names(kernel))
+        printer.kernel = kernel
         body: list[str] = []
         printer.lines = body
         for name in buffer_order(scop.cdef):
@@ -230,3 +339,23 @@ def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str
         else:
             stack.extend(ast_children(n))
     return users, iterators
+
+
+def _has_shared_mark(node: isl.AstNode) -> bool:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        kind = n.get_type()
+        if kind == isl.ast_node_type.mark:
+            if n.mark_get_id().get_name().startswith(f"{SHARED_MARK}:"):
+                return True
+            stack.append(n.mark_get_node())
+        elif kind == FOR:
+            stack.append(n.for_get_body())
+        elif kind == IF:
+            stack.append(n.if_get_then_node())
+            if n.if_has_else_node():
+                stack.append(n.if_get_else_node())
+        elif kind == isl.ast_node_type.block:
+            stack.extend(ast_children(n))
+    return False

@@ -50,6 +50,7 @@ class Dialect:
     load: str = "{array}[{index}]"
     store: str = "{array}[{index}]"
     readonly_load: str = "{array}[{index}]"
+    copy_load: str = "{array}[{index}]"  # an element of a local (CPU) or shared (GPU) copy
 
     def ctype(self, ty: ScalarType) -> str:
         return self.types[ty]
@@ -69,4 +70,5 @@ CUDA = Dialect(
     load="TC_LD({array}, {index})",  # the access macros of `tcpy.codegen.cuda`
     store="TC_ST({array}, {index})",
     readonly_load="TC_LDG({array}, {index})",
+    copy_load="TC_SLD({array}, {index})",
 )

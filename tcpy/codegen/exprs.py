@@ -293,7 +293,8 @@ class _Context:
         if copy is not None and not checked:
             # proven in the tensor and in the tile, so in what was copied
             local = [f"({s}) - {o}" for s, o in zip(subscripts, copy.offsets, strict=True)]
-            load = f"{copy.buffer}[{flat_index(self.d, local, [str(n) for n in copy.sizes])}]"
+            index = flat_index(self.d, local, [str(n) for n in copy.sizes])
+            load = self.d.copy_load.format(array=copy.buffer, index=index)
         else:
             readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
             form = self.d.readonly_load if readonly else self.d.load

@@ -18,6 +18,7 @@ IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
 PARALLEL_MARK = "omp_parallel"
 REGISTER_MARK = "register_tile"
 PACK_MARK = "pack"  # `pack:A,B`: copy these tensors' tiles into local buffers here
+SHARED_MARK = "shared"  # `shared:A,B`: copy them into the block's shared memory here
 SIMD_MARK = "omp_simd"
 
 
@@ -46,9 +47,10 @@ def register_sizes(mark: str) -> list[int] | None:
 
 
 def pack_tensors(mark: str) -> list[str]:
-    """The tensors a pack mark copies (`pack:A,B`); empty for another mark."""
+    """The tensors a copy mark copies (`pack:A,B` into a thread's buffers, `shared:A,B`
+    into a block's shared memory); empty for another mark."""
     name, _, tensors = mark.partition(":")
-    return tensors.split(",") if name == PACK_MARK and tensors else []
+    return tensors.split(",") if name in (PACK_MARK, SHARED_MARK) and tensors else []
 
 
 def contains_for(node: isl.AstNode) -> bool:

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from tcpy.codegen.loops import SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.errors import TCMappingError
-from tcpy.mapping.device import WARP, DeviceProfile, default_profile
+from tcpy.mapping.device import STATIC_SHARED, WARP, DeviceProfile, default_profile
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.promotion import shared_tensors
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Kind, Scop
@@ -49,6 +51,13 @@ from tcpy.types import ScalarType
 
 DEFAULT_BLOCK = (32, 8, 1)
 FILL_WAVES = 2
+SHARED_TILE = 32
+"""With shared memory: a block's tile along each member on threads (32x8 threads then
+compute 32x32 outputs, 4 each)."""
+SHARED_REDUCTION_TILE = 64
+"""With shared memory: the tile of the first reduction member, along which a block
+copies its operands' tiles (a matmul's 32x64 and 64x32: 16 KB; each output is loaded
+and stored once per tile)."""
 """Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
 LANES_MARK = "lane_reduction"
 """Marks the point band of a reduction spread over the lanes of a warp."""
@@ -111,15 +120,11 @@ class GpuMapping:
 
 def check_options(options: MappingOptions) -> None:
     """Options the CUDA mapping does not implement yet are refused, never ignored."""
-    refused = [
-        name
-        for name in ("use_shared_memory", "use_private_memory", "unroll_copy_shared")
-        if getattr(options, name)
-    ]
+    refused = [name for name in ("use_private_memory",) if getattr(options, name)]
     if refused:
         raise TCMappingError(
-            f"the CUDA target does not implement {', '.join(refused)} yet (memory promotion); "
-            "set them to false"
+            f"the CUDA target does not implement {', '.join(refused)} yet; "
+            "leave them at their defaults"
         )
 
 
@@ -186,10 +191,38 @@ def _map_band(
         node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
         lanes = None if lanes is None else n - 1
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
+    chosen = (options, device, prefix, members, lanes)
+    shared = options.use_shared_memory and lanes is None and permutable and prefix < n
+    if shared:  # tiles for shared memory only where some operand's tile is copied
+        shared = bool(_tile_and_bind(node, scop, *chosen, shared=True, bind=True)[3])
+    node, grid, block, _ = _tile_and_bind(node, scop, *chosen, shared=shared, bind=bind)
+    return node, grid, block
+
+
+def _tile_and_bind(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    prefix: int,
+    members: list[int],
+    lanes: int | None,
+    shared: bool,
+    bind: bool,
+) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], list[str]]:
+    """Tile the band (the sizes of `_Sizes.choose`) and, with `bind`, bind `members`
+    to the grid and the point loops to the threads, with the lane-reduction and
+    shared-memory marks. Returns the node at the band's position, the grid, the block
+    and the tensors copied into shared memory."""
+    n = node.band_n_member()
+    permutable = bool(node.band_get_permutable())
     extents = [member_extent(node, m) for m in members]
     sizes = (
-        _Sizes.choose(options, n, prefix, members, extents, device, lanes) if permutable else None
+        _Sizes.choose(options, n, prefix, members, extents, device, lanes, shared)
+        if permutable
+        else None
     )
+    copied: list[str] = []
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
         grid = _grid(options, [member_extent(node, m) for m in members])
@@ -206,10 +239,13 @@ def _map_band(
             if lanes is not None:
                 point = insert_mark(point, LANES_MARK).parent()
             point = point.parent()  # the thread filter
+            copied = shared_tensors(point, scop, _shared_budget(options, device)) if shared else []
+            if copied:
+                point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
-    if bind and mapped:
+    if bind and members:
         node = node.parent()  # the block filter, now at the band's old position
-    return node, tuple(grid), tuple(block)
+    return node, tuple(grid), tuple(block), copied
 
 
 WHOLE = 1 << 30
@@ -233,6 +269,7 @@ class _Sizes:
         extents: list[int | None],
         device: DeviceProfile,
         lanes: int | None = None,
+        shared: bool = False,
     ) -> _Sizes:
         """The options' sizes where they give them. Else each thread computes one
         element of its tile: the tile of a member on threads is the block's size
@@ -241,7 +278,11 @@ class _Sizes:
         `lanes` (a reduction member spread over the lanes of a warp), x is a warp on
         it and y the innermost member of the grid. A block is tightened to the loops
         it runs; then, while the grid would not fill the device `FILL_WAVES` times
-        over, its y size halves (never below a warp)."""
+        over, its y size halves (never below a warp). With `shared` (operand tiles
+        in shared memory), the tile is `SHARED_TILE` along each member on threads (a
+        thread computes several elements, strided by the block) and the first
+        reduction member is tiled by `SHARED_REDUCTION_TILE`: the copy is made once
+        per tile of it, for the whole block."""
         threads = min(len(members) + (lanes is not None), len(options.map_to_threads) or 2)
         wanted = list(options.map_to_threads or DEFAULT_BLOCK)[:threads]
         wanted += [1] * (threads - len(wanted))
@@ -254,7 +295,9 @@ class _Sizes:
             tile = [1 if k < prefix else WHOLE for k in range(n)]
             for j, size in enumerate(block):
                 if on_threads[j] != lanes:
-                    tile[on_threads[j]] = size
+                    tile[on_threads[j]] = SHARED_TILE if shared else size
+            if shared:
+                tile[prefix] = SHARED_REDUCTION_TILE
             return tile
 
         def tightened(block: list[int]) -> list[int]:
@@ -269,7 +312,7 @@ class _Sizes:
             return out
 
         block = tightened(wanted)
-        if not options.tile and not options.map_to_threads:
+        if not options.tile and not options.map_to_threads and not shared:
             while (
                 len(block) > 1
                 and block[1] > 1
@@ -315,6 +358,13 @@ def _lane_member(
         if e is not None and e >= WARP and unit:  # some operand walked, none strided
             return m
     return None
+
+
+def _shared_budget(options: MappingOptions, device: DeviceProfile) -> int:
+    """The bytes of operand boxes a block may copy into its (static) shared memory,
+    before padding (which adds one element to rows of 32 or more: at most 1/33)."""
+    limit = min(options.max_shared_memory or STATIC_SHARED, STATIC_SHARED, device.shared_per_block)
+    return limit * 32 // 33
 
 
 def _blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:

@@ -159,11 +159,16 @@ class MappingOptions:
     combined with shuffles) when it, and no parallel loop, reads its operands with
     unit stride: a softmax's row maximum, an MLP's dot products. Needs the tiles and
     the block's x (a warp) left to the mapping."""
-    use_shared_memory: bool = False
-    """Promote reused or uncoalesced tensor tiles to shared memory."""
+    use_shared_memory: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Copy the tiles of the operands a block reuses into shared memory, once per tile
+    of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.promotion.shared_tensors`)."""
     use_private_memory: bool = False
     """Promote per-thread data (reduction accumulators) to registers."""
-    unroll_copy_shared: bool = False
+    unroll_copy_shared: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
     """Unroll the copies into shared memory."""
     max_shared_memory: int = 0
     """Bytes of shared memory a block may use (0: the device's limit)."""
@@ -309,12 +314,15 @@ class MappingOptions:
     def cuda(cls) -> MappingOptions:
         """The CUDA default: sizes fixed, one kernel per statement, every parallel loop
         on the grid (the unit-stride one on threadIdx.x), blocks of up to 32x8 threads
-        each computing one element, narrowed until the grid fills the device,
-        reductions sequential in each thread (`tcpy.mapping.gpu`)."""
+        each computing one element, narrowed until the grid fills the device;
+        reductions over a warp's lanes where they read with unit stride, else
+        sequential in each thread, their reused operands' tiles in shared memory
+        (`tcpy.mapping.gpu`)."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,
             unroll=4,
+            use_shared_memory=True,
         )
 
     @classmethod

@@ -141,6 +141,19 @@ def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -
     return map_outermost_bands(schedule, site)
 
 
+# --- the GPU's shared memory ---------------------------------------------------------
+
+
+def shared_tensors(node: isl.ScheduleNode, scop: Scop, budget: int) -> list[str]:
+    """The tensors to copy into a block's shared memory at `node` (above the thread
+    filter of a tile: its footprint is the whole block's): those read affinely and
+    not written below it whose elements several threads or iterations below read
+    (reuse of 2 or more), smallest box first, as long as the boxes fit `budget`
+    bytes together."""
+    reused = [t for t in _candidates(node, scop) if reuse(node, t, scop) >= 2]
+    return _within_budget(node, reused, scop, budget)
+
+
 def _candidates(node: isl.ScheduleNode, scop: Scop) -> list[str]:
     """The tensors of rank 2 or more that the statements below `node` read and do not
     write, every read affine and unconditional (so each element read is in the box and
@@ -200,8 +213,10 @@ def _moves(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool
     return False
 
 
-def _within_budget(node: isl.ScheduleNode, tensors: list[str], scop: Scop) -> list[str]:
-    """The tensors whose boxes fit PACK_BYTES together, smallest first."""
+def _within_budget(
+    node: isl.ScheduleNode, tensors: list[str], scop: Scop, budget: int = PACK_BYTES
+) -> list[str]:
+    """The tensors whose boxes fit `budget` bytes together, smallest first."""
     sized = []
     for t in tensors:
         b = _box_at(node, t, scop)
@@ -209,7 +224,7 @@ def _within_budget(node: isl.ScheduleNode, tensors: list[str], scop: Scop) -> li
             sized.append((b.elements * scop.cdef.tensor(t).scalar.dtype.itemsize, t))
     chosen, used = [], 0
     for size, t in sorted(sized):
-        if used + size <= PACK_BYTES:
+        if used + size <= budget:
             chosen.append(t)
             used += size
     return sorted(chosen)

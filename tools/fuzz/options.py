@@ -1,8 +1,8 @@
 """Random valid `MappingOptions`, over every field.
 
 Valid means accepted by `MappingOptions`' own validation and by the target: the CUDA
-targets refuse shared/private memory promotion for now (`tcpy.mapping.gpu.
-check_options`), so those stay off; `unroll` stays below gcc's limit for `#pragma GCC
+targets refuse private memory promotion for now (`tcpy.mapping.gpu.check_options`),
+so it stays off; `unroll` stays below gcc's limit for `#pragma GCC
 unroll` (65535). A field this module does not know raises, so that a new option is
 noticed here instead of silently never being fuzzed.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from tcpy import Fusion, MappingOptions, TCMappingError
 
 # Options the targets refuse today; sampling them would only test the refusal.
-REFUSED = {"use_shared_memory": False, "use_private_memory": False, "unroll_copy_shared": False}
+REFUSED = {"use_private_memory": False}
 
 
 def _fusion(rng: random.Random) -> Fusion:
@@ -87,6 +87,9 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "map_to_threads": _block,
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),
     "use_readonly_cache": _flag,
+    "use_shared_memory": _flag,
+    "unroll_copy_shared": _flag,
+    "reduce_across_threads": _flag,
     "shared_depth": lambda rng: rng.randint(0, 3),
     "private_depth": lambda rng: rng.randint(0, 3),
     "match_library_calls": _flag,

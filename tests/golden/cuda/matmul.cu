@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_M, long
     TC_ST(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = 0.0f;
   }
 }
-extern "C" __global__ void __launch_bounds__(32) tc_kernel_1(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
+extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
   const long long e_A_0 = s_M;
   const long long e_A_1 = s_K;
   const long long e_B_0 = s_K;
@@ -40,13 +40,39 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_1(long long s_M, long
   const long long e_C_0 = s_M;
   const long long e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n) */
-  if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79) {
-    {
-      float tc_acc = TC_LD(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
-      for (long long c5 = 0; c5 <= 47; c5++) {
-        tc_acc = tc_acc + (TC_LD(t_A, ((long long)((long long)blockIdx.y) * e_A_1 + (c5))) * TC_LD(t_B, ((long long)(c5) * e_B_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))));
+  {
+    __syncthreads();
+    __shared__ float tc_shared0[1568];
+    const long long tc_shared0_o0 = 32 * (long long)blockIdx.y;
+    const long long tc_shared0_o1 = 0;
+    for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
+      const int tc_i1 = tc_e % 48;
+      const int tc_i0 = tc_e / 48 % 32;
+      if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
+        TC_SST(tc_shared0, ((long long)(tc_i0) * 49 + (tc_i1))) = TC_LD(t_A, ((long long)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
       }
-      TC_ST(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = tc_acc;
+    }
+    __shared__ float tc_shared1[1584];
+    const long long tc_shared1_o0 = 0;
+    const long long tc_shared1_o1 = 32 * (long long)blockIdx.x;
+    for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
+      const int tc_i1 = tc_e % 32;
+      const int tc_i0 = tc_e / 32 % 48;
+      if (tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
+        TC_SST(tc_shared1, ((long long)(tc_i0) * 33 + (tc_i1))) = TC_LD(t_B, ((long long)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
+      }
+    }
+    __syncthreads();
+    if ((((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79)) {
+      for (long long c3 = (long long)threadIdx.y; c3 <= 31; c3 += 8) {
+        {
+          float tc_acc = TC_LD(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
+          for (long long c5 = 0; c5 <= 47; c5++) {
+            tc_acc = tc_acc + (TC_SLD(tc_shared0, ((long long)(((32 * (long long)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * TC_SLD(tc_shared1, ((long long)((c5) - tc_shared1_o0) * 33 + (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) - tc_shared1_o1))));
+          }
+          TC_ST(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = tc_acc;
+        }
+      }
     }
   }
 }
