@@ -59,6 +59,7 @@ options_strategy = st.builds(
     unroll=st.sampled_from([1, 2, 4]),
     use_readonly_cache=st.booleans(),
     reduce_across_threads=st.booleans(),
+    split_reductions=st.booleans(),
     use_shared_memory=st.booleans(),
     unroll_copy_shared=st.booleans(),
 )

@@ -109,3 +109,35 @@ def test_the_option_turns_lanes_off_and_both_agree() -> None:
     assert _lanes(text_on) and not _lanes(text_off)
     np.testing.assert_array_equal(got_on, want)
     np.testing.assert_array_equal(got_off, want)
+
+
+# --- reductions split across blocks (split_reductions) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype"), [("+", "float"), ("+", "double"), ("+", "int32"), ("max", "int32"),
+                      ("min", "int32")],
+)  # fmt: skip
+def test_a_long_reduction_over_few_columns_is_split_across_blocks(op: str, dtype: str) -> None:
+    """512 rows, 64 columns: 2 blocks of columns would leave an H100 idle; 8 blocks of
+    64 rows each add their partial results with an atomic."""
+    rng = np.random.default_rng(6)
+    np_dtype = {"float": np.float32, "double": np.float64, "int32": np.int32}[dtype]
+    data = rng.integers(-50, 50, (512, 64)).astype(np_dtype)  # exact sums in any order
+    source = f"def g({dtype}(B,N) I) -> (O) {{ O(n) {op}=! I(b,n) }}"
+    got, want, text = _run(source, data)
+    assert "atomic" in text and "(long long)blockIdx.y) + c" in text
+    np.testing.assert_array_equal(got, want)
+
+
+def test_float_max_and_deterministic_results_are_not_split() -> None:
+    data = np.random.default_rng(7).standard_normal((512, 64)).astype(np.float32)
+    data[100, 3] = np.nan
+    got, want, text = _run("def g(float(B,N) I) -> (O) { O(n) max=! I(b,n) }", data)
+    assert "atomic" not in text  # CUDA has no float atomicMax, which would lose NaN
+    np.testing.assert_array_equal(got, want)
+    source = "def g(float(B,N) I) -> (O) { O(n) +=! I(b,n) }"
+    fixed = MappingOptions.cuda().replace(split_reductions=False)
+    got, want, text = _run(source, data, options=fixed)
+    assert "atomic" not in text
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

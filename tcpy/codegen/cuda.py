@@ -38,14 +38,20 @@ from tcpy.codegen.loops import FOR, IF, SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.errors import InternalError, TCMappingError
 from tcpy.mapping.device import WARP
-from tcpy.mapping.gpu import LANES_MARK, GpuMapping, Kernel
+from tcpy.mapping.gpu import ATOMIC_MARK, LANES_MARK, GpuMapping, Kernel
 from tcpy.mapping.options import MappingOptions
+from tcpy.parser import ast as tc
 from tcpy.parser.checked import Role
 from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Scop
 from tcpy.types import ScalarType
 
 _AXES = ("x", "y", "z")
+_ATOMIC_FUNCTIONS = {
+    tc.Reduction.SUM: "atomicAdd",
+    tc.Reduction.MAX: "atomicMax",
+    tc.Reduction.MIN: "atomicMin",
+}
 
 # Global and shared accesses go through these macros: plain indexing here (NVRTC); the
 # emulator's header defines hooks in their place for its checking and counting build.
@@ -73,7 +79,7 @@ ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 @dataclass
 class _CudaPrinter(_Printer):
     hoists = False
-    lane_parts: StatementParts | None = None  # inside a lane reduction: what it reduces
+    lane_parts: StatementParts | None = None  # inside a partial reduction: what it reduces
     kernel: Kernel | None = None
     sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
 
@@ -103,8 +109,8 @@ class _CudaPrinter(_Printer):
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
         name = node.mark_get_id().get_name() if node.get_type() == isl.ast_node_type.mark else ""
-        if name == LANES_MARK:
-            self.lane_reduction(node.mark_get_node(), depth, marks)
+        if name in (LANES_MARK, ATOMIC_MARK):
+            self.partial_reduction(node.mark_get_node(), depth, marks, lanes=name == LANES_MARK)
         elif name.startswith(f"{SHARED_MARK}:"):
             self.shared_copy(self.ast.packed(node), node.mark_get_node(), depth, marks)
         else:
@@ -181,22 +187,26 @@ class _CudaPrinter(_Printer):
         self.emit(depth + 1, "}")
         self.emit(depth, "}")
 
-    def lane_reduction(self, inner: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
-        """A reduction spread over the lanes of a warp (`tcpy.mapping.gpu`): each lane
-        reduces its instances into a register, from the identity; the warp combines
-        the lanes' partial results by a butterfly of shuffles, outside every loop and
-        guard of the subtree, where all 32 lanes arrive; lane 0 combines the total into
-        the element, when some lane had an instance (a guard may leave a whole row
-        out). Every instance under the mark reduces into one element, which the
-        mapping guarantees and this checks."""
+    def partial_reduction(
+        self, inner: isl.AstNode, depth: int, marks: tuple[str, ...], lanes: bool
+    ) -> None:
+        """A reduction shared by several threads (`tcpy.mapping.gpu`): each reduces
+        its instances into a register, from the identity. Over the lanes of a warp
+        (`lanes`), the warp combines the partial results by a butterfly of shuffles,
+        outside every loop and guard of the subtree, where all 32 lanes arrive, and
+        lane 0 combines the total into the element when some lane had an instance (a
+        guard may leave a whole row out). Split across blocks, each thread that had
+        an instance adds its partial result with an atomic. Every instance under the
+        mark reduces into one element, which the mapping guarantees and this
+        checks."""
         users, iterators = _users_and_iterators(inner)
         found = [self.reduction_at(u) for u in users]
         first = found[0] if found else None
         if first is None or any(f is None or f != first for f in found):
-            raise InternalError("a lane reduction must run instances of one reduction")
+            raise InternalError("a partial reduction must run instances of one reduction")
         source, values = first
         if any(re.search(rf"\b{i}\b", values[v]) for v in source.indices for i in iterators):
-            raise InternalError("a lane reduction must reduce into one element")
+            raise InternalError("a partial reduction must reduce into one element")
         parts = self.bodies.parts(source, values)
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_part = {parts.identity};")
@@ -204,6 +214,14 @@ class _CudaPrinter(_Printer):
         self.lane_parts = parts
         self.node(inner, depth + 1, marks)
         self.lane_parts = None
+        if not lanes:
+            assert parts.reduction is not None
+            atomic = _ATOMIC_FUNCTIONS[parts.reduction]
+            self.emit(depth + 1, "if (tc_seen) {")
+            self.emit(depth + 2, f"{atomic}({parts.address}, tc_part);")
+            self.emit(depth + 1, "}")
+            self.emit(depth, "}")
+            return
         shuffled = "__shfl_xor_sync(0xffffffffu, tc_part, tc_lane)"
         self.emit(depth + 1, f"for (int tc_lane = {WARP // 2}; tc_lane > 0; tc_lane /= 2) {{")
         self.emit(depth + 2, f"tc_part = {parts.merge('tc_part', shuffled)};")

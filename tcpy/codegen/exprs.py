@@ -171,6 +171,7 @@ class BodyPrinter:
 
         return StatementParts(
             target=target,
+            address=self.dialect.address.format(array=tensor_name(st.tensor), index=lhs),
             current=_convert(current, tensor.scalar, compute, self.dialect),
             value=value,
             identity=identity,
@@ -189,6 +190,7 @@ class StatementParts:
     promotion of an accumulator keeps `current` in a local across a loop)."""
 
     target: str  # the element written, as an lvalue
+    address: str  # the element's address
     current: str  # its value in the compute type
     value: str  # the right-hand side in the compute type
     identity: str  # the reduction's identity ("" for `=`)

@@ -43,6 +43,7 @@ from tcpy.mapping.device import STATIC_SHARED, WARP, DeviceProfile, default_prof
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import shared_tensors
+from tcpy.parser import ast
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Kind, Scop
@@ -61,6 +62,22 @@ and stored once per tile)."""
 """Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
 LANES_MARK = "lane_reduction"
 """Marks the point band of a reduction spread over the lanes of a warp."""
+ATOMIC_MARK = "atomic_reduction"
+"""Marks the point band of a reduction split across blocks: each thread reduces its
+chunk into a register, then adds it to the element with an atomic."""
+ATOMICS = {
+    (ast.Reduction(op), ScalarType(ty))
+    for op, types in (
+        ("+", ("float32", "float64", "int32", "uint32")),
+        ("max", ("int32", "uint32")),
+        ("min", ("int32", "uint32")),
+    )
+    for ty in types
+}  # fmt: skip
+"""The reductions and element types CUDA has a native atomic for (`atomicAdd`,
+`atomicMax`, `atomicMin`): float max and min have none, and would lose NaN."""
+MIN_CHUNK = 64
+"""The fewest values of a reduction a block runs when the reduction is split."""
 SHUFFLED = tuple(
     ScalarType(t) for t in ("float32", "float64", "int32", "int64", "uint32", "uint64")
 )
@@ -195,7 +212,13 @@ def _map_band(
     shared = options.use_shared_memory and lanes is None and permutable and prefix < n
     if shared:  # tiles for shared memory only where some operand's tile is copied
         shared = bool(_tile_and_bind(node, scop, *chosen, shared=True, bind=True)[3])
-    node, grid, block, _ = _tile_and_bind(node, scop, *chosen, shared=shared, bind=bind)
+    split = None
+    if not shared and lanes is None and permutable and _atomic_reduction(node, scop, options):
+        grid = _tile_and_bind(node, scop, *chosen, shared=False, bind=False)[1]
+        split = _split(math.prod(grid), member_extent(node, prefix), device)
+    node, grid, block, _ = _tile_and_bind(
+        node, scop, *chosen, shared=shared, bind=bind, split=split
+    )
     return node, grid, block
 
 
@@ -209,41 +232,46 @@ def _tile_and_bind(
     lanes: int | None,
     shared: bool,
     bind: bool,
+    split: int | None = None,
 ) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], list[str]]:
     """Tile the band (the sizes of `_Sizes.choose`) and, with `bind`, bind `members`
     to the grid and the point loops to the threads, with the lane-reduction and
-    shared-memory marks. Returns the node at the band's position, the grid, the block
-    and the tensors copied into shared memory."""
+    shared-memory marks. With `split` (a chunk size), the first reduction member is
+    tiled by it and its tiles go on the grid too, after `members`: blocks combine
+    their partial results with atomics (`ATOMIC_MARK`). Returns the node at the
+    band's position, the grid, the block and the tensors copied into shared memory."""
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     extents = [member_extent(node, m) for m in members]
     sizes = (
-        _Sizes.choose(options, n, prefix, members, extents, device, lanes, shared)
+        _Sizes.choose(options, n, prefix, members, extents, device, lanes, shared, split)
         if permutable
         else None
     )
+    on_grid = members if split is None else [*members, prefix]
     copied: list[str] = []
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
-        grid = _grid(options, [member_extent(node, m) for m in members])
+        grid = _grid(options, [member_extent(node, m) for m in on_grid])
         block = sizes.block
     else:  # untiled: the loops themselves on blocks, one thread each
         grid, block = _grid(options, extents), []
     if bind:
-        node = _bind(node, members, grid, BLOCK_PARAMS)
+        node = _bind(node, on_grid, grid, BLOCK_PARAMS)
     if block:
         point = node.child(0)
         if bind:
             on_threads = ([lanes] if lanes is not None else []) + members
             point = _bind(point, on_threads[: len(block)], block, THREAD_PARAMS)
-            if lanes is not None:
-                point = insert_mark(point, LANES_MARK).parent()
+            if lanes is not None or split is not None:
+                mark = LANES_MARK if lanes is not None else ATOMIC_MARK
+                point = insert_mark(point, mark).parent()
             point = point.parent()  # the thread filter
             copied = shared_tensors(point, scop, _shared_budget(options, device)) if shared else []
             if copied:
                 point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
-    if bind and members:
+    if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
     return node, tuple(grid), tuple(block), copied
 
@@ -270,6 +298,7 @@ class _Sizes:
         device: DeviceProfile,
         lanes: int | None = None,
         shared: bool = False,
+        split: int | None = None,
     ) -> _Sizes:
         """The options' sizes where they give them. Else each thread computes one
         element of its tile: the tile of a member on threads is the block's size
@@ -282,7 +311,8 @@ class _Sizes:
         in shared memory), the tile is `SHARED_TILE` along each member on threads (a
         thread computes several elements, strided by the block) and the first
         reduction member is tiled by `SHARED_REDUCTION_TILE`: the copy is made once
-        per tile of it, for the whole block."""
+        per tile of it, for the whole block. With `split`, the first reduction
+        member's tile is that chunk."""
         threads = min(len(members) + (lanes is not None), len(options.map_to_threads) or 2)
         wanted = list(options.map_to_threads or DEFAULT_BLOCK)[:threads]
         wanted += [1] * (threads - len(wanted))
@@ -298,6 +328,8 @@ class _Sizes:
                     tile[on_threads[j]] = SHARED_TILE if shared else size
             if shared:
                 tile[prefix] = SHARED_REDUCTION_TILE
+            if split:
+                tile[prefix] = split
             return tile
 
         def tightened(block: list[int]) -> list[int]:
@@ -339,16 +371,8 @@ def _lane_member(
     if options.map_to_threads and options.map_to_threads[0] != WARP:
         return None
     n = node.band_n_member()
-    domain = node.get_domain()
-    sets = union_set_sets(domain)
-    if len(sets) != 1 or not sets[0].is_box():
-        return None
-    stmt = scop.statement(sets[0].get_tuple_name())
-    source = stmt.source(scop.cdef)
-    tensor = scop.cdef.tensor(source.tensor)
-    if stmt.kind is not Kind.COMPUTE or source.op.reduction is None:
-        return None
-    if tensor.scalar.compute not in SHUFFLED:
+    found = _reduction_statement(node, scop)
+    if found is None or found[1].compute not in SHUFFLED:
         return None
     if any(worst_stride(node, m, scop) == 2 for m in range(prefix)):
         return None
@@ -358,6 +382,43 @@ def _lane_member(
         if e is not None and e >= WARP and unit:  # some operand walked, none strided
             return m
     return None
+
+
+def _reduction_statement(
+    node: isl.ScheduleNode, scop: Scop
+) -> tuple[ast.Reduction, ScalarType] | None:
+    """The operator and element type of the one reduction statement a band runs,
+    over a rectangular domain; None when it runs anything else."""
+    sets = union_set_sets(node.get_domain())
+    if len(sets) != 1 or not sets[0].is_box():
+        return None
+    stmt = scop.statement(sets[0].get_tuple_name())
+    source = stmt.source(scop.cdef)
+    if stmt.kind is not Kind.COMPUTE or source.op.reduction is None:
+        return None
+    return source.op.reduction, scop.cdef.tensor(source.tensor).scalar
+
+
+def _atomic_reduction(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> bool:
+    """Whether the band's reduction may be split across blocks, combined by atomics:
+    one reduction statement whose operator and element type CUDA has a native atomic
+    for (`ATOMICS`), with the options' `split_reductions` and no tiles or grid of
+    their own."""
+    if not options.split_reductions or options.tile or options.map_to_blocks:
+        return False
+    found = _reduction_statement(node, scop)
+    return found is not None and found in ATOMICS
+
+
+def _split(blocks: int, extent: int | None, device: DeviceProfile) -> int | None:
+    """The chunk of a reduction of `extent` values each block runs when a grid of
+    `blocks` would not fill the device `FILL_WAVES` times over; None when it fills
+    it, or when the reduction is too short to give chunks of `MIN_CHUNK`."""
+    wanted = FILL_WAVES * device.sms
+    if extent is None or blocks >= wanted:
+        return None
+    parts = min(-(-wanted // blocks), extent // MIN_CHUNK)
+    return -(-extent // parts) if parts >= 2 else None
 
 
 def _shared_budget(options: MappingOptions, device: DeviceProfile) -> int:

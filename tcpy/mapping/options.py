@@ -159,6 +159,14 @@ class MappingOptions:
     combined with shuffles) when it, and no parallel loop, reads its operands with
     unit stride: a softmax's row maximum, an MLP's dot products. Needs the tiles and
     the block's x (a warp) left to the mapping."""
+    split_reductions: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Split a long reduction across blocks when the parallel loops alone would not
+    fill the device (BiasAddGrad: few columns, many rows), the blocks' partial results
+    added with atomics (`+` on 32-bit integers and floats and on doubles, `min`/`max`
+    on 32-bit integers). Such results depend on the order blocks run in: False keeps
+    them deterministic."""
     use_shared_memory: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -347,7 +355,7 @@ def _validate(o: MappingOptions) -> None:
     for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
                  "tile_imperfectly_nested", "use_shared_memory", "use_private_memory",
                  "unroll_copy_shared", "use_readonly_cache", "match_library_calls",
-                 "reduce_across_threads",
+                 "reduce_across_threads", "split_reductions",
                  "parallel", "vectorize"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")

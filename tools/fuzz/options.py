@@ -90,6 +90,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "use_shared_memory": _flag,
     "unroll_copy_shared": _flag,
     "reduce_across_threads": _flag,
+    "split_reductions": _flag,
     "shared_depth": lambda rng: rng.randint(0, 3),
     "private_depth": lambda rng: rng.randint(0, 3),
     "match_library_calls": _flag,
