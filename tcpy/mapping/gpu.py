@@ -52,14 +52,17 @@ from tcpy.types import ScalarType
 
 DEFAULT_BLOCK = (32, 8, 1)
 FILL_WAVES = 2
+"""Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
 SHARED_TILE = 32
-"""With shared memory: a block's tile along each member on threads (32x8 threads then
-compute 32x32 outputs, 4 each)."""
+"""With shared memory: a block's tile along threadIdx.x's member."""
+SHARED_ROWS = 4
+"""With shared memory: the elements each thread computes along threadIdx.y's member
+(32x8 threads compute 32x32 outputs; narrowed to fill the device, never below 32x4
+threads computing 32x16)."""
 SHARED_REDUCTION_TILE = 64
 """With shared memory: the tile of the first reduction member, along which a block
 copies its operands' tiles (a matmul's 32x64 and 64x32: 16 KB; each output is loaded
 and stored once per tile)."""
-"""Blocks a grid should have per SM when the problem allows: with fewer, SMs idle."""
 LANES_MARK = "lane_reduction"
 """Marks the point band of a reduction spread over the lanes of a warp."""
 ATOMIC_MARK = "atomic_reduction"
@@ -308,8 +311,10 @@ class _Sizes:
         it and y the innermost member of the grid. A block is tightened to the loops
         it runs; then, while the grid would not fill the device `FILL_WAVES` times
         over, its y size halves (never below a warp). With `shared` (operand tiles
-        in shared memory), the tile is `SHARED_TILE` along each member on threads (a
-        thread computes several elements, strided by the block) and the first
+        in shared memory), the tile is `SHARED_TILE` along x and `SHARED_ROWS` times
+        the block along y (a thread computes several elements, strided by the block;
+        the block's y halves down to `SHARED_ROWS`, and only when that fills the
+        device: otherwise the larger tile's reuse is worth more) and the first
         reduction member is tiled by `SHARED_REDUCTION_TILE`: the copy is made once
         per tile of it, for the whole block. With `split`, the first reduction
         member's tile is that chunk."""
@@ -325,7 +330,8 @@ class _Sizes:
             tile = [1 if k < prefix else WHOLE for k in range(n)]
             for j, size in enumerate(block):
                 if on_threads[j] != lanes:
-                    tile[on_threads[j]] = SHARED_TILE if shared else size
+                    tile[on_threads[j]] = ((SHARED_TILE, size * SHARED_ROWS)[j] if shared
+                                           else size)  # fmt: skip
             if shared:
                 tile[prefix] = SHARED_REDUCTION_TILE
             if split:
@@ -344,12 +350,17 @@ class _Sizes:
             return out
 
         block = tightened(wanted)
-        if not options.tile and not options.map_to_threads and not shared:
+        fill = FILL_WAVES * device.sms
+        if shared and len(block) > 1:
+            narrowest = tightened([block[0], min(block[1], SHARED_ROWS), *block[2:]])
+            if _blocks(extents, tiles(narrowest), members) < fill:
+                return _Sizes(tiles(block), block)  # cannot fill it: keep the most reuse
+        if not options.tile and not options.map_to_threads:
             while (
                 len(block) > 1
-                and block[1] > 1
+                and block[1] > (SHARED_ROWS if shared else 1)
                 and block[0] * block[1] // 2 >= WARP
-                and _blocks(extents, tiles(block), members) < FILL_WAVES * device.sms
+                and _blocks(extents, tiles(block), members) < fill
             ):
                 block = tightened([block[0], block[1] // 2, *block[2:]])
         return _Sizes(tiles(block), block)
