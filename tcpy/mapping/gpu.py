@@ -42,7 +42,7 @@ from tcpy.errors import TCMappingError
 from tcpy.mapping.device import STATIC_SHARED, WARP, DeviceProfile, default_profile
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.promotion import shared_tensors
+from tcpy.mapping.promotion import gathers, shared_tensors
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
@@ -213,6 +213,8 @@ def _map_band(
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
     chosen = (options, device, prefix, members, lanes)
     shared = options.use_shared_memory and lanes is None and permutable and prefix < n
+    if shared and gathers(node, scop):
+        shared = False  # the gathered reads dominate; the grid's parallelism counts more
     if shared:  # tiles for shared memory only where some operand's tile is copied
         shared = bool(_tile_and_bind(node, scop, *chosen, shared=True, bind=True)[3])
     split = None

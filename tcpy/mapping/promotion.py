@@ -154,6 +154,18 @@ def shared_tensors(node: isl.ScheduleNode, scop: Scop, budget: int) -> list[str]
     return _within_budget(node, reused, scop, budget)
 
 
+def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
+    """Whether a statement below `node` reads a tensor at a subscript that is not
+    affine (a gather, as in an embedding lookup): such reads stay in global memory,
+    and usually dominate."""
+    return any(
+        linear_form(a) is None
+        for st in _statements(node, scop)
+        for access, _guarded in guarded_accesses(st.rhs)
+        for a in access.args
+    )
+
+
 def _candidates(node: isl.ScheduleNode, scop: Scop) -> list[str]:
     """The tensors of rank 2 or more that the statements below `node` read and do not
     write, every read affine and unconditional (so each element read is in the box and
