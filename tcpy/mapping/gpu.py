@@ -195,6 +195,10 @@ def _map_band(
     device: DeviceProfile,
     bind: bool,
 ) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]]:
+    """Map the outermost band of a nest: choose the lane reduction, the order of the
+    grid's members, shared-memory tiles (only where an operand's tile is copied) or a
+    split reduction, then tile and bind. Returns the node at the band's position, the
+    grid and the block."""
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
