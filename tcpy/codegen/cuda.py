@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import islpy as isl
@@ -335,18 +335,14 @@ def _launch_names(kernel: Kernel) -> dict[str, str]:
     return names
 
 
-def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str]]:
-    """The user nodes under `node`, and the iterators of the loops under it."""
-    users: list[isl.AstNode] = []
-    iterators: list[str] = []
+def _ast_nodes(node: isl.AstNode) -> Iterator[isl.AstNode]:
+    """`node` and every node below it."""
     stack = [node]
     while stack:
         n = stack.pop()
+        yield n
         kind = n.get_type()
-        if kind == isl.ast_node_type.user:
-            users.append(n)
-        elif kind == FOR:
-            iterators.append(n.for_get_iterator().get_id().get_name())
+        if kind == FOR:
             stack.append(n.for_get_body())
         elif kind == IF:
             stack.append(n.if_get_then_node())
@@ -354,26 +350,21 @@ def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str
                 stack.append(n.if_get_else_node())
         elif kind == isl.ast_node_type.mark:
             stack.append(n.mark_get_node())
-        else:
+        elif kind == isl.ast_node_type.block:
             stack.extend(ast_children(n))
-    return users, iterators
+
+
+def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str]]:
+    """The user nodes under `node`, and the iterators of the loops under it."""
+    nodes = list(_ast_nodes(node))
+    users = [n for n in nodes if n.get_type() == isl.ast_node_type.user]
+    loops = [n for n in nodes if n.get_type() == FOR]
+    return users, [n.for_get_iterator().get_id().get_name() for n in loops]
 
 
 def _has_shared_mark(node: isl.AstNode) -> bool:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        kind = n.get_type()
-        if kind == isl.ast_node_type.mark:
-            if n.mark_get_id().get_name().startswith(f"{SHARED_MARK}:"):
-                return True
-            stack.append(n.mark_get_node())
-        elif kind == FOR:
-            stack.append(n.for_get_body())
-        elif kind == IF:
-            stack.append(n.if_get_then_node())
-            if n.if_has_else_node():
-                stack.append(n.if_get_else_node())
-        elif kind == isl.ast_node_type.block:
-            stack.extend(ast_children(n))
-    return False
+    return any(
+        n.get_type() == isl.ast_node_type.mark
+        and n.mark_get_id().get_name().startswith(f"{SHARED_MARK}:")
+        for n in _ast_nodes(node)
+    )

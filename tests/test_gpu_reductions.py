@@ -1,7 +1,10 @@
-"""Reductions spread over the lanes of a warp on `cuda-emu` (`tcpy.mapping.gpu`,
-`reduce_across_threads`), with the emulator's checks on, against `reference`: each
-operator and type the shuffles move, NaN and infinities, rows the block does not
-divide, a whole tensor reduced by one warp, and the cases the mapping leaves alone."""
+"""Reductions shared by several threads on `cuda-emu` (`tcpy.mapping.gpu`), with the
+emulator's checks on, against `reference`. Over the lanes of a warp
+(`reduce_across_threads`): each operator and type the shuffles move, NaN and
+infinities, rows the block does not divide, a whole tensor reduced by one warp, and
+the cases the mapping leaves alone. Split across blocks with atomics
+(`split_reductions`): each operator and type with a native atomic, and the cases kept
+whole (float max, the deterministic option)."""
 
 from __future__ import annotations
 
