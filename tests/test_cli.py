@@ -82,7 +82,7 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     (["--emit", "schedule"], "omp_parallel@"),
     (["--emit", "ast"], "for (int c0"),
     (["--gpu"], '__global__ void __launch_bounds__'),
-    (["--gpu", "--emit", "ast"], "S0(b1, 32 * b0 + t0, c5)"),
+    (["--gpu", "--emit", "ast"], "S0(32 * b1 + c3, 32 * b0 + t0, c5)"),
 ])  # fmt: skip
 def test_compile_emits(flags: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert (

@@ -222,7 +222,8 @@ def _map_band(
     if shared:  # tiles for shared memory only where some operand's tile is copied
         shared = bool(_tile_and_bind(node, scop, *chosen, shared=True, bind=True)[3])
     split = None
-    if not shared and lanes is None and permutable and _atomic_reduction(node, scop, options):
+    splittable = prefix < n and not shared and lanes is None and permutable
+    if splittable and _atomic_reduction(node, scop, options):
         grid = _tile_and_bind(node, scop, *chosen, shared=False, bind=False)[1]
         split = _split(math.prod(grid), member_extent(node, prefix), device)
     node, grid, block, _ = _tile_and_bind(

@@ -146,11 +146,16 @@ def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -
 
 def shared_tensors(node: isl.ScheduleNode, scop: Scop, budget: int) -> list[str]:
     """The tensors to copy into a block's shared memory at `node` (above the thread
-    filter of a tile: its footprint is the whole block's): those read affinely and
-    not written below it whose elements several threads or iterations below read
-    (reuse of 2 or more), smallest box first, as long as the boxes fit `budget`
-    bytes together."""
-    reused = [t for t in _candidates(node, scop) if reuse(node, t, scop) >= 2]
+    filter of a tile: its footprint is the whole block's): those of 4-byte or wider
+    elements read affinely and not written below it whose elements several threads
+    or iterations below read (reuse of 2 or more), smallest box first, as long as the
+    boxes fit `budget` bytes together. Narrower elements are left in global memory:
+    threads copying neighbours would write to one 4-byte word of a bank."""
+    reused = [
+        t
+        for t in _candidates(node, scop)
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4 and reuse(node, t, scop) >= 2
+    ]
     return _within_budget(node, reused, scop, budget)
 
 
