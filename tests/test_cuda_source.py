@@ -135,6 +135,16 @@ def test_shared_memory_tiles_of_a_matmul() -> None:
     assert "TC_SLD(tc_shared0" in text and "TC_SLD(tc_shared1" in text
 
 
+def test_shared_memory_tiles_with_a_three_dimensional_block() -> None:
+    """A block the options give along x, y and z (found by the fuzzer): the z member
+    keeps one element per thread."""
+    source = "def bmm(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }"
+    options = MappingOptions.cuda().replace(map_to_threads=(8, 32, 4))
+    lowered = _lower(source, "bmm", {"B": 4, "M": 5, "K": 7, "N": 9}, options)
+    assert lowered.mapping.kernels[1].block == (8, 5, 4)
+    assert "__shared__" in lowered.source
+
+
 def test_launch_sizes_are_tightened() -> None:
     source, entry, _ = GOLDENS["matmul"]
     lowered = _lower(source, entry, {"M": 5, "K": 3, "N": 7}, MappingOptions.cuda())

@@ -337,8 +337,7 @@ class _Sizes:
             tile = [1 if k < prefix else WHOLE for k in range(n)]
             for j, size in enumerate(block):
                 if on_threads[j] != lanes:
-                    tile[on_threads[j]] = ((SHARED_TILE, size * SHARED_ROWS)[j] if shared
-                                           else size)  # fmt: skip
+                    tile[on_threads[j]] = _shared_tile(j, size) if shared else size
             if shared:
                 tile[prefix] = SHARED_REDUCTION_TILE
             if split:
@@ -444,6 +443,12 @@ def _shared_budget(options: MappingOptions, device: DeviceProfile) -> int:
     before padding (which adds one element to rows of 32 or more: at most 1/33)."""
     limit = min(options.max_shared_memory or STATIC_SHARED, STATIC_SHARED, device.shared_per_block)
     return limit * 32 // 33
+
+
+def _shared_tile(axis: int, threads: int) -> int:
+    """With shared memory, the tile of the member on thread axis `axis` (x, y, z)
+    run by `threads` threads."""
+    return (SHARED_TILE, threads * SHARED_ROWS)[axis] if axis < 2 else threads
 
 
 def _blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:
