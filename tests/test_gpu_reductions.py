@@ -129,7 +129,11 @@ def test_a_long_reduction_over_few_columns_is_split_across_blocks(op: str, dtype
     data = rng.integers(-50, 50, (512, 64)).astype(np_dtype)  # exact sums in any order
     source = f"def g({dtype}(B,N) I) -> (O) {{ O(n) {op}=! I(b,n) }}"
     got, want, text = _run(source, data)
-    assert "atomic" in text and "(long long)blockIdx.y) + c" in text
+    atomic = {"+": "atomicAdd", "max": "atomicMax", "min": "atomicMin"}[op]
+    assert f"{atomic}(TC_AT(t_O, " in text
+    (cdef,) = check_source(source).values()
+    update = lower_to_cuda(cdef, {"B": 512, "N": 64}, MappingOptions.cuda()).mapping.kernels[1]
+    assert (update.grid, update.block) == ((2, 8), (32,))  # 8 chunks of 64 rows
     np.testing.assert_array_equal(got, want)
 
 

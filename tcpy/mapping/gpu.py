@@ -220,7 +220,10 @@ def _map_band(
     if shared and gathers(node, scop):
         shared = False  # the gathered reads dominate; the grid's parallelism counts more
     if shared:  # tiles for shared memory only where some operand's tile is copied
-        shared = bool(_tile_and_bind(node, scop, *chosen, shared=True, bind=True)[3])
+        bound = _tile_and_bind(node, scop, *chosen, shared=True, bind=True)
+        shared = bool(bound[3])
+        if shared and bind:  # the trial is the mapping
+            return bound[:3]
     split = None
     splittable = prefix < n and not shared and lanes is None and permutable
     if splittable and _atomic_reduction(node, scop, options):
