@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tcpy
 from bench.suite import SUITE, Kernel, reduced
 from tcpy.mapping.device import DeviceProfile, default_profile, named
-from tcpy.mapping.gpu import FILL_WAVES
+from tcpy.mapping.gpu import FILL_WAVES, cuda_defaults
 from tcpy.pipeline import lower_to_cuda
 from tcpy.runtime import profile
 
@@ -90,7 +90,7 @@ def _full_size_grids(
 ) -> list[int]:  # fmt: skip
     """The blocks of each launch of `kernel` mapped at its full sizes for `device`."""
     cdef = engine.checked(kernel.entry)
-    chosen = options or tcpy.MappingOptions.cuda()
+    chosen = options or cuda_defaults(cdef)
     lowered = lower_to_cuda(cdef, kernel.sizes, chosen, device=device)
     return [k.blocks for k in lowered.mapping.kernels]
 

@@ -118,6 +118,8 @@ def _entry(names: tuple[str, ...], entry: str | None, file: Path) -> str:
 
 
 def _compile(source: str, args: argparse.Namespace) -> int:
+    from tcpy.mapping.cpu import cpu_defaults
+    from tcpy.mapping.gpu import cuda_defaults
     from tcpy.pipeline import lower_to_c, lower_to_cuda
 
     engine = ExecutionEngine("reference")
@@ -125,10 +127,10 @@ def _compile(source: str, args: argparse.Namespace) -> int:
     cdef = engine.checked(_entry(names, args.entry, args.file))
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
     if args.gpu:
-        gpu = lower_to_cuda(cdef, sizes, _options(args.options) or MappingOptions.cuda())
+        gpu = lower_to_cuda(cdef, sizes, _options(args.options) or cuda_defaults(cdef))
         source, schedule, asts = gpu.source, gpu.mapping.schedule, [a.root for a in gpu.asts]
     else:
-        cpu = lower_to_c(cdef, sizes, _options(args.options) or MappingOptions.cpu())
+        cpu = lower_to_c(cdef, sizes, _options(args.options) or cpu_defaults(cdef))
         source, schedule, asts = cpu.source, cpu.schedule, [cpu.ast.root]
     if args.emit == "c":
         print(source)

@@ -104,7 +104,12 @@ def lower_to_cuda(
     _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
     asts = tuple(
-        build_ast(scop, mapping.schedule.intersect_domain(k.domain), mapping.context(scop, k))
+        build_ast(
+            scop,
+            mapping.schedule.intersect_domain(k.domain),
+            mapping.context(scop, k),
+            grouped=True,
+        )
         for k in mapping.kernels
     )
     # 6. The CUDA printer: one __global__ function per kernel.

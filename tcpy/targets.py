@@ -263,7 +263,9 @@ class CudaEmu(Target):
         return f"emulated {self.profile().key()}"
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
-        return MappingOptions.cuda()
+        from tcpy.mapping.gpu import cuda_defaults
+
+        return cuda_defaults(cdef)
 
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
@@ -477,7 +479,9 @@ class Cuda(Target):
     accepts_device_arrays = True
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
-        return MappingOptions.cuda()
+        from tcpy.mapping.gpu import cuda_defaults
+
+        return cuda_defaults(cdef)
 
     def device(self) -> str:
         profile, arch = self.profile()

@@ -114,12 +114,15 @@ def test_dependences_across_threads_are_kernel_boundaries(fusion: Fusion) -> Non
 
 def test_fused_statements_share_their_thread() -> None:
     """Statements fused under one mapped band depend on each other only within an
-    element, so one kernel runs them without barriers."""
+    element, so without the lanes of a row kernel (`tcpy.mapping.rows`) one kernel
+    runs them, each row in one thread, without barriers."""
     from tcpy.parser import check_source
     from tcpy.pipeline import lower_to_cuda
 
     source = (CORPUS / "softmax.tc").read_text()
-    options = MappingOptions.cuda().replace(outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT)
+    options = MappingOptions.cuda().replace(
+        outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT, reduce_across_threads=False
+    )
     cdef = check_source(source)["softmax"]
     lowered = lower_to_cuda(cdef, {"N": 64, "D": 48}, options, check=True)
     assert len(lowered.mapping.kernels) == 1

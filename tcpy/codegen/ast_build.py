@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcpy.codegen.loops import pack_tensors
+from tcpy.codegen.loops import SCRATCH_MARK, pack_tensors
 from tcpy.mapping.promotion import box, footprint
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
@@ -51,12 +51,18 @@ class Ast:
         return self.packs[mark.get_annotation().get_name()]
 
 
-def build_ast(scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None) -> Ast:
-    """The AST of `schedule`; `context` (default: the scop's) bounds the parameters."""
+def build_ast(
+    scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None, grouped: bool = False
+) -> Ast:
+    """The AST of `schedule`; `context` (default: the scop's) bounds the parameters.
+    `grouped`: statements a band runs at the same time are generated as one piece (a
+    row kernel's, all at the thread's row, stay under the marks above them once; isl
+    otherwise generates each alone, with its own copy of those marks)."""
     ctx = scop.ctx
     ctx.reset_operations()
     ctx.set_ast_build_atomic_upper_bound(1)
     ctx.set_ast_build_detect_min_max(1)
+    ctx.set_ast_build_group_coscheduled(int(grouped))
     statements: dict[str, UserStatement] = {}
 
     def at_each_domain(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
@@ -72,12 +78,15 @@ def build_ast(scop: Scop, schedule: isl.Schedule, context: isl.Set | None = None
     packs: dict[str, tuple[PackedBox, ...]] = {}
 
     def after_each_mark(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
-        tensors = pack_tensors(node.mark_get_id().get_name())
+        name = node.mark_get_id().get_name()
+        tensors = pack_tensors(name)
         if not tensors:
             return node
+        # a copy's box holds what is read below it; a scratch's, what is accessed
+        accesses = scop.reads.union(scop.writes) if name.startswith(SCRATCH_MARK) else scop.reads
         boxes = []
         for tensor in tensors:
-            found = footprint(build.get_schedule(), scop.reads, tensor)
+            found = footprint(build.get_schedule(), accesses, tensor)
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)

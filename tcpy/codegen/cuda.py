@@ -34,11 +34,19 @@ from tcpy.codegen.exprs import (
     isl_expr,
     sym_expr,
 )
-from tcpy.codegen.loops import FOR, IF, SHARED_MARK
+from tcpy.codegen.loops import (
+    ATOMIC_MARK,
+    FOR,
+    IF,
+    LANES_MARK,
+    ROWS_MARK,
+    SCRATCH_MARK,
+    SHARED_MARK,
+)
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.errors import InternalError, TCMappingError
 from tcpy.mapping.device import WARP
-from tcpy.mapping.gpu import ATOMIC_MARK, LANES_MARK, GpuMapping, Kernel
+from tcpy.mapping.gpu import GpuMapping, Kernel
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast as tc
 from tcpy.parser.checked import Role
@@ -82,6 +90,8 @@ class _CudaPrinter(_Printer):
     lane_parts: StatementParts | None = None  # inside a partial reduction: what it reduces
     kernel: Kernel | None = None
     sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
+    rows: bool = False  # inside a row kernel's statements (`ROWS_MARK`)
+    divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
 
     def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
         """A guard on thread indices above a shared-memory copy (isl hoists the
@@ -92,7 +102,9 @@ class _CudaPrinter(_Printer):
         cond = isl_expr(node.if_get_cond(), self.names, top=True)
         then = node.if_get_then_node()
         if "threadIdx" not in cond or not _has_shared_mark(then):
+            self.divergent += "threadIdx.x" in cond
             super().if_(node, depth, marks)
+            self.divergent -= "threadIdx.x" in cond
             return
         if node.if_has_else_node():
             raise InternalError("a guard with an else branch above a shared-memory copy")
@@ -103,18 +115,62 @@ class _CudaPrinter(_Printer):
     def for_(
         self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
     ) -> None:
-        if self.sunk and _has_shared_mark(node) and "threadIdx" in self.loop_header(node).text:
+        header = self.loop_header(node).text
+        if self.sunk and _has_shared_mark(node) and "threadIdx" in header:
             raise InternalError("a loop whose bounds depend on the thread around a shared copy")
+        self.divergent += "threadIdx.x" in header
         super().for_(node, depth, marks, shared)
+        self.divergent -= "threadIdx.x" in header
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
-        name = node.mark_get_id().get_name() if node.get_type() == isl.ast_node_type.mark else ""
+        kind = node.get_type()
+        name = node.mark_get_id().get_name() if kind == isl.ast_node_type.mark else ""
+        if name == LANES_MARK and self.divergent:
+            raise InternalError("a reduction over a warp's lanes where some lanes do not reach it")
         if name in (LANES_MARK, ATOMIC_MARK):
             self.partial_reduction(node.mark_get_node(), depth, marks, lanes=name == LANES_MARK)
         elif name.startswith(f"{SHARED_MARK}:"):
             self.shared_copy(self.ast.packed(node), node.mark_get_node(), depth, marks)
+        elif name.startswith(f"{SCRATCH_MARK}:"):
+            self.scratch(self.ast.packed(node), node.mark_get_node(), depth, marks)
+        elif name == ROWS_MARK:
+            self.rows, saved = True, self.rows
+            self.node(node.mark_get_node(), depth, marks)
+            self.rows = saved
+        elif kind == isl.ast_node_type.block and self.rows and not self.divergent:
+            for child in ast_children(node):  # the statements of a row kernel, in order
+                self.node(child, depth, marks)
+                self.emit(depth, "__syncwarp();")
         else:
             super().node(node, depth, marks)
+
+    def scratch(
+        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+    ) -> None:
+        """A block's slices of temporaries that live and die in a row kernel
+        (`tcpy.mapping.rows`), in shared memory: `inner` writes and reads them there
+        instead of in global memory. Each warp touches only its rows' slices, so no
+        barrier of the block is needed."""
+        self.emit(depth, "{")
+        places = {}
+        for b in boxes:
+            buffer = f"tc_scratch{self.copies}"
+            self.copies += 1
+            ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
+            self.emit(depth + 1, f"__shared__ {ctype} {buffer}[{math.prod(b.sizes)}];")
+            places[b.tensor] = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), b.sizes)
+        saved = self.bodies
+        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **places})
+        self.node(inner, depth + 1, marks)
+        self.bodies = saved
+        self.emit(depth, "}")
+
+    def _offsets(self, depth: int, buffer: str, b: PackedBox) -> tuple[str, ...]:
+        """Declares the first element of box `b` of `buffer`; returns their names."""
+        offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
+        for o, expr in zip(offsets, b.offsets, strict=True):
+            self.emit(depth, f"const long long {o} = {isl_expr(expr, self.names, top=True)};")
+        return offsets
 
     def shared_copy(
         self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
@@ -139,11 +195,7 @@ class _CudaPrinter(_Printer):
             padded = (*b.sizes[:-1], b.sizes[-1] + (b.sizes[-1] >= WARP))
             ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
             self.emit(depth + 1, f"__shared__ {ctype} {buffer}[{math.prod(padded)}];")
-            offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
-            for o, expr in zip(offsets, b.offsets, strict=True):
-                start = isl_expr(expr, self.names, top=True)
-                self.emit(depth + 1, f"const long long {o} = {start};")
-            copy = LocalCopy(buffer, offsets, padded)
+            copy = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), padded)
             self._cooperative_copy(depth + 1, b, copy, threads)
             copies[b.tensor] = copy
         self.emit(depth + 1, "__syncthreads();")

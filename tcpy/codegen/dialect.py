@@ -51,6 +51,7 @@ class Dialect:
     store: str = "{array}[{index}]"
     readonly_load: str = "{array}[{index}]"
     copy_load: str = "{array}[{index}]"  # an element of a local (CPU) or shared (GPU) copy
+    copy_store: str = "{array}[{index}]"  # written (a temporary kept in shared memory)
     address: str = "&{array}[{index}]"  # an element's address (for an atomic)
 
     def ctype(self, ty: ScalarType) -> str:
@@ -72,5 +73,6 @@ CUDA = Dialect(
     store="TC_ST({array}, {index})",
     readonly_load="TC_LDG({array}, {index})",
     copy_load="TC_SLD({array}, {index})",
+    copy_store="TC_SST({array}, {index})",
     address="TC_AT({array}, {index})",
 )

@@ -123,6 +123,11 @@ class LocalCopy:
     offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
     sizes: tuple[int, ...]  # the buffer's extents
 
+    def index(self, d: Dialect, subscripts: list[str]) -> str:
+        """The buffer's offset of the tensor's element at `subscripts`."""
+        local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
+        return flat_index(d, local, [str(n) for n in self.sizes])
+
 
 @dataclass
 class BodyPrinter:
@@ -151,10 +156,17 @@ class BodyPrinter:
         right-hand side, which uses the reduction indices, is then left out)."""
         ctx = _Context(self, st, indices)
         tensor = self.cdef.tensor(st.tensor)
-        lhs = ctx.flat(st.tensor, [indices[v] for v in st.indices])
+        subscripts = [indices[v] for v in st.indices]
         compute = tensor.scalar.compute
-        target = self.dialect.store.format(array=tensor_name(st.tensor), index=lhs)
-        current = self.dialect.load.format(array=tensor_name(st.tensor), index=lhs)
+        copy = self.copies.get(st.tensor)
+        if copy is None:
+            array, lhs = tensor_name(st.tensor), ctx.flat(st.tensor, subscripts)
+            target = self.dialect.store.format(array=array, index=lhs)
+            current = self.dialect.load.format(array=array, index=lhs)
+        else:  # a temporary kept in a local array (`scratch:` on the GPU)
+            array, lhs = copy.buffer, copy.index(self.dialect, subscripts)
+            target = self.dialect.copy_store.format(array=array, index=lhs)
+            current = self.dialect.copy_load.format(array=array, index=lhs)
         reduction = st.op.reduction
         identity = (
             "" if reduction is None else _literal(reduction.neutral(tensor.scalar), tensor.scalar)
@@ -171,7 +183,7 @@ class BodyPrinter:
 
         return StatementParts(
             target=target,
-            address=self.dialect.address.format(array=tensor_name(st.tensor), index=lhs),
+            address=self.dialect.address.format(array=array, index=lhs),
             current=_convert(current, tensor.scalar, compute, self.dialect),
             value=value,
             identity=identity,
@@ -294,9 +306,7 @@ class _Context:
         copy = self.p.copies.get(e.tensor)
         if copy is not None and not checked:
             # proven in the tensor and in the tile, so in what was copied
-            local = [f"({s}) - {o}" for s, o in zip(subscripts, copy.offsets, strict=True)]
-            index = flat_index(self.d, local, [str(n) for n in copy.sizes])
-            load = self.d.copy_load.format(array=copy.buffer, index=index)
+            load = self.d.copy_load.format(array=copy.buffer, index=copy.index(self.d, subscripts))
         else:
             readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
             form = self.d.readonly_load if readonly else self.d.load

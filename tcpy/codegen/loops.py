@@ -20,6 +20,15 @@ REGISTER_MARK = "register_tile"
 PACK_MARK = "pack"  # `pack:A,B`: copy these tensors' tiles into local buffers here
 SHARED_MARK = "shared"  # `shared:A,B`: copy them into the block's shared memory here
 SIMD_MARK = "omp_simd"
+SCRATCH_MARK = "scratch"  # `scratch:T,U`: these temporaries live in shared memory here
+LANES_MARK = "lane_reduction"
+"""Marks the point band of a reduction spread over the lanes of a warp."""
+ATOMIC_MARK = "atomic_reduction"
+"""Marks the point band of a reduction split across blocks: each thread reduces its
+chunk into a register, then adds it to the element with an atomic."""
+ROWS_MARK = "warp_rows"
+"""Marks the statements of a row kernel (`tcpy.mapping.rows`): one warp runs them in
+order over each row, meeting at `__syncwarp()` between them."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,11 @@ def register_sizes(mark: str) -> list[int] | None:
 
 def pack_tensors(mark: str) -> list[str]:
     """The tensors a copy mark copies (`pack:A,B` into a thread's buffers, `shared:A,B`
-    into a block's shared memory); empty for another mark."""
+    into a block's shared memory) or places (`scratch:T`, temporaries in shared
+    memory); empty for another mark."""
     name, _, tensors = mark.partition(":")
-    return tensors.split(",") if name in (PACK_MARK, SHARED_MARK) and tensors else []
+    marks = (PACK_MARK, SHARED_MARK, SCRATCH_MARK)
+    return tensors.split(",") if name in marks and tensors else []
 
 
 def contains_for(node: isl.AstNode) -> bool:

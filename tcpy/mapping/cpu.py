@@ -83,12 +83,12 @@ def cpu_defaults(cdef: CheckedDef) -> MappingOptions:
     its reduction loops one permutable band to tile and register-block (`Max` measured
     up to 3x slower on matmul, MLP and convolutions)."""
     options = MappingOptions.cpu()
-    if len(cdef.statements) > 1 and not any(_contraction(st) for st in cdef.statements):
+    if len(cdef.statements) > 1 and not any(contraction(st) for st in cdef.statements):
         return options.replace(outer_schedule_fusion=Fusion.MAX)
     return options
 
 
-def _contraction(st: CheckedStatement) -> bool:
+def contraction(st: CheckedStatement) -> bool:
     """A reduction that combines two or more tensors read along its reduction indices."""
     if st.op.reduction is None:
         return False

@@ -19,8 +19,14 @@ from dataclasses import dataclass
 
 from tcpy import knobs
 from tcpy.errors import TCError
+from tcpy.mapping.options import MappingOptions
+from tcpy.types import ScalarType
 
 WARP = 32
+SHUFFLED = tuple(
+    ScalarType(t) for t in ("float32", "float64", "int32", "int64", "uint32", "uint64")
+)
+"""Compute types a warp shuffle moves."""
 STATIC_SHARED = 48 * 1024
 """The most shared memory a block may declare statically (more must be dynamic and
 opted into at launch, on every device since sm_70)."""
@@ -81,3 +87,10 @@ def named(name: str) -> DeviceProfile:
 def default_profile() -> DeviceProfile:
     """The profile `TCPY_CUDA_DEVICE` names, else `DEFAULT`'s."""
     return named(knobs.cuda_device() or DEFAULT)
+
+
+def shared_budget(options: MappingOptions, device: DeviceProfile) -> int:
+    """The bytes of boxes a block may place in its (static) shared memory, before
+    padding (which adds one element to rows of 32 or more: at most 1/33)."""
+    limit = min(options.max_shared_memory or STATIC_SHARED, STATIC_SHARED, device.shared_per_block)
+    return limit * 32 // 33

@@ -36,14 +36,18 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import SHARED_MARK
+from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK, SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.errors import TCMappingError
-from tcpy.mapping.device import STATIC_SHARED, WARP, DeviceProfile, default_profile
+from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
+from tcpy.mapping.cpu import contraction
+from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.locality import stride_score, worst_stride
-from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import gathers, shared_tensors
+from tcpy.mapping.rows import map_rows
 from tcpy.parser import ast
+from tcpy.parser.checked import CheckedDef
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Kind, Scop
@@ -63,11 +67,6 @@ SHARED_REDUCTION_TILE = 64
 """With shared memory: the tile of the first reduction member, along which a block
 copies its operands' tiles (a matmul's 32x64 and 64x32: 16 KB; each output is loaded
 and stored once per tile)."""
-LANES_MARK = "lane_reduction"
-"""Marks the point band of a reduction spread over the lanes of a warp."""
-ATOMIC_MARK = "atomic_reduction"
-"""Marks the point band of a reduction split across blocks: each thread reduces its
-chunk into a register, then adds it to the element with an atomic."""
 ATOMICS = {
     (ast.Reduction(op), ScalarType(ty))
     for op, types in (
@@ -81,12 +80,6 @@ ATOMICS = {
 `atomicMax`, `atomicMin`): float max and min have none, and would lose NaN."""
 MIN_CHUNK = 64
 """The fewest values of a reduction a block runs when the reduction is split."""
-SHUFFLED = tuple(
-    ScalarType(t) for t in ("float32", "float64", "int32", "int64", "uint32", "uint64")
-)
-"""Compute types a warp shuffle moves."""
-MAX_GRID = (2**31 - 1, 65535, 65535)
-UNKNOWN_GRID = (256, 32, 8)  # blocks per dimension when the loop extents are not known
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -136,6 +129,17 @@ class GpuMapping:
         bounds = " and ".join(f"0 <= {n} < {s}" for n, s in zip(names, sizes, strict=True))
         extra = read_set(scop.ctx, params, ": " + (bounds or "true"))
         return extra.intersect(scop.context.align_params(extra.get_space()))
+
+
+def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
+    """The CUDA preset, with `Max` outer fusion for a pipeline of several statements
+    that has no contraction (softmax, layernorm): each row is then one nest, mapped as
+    a row kernel (`tcpy.mapping.rows`) whose intermediate values stay on the chip. A
+    contraction keeps `Min`, which leaves its reduction loops one band to tile."""
+    options = MappingOptions.cuda()
+    if len(cdef.statements) > 1 and not any(contraction(st) for st in cdef.statements):
+        return options.replace(outer_schedule_fusion=Fusion.MAX)
+    return options
 
 
 def check_options(options: MappingOptions) -> None:
@@ -199,6 +203,9 @@ def _map_band(
     grid's members, shared-memory tiles (only where an operand's tile is copied) or a
     split reduction, then tile and bind. Returns the node at the band's position, the
     grid and the block."""
+    rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind)
+    if rows is not None:
+        return rows
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
@@ -265,22 +272,22 @@ def _tile_and_bind(
     copied: list[str] = []
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
-        grid = _grid(options, [member_extent(node, m) for m in on_grid])
+        grid = grid_sizes(options, [member_extent(node, m) for m in on_grid])
         block = sizes.block
     else:  # untiled: the loops themselves on blocks, one thread each
-        grid, block = _grid(options, extents), []
+        grid, block = grid_sizes(options, extents), []
     if bind:
-        node = _bind(node, on_grid, grid, BLOCK_PARAMS)
+        node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
     if block:
         point = node.child(0)
         if bind:
             on_threads = ([lanes] if lanes is not None else []) + members
-            point = _bind(point, on_threads[: len(block)], block, THREAD_PARAMS)
+            point = bind_members(point, on_threads[: len(block)], block, THREAD_PARAMS)
             if lanes is not None or split is not None:
                 mark = LANES_MARK if lanes is not None else ATOMIC_MARK
                 point = insert_mark(point, mark).parent()
             point = point.parent()  # the thread filter
-            copied = shared_tensors(point, scop, _shared_budget(options, device)) if shared else []
+            copied = shared_tensors(point, scop, shared_budget(options, device)) if shared else []
             if copied:
                 point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
@@ -362,14 +369,14 @@ class _Sizes:
         fill = FILL_WAVES * device.sms
         if shared and len(block) > 1:
             narrowest = tightened([block[0], min(block[1], SHARED_ROWS), *block[2:]])
-            if _blocks(extents, tiles(narrowest), members) < fill:
+            if count_blocks(extents, tiles(narrowest), members) < fill:
                 return _Sizes(tiles(block), block)  # cannot fill it: keep the most reuse
         if not options.tile and not options.map_to_threads:
             while (
                 len(block) > 1
                 and block[1] > (SHARED_ROWS if shared else 1)
                 and block[0] * block[1] // 2 >= WARP
-                and _blocks(extents, tiles(block), members) < fill
+                and count_blocks(extents, tiles(block), members) < fill
             ):
                 block = tightened([block[0], block[1] // 2, *block[2:]])
         return _Sizes(tiles(block), block)
@@ -441,42 +448,10 @@ def _split(blocks: int, extent: int | None, device: DeviceProfile) -> int | None
     return -(-extent // parts) if parts >= 2 else None
 
 
-def _shared_budget(options: MappingOptions, device: DeviceProfile) -> int:
-    """The bytes of operand boxes a block may copy into its (static) shared memory,
-    before padding (which adds one element to rows of 32 or more: at most 1/33)."""
-    limit = min(options.max_shared_memory or STATIC_SHARED, STATIC_SHARED, device.shared_per_block)
-    return limit * 32 // 33
-
-
 def _shared_tile(axis: int, threads: int) -> int:
     """With shared memory, the tile of the member on thread axis `axis` (x, y, z)
     run by `threads` threads."""
     return (SHARED_TILE, threads * SHARED_ROWS)[axis] if axis < 2 else threads
-
-
-def _blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:
-    """How many blocks tiles of these sizes make (a loop of unknown extent counts as
-    large)."""
-    total = 1
-    for e, m in zip(extents, members, strict=True):
-        total *= -(-e // max(tile[m], 1)) if e is not None else 1 << 20
-    return total
-
-
-def _grid(options: MappingOptions, extents: list[int | None]) -> list[int]:
-    """Blocks along each grid dimension (x, y, then the folded ones): the options'
-    sizes, else the loop's extent, else `UNKNOWN_GRID`. The folded dimensions (the
-    third on) multiply into z, so they shrink, the largest first, until z fits; a
-    grid smaller than its loop makes the loop strided, never wrong."""
-    grid = []
-    for j, e in enumerate(extents):
-        limit = MAX_GRID[min(j, 2)]
-        size = options.map_to_blocks[j] if j < len(options.map_to_blocks) else limit
-        grid.append(min(size, limit, e) if e is not None else min(size, UNKNOWN_GRID[min(j, 2)]))
-    while len(grid) > 2 and math.prod(grid[2:]) > MAX_GRID[2]:
-        largest = max(range(2, len(grid)), key=lambda j: grid[j])
-        grid[largest] = -(-grid[largest] // 2)
-    return grid
 
 
 def _grid_order(node: isl.ScheduleNode, scop: Scop, prefix: int, mapped: int) -> list[int]:
@@ -488,25 +463,3 @@ def _grid_order(node: isl.ScheduleNode, scop: Scop, prefix: int, mapped: int) ->
     x, y = ranked[-1], (ranked[-2] if prefix > 1 else None)
     rest = [m for m in range(prefix) if m not in (x, y)]
     return [*rest, *([y] if y is not None else []), x]
-
-
-def _bind(
-    node: isl.ScheduleNode, members: list[int], sizes: list[int], params: tuple[str, ...]
-) -> isl.ScheduleNode:
-    """Insert above `node` the filter `member_j mod sizes[j] = params[j]`; returns the
-    band node (now below the filter)."""
-    if not members:
-        return node
-    ctx = node.get_ctx()
-    mupa = node.band_get_partial_schedule()
-    exprs = isl.UnionPwAffList.alloc(ctx, len(members))
-    ids = isl.IdList.alloc(ctx, len(members))
-    for j, member in enumerate(members):
-        upa = mupa.get_union_pw_aff(member).mod_val(isl.Val.int_from_si(ctx, sizes[j]))
-        exprs = exprs.add(upa)
-        # parameters must be read from text: an isl.Id made in Python is another id
-        ids = ids.add(isl.Id.read_from_str(ctx, params[j]))
-    space = isl.Space.set_alloc(ctx, 0, len(members)).align_params(mupa.get_space().params())
-    values = isl.MultiUnionPwAff.from_union_pw_aff_list(space, exprs)
-    filter_ = values.bind(isl.MultiId.from_id_list(space, ids))
-    return node.insert_filter(filter_).child(0)

@@ -35,7 +35,7 @@ from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK
 from tcpy.codegen.naming import tensor_name
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
-from tcpy.parser.checked import CheckedStatement
+from tcpy.parser.checked import CheckedStatement, Role
 from tcpy.parser.ranges import guarded_accesses, linear_form
 from tcpy.parser.symbolic import Sym
 from tcpy.poly.isl_helpers import schedule_children, union_map_maps, union_set_sets
@@ -159,6 +159,67 @@ def shared_tensors(node: isl.ScheduleNode, scop: Scop, budget: int) -> list[str]
     return _within_budget(node, reused, scop, budget)
 
 
+def row_tensors(
+    node: isl.ScheduleNode, scop: Scop, budget: int
+) -> tuple[list[str], list[str], bool]:
+    """At the block of a row kernel (`tcpy.mapping.rows`, above its thread filter):
+    the operands to copy into shared memory (read by several statements below, or
+    reused across the block's rows, as a layernorm's `g`), the temporaries to keep
+    there instead of in global memory (`scratch`), and whether every one wanted fits
+    `budget` bytes (smallest boxes first)."""
+    operands = [
+        t
+        for t in _candidates(node, scop, min_rank=1)
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
+        and (reuse(node, t, scop) >= 2 or _readers(node, t, scop) >= 2)
+    ]
+    local = [t for t in scop.cdef.tensors if _kernel_local(node, t.name, scop)]
+    wanted = operands + [t.name for t in local]
+    accesses = scop.reads.union(scop.writes)
+    chosen = _within_budget(node, wanted, scop, budget, accesses)
+    complete = len(chosen) == len(wanted)
+    return [t for t in operands if t in chosen], [t for t in chosen if t not in operands], complete
+
+
+def _readers(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
+    """How many statements below `node` read `tensor`."""
+    return sum(_subscript_indices(st, tensor) is not None for st in _statements(node, scop))
+
+
+def _kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether a temporary lives and dies below `node`: every statement of the
+    definition that touches it runs there, one of them writes it (with `=` or an
+    initialised reduction), the others only read it, after that one in program
+    order, and only elements it wrote. Its values then never need global memory."""
+    cdef = scop.cdef
+    if cdef.tensor(tensor).role is not Role.TEMPORARY:
+        return False
+    below = _statement_indices(node, scop)
+    writers = [k for k, st in enumerate(cdef.statements) if st.tensor == tensor]
+    readers = [
+        k for k, st in enumerate(cdef.statements) if _subscript_indices(st, tensor) is not None
+    ]
+    if len(writers) != 1 or not set(writers + readers) <= set(below):
+        return False
+    writer = cdef.statements[writers[0]]
+    if writer.op.is_reduction and not writer.op.initializes:
+        return False
+    if any(k <= writers[0] for k in readers):
+        return False
+    name = tensor_name(tensor)
+    written = scop.writes.range().extract_set(_space(scop, name))
+    read = scop.reads.range().extract_set(_space(scop, name))
+    return read.is_subset(written)
+
+
+def _space(scop: Scop, array: str) -> isl.Space:
+    """The space of an array's elements, as the access relations name it."""
+    for m in union_map_maps(scop.writes):
+        if m.get_tuple_name(isl.dim_type.out) == array:
+            return m.get_space().range()
+    raise KeyError(array)
+
+
 def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
     """Whether a statement below `node` reads a tensor at a subscript that is not
     affine (a gather, as in an embedding lookup): such reads stay in global memory,
@@ -171,8 +232,8 @@ def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
     )
 
 
-def _candidates(node: isl.ScheduleNode, scop: Scop) -> list[str]:
-    """The tensors of rank 2 or more that the statements below `node` read and do not
+def _candidates(node: isl.ScheduleNode, scop: Scop, min_rank: int = 2) -> list[str]:
+    """The tensors of rank `min_rank` or more that the statements below `node` read and do not
     write, every read affine and unconditional (so each element read is in the box and
     in the tensor); none when a worksharing loop is below `node`."""
     if _has_parallel_mark(node):
@@ -188,7 +249,7 @@ def _candidates(node: isl.ScheduleNode, scop: Scop) -> list[str]:
     return sorted(
         t
         for t, ok in reads.items()
-        if ok and t not in written and len(scop.cdef.tensor(t).shape) >= 2
+        if ok and t not in written and len(scop.cdef.tensor(t).shape) >= min_rank
     )
 
 
@@ -231,12 +292,17 @@ def _moves(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool
 
 
 def _within_budget(
-    node: isl.ScheduleNode, tensors: list[str], scop: Scop, budget: int = PACK_BYTES
+    node: isl.ScheduleNode,
+    tensors: list[str],
+    scop: Scop,
+    budget: int = PACK_BYTES,
+    accesses: isl.UnionMap | None = None,
 ) -> list[str]:
-    """The tensors whose boxes fit `budget` bytes together, smallest first."""
+    """The tensors whose boxes (of their reads, or of `accesses`) fit `budget` bytes
+    together, smallest first."""
     sized = []
     for t in tensors:
-        b = _box_at(node, t, scop)
+        b = _box_at(node, t, scop, accesses)
         if b is not None:
             sized.append((b.elements * scop.cdef.tensor(t).scalar.dtype.itemsize, t))
     chosen, used = [], 0
@@ -247,9 +313,11 @@ def _within_budget(
     return sorted(chosen)
 
 
-def _box_at(node: isl.ScheduleNode, tensor: str, scop: Scop) -> Box | None:
+def _box_at(
+    node: isl.ScheduleNode, tensor: str, scop: Scop, accesses: isl.UnionMap | None = None
+) -> Box | None:
     prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
-    found = footprint(prefix, scop.reads, tensor)
+    found = footprint(prefix, scop.reads if accesses is None else accesses, tensor)
     return None if found is None else box(found, tensor)
 
 
@@ -262,9 +330,14 @@ def _extent(scop: Scop, extent: Sym) -> int | None:
 
 def _statements(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatement]:
     """The TC statements with instances below `node` (computed or initialised)."""
+    return [scop.cdef.statements[k] for k in _statement_indices(node, scop)]
+
+
+def _statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
+    """The positions in the definition of the TC statements with instances below
+    `node`, in program order."""
     names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
-    indices = sorted({scop.statement(n).index for n in names})
-    return [scop.cdef.statements[k] for k in indices]
+    return sorted({scop.statement(n).index for n in names})
 
 
 def _subscript_indices(st: CheckedStatement, tensor: str) -> set[str] | None:

@@ -1,0 +1,257 @@
+"""Row kernels: a pipeline fused over its rows runs in one kernel, one warp per row.
+
+With `Max` fusion, isl fuses a softmax or a layernorm into one nest: a band over the
+rows (every member coincident, no dependence between rows), and below it each
+statement's loops over the row's elements. `map_rows` maps such a nest so that the
+row's intermediate values never leave the chip:
+
+    filter  rows on blocks                 b0 .. (the row band's tiles)
+      band  row tiles
+        mark shared:I                      operands read twice, copied in once
+          mark scratch:maxVal,expDist      temporaries in shared memory
+            filter  row mod R = t1         one warp per row, R rows a block
+              band  rows
+                mark warp_rows             __syncwarp() after each statement
+                  sequence                 the statements in program order
+                    filter I0  t0 = 0      one lane runs a statement of the row
+                    filter S0  d mod 32 = t0
+                      mark lane_reduction  each lane reduces a 32nd, then shuffles
+                        band d
+                    filter S1  d mod 32 = t0
+                      band d               the lanes share the row's elements
+                    ...
+
+Below the row band the schedule is rebuilt in program order (the statements one
+after the other, each over its own remaining indices in their order): within a row
+that is the definition's own order, so every dependence holds, and there is none
+between rows. A statement with indices below the rows spreads its last one over the
+32 lanes: a reduction over exactly those indices with shuffles (`LANES_MARK`),
+another statement as a parallel loop; a statement of the row alone runs in lane 0.
+The warp meets at a `__syncwarp()` after each statement, which orders its memory
+accesses for the next one. A temporary whose every use is in the kernel lives in
+shared memory (`scratch:`, `tcpy.mapping.promotion.row_tensors`), one slice per row;
+an operand several statements read, or the block's rows share, is copied in once
+(`shared:`); the rows a block runs halve until they fit.
+
+Only where the lanes can do it: `reduce_across_threads`, the options leaving the
+tiles to the mapping and the block's x a warp, every statement's row indices plain
+indices of the band, every loop below the rows at least a warp long, a reduction's
+own indices exactly those below the rows on a type the shuffles move, and no
+statement reading what it writes (apart from a reduction's own element). Else the
+nest is mapped as any other band (`tcpy.mapping.gpu`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.codegen.loops import LANES_MARK, ROWS_MARK, SCRATCH_MARK, SHARED_MARK
+from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
+from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes, pin
+from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, shared_budget
+from tcpy.mapping.locality import worst_stride
+from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.promotion import row_tensors
+from tcpy.parser import ast
+from tcpy.poly.isl_helpers import multi_val, union_set_sets
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, PolyStatement, Scop
+from tcpy.poly.transforms import insert_mark
+
+ROWS = 8
+"""The rows (warps) a block runs, halved while the grid would not fill the device or
+the block's shared memory would not fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowStatement:
+    """A statement of a row kernel."""
+
+    statement: PolyStatement
+    inner: tuple[int, ...]  # the positions of its indices below the rows, in order
+    lanes: bool  # a reduction over the lanes (else lane-parallel, or lane 0 alone)
+
+
+def map_rows(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    fill: int,
+    bind: bool,
+) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]] | None:
+    """Map the nest whose outermost band is `node` as a row kernel (see the module
+    docstring) when it is one; `fill`: the blocks that fill the device. Returns the
+    node at the band's position, the grid and the block, or None."""
+    threads = options.map_to_threads
+    if not options.reduce_across_threads or options.tile:
+        return None
+    if threads and (threads[0] != WARP or len(threads) > 2):
+        return None
+    n = next((k for k in range(node.band_n_member()) if not node.band_member_get_coincident(k)),
+             node.band_n_member())  # fmt: skip
+    if n == 0 or n > len(BLOCK_PARAMS) or not node.band_get_permutable():
+        return None
+    if n < node.band_n_member():
+        node = node.band_split(n)  # the rows, and the loops of their statements below
+    statements = row_statements(node, scop)
+    if statements is None:
+        return None
+    node = _rebuild(node, statements)
+    if not _coalesced(node.child(0), statements, scop):
+        return None
+    extents = [member_extent(node, m) for m in range(n)]
+    members = list(reversed(range(n)))  # by grid dimension: x on the innermost
+    fixed = len(threads) == 2
+    rows = threads[1] if fixed else max(1, min(ROWS, extents[-1] or ROWS))
+
+    def tiles(rows: int) -> list[int]:
+        return [1] * (n - 1) + [rows]
+
+    while not fixed and rows > 1 and count_blocks(extents, tiles(rows), members) < fill:
+        rows //= 2
+    copied: list[str] = []
+    scratch: list[str] = []
+    while options.use_shared_memory:
+        tiled = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
+        copied, scratch, complete = row_tensors(
+            tiled.child(0), scop, shared_budget(options, device)
+        )
+        if complete or fixed or rows == 1:
+            break
+        rows //= 2
+    node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
+    grid = grid_sizes(options, [member_extent(node, m) for m in members])
+    if not bind:
+        return node, tuple(grid), (WARP, rows)
+    node = bind_members(_atomic(node), members, grid, BLOCK_PARAMS)
+    point = bind_members(_atomic(node.child(0)), [n - 1], [rows], THREAD_PARAMS[1:2])
+    point = _bind_lanes(insert_mark(point.child(0), ROWS_MARK), statements).parent()
+    point = point.parent().parent()  # the thread filter
+    for name, tensors in ((SCRATCH_MARK, scratch), (SHARED_MARK, copied)):
+        if tensors:
+            point = insert_mark(point, f"{name}:{','.join(tensors)}").parent()
+    return point.parent().parent(), tuple(grid), (WARP, rows)
+
+
+def _atomic(band: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The band with each member's loop generated once for all the statements below
+    (isl would otherwise generate the statements of a loop of one iteration one
+    after the other, each with its own copy of the marks above them)."""
+    for k in range(band.band_n_member()):
+        band = band.band_member_set_ast_loop_type(k, isl.ast_loop_type.atomic)
+    return band
+
+
+def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | None:
+    """The statements of a row kernel whose rows are the members of `band` (coincident
+    and permutable), in program order; None when the nest is not one: some statement
+    does not walk the rows with plain indices, or the lanes cannot run it, or it has
+    a single statement (`tcpy.mapping.gpu` maps its lanes)."""
+    n = band.band_n_member()
+    names = {s.get_tuple_name() for s in union_set_sets(band.get_domain())}
+    rows: dict[str, list[int]] = {name: [] for name in names}
+    for k in range(n):
+        walked = member_variables(band, k)
+        for name in names:
+            position = walked.get(name)
+            if position is None:
+                return None
+            rows[name].append(position)
+    found = []
+    for s in sorted(
+        (scop.statement(name) for name in names),
+        key=lambda s: (s.index, s.kind is Kind.COMPUTE),
+    ):
+        if len(set(rows[s.name])) != n:
+            return None
+        inner = tuple(d for d in range(len(s.dims)) if d not in rows[s.name])
+        lanes = _lanes(s, inner, scop)
+        if lanes is None:
+            return None
+        found.append(RowStatement(s, inner, lanes))
+    if not any(r.inner for r in found) or len({r.statement.index for r in found}) < 2:
+        return None  # one band over every index, or one statement: a plain nest
+    return found
+
+
+def _coalesced(sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop) -> bool:
+    """Whether the lanes walk no access of a statement across rows of memory (each
+    statement's last inner index, the one on the lanes, is `sequence`'s child's last
+    band member)."""
+    for pos, r in enumerate(statements):
+        if r.inner and worst_stride(sequence.child(pos).child(0), len(r.inner) - 1, scop) < 0:
+            return False
+    return True
+
+
+def _lanes(s: PolyStatement, inner: tuple[int, ...], scop: Scop) -> bool | None:
+    """Whether statement `s` of a row kernel reduces over the lanes (False: its last
+    inner index is spread over them, or it has none); None when the lanes cannot run
+    it."""
+    st = s.source(scop.cdef)
+    if s.kind is Kind.INIT or not inner:
+        return False
+    if any(isinstance(a, ast.Access) and a.tensor == st.tensor for a in ast.walk(st.rhs)):
+        return None  # reads what it writes
+    for d in inner:
+        lo, hi = s.domain.dim_min_val(d), s.domain.dim_max_val(d)
+        if (
+            not (lo.is_int() and hi.is_int())
+            or int(hi.to_python()) - int(lo.to_python()) < WARP - 1
+        ):
+            return None
+    if st.op.reduction is None:
+        return False
+    if {s.dims[d] for d in inner} != set(st.reduction_indices):
+        return None
+    return scop.cdef.tensor(st.tensor).scalar.compute in SHUFFLED or None
+
+
+def _rebuild(band: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:
+    """The row band with the schedule below it replaced by the statements in program
+    order, each over its inner indices; returns the band."""
+    domain = band.get_domain()
+    ctx = band.get_ctx()
+    filters = isl.UnionSetList.alloc(ctx, len(statements))
+    for r in statements:
+        filters = filters.add(domain.intersect(isl.UnionSet.from_set(r.statement.domain)))
+    node = band.child(0).cut().insert_sequence(filters)
+    for pos, r in enumerate(statements):
+        child = node.child(pos).child(0)
+        if r.inner:
+            child = child.insert_partial_schedule(_inner_band(r))
+            child = child.band_set_permutable(1)
+            for k in range(len(r.inner)):
+                child = child.band_member_set_coincident(k, 0 if r.lanes else 1)
+        node = child.parent().parent()
+    return node.parent()
+
+
+def _inner_band(r: RowStatement) -> isl.MultiUnionPwAff:
+    """Statement `r` -> its inner indices."""
+    space = r.statement.domain.get_space()
+    maff = isl.MultiAff.identity(space.map_from_set())
+    for d in reversed(range(len(r.statement.dims))):
+        if d not in r.inner:
+            maff = maff.drop_dims(isl.dim_type.out, d, 1)
+    return isl.MultiUnionPwAff.from_multi_pw_aff(isl.MultiPwAff.from_multi_aff(maff))
+
+
+def _bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:
+    """Below the rows' mark (`node` is its sequence): each statement's last inner index
+    on the lanes, a lane reduction marked; lane 0 for a statement without one.
+    Returns the sequence."""
+    lane = THREAD_PARAMS[0]
+    for pos, r in enumerate(statements):
+        child = node.child(pos).child(0)
+        if not r.inner:
+            node = pin(child, lane, 0).ancestor(3)
+            continue
+        child = bind_members(child, [len(r.inner) - 1], [WARP], (lane,))
+        if r.lanes:
+            child = insert_mark(child, LANES_MARK).parent()
+        node = child.ancestor(3)
+    return node
