@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from tcpy.mapping.device import DeviceProfile, named
+from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
@@ -65,8 +66,9 @@ GOLDENS = {
 
 @pytest.mark.parametrize("name", sorted(GOLDENS))
 def test_golden_cuda(name: str, accept: bool) -> None:
+    """The CUDA default of each: the promoted matmul, the one-kernel softmax."""
     source, entry, sizes = GOLDENS[name]
-    lowered = _lower(source, entry, sizes, MappingOptions.cuda())
+    lowered = _lower(source, entry, sizes, cuda_defaults(check_source(source)[entry]))
     check_golden(f"cuda/{name}.cu", lowered.source, accept)
 
 

@@ -17,7 +17,9 @@ one exception made safe by construction: a *lane reduction*, a reduction loop th
 reads its operands with unit stride where no parallel loop does (a softmax's row
 maximum), is spread over the 32 lanes of a warp, each lane reducing every 32nd value
 into a register, the warp combining them with shuffles (`LANES_MARK`,
-`tcpy.codegen.cuda`). Other reductions run whole in their thread, innermost.
+`tcpy.codegen.cuda`). Other reductions run whole in their thread, innermost. A nest
+fused over rows (a softmax under `Max` fusion) runs as a row kernel, one warp per row
+(`tcpy.mapping.rows`).
 
 Sizes: the options' where given; else each thread computes one element, the block
 is 32x8 threads tightened to the loops, and its y halves while the grid would not fill

@@ -157,8 +157,9 @@ class MappingOptions:
     )
     """Spread a reduction over the lanes of a warp (partial results in registers,
     combined with shuffles) when it, and no parallel loop, reads its operands with
-    unit stride: a softmax's row maximum, an MLP's dot products. Needs the tiles and
-    the block's x (a warp) left to the mapping."""
+    unit stride: a softmax's row maximum, an MLP's dot products; and run a nest fused
+    over rows as a row kernel, one warp per row (`tcpy.mapping.rows`). Needs the tiles
+    and the block's x (a warp) left to the mapping."""
     split_reductions: bool = dataclasses.field(
         default=True, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -320,12 +321,14 @@ class MappingOptions:
 
     @classmethod
     def cuda(cls) -> MappingOptions:
-        """The CUDA default: sizes fixed, one kernel per statement, every parallel loop
+        """The CUDA preset: sizes fixed, one kernel per statement, every parallel loop
         on the grid (the unit-stride one on threadIdx.x), blocks of up to 32x8 threads
         each computing one element, narrowed until the grid fills the device;
         reductions over a warp's lanes where they read with unit stride, else
         sequential in each thread, their reused operands' tiles in shared memory
-        (`tcpy.mapping.gpu`)."""
+        (`tcpy.mapping.gpu`). The CUDA targets' defaults add `Max` outer fusion for
+        pipelines without a contraction, which then run as row kernels
+        (`tcpy.mapping.gpu.cuda_defaults`, `tcpy.mapping.rows`)."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,

@@ -1,0 +1,184 @@
+"""Row kernels on `cuda-emu` (`tcpy.mapping.rows`), with the emulator's race and
+bounds checks on, against `reference`: a pipeline fused over its rows runs in one
+kernel, one warp per row, its temporaries in shared memory. Rows the block does not
+divide, rows shorter and longer than the lanes, two row indices, each reduction
+operator and type, shared memory off, the options that fix the block, and the nests
+left to the other mappings."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.mapping.gpu import cuda_defaults
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_cuda
+
+SOFTMAX = """def softmax(float(N, D) I) -> (O) {
+    maxVal(n) max=! I(n, d)
+    expDist(n, d) = exp(I(n, d) - maxVal(n))
+    expSum(n) +=! expDist(n, d)
+    O(n, d) = expDist(n, d) / expSum(n)
+}"""
+LAYERNORM = """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
+    mean(n) +=! X(n, d) / D
+    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
+    O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
+}"""
+
+
+def _run(source: str, *inputs: np.ndarray, options: MappingOptions | None = None):  # type: ignore[no-untyped-def]
+    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    reference = tcpy.ExecutionEngine("reference")
+    (entry,) = emu.define(source)
+    reference.define(source)
+    compiled = emu.compile(entry, *inputs, options=options)
+    got = compiled(*inputs)
+    return got, reference.run(entry, *inputs), compiled.source
+
+
+def _kernels(source: str) -> int:
+    return source.count("__global__")
+
+
+def _stored(source: str, tensor: str) -> bool:
+    """Whether the kernels write `tensor` to global memory."""
+    return f"TC_ST(t_{tensor}," in source
+
+
+@pytest.mark.parametrize("shape", [(37, 100), (8, 32), (3, 33), (70, 256), (2, 64)])
+def test_softmax_runs_in_one_kernel(shape: tuple[int, int]) -> None:
+    """37 rows: no block divides them; 32 and 33: one lane with one or two values."""
+    data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    got, want, text = _run(SOFTMAX, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert _kernels(text) == 1
+    assert "__syncwarp();" in text and "__shfl_xor_sync" in text
+    for temporary in ("maxVal", "expDist", "expSum"):
+        assert not _stored(text, temporary)
+    assert text.count("TC_LD(t_I,") == 1  # the input's rows copied in once, then reread
+
+
+@pytest.mark.parametrize("shape", [(37, 100), (130, 64)])
+def test_layernorm_runs_in_one_kernel(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    g, b = (rng.standard_normal(shape[1]).astype(np.float32) for _ in range(2))
+    got, want, text = _run(LAYERNORM, x, g, b)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert _kernels(text) == 1
+    assert not _stored(text, "mean") and not _stored(text, "var")
+
+
+def test_rows_of_a_block_share_the_operand_they_all_read() -> None:
+    """With several rows a block (threadIdx.y), `g` and `b` are copied once for all."""
+    cdef = check_source(LAYERNORM)["layernorm"]
+    lowered = lower_to_cuda(cdef, {"N": 2048, "D": 1024}, cuda_defaults(cdef))
+    (kernel,) = lowered.mapping.kernels
+    assert kernel.block[0] == 32 and kernel.block[1] > 1
+    assert kernel.blocks >= 264  # two waves over an H100's SMs
+    copied = re.findall(r"TC_LD\(t_(\w+),", lowered.source)
+    assert sorted(copied) == ["X", "b", "g"]
+
+
+def test_two_row_indices_fold_into_the_grid() -> None:
+    source = """def bsoftmax(float(B, N, D) I) -> (O) {
+        m(b, n) max=! I(b, n, d)
+        e(b, n, d) = exp(I(b, n, d) - m(b, n))
+        s(b, n) +=! e(b, n, d)
+        O(b, n, d) = e(b, n, d) / s(b, n)
+    }"""
+    data = np.random.default_rng(2).standard_normal((3, 5, 40)).astype(np.float32)
+    got, want, text = _run(source, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert _kernels(text) == 1 and "__syncwarp();" in text
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op"),
+    [("int32", "max"), ("int32", "min"), ("int64", "+"), ("double", "+"), ("float", "*")],
+)
+def test_each_reduction_of_a_row(dtype: str, op: str) -> None:
+    """A reduction of the row, then every element scaled by it: the lanes reduce, lane 0
+    writes the result, all lanes read it after the warp meets."""
+    source = f"""def f({dtype}(N, D) X) -> (O) {{
+        r(n) {op}=! X(n, d)
+        O(n, d) = X(n, d) + r(n)
+    }}"""
+    rng = np.random.default_rng(3)
+    np_type = {"int32": np.int32, "int64": np.int64, "double": np.float64, "float": np.float32}
+    if dtype.startswith("int"):
+        data = rng.integers(-50, 50, (19, 45)).astype(np_type[dtype])
+    else:
+        data = (rng.random((19, 45)) * 0.2 + 0.9).astype(np_type[dtype])  # products stay finite
+    got, want, text = _run(source, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert _kernels(text) == 1 and "__shfl_xor_sync" in text
+
+
+def test_without_shared_memory_the_temporaries_stay_in_global_memory() -> None:
+    data = np.random.default_rng(4).standard_normal((21, 70)).astype(np.float32)
+    options = cuda_defaults(check_source(SOFTMAX)["softmax"]).replace(use_shared_memory=False)
+    got, want, text = _run(SOFTMAX, data, options=options)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert _kernels(text) == 1 and "TC_SST(tc_" not in text
+    assert _stored(text, "expDist")
+
+
+def test_the_options_block_sets_the_rows_of_a_block() -> None:
+    cdef = check_source(SOFTMAX)["softmax"]
+    options = cuda_defaults(cdef).replace(map_to_threads=(32, 2))
+    lowered = lower_to_cuda(cdef, {"N": 9, "D": 64}, options, check=True)
+    assert [k.block for k in lowered.mapping.kernels] == [(32, 2)]
+    data = np.random.default_rng(5).standard_normal((9, 64)).astype(np.float32)
+    got, want, _ = _run(SOFTMAX, data, options=options)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_temporary_read_before_it_is_written_keeps_global_memory() -> None:
+    """`t` accumulates without `!` into the zeros a temporary starts from: a slice of
+    shared memory would start from garbage, so `t` is not placed there."""
+    source = """def f(float(N, D) X) -> (O) {
+        t(n) += X(n, d)
+        O(n, d) = X(n, d) * t(n)
+    }"""
+    data = np.random.default_rng(6).standard_normal((10, 40)).astype(np.float32)
+    with pytest.warns(tcpy.TCWarning, match="not initialised"):
+        got, want, text = _run(source, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert _stored(text, "t")
+
+
+@pytest.mark.parametrize(
+    ("source", "shape"),
+    [
+        # the reduction walks a column: lanes on it would not coalesce
+        (
+            "def f(float(N, D) X) -> (O) { c(d) +=! X(n, d)\n O(n, d) = X(n, d) / c(d) }",
+            (40, 48),
+        ),
+        # rows shorter than a warp
+        (SOFTMAX, (12, 20)),
+    ],
+    ids=["column", "short"],
+)
+def test_nests_the_lanes_cannot_run_are_left_to_the_band_mapping(
+    source: str, shape: tuple[int, int]
+) -> None:
+    data = (np.random.default_rng(7).random(shape) + 0.5).astype(np.float32)
+    got, want, text = _run(source, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert "__syncwarp" not in text
+
+
+def test_the_cuda_default_fuses_only_pipelines_without_a_contraction() -> None:
+    (mm,) = check_source("""def mm(float(M,K) A, float(K,N) B) -> (C, D) {
+        C(m, n) +=! A(m, k) * B(k, n)
+        D(m, n) = C(m, n) * 2
+    }""").values()
+    assert cuda_defaults(mm).outer_schedule_fusion is Fusion.MIN
+    assert cuda_defaults(check_source(SOFTMAX)["softmax"]).outer_schedule_fusion is Fusion.MAX
