@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from test_poly import SOFTMAX  # with `expDist`, a temporary of the row's size
 
 import tcpy
 from tcpy.mapping.gpu import cuda_defaults
@@ -18,12 +19,6 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
 
-SOFTMAX = """def softmax(float(N, D) I) -> (O) {
-    maxVal(n) max=! I(n, d)
-    expDist(n, d) = exp(I(n, d) - maxVal(n))
-    expSum(n) +=! expDist(n, d)
-    O(n, d) = expDist(n, d) / expSum(n)
-}"""
 LAYERNORM = """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
     mean(n) +=! X(n, d) / D
     var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
