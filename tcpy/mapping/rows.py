@@ -126,23 +126,14 @@ def map_rows(
     grid = grid_sizes(options, [member_extent(node, m) for m in members])
     if not bind:
         return node, tuple(grid), (WARP, rows)
-    node = bind_members(_atomic(node), members, grid, BLOCK_PARAMS)
-    point = bind_members(_atomic(node.child(0)), [n - 1], [rows], THREAD_PARAMS[1:2])
-    point = _bind_lanes(insert_mark(point.child(0), ROWS_MARK), statements).parent()
-    point = point.parent().parent()  # the thread filter
+    node = bind_members(node, members, grid, BLOCK_PARAMS)
+    point = bind_members(node.child(0), [n - 1], [rows], THREAD_PARAMS[1:2])
+    sequence = _bind_lanes(insert_mark(point.child(0), ROWS_MARK), statements)
+    point = sequence.ancestor(3)  # above the mark and the rows' band: the thread filter
     for name, tensors in ((SCRATCH_MARK, scratch), (SHARED_MARK, copied)):
         if tensors:
             point = insert_mark(point, f"{name}:{','.join(tensors)}").parent()
     return point.parent().parent(), tuple(grid), (WARP, rows)
-
-
-def _atomic(band: isl.ScheduleNode) -> isl.ScheduleNode:
-    """The band with each member's loop generated once for all the statements below
-    (isl would otherwise generate the statements of a loop of one iteration one
-    after the other, each with its own copy of the marks above them)."""
-    for k in range(band.band_n_member()):
-        band = band.band_member_set_ast_loop_type(k, isl.ast_loop_type.atomic)
-    return band
 
 
 def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | None:
