@@ -36,7 +36,10 @@ def _lower(source: str, entry: str, sizes: dict[str, int], options: MappingOptio
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_corpus_compiles_with_nvrtc(case: Case) -> None:
     source = (CORPUS / case.file).read_text()
-    fixed = _lower(source, case.entry, case.sizes, MappingOptions.cuda())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)[case.entry]
+    fixed = _lower(source, case.entry, case.sizes, cuda_defaults(cdef))  # row kernels too
     parametric = _lower(
         source, case.entry, case.sizes, MappingOptions.naive().replace(use_readonly_cache=True)
     )
