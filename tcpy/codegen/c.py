@@ -240,7 +240,7 @@ class _Printer:
         for pragma in pragmas:
             self.emit(depth + 1, pragma)
         self.emit(depth + 1, header)
-        self.emit(depth + 2, f"tc_acc = {parts.combine('tc_acc')};")
+        self.emit(depth + 2, parts.wrap(f"tc_acc = {parts.combine('tc_acc')};"))
         if flag:
             self.emit(depth + 2, "tc_nan |= tc_acc != tc_acc;")
         self.emit(depth + 1, "}")

@@ -292,7 +292,7 @@ class _CudaPrinter(_Printer):
         found = self.reduction_at(node)
         assert found is not None
         parts = self.bodies.parts(*found)
-        self.emit(depth, f"tc_part = {parts.combine('tc_part')};")
+        self.emit(depth, parts.wrap(f"tc_part = {parts.combine('tc_part')};"))
         self.emit(depth, "tc_seen = true;")
 
     def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
@@ -346,7 +346,7 @@ def print_cuda(
         printer = _CudaPrinter(scop, ast, options, dialect=CUDA)
         if helpers is not None:
             printer.helpers = helpers
-        printer.bodies = BodyPrinter(cdef, CUDA, printer.helpers, readonly)
+        printer.bodies = BodyPrinter(cdef, CUDA, printer.helpers, readonly, hoist_loads=True)
         helpers = printer.helpers
         printer.names.update(_launch_names(kernel))
         printer.kernel = kernel

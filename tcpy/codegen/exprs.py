@@ -10,6 +10,7 @@ trapping, and a subscript that range inference did not prove in bounds (a gather
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from tcpy.codegen.naming import extent_name, size_name, tensor_name
 from tcpy.errors import InternalError
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.printer import expr_text
 from tcpy.parser.ranges import guarded_accesses, linear_form
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 from tcpy.types import ScalarType, promote
@@ -137,6 +139,10 @@ class BodyPrinter:
     dialect: Dialect
     helpers: Helpers
     readonly: frozenset[str] = frozenset()  # tensors read through the read-only cache
+    hoist_loads: bool = False
+    """Read an element a statement reads several times (unconditionally) once, into a
+    local declared before it (CUDA: the emulator counts what the source asks for, and
+    no load then depends on the compiler's aliasing analysis)."""
     copies: Mapping[str, LocalCopy] = field(default_factory=dict)  # by tensor
 
     def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
@@ -147,7 +153,7 @@ class BodyPrinter:
         value = parts.value
         if parts.reduction is not None:
             value = parts.combine(parts.current)
-        return f"{parts.target} = {parts.store(value)};"
+        return parts.wrap(f"{parts.target} = {parts.store(value)};")
 
     def parts(
         self, st: CheckedStatement, indices: Mapping[str, str], init: bool = False
@@ -193,6 +199,7 @@ class BodyPrinter:
             floating=compute.is_float,
             combine=combine,
             merge=merge,
+            prelude=tuple(ctx.prelude),
         )
 
 
@@ -212,6 +219,11 @@ class StatementParts:
     floating: bool  # whether the computation is in floating point
     combine: Callable[[str], str]  # accumulator -> combined value
     merge: Callable[[str, str], str]  # two partial results -> their combination
+    prelude: tuple[str, ...] = ()  # declarations `value` uses (`BodyPrinter.hoist_loads`)
+
+    def wrap(self, line: str) -> str:
+        """A line that uses `value`, in a scope with the declarations it needs."""
+        return f"{{ {' '.join(self.prelude)} {line} }}" if self.prelude else line
 
     def store(self, value: str) -> str:
         return value if self.compute == self.storage else f"({self.storage})({value})"
@@ -224,7 +236,12 @@ class _Context:
         self.p = printer
         self.st = st
         self.indices = indices
-        self.unproved = {id(a) for a, guarded in guarded_accesses(st.rhs) if guarded}
+        accesses = list(guarded_accesses(st.rhs))
+        self.unproved = {id(a) for a, guarded in accesses if guarded}
+        texts = Counter(expr_text(a) for a, guarded in accesses if not guarded)
+        self.repeated = {t for t, n in texts.items() if n > 1} if printer.hoist_loads else set()
+        self.loaded: dict[str, str] = {}  # access text -> the local holding its value
+        self.prelude: list[str] = []  # the declarations of those locals
 
     @property
     def d(self) -> Dialect:
@@ -311,7 +328,14 @@ class _Context:
             readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
             form = self.d.readonly_load if readonly else self.d.load
             load = form.format(array=tensor_name(e.tensor), index=self.flat(e.tensor, subscripts))
-        return _convert(load, info.scalar, info.scalar.compute, self.d)
+        value = _convert(load, info.scalar, info.scalar.compute, self.d)
+        text = expr_text(e)
+        if text not in self.repeated or id(e) in self.unproved:
+            return value
+        if text not in self.loaded:  # read once, before the statement
+            self.loaded[text] = name = f"tc_v{len(self.loaded)}"
+            self.prelude.append(f"const {self.d.ctype(info.scalar.compute)} {name} = {value};")
+        return self.loaded[text]
 
     def combine(self, reduction: ast.Reduction, current: str, value: str, ty: ScalarType) -> str:
         match reduction:

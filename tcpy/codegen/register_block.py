@@ -138,7 +138,7 @@ def _print_block(
         ]
         inner = [*levels, (plan.vector, lane.text)]
     _nest(p, depth + 1, levels, start)
-    update = [f"{element} = {parts.combine(element)};"]
+    update = [parts.wrap(f"{element} = {parts.combine(element)};")]
     _nest(p, depth + 1, [*plan.reductions, *inner], update)
     _nest(p, depth + 1, levels, finish)
     p.emit(depth, "}")
