@@ -162,3 +162,20 @@ def test_nest_without_parallel_loop_runs_in_one_thread() -> None:
                      MappingOptions.cuda())  # fmt: skip
     assert all(k.grid == () and k.block == () for k in lowered.mapping.kernels)
     assert "__launch_bounds__(1)" in lowered.source
+
+
+def test_an_element_read_several_times_is_loaded_once() -> None:
+    """gelu reads `X(n, d)` five times: one load into a local. A read under `?:` may be
+    out of range when its condition is false, so it stays where it is, even repeated."""
+    gelu = (
+        "def gelu(float(N, D) X) -> (O) { O(n, d) = 0.5 * X(n, d) * (1.0 + tanh(0.79788 *"
+        " (X(n, d) + 0.044715 * X(n, d) * X(n, d) * X(n, d)))) }"
+    )
+    source = _lower(gelu, "gelu", {"N": 8, "D": 64}, PLAIN).source
+    assert source.count("TC_LD(t_X,") == 1 and "const float tc_v0 = TC_LD(t_X," in source
+    shifted = (
+        "def s(float(N) X) -> (O) { O(i) = i >= 1 ? X(i - 1) + X(i - 1) : X(i) + X(i)"
+        " where i in 0:N }"
+    )
+    source = _lower(shifted, "s", {"N": 40}, PLAIN).source
+    assert source.count("TC_LD(t_X,") == 4 and "tc_v0" not in source
