@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 import time
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--target", choices=sorted(targets.TARGETS),
                      help="where to run (default: cuda with a GPU, else cpu)")  # fmt: skip
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--options", help="mapping options: a preset name or a JSON object")
+    run.add_argument("--options", help=OPTIONS_HELP)
     run.add_argument("--profile", action="store_true",
                      help="count each launch's memory traffic (cuda-emu): a table against "
                      "the bytes the def must move")  # fmt: skip
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="the generated code (C, or CUDA with --gpu), the schedule tree, "
                       "or the isl AST")  # fmt: skip
     comp.add_argument("--gpu", action="store_true", help="the CUDA mapping instead of the CPU one")
-    comp.add_argument("--options", help="mapping options: a preset name or a JSON object")
+    comp.add_argument("--options", help=OPTIONS_HELP)
     _add_tune(sub)
     args = parser.parse_args(argv)
     try:
@@ -101,11 +102,20 @@ def _parse_sizes(text: str) -> dict[str, int]:
     return sizes
 
 
-def _options(text: str | None) -> MappingOptions | None:
+OPTIONS_HELP = (
+    "mapping options: a preset name, or a JSON object of the fields to change on the "
+    "target's defaults for the def"
+)
+
+
+def _options(text: str | None, defaults: MappingOptions) -> MappingOptions | None:
+    """`--options`: a preset name, or a JSON object of the fields to change on
+    `defaults` (the target's default options for the def); None when not given."""
     if text is None:
         return None
     if text.lstrip().startswith("{"):
-        return MappingOptions.from_json(text)
+        MappingOptions.from_json(text)  # the names and values, checked alone
+        return MappingOptions.from_dict({**defaults.to_dict(), **json.loads(text)})
     return MappingOptions.preset(text)
 
 
@@ -127,10 +137,12 @@ def _compile(source: str, args: argparse.Namespace) -> int:
     cdef = engine.checked(_entry(names, args.entry, args.file))
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
     if args.gpu:
-        gpu = lower_to_cuda(cdef, sizes, _options(args.options) or cuda_defaults(cdef))
+        defaults = cuda_defaults(cdef)
+        gpu = lower_to_cuda(cdef, sizes, _options(args.options, defaults) or defaults)
         source, schedule, asts = gpu.source, gpu.mapping.schedule, [a.root for a in gpu.asts]
     else:
-        cpu = lower_to_c(cdef, sizes, _options(args.options) or cpu_defaults(cdef))
+        defaults = cpu_defaults(cdef)
+        cpu = lower_to_c(cdef, sizes, _options(args.options, defaults) or defaults)
         source, schedule, asts = cpu.source, cpu.schedule, [cpu.ast.root]
     if args.emit == "c":
         print(source)
@@ -153,7 +165,7 @@ def _run(source: str, args: argparse.Namespace) -> int:
     cdef = engine.checked(entry)
     sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
     inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
-    options = _options(args.options)
+    options = _options(args.options, engine.default_options(entry, *inputs))
     t0 = time.perf_counter()
     result = engine.run(entry, *inputs, options=options)
     t_first = time.perf_counter() - t0

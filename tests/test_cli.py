@@ -90,3 +90,27 @@ def test_compile_emits(flags: list[str], fragment: str, capsys: pytest.CaptureFi
         == 0
     )
     assert fragment in capsys.readouterr().out
+
+
+def test_json_options_change_only_their_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`{"unroll": 2}` keeps the rest of the target's defaults for the def: the softmax
+    stays fused into one CUDA kernel (the default's `Max` fusion), with the unroll asked
+    for; a preset name still replaces everything (`naive`: no row kernel)."""
+    f = tmp_path / "softmax.tc"
+    f.write_text(
+        "def softmax(float(N, D) I) -> (O) {\n"
+        "    maxVal(n) max=! I(n, d)\n"
+        "    expSum(n) +=! exp(I(n, d) - maxVal(n))\n"
+        "    O(n, d) = exp(I(n, d) - maxVal(n)) / expSum(n)\n"
+        "}\n"
+    )
+    args = ["compile", str(f), "--gpu", "--sizes", "N=64,D=128", "--options"]
+    assert main([*args, '{"unroll": 2}']) == 0
+    out = capsys.readouterr().out
+    assert out.count("__global__") == 1 and "__syncwarp" in out and "#pragma unroll 2" in out
+    assert main([*args, "naive"]) == 0
+    assert "__syncwarp" not in capsys.readouterr().out
+    assert main([*args, '{"unrol": 2}']) == 1
+    assert "unrol" in capsys.readouterr().err
