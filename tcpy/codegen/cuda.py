@@ -205,7 +205,10 @@ class _CudaPrinter(_Printer):
         inside = depth + 1 + bool(sunk)
         if sunk:
             self.emit(depth + 1, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
+        diverges = any("threadIdx.x" in c for c in sunk)  # the sunk guard splits the warp
+        self.divergent += diverges
         self.node(inner, inside, marks)
+        self.divergent -= diverges
         if sunk:
             self.emit(depth + 1, "}")
         self.bodies, self.sunk = saved, sunk

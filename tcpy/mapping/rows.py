@@ -56,7 +56,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import row_tensors
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import multi_val, union_set_sets
-from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.schedule import identity_band, member_extent, member_variables
 from tcpy.poly.scop import Kind, PolyStatement, Scop
 from tcpy.poly.transforms import insert_mark
 
@@ -213,22 +213,12 @@ def _rebuild(band: isl.ScheduleNode, statements: list[RowStatement]) -> isl.Sche
     for pos, r in enumerate(statements):
         child = node.child(pos).child(0)
         if r.inner:
-            child = child.insert_partial_schedule(_inner_band(r))
+            child = child.insert_partial_schedule(identity_band(r.statement, r.inner))
             child = child.band_set_permutable(1)
             for k in range(len(r.inner)):
                 child = child.band_member_set_coincident(k, 0 if r.lanes else 1)
         node = child.parent().parent()
     return node.parent()
-
-
-def _inner_band(r: RowStatement) -> isl.MultiUnionPwAff:
-    """Statement `r` -> its inner indices."""
-    space = r.statement.domain.get_space()
-    maff = isl.MultiAff.identity(space.map_from_set())
-    for d in reversed(range(len(r.statement.dims))):
-        if d not in r.inner:
-            maff = maff.drop_dims(isl.dim_type.out, d, 1)
-    return isl.MultiUnionPwAff.from_multi_pw_aff(isl.MultiPwAff.from_multi_aff(maff))
 
 
 def _bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:

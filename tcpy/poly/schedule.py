@@ -141,7 +141,7 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
     for pos, s in enumerate(scop.statements):
         child = node.child(pos).child(0)
         if s.dims:
-            mupa = _identity_band(s)
+            mupa = identity_band(s)
             child = child.insert_partial_schedule(mupa)
             child = child.band_set_permutable(1)
             for member in range(len(s.dims)):
@@ -151,9 +151,14 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
     return node.get_schedule()
 
 
-def _identity_band(s: PolyStatement) -> isl.MultiUnionPwAff:
+def identity_band(s: PolyStatement, dims: tuple[int, ...] | None = None) -> isl.MultiUnionPwAff:
+    """Statement `s` -> its indices at positions `dims` (default: all), in order: the
+    partial schedule of a band over them."""
     space = s.domain.get_space()
     maff = isl.MultiAff.identity(space.map_from_set())
+    for d in reversed(range(len(s.dims))):
+        if dims is not None and d not in dims:
+            maff = maff.drop_dims(isl.dim_type.out, d, 1)
     return isl.MultiUnionPwAff.from_multi_pw_aff(isl.MultiPwAff.from_multi_aff(maff))
 
 
