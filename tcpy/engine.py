@@ -227,6 +227,11 @@ class Compiled:
         return self._kernel.source
 
     @property
+    def cache_key(self) -> str:
+        """The key of the kernel's entry in the disk cache ("" on the reference target)."""
+        return self._kernel.cache_key
+
+    @property
     def generic(self) -> bool:
         """Whether the kernel reads the sizes at each call and serves every shape
         (`fix_parameters_before_scheduling=False` on the cpu target)."""

@@ -53,6 +53,11 @@ class Kernel(Protocol):
         sizes are read at each call), not only the shapes it was built for."""
         ...
 
+    @property
+    def cache_key(self) -> str:
+        """The key of the kernel's disk-cache entry ("" for the reference target)."""
+        ...
+
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]: ...
 
 
@@ -79,6 +84,7 @@ class ReferenceKernel:
     source: str
     options: MappingOptions
     generic: bool = False
+    cache_key: str = ""
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         return interpreter.run(self.cdef, binding)
@@ -104,6 +110,7 @@ class HostKernel:
     options: MappingOptions
     written: frozenset[str] = frozenset()
     generic: bool = False
+    cache_key: str = ""
     _scratch: threading.local = field(
         default_factory=threading.local, init=False, compare=False, repr=False
     )
@@ -385,7 +392,7 @@ def _compiled(
 
     loaded, hit = cache.compiled(session.disk, key, _CACHED_FILES[target], counted, load)
     session.stats.disk_hits += hit
-    return loaded
+    return replace(loaded, cache_key=key)  # type: ignore[type-var]
 
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
@@ -414,6 +421,7 @@ class GpuKernels:
     launches: list[Launch]
     options: MappingOptions
     generic: bool = False
+    cache_key: str = ""
 
     def __call__(self, binding: Binding) -> tuple[Any, ...]:
         from tcpy.binding import DeviceInput
@@ -544,6 +552,7 @@ class NoGpu:
     source: str
     options: MappingOptions
     generic: bool = False
+    cache_key: str = ""
 
     def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
         from tcpy.runtime import cuda as runtime
