@@ -9,7 +9,8 @@ naming the input, the dimension and the values involved.
 
 No silent casting: an input must have exactly the declared dtype. A Python scalar is
 accepted for a 0-d input when its kind fits (bool, int within range, or a number for
-a float). Inputs that are not C-contiguous are copied.
+a float). Arrays of other libraries are seen without a copy (`tcpy.arrays`); inputs
+that are not C-contiguous are copied.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tcpy.arrays import Kind, check_no_grad, conversion_hint, host_view, library_of
 from tcpy.errors import InternalError, TCInputError, TCRangeError
 from tcpy.parser.checked import (
     CheckedDef,
@@ -49,7 +51,7 @@ class DeviceInput:
         return len(self.shape)
 
 
-def _device_input(info: TensorInfo, value: Any) -> DeviceInput:
+def _device_input(info: TensorInfo, value: Any, what: str = "input") -> DeviceInput:
     face = value.__cuda_array_interface__
     shape = tuple(int(d) for d in face["shape"])
     dtype = np.dtype(face["typestr"])
@@ -61,7 +63,7 @@ def _device_input(info: TensorInfo, value: Any) -> DeviceInput:
             step *= d
         if tuple(strides) != tuple(reversed(expected)) and 0 not in shape:
             raise TCInputError(
-                f"input {info.name} is a strided view in GPU memory; pass a contiguous "
+                f"{what} {info.name} is a strided view in GPU memory; pass a contiguous "
                 "tensor (for example x.contiguous())"
             )
     return DeviceInput(shape, dtype, int(face["data"][0]), value)
@@ -119,40 +121,114 @@ def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
 
 
 def _as_array(info: TensorInfo, value: Any) -> np.ndarray | DeviceInput:
-    if hasattr(value, "__cuda_array_interface__"):
-        device = _device_input(info, value)
-        _check_kind(info, device.dtype, device.ndim, device.shape)
-        return device
-    if (
+    if type(value) is np.ndarray:  # the common case, first
+        array = value
+    elif (
         info.rank == 0
         and isinstance(value, bool | int | float)
         and not isinstance(value, np.generic)
     ):
         return _python_scalar(info, value)
-    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
-        array = np.asarray(value)
     else:
-        raise TCInputError(
-            f"input {info.name} must be a NumPy array of {info.scalar.value}, "
-            f"not {type(value).__name__}"
-        )
-    _check_kind(info, array.dtype, array.ndim, array.shape)
+        check_no_grad(info.name, value)
+        array = host_view(info.name, value, info.scalar.dtype)
+        if hasattr(array, "__cuda_array_interface__"):
+            device = _device_input(info, array)
+            _check_kind(info, device.dtype, device.ndim, device.shape, value)
+            return device
+    _check_kind(info, array.dtype, array.ndim, array.shape, value)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array
 
 
-def _check_kind(info: TensorInfo, dtype: np.dtype, ndim: int, shape: tuple[int, ...]) -> None:
+def _check_kind(
+    info: TensorInfo, dtype: np.dtype, ndim: int, shape: tuple[int, ...], value: Any
+) -> None:
     want = info.scalar.dtype
     if dtype != want:
         raise TCInputError(
             f"input {info.name} must be {info.scalar.value}, but the array is "
-            f"{dtype}; convert it explicitly, e.g. x.astype(np.{want.name})"
+            f"{dtype}; convert it explicitly, e.g. {conversion_hint(value, want)}"
         )
     if ndim != info.rank:
         raise TCInputError(
             f"input {info.name} must have {info.rank} dimension(s), but has {ndim} (shape {shape})"
         )
+
+
+def bind_out(cdef: CheckedDef, binding: Binding, out: Any) -> tuple[np.ndarray | DeviceInput, ...]:
+    """The destinations `out=` gives for the outputs of a call: one array per output
+    (a tuple, or one array for a def with one output), each of the output's exact
+    shape and dtype, C-contiguous, writable, and no two overlapping."""
+    given = out if isinstance(out, tuple) else (out,)
+    outputs = cdef.outputs
+    if len(given) != len(outputs):
+        names = ", ".join(t.name for t in outputs)
+        raise TCInputError(
+            f"{cdef.name} has {len(outputs)} output(s) ({names}), but out= gives {len(given)}"
+        )
+    dests = tuple(
+        _destination(info, binding, value) for info, value in zip(outputs, given, strict=True)
+    )
+    for k, a in enumerate(dests):
+        for b in dests[:k]:
+            if _overlap(a, b):
+                raise TCInputError("two arrays given as out= share memory; give separate ones")
+    return dests
+
+
+def _destination(info: TensorInfo, binding: Binding, value: Any) -> np.ndarray | DeviceInput:
+    check_no_grad(info.name, value, "out")
+    if not (isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")):
+        if not hasattr(value, "__array__") or library_of(value) is Kind.NUMPY:
+            raise TCInputError(
+                f"out for {info.name} must be a NumPy array, a PyTorch tensor or a CuPy "
+                f"array, not {type(value).__name__}"
+            )
+        value_view = np.asarray(value)
+    else:
+        value_view = value
+    shape = binding.shape_of(info)
+    dest: np.ndarray | DeviceInput
+    if hasattr(value_view, "__cuda_array_interface__"):
+        dest = _device_input(info, value_view, "out")
+        dtype, ok = dest.dtype, True
+    else:
+        dest = value_view
+        dtype, ok = dest.dtype, dest.flags.c_contiguous and dest.flags.writeable
+    if dest.shape != shape or dtype != info.scalar.dtype:
+        raise TCInputError(
+            f"out for {info.name} must be {info.scalar.value} of shape {shape}, but is "
+            f"{dtype} of shape {tuple(dest.shape)}"
+        )
+    if not ok:
+        raise TCInputError(
+            f"out for {info.name} must be a writable C-contiguous array; pass a "
+            "contiguous one (the result would not land in a strided view)"
+        )
+    return dest
+
+
+def _extent(a: np.ndarray | DeviceInput) -> tuple[int, int]:
+    if isinstance(a, DeviceInput):
+        nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+        return a.pointer, a.pointer + nbytes
+    start = a.ctypes.data
+    return start, start + a.nbytes
+
+
+def _overlap(a: np.ndarray | DeviceInput, b: np.ndarray | DeviceInput) -> bool:
+    """Whether two buffers may share memory (host and device memory never do)."""
+    if isinstance(a, DeviceInput) != isinstance(b, DeviceInput):
+        return False
+    (a0, a1), (b0, b1) = _extent(a), _extent(b)
+    return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
+
+
+def overlaps_inputs(binding: Binding, dests: tuple[np.ndarray | DeviceInput, ...]) -> bool:
+    """Whether a destination of `out=` shares memory with an input of the call."""
+    return any(_overlap(d, a) for d in dests for a in binding.arrays)
 
 
 def _python_scalar(info: TensorInfo, value: bool | int | float) -> np.ndarray:

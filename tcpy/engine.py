@@ -9,15 +9,29 @@ Redefining a name replaces the definition and forgets its kernels.
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
-from collections.abc import Callable
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tcpy import targets
-from tcpy.binding import Binding, bind, generic_signature_key, signature_key
+from tcpy import log, targets
+from tcpy.arrays import Kind, kind_of, wrap
+from tcpy.binding import (
+    Binding,
+    DeviceInput,
+    bind,
+    bind_out,
+    generic_signature_key,
+    overlaps_inputs,
+    signature_key,
+)
 from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
 from tcpy.genetic.store import TunedStore, tuned_key
@@ -27,6 +41,11 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
 from tcpy.targets import Kernel
+
+_log = logging.getLogger("tcpy.compile")
+
+# Options as `run`, `compile` and `tune` take them (`MappingOptions.resolve`).
+OptionsArg = MappingOptions | Mapping[str, Any] | str | None
 
 
 class ExecutionEngine:
@@ -41,18 +60,30 @@ class ExecutionEngine:
     def __init__(
         self, target: str | None = None, emu_check: bool | None = None, device: str | None = None
     ) -> None:
-        self.target = target or targets.default_target()
-        self._target = targets.get(self.target)
-        for name, value in (("emu_check", emu_check), ("device", device)):
-            if value is not None and self.target != "cuda-emu":
-                raise TCError(f"{name} is an option of the cuda-emu target, not of {self.target}")
+        name = target or targets.default_target()
+        chosen = targets.get(name)
+        for option, value in (("emu_check", emu_check), ("device", device)):
+            if value is not None and name != "cuda-emu":
+                raise TCError(f"{option} is an option of the cuda-emu target, not of {name}")
         if emu_check is not None or device is not None:
             if device is not None:
                 named(device)  # an unknown name is an error now, not at the first call
-            self._target = targets.CudaEmu(check=emu_check, device=device)
+            chosen = targets.CudaEmu(check=emu_check, device=device)
+        self._setup(name, chosen)
+
+    def _setup(self, name: str, target: targets.Target) -> None:
+        self.target = name
+        self._target = target
         self._defs: dict[str, CheckedDef] = {}
+        self._entries: dict[str, Callable[..., Any]] = {}
+        self._sources: list[tuple[str, str | None]] = []
         self._kernels: dict[tuple[str, tuple[Any, ...], str], Kernel] = {}
-        self._resolved: dict[tuple[str, tuple[Any, ...]], Kernel] = {}  # calls without options
+        self._building: dict[tuple[str, tuple[Any, ...], str], Future[None]] = {}
+        self._lock = threading.Lock()
+        # the options calls without options resolve to, per def and signature
+        self._resolved: dict[tuple[str, tuple[Any, ...]], MappingOptions] = {}
+        # calls seen before, by def, options and the shapes and dtypes of NumPy inputs
+        self._calls: dict[tuple[str, Any, tuple[Any, ...]], tuple[Compiled, Mapping[str, int]]] = {}
         self._session = targets.Session(targets.open_disk_cache())
         self._tuned = TunedStore(self._session.disk)
 
@@ -62,13 +93,27 @@ class ExecutionEngine:
         return self._session.stats
 
     def define(self, source: str, filename: str | None = None) -> tuple[str, ...]:
-        """Parse and check every def of `source`; returns their names."""
+        """Parse and check every def of `source` (`filename` names it in errors);
+        returns their names. A def of an existing name replaces it and its kernels."""
+        start = time.perf_counter()
         defs = check_source(source, filename)
-        for name in defs:
-            self._kernels = {k: v for k, v in self._kernels.items() if k[0] != name}
-            self._resolved = {k: v for k, v in self._resolved.items() if k[0] != name}
-        self._defs.update(defs)
+        _log.debug(
+            "parsed and checked %s in %.1f ms", ", ".join(defs), (time.perf_counter() - start) * 1e3
+        )
+        with self._lock:
+            for name in defs:
+                self._kernels = {k: v for k, v in self._kernels.items() if k[0] != name}
+                self._forget(name)
+            self._defs.update(defs)
+            for name in defs:
+                self._entries[name] = self._entry_function(name)
+            self._sources.append((source, filename))
         return tuple(defs)
+
+    def _forget(self, name: str | None = None) -> None:
+        """Forget what calls of `name` (of every def when None) resolved to."""
+        self._resolved = {k: v for k, v in self._resolved.items() if name not in (None, k[0])}
+        self._calls = {k: v for k, v in self._calls.items() if name not in (None, k[0])}
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -96,14 +141,22 @@ class ExecutionEngine:
         entry: str,
         *inputs: Any,
         config: TunerConfig | None = None,
-        starting_options: MappingOptions | None = None,
+        starting_options: OptionsArg = None,
     ) -> TuneResult:
         """Search the mapping options of `entry` for the shapes and dtypes of `inputs`
         (which every candidate is checked and timed on); the best are stored, and later
-        calls with those shapes, in this process and later ones, use them."""
+        calls with those shapes, in this process and later ones, use them.
+        `starting_options` (as `run` takes options) joins the search's first
+        generation."""
         from tcpy.genetic.tuner import tune
 
-        return tune(self, entry, inputs, config, starting_options)
+        start = None
+        if starting_options is not None:
+            cdef = self.checked(entry)
+            start = MappingOptions.resolve(
+                starting_options, lambda: self._target.default_options(cdef)
+            )
+        return tune(self, entry, inputs, config, start)
 
     def tuned_options(self, entry: str, *inputs: Any) -> MappingOptions | None:
         """The stored tuned options of `entry` for these shapes on this target and
@@ -131,7 +184,7 @@ class ExecutionEngine:
         }
         key = tuned_key(result.definition, result.inputs, result.target, result.device)
         self._tuned.put(key, record)
-        self._resolved.clear()  # calls without options now resolve to the tuned options
+        self._forget()  # calls without options now resolve to the tuned options
 
     def load_tuned(self, path: str | Path) -> None:
         """Import tuned options saved with `TuneResult.save` (on this or another
@@ -143,70 +196,187 @@ class ExecutionEngine:
         except (OSError, ValueError, KeyError, TypeError, TCError) as e:
             raise TCError(f"cannot load tuned options from {path}: {e}") from None
         self._tuned.put(key, record)
-        self._resolved.clear()  # calls without options now resolve to the tuned options
+        self._forget()  # calls without options now resolve to the tuned options
 
     def _tuned_key(self, cdef: CheckedDef, binding: Binding) -> str:
         return tuned_key(canonical(cdef), _signature(binding), self.target, self.device())
 
     def run(
-        self, entry: str, *inputs: Any, options: MappingOptions | None = None
-    ) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run `entry` on `inputs`; one output is returned bare, several as a tuple."""
-        compiled, binding = self._compile(entry, inputs, options)
-        return compiled.run(binding)
+        self,
+        entry: str,
+        *inputs: Any,
+        options: OptionsArg = None,
+        out: Any = None,
+    ) -> Any:
+        """Run `entry` on `inputs`; one output is returned bare, several as a tuple, in
+        the library of the inputs (`tcpy.arrays`). `options`: complete `MappingOptions`,
+        or a dict (or JSON object text) of the fields to change on the target's
+        defaults for `entry`, or a preset name; None: the tuned options for these
+        shapes if any, else the target's defaults. `out`: arrays to write the outputs
+        into (one, or a tuple of one per output) and return."""
+        hit = self._known_call(entry, inputs, options)
+        compiled, binding = hit if hit is not None else self._compile(entry, inputs, options)
+        return compiled.call(binding, inputs, out)
 
-    def compile(self, entry: str, *inputs: Any, options: MappingOptions | None = None) -> Compiled:
+    def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
-        first request, then reused from memory or from the disk cache)."""
+        first request, then reused from memory or from the disk cache); `options` as
+        for `run`."""
         return self._compile(entry, inputs, options)[0]
 
+    def _known_call(
+        self, entry: str, inputs: tuple[Any, ...], options: OptionsArg
+    ) -> tuple[Compiled, Binding] | None:
+        """The kernel and binding of a call whose NumPy inputs have the shapes and
+        dtypes of an earlier call with the same options: those were checked then, and
+        every check of a call depends only on them."""
+        if options is not None and not isinstance(options, MappingOptions):
+            return None
+        signature = _plain_signature(inputs)
+        known = self._calls.get((entry, options, signature)) if signature is not None else None
+        if known is None:
+            return None
+        self._session.stats.memory_hits += 1
+        return known[0], Binding(inputs, known[1])
+
     def _compile(
-        self, entry: str, inputs: tuple[Any, ...], options: MappingOptions | None
+        self, entry: str, inputs: tuple[Any, ...], given: OptionsArg
     ) -> tuple[Compiled, Binding]:
         cdef = self.checked(entry)
         try:
             binding = bind(cdef, inputs)
             signature = signature_key(binding.arrays)
-            if options is None:
-                # the kernel this signature resolved to (tuned options for these shapes,
+            if given is None:
+                # the options this signature resolves to (tuned ones for these shapes,
                 # else the target's), remembered until a redefinition or a tuning
-                known = self._resolved.get((entry, signature))
-                if known is not None:
-                    self._session.stats.memory_hits += 1
-                    signature = _signature_of(known, binding)
-                    return Compiled(cdef, known.options, known, signature), binding
-                tuned = self._tuned.get(self._tuned_key(cdef, binding))
-                resolved = self._compile(entry, inputs, tuned or self._target.default_options(cdef))
-                self._resolved[(entry, signature)] = resolved[0]._kernel
-                return resolved
+                options = self._resolved.get((entry, signature))
+                if options is None:
+                    tuned = self._tuned.get(self._tuned_key(cdef, binding))
+                    options = tuned or self._target.default_options(cdef)
+                    self._resolved[(entry, signature)] = options
+            else:
+                options = MappingOptions.resolve(given, lambda: self._target.default_options(cdef))
             if binding.on_device and not self._target.accepts_device_arrays:
                 raise TCInputError(
-                    f"the {self.target} target takes NumPy arrays, and an input of "
+                    f"the {self.target} target takes host arrays, and an input of "
                     f"{entry} is in GPU memory; use the cuda target or copy it to the host"
                 )
-            key = (entry, signature, options.to_json())
-            # a size-generic kernel serves every shape of its inputs' ranks and dtypes
-            generic = (entry, generic_signature_key(binding.arrays), key[2])
-            kernel = self._kernels.get(key)
-            if kernel is None and self._target.generic_kernels:
-                kernel = self._kernels.get(generic)
-            if kernel is None:
-                kernel = self._target.prepare(cdef, binding, options, self._session)
-                self._kernels[generic if kernel.generic else key] = kernel
-            else:
-                self._session.stats.memory_hits += 1
+            kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
             raise e.with_source(cdef.source) from None
-        return Compiled(cdef, kernel.options, kernel, _signature_of(kernel, binding)), binding
+        compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
+        plain = _plain_signature(inputs)
+        if plain is not None and (given is None or isinstance(given, MappingOptions)):
+            if len(self._calls) >= _KNOWN_CALLS:
+                self._calls.clear()
+            self._calls[(entry, given, plain)] = (compiled, binding.sizes)
+        return compiled, binding
+
+    def _kernel(
+        self, cdef: CheckedDef, binding: Binding, signature: Any, options: MappingOptions
+    ) -> Kernel:
+        """The kernel for these options and shapes: from memory, else prepared by the
+        target (from the disk cache or compiled), once: a call that needs a kernel
+        another thread is preparing waits for it."""
+        key = (cdef.name, signature, options.to_json())
+        # a size-generic kernel serves every shape of its inputs' ranks and dtypes
+        generic = (cdef.name, generic_signature_key(binding.arrays), key[2])
+        wants_generic = (
+            self._target.generic_kernels and not options.fix_parameters_before_scheduling
+        )
+        while True:
+            with self._lock:
+                kernel = self._kernels.get(key)
+                if kernel is None and self._target.generic_kernels:
+                    kernel = self._kernels.get(generic)
+                if kernel is not None:
+                    self._session.stats.memory_hits += 1
+                    return kernel
+                building = generic if wants_generic else key
+                pending = self._building.get(building)
+                if pending is None:
+                    reason = self._reason(key)
+                    pending = self._building[building] = Future()
+                    break
+            pending.result()  # raises what the preparing thread raised
+        try:
+            kernel = self._prepare(cdef, binding, options, reason)
+            with self._lock:
+                self._kernels[generic if kernel.generic else key] = kernel
+            pending.set_result(None)
+        except BaseException as e:
+            pending.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                del self._building[building]
+        return kernel
+
+    def _reason(self, key: tuple[str, Any, str]) -> str:
+        """Why a kernel is prepared: what its def's other kernels in memory lack."""
+        mine = [k for k in self._kernels if k[0] == key[0]]
+        if any(k[2] == key[2] for k in mine):
+            return "new shapes"
+        if any(k[1] == key[1] for k in mine):
+            return "new options"
+        return "first call" if not mine else "new shapes and options"
+
+    def _prepare(
+        self, cdef: CheckedDef, binding: Binding, options: MappingOptions, reason: str
+    ) -> Kernel:
+        start = time.perf_counter()
+        with log.timed() as stages:
+            kernel = self._target.prepare(cdef, binding, options, self._session)
+        if _log.isEnabledFor(logging.INFO):
+            how = "compiled" if stages else "loaded from the disk cache"
+            shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in binding.arrays)
+            _log.info(
+                "%s(%s) on %s: %s (%s) in %.1f ms%s%s",
+                cdef.name, shapes, self.target, how, reason,
+                (time.perf_counter() - start) * 1e3,
+                ": " if stages else "", log.stage_summary(stages),
+            )  # fmt: skip
+        return kernel
+
+    def _entry_function(self, name: str) -> Callable[..., Any]:
+        """`engine.<name>`: a function with the def's signature and a docstring."""
+        cdef = self._defs[name]
+
+        def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
+            return self.run(name, *inputs, options=options, out=out)
+
+        kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
+        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(t.name, kinds[0]) for t in cdef.inputs]
+            + [inspect.Parameter(p, kinds[1], default=None) for p in ("options", "out")]
+        )
+        call.__name__ = call.__qualname__ = name
+        call.__doc__ = _docstring(cdef, self.target)
+        return call
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        defs = self.__dict__.get("_defs", {})
-        if name in defs:
-            return lambda *inputs, options=None: self.run(name, *inputs, options=options)
+        entries = self.__dict__.get("_entries", {})
+        if name in entries:
+            return entries[name]
         raise AttributeError(f"{type(self).__name__} has no attribute or def {name!r}")
 
     def __dir__(self) -> list[str]:
         return [*super().__dir__(), *self._defs]
+
+    def __repr__(self) -> str:
+        defs = ", ".join(self._defs) or "none"
+        return (
+            f"ExecutionEngine(target={self.target!r}, defs: {defs}, kernels: {len(self._kernels)})"
+        )
+
+    # --- pickling: the definitions and the target travel, kernels are loaded again --
+    def __getstate__(self) -> dict[str, Any]:
+        return {"target": self.target, "_target": self._target, "sources": self._sources}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["target"], state["_target"])
+        for source, filename in state["sources"]:
+            self.define(source, filename)
 
 
 class Compiled:
@@ -216,11 +386,22 @@ class Compiled:
     dtypes it was compiled for, or, when `.generic`, any shapes of those ranks and
     dtypes."""
 
-    def __init__(self, cdef: CheckedDef, options: MappingOptions, kernel: Kernel, signature: Any):
+    def __init__(
+        self, cdef: CheckedDef, kernel: Kernel, signature: Any, sizes: Mapping[str, int]
+    ) -> None:
         self.cdef = cdef
-        self.options = options
+        self.options = kernel.options
         self._kernel = kernel
         self._signature = signature
+        self._sizes = sizes
+        # where an unchecked call of a generic kernel reads each size: (input, dim)
+        self._size_dims = {
+            name: (k, d)
+            for k, info in reversed(list(enumerate(cdef.inputs)))
+            for d, dim in reversed(list(enumerate(info.shape)))
+            if not dim.is_const
+            for name in dim.symbols()
+        }
 
     @property
     def source(self) -> str:
@@ -237,8 +418,51 @@ class Compiled:
         (`fix_parameters_before_scheduling=False` on the cpu target)."""
         return self._kernel.generic
 
-    def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-        return self.run(self._bind(inputs))
+    def __call__(self, *inputs: Any, out: Any = None, unchecked: bool = False) -> Any:
+        """Run on `inputs` (`out` as for `ExecutionEngine.run`). With `unchecked=True`
+        nothing about the inputs is checked or converted: for hot loops that pass
+        C-contiguous NumPy arrays (GPU arrays on the cuda target) of exactly the
+        dtypes and shapes this kernel was compiled for, and `out` arrays of the
+        outputs' shapes that share no memory with the inputs. Anything else is
+        undefined: wrong results, or a crash."""
+        if unchecked:
+            binding = self._unchecked(inputs)
+            return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
+        return self.call(self._bind(inputs), inputs, out)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{a[1]}{list(a[0])}" for a in self._signature)
+        what = "any shapes of these ranks" if self.generic else "these shapes"
+        return f"<Compiled {self.cdef.name}({shapes}) for {what}, key {self.cache_key[:12] or '-'}>"
+
+    def call(self, binding: Binding, inputs: tuple[Any, ...], out: Any) -> Any:
+        """Run on inputs already bound (and checked) for this kernel's signature; the
+        outputs in the library of `inputs`, or written into `out`."""
+        try:
+            if out is None:
+                kind = kind_of(inputs)
+                outputs = self._kernel(binding)
+                return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
+            dests = bind_out(self.cdef, binding, out)
+            device = any(isinstance(d, DeviceInput) for d in dests)
+            if device and not getattr(self._kernel, "accepts_device_out", False):
+                raise TCInputError(
+                    f"out= is in GPU memory, and this kernel of {self.cdef.name} runs on "
+                    "the host; pass host arrays"
+                )
+            if overlaps_inputs(binding, dests):  # computed aside, then copied in
+                for dest, result in zip(dests, self._kernel(binding), strict=True):
+                    _copy_into(dest, result)
+            else:
+                self._kernel(binding, dests)
+            return _single(_tuple(out), out)
+        except TCError as e:
+            raise e.with_source(self.cdef.source) from None
+
+    def run(self, binding: Binding) -> Any:
+        """Run on inputs already bound (and checked) for this kernel's signature; the
+        outputs as NumPy arrays (or device arrays)."""
+        return self.call(binding, (), None)
 
     def profile(self, *inputs: Any) -> list[dict[str, Any]]:
         """Run once on the `cuda-emu` target, counting: one dict per kernel launch, with
@@ -267,13 +491,59 @@ class Compiled:
             )
         return binding
 
-    def run(self, binding: Binding) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run on inputs already bound (and checked) for this kernel's signature."""
-        try:
-            outputs = self._kernel(binding)
-        except TCError as e:
-            raise e.with_source(self.cdef.source) from None
-        return outputs[0] if len(outputs) == 1 else outputs
+    def _unchecked(self, inputs: tuple[Any, ...]) -> Binding:
+        if not self._kernel.generic:
+            return Binding(inputs, self._sizes)
+        sizes = {name: inputs[k].shape[d] for name, (k, d) in self._size_dims.items()}
+        return Binding(inputs, sizes)
+
+
+_KNOWN_CALLS = 4096  # the calls remembered for the fast path, per engine
+
+
+def _plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The shapes and dtypes of a call's inputs when all are C-contiguous NumPy arrays
+    (which binding uses as they are), else None."""
+    signature = []
+    for a in inputs:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            return None
+        signature.append((a.shape, a.dtype))
+    return tuple(signature)
+
+
+def _tuple(out: Any) -> tuple[Any, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _single(outputs: tuple[Any, ...], out: Any) -> Any:
+    """One output bare, several as a tuple (`out` as the caller gave it)."""
+    if out is not None:
+        return out
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _copy_into(dest: Any, result: Any) -> None:
+    if isinstance(dest, np.ndarray):
+        np.copyto(dest, result if isinstance(result, np.ndarray) else result.get())
+    else:
+        raise TCInputError("out= in GPU memory shares memory with an input; give a separate array")
+
+
+def _docstring(cdef: CheckedDef, target: str) -> str:
+    def shape(t: Any) -> str:
+        return f"{t.scalar.value}({', '.join(map(str, t.shape))})"
+
+    inputs = "\n".join(f"    {t.name}: {shape(t)}" for t in cdef.inputs)
+    outputs = "\n".join(f"    {t.name}: {shape(t)}" for t in cdef.outputs)
+    body = "\n".join(f"    {st.text}" for st in cdef.statements)
+    returns = "the output" if len(cdef.outputs) == 1 else "a tuple of the outputs"
+    return (
+        f"Run the TC def {cdef.name} on the {target} target; returns {returns}.\n\n"
+        f"Inputs:\n{inputs}\n\nOutputs:\n{outputs}\n\nStatements:\n{body}\n\n"
+        "Keyword arguments: options (MappingOptions, a dict of fields to change on the "
+        "target's defaults, or a preset name) and out (arrays to write the outputs into)."
+    )
 
 
 def _signature_of(kernel: Kernel, binding: Binding) -> tuple[Any, ...]:

@@ -128,9 +128,10 @@ class TCEmulationError(TCLaunchError):
     access, a shared-memory race, a divergent barrier or an incomplete warp operation."""
 
 
-class TCInputError(TCError):
+class TCInputError(TCError, ValueError):
     """The inputs of a call do not fit the definition (count, rank, dtype, sizes),
-    or their values make the computation undefined (an index out of range)."""
+    or their values make the computation undefined (an index out of range). Also a
+    `ValueError`, so that generic handlers of bad arguments catch it."""
 
 
 class TCWarning(UserWarning):

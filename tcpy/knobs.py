@@ -19,6 +19,8 @@
 - `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
   before tcpy stops it and falls back to a cheaper one (default 2; all of a compile's
   isl analyses stop after two and a half times that).
+- `TCPY_LOG`: `debug`, `info`, `warning` or `error`: log the `tcpy` loggers at that
+  level on stderr (`tcpy.log`; default: no handler, as for any library).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tcpy.errors import TCLaunchError
+from tcpy.errors import TCError, TCLaunchError
 
 
 def cache_dir() -> Path | None:
@@ -53,10 +55,24 @@ def verify_schedules() -> bool:
     return os.environ.get("TCPY_VERIFY") == "1"
 
 
+# What os.environ stores on POSIX CPython, kept in step by every change made through
+# os.environ: the knobs read at each kernel call look there, as os.environ.get costs
+# a few microseconds for a name that is not set (it raises and catches a KeyError).
+_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _call_knob(name: str, key: bytes) -> str:
+    """The value of `name` (`key` is its bytes), read at each call; "" when unset."""
+    if _ENVIRON is not None:
+        value = _ENVIRON.get(key)
+        return os.fsdecode(value) if value is not None else ""
+    return os.environ.get(name, "")
+
+
 def poison_buffers() -> bool:
     """`TCPY_POISON=1` fills the buffers that are not zero-filled (tensors a kernel
     writes whole) with all-ones bytes, so that an element left unwritten shows."""
-    return os.environ.get("TCPY_POISON") == "1"
+    return _call_knob("TCPY_POISON", b"TCPY_POISON") == "1"
 
 
 def emu_check() -> bool:
@@ -99,14 +115,14 @@ def cpu_threads(asked: int = 0) -> int | None:
     OpenMP skips it."""
     if asked > 0:
         return asked
-    value = os.environ.get("TCPY_NUM_THREADS", "").strip()
+    value = _call_knob("TCPY_NUM_THREADS", b"TCPY_NUM_THREADS").strip()
     if value:
         if not value.isdigit() or int(value) == 0:
             raise TCLaunchError(
                 f"TCPY_NUM_THREADS={value!r}: the thread count must be a positive integer"
             )
         return int(value)
-    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    first = _call_knob("OMP_NUM_THREADS", b"OMP_NUM_THREADS").split(",")[0].strip()
     if first.isdigit() and int(first) > 0:
         return int(first)
     return None
@@ -118,3 +134,17 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level() -> str | None:
+    """The level `TCPY_LOG` names, upper-case for `logging`; None when unset. Another
+    value is an error, so that a typo does not silently log nothing."""
+    value = os.environ.get("TCPY_LOG", "").strip().lower()
+    if not value:
+        return None
+    if value not in _LOG_LEVELS:
+        raise TCError(f"TCPY_LOG={value!r}: the level must be one of {', '.join(_LOG_LEVELS)}")
+    return value.upper()

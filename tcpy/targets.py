@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,10 @@ from tcpy.reference import interpreter
 
 if TYPE_CHECKING:
     from tcpy.poly.scop import Scop
+
+
+# The destinations of `out=`, one per output, or None: new arrays.
+Outputs = tuple[Any, ...] | None
 
 
 class Kernel(Protocol):
@@ -58,7 +62,11 @@ class Kernel(Protocol):
         """The key of the kernel's disk-cache entry ("" for the reference target)."""
         ...
 
-    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]: ...
+    def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
+        """The outputs of the call: new arrays, or the destinations `out` (checked
+        by `tcpy.binding.bind_out`, on the side the kernel runs on, and sharing no
+        memory with the inputs), filled."""
+        ...
 
 
 @dataclass
@@ -86,8 +94,13 @@ class ReferenceKernel:
     generic: bool = False
     cache_key: str = ""
 
-    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
-        return interpreter.run(self.cdef, binding)
+    def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
+        results = interpreter.run(self.cdef, binding)
+        if out is None:
+            return results
+        for dest, result in zip(out, results, strict=True):
+            np.copyto(dest, result)
+        return out
 
 
 @dataclass(frozen=True)
@@ -114,37 +127,62 @@ class HostKernel:
     _scratch: threading.local = field(
         default_factory=threading.local, init=False, compare=False, repr=False
     )
+    # the shapes of the outputs and temporaries, by the values of the sizes
+    _shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
-    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
-        sizes, buffers, outputs = self._buffers(binding)
+    def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
+        sizes, buffers, outputs = self._buffers(binding, out)
         self.run(sizes, buffers)
         return outputs
 
     def _buffers(
-        self, binding: Binding
+        self, binding: Binding, out: Outputs = None
     ) -> tuple[list[int], list[np.ndarray], tuple[np.ndarray, ...]]:
         """The sizes and buffers of a call, and its outputs (among the buffers)."""
         cdef = self.cdef
-        outputs = [self._output(t, binding) for t in cdef.outputs]
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        return sizes, [*binding.host_arrays, *outputs, *self._temporaries(binding)], tuple(outputs)
+        shapes = self._shapes.get(tuple(sizes))
+        if shapes is None:
+            if len(self._shapes) >= 256:
+                self._shapes.clear()
+            shapes = [binding.shape_of(t) for t in (*cdef.outputs, *cdef.temporaries)]
+            self._shapes[tuple(sizes)] = shapes
+        dests = out or (None,) * len(cdef.outputs)
+        poison = knobs.poison_buffers()
+        outputs = tuple(
+            self._output(t, shape, d, poison)
+            for t, shape, d in zip(cdef.outputs, shapes, dests, strict=False)
+        )
+        temporaries = self._temporaries(shapes[len(outputs) :], poison)
+        return sizes, [*binding.host_arrays, *outputs, *temporaries], outputs
 
-    def _output(self, tensor: TensorInfo, binding: Binding) -> np.ndarray:
-        shape, dtype = binding.shape_of(tensor), tensor.scalar.dtype
-        if tensor.name not in self.written:
+    def _output(
+        self, tensor: TensorInfo, shape: tuple[int, ...], dest: np.ndarray | None, poison: bool
+    ) -> np.ndarray:
+        written = tensor.name in self.written
+        if dest is not None:
+            if not written:
+                dest.fill(0)
+            elif poison:
+                dest.reshape(-1).view(np.uint8).fill(0xFF)
+            return dest
+        dtype = tensor.scalar.dtype
+        if not written:
             return np.zeros(shape, dtype)
-        if knobs.poison_buffers():
+        if poison:
             return _poisoned(shape, dtype)
         return np.empty(shape, dtype)
 
-    def _temporaries(self, binding: Binding) -> list[np.ndarray]:
+    def _temporaries(self, shapes: list[tuple[int, ...]], poison: bool) -> list[np.ndarray]:
         temporaries = self.cdef.temporaries
-        shapes = [binding.shape_of(t) for t in temporaries]
+        if not temporaries:
+            return []
         kept: list[np.ndarray] | None = getattr(self._scratch, "buffers", None)
         if kept is None or [b.shape for b in kept] != shapes:
             kept = [np.empty(s, t.scalar.dtype) for s, t in zip(shapes, temporaries, strict=True)]
             self._scratch.buffers = kept
-        poison = knobs.poison_buffers()
         for tensor, buffer in zip(temporaries, kept, strict=True):
             if tensor.name not in self.written:
                 buffer.fill(0)
@@ -422,8 +460,9 @@ class GpuKernels:
     options: MappingOptions
     generic: bool = False
     cache_key: str = ""
+    accepts_device_out: ClassVar[bool] = True
 
-    def __call__(self, binding: Binding) -> tuple[Any, ...]:
+    def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
         from tcpy.binding import DeviceInput
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime.status import check_status
@@ -431,10 +470,11 @@ class GpuKernels:
         drv = runtime.driver()
         cdef = self.cdef
         owned: list[int] = []
+        dests = out or (None,) * len(cdef.outputs)
 
-        def device_zeros(shape: tuple[int, ...], dtype: np.dtype) -> int:
+        def device_zeros(shape: tuple[int, ...], dtype: np.dtype, dest: Any = None) -> int:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            pointer = drv.alloc(nbytes)
+            pointer = dest.pointer if isinstance(dest, DeviceInput) else drv.alloc(nbytes)
             drv.zero(pointer, nbytes)
             return pointer
 
@@ -449,10 +489,11 @@ class GpuKernels:
                     drv.to_device(pointer, a)
                     pointers.append(pointer)
             results = []
-            for t in (*cdef.outputs, *cdef.temporaries):
+            tensors = (*cdef.outputs, *cdef.temporaries)
+            for t, dest in zip(tensors, (*dests, *(None,) * len(cdef.temporaries)), strict=True):
                 shape = binding.shape_of(t)
-                pointer = device_zeros(shape, t.scalar.dtype)
-                results.append((t, shape, pointer))
+                pointer = device_zeros(shape, t.scalar.dtype, dest)
+                results.append((t, shape, pointer, dest))
                 pointers.append(pointer)
             status = device_zeros((1,), np.dtype(np.int32))
             owned.append(status)
@@ -463,21 +504,32 @@ class GpuKernels:
             code = np.zeros(1, np.int32)
             drv.to_host(code, status)
             check_status(int(code[0]))
-            outputs: list[Any] = []
-            for t, shape, pointer in results:
-                if t.role is not Role.OUTPUT:
-                    owned.append(pointer)
-                elif binding.on_device:
-                    outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv))
-                else:
-                    host = np.empty(shape, t.scalar.dtype)
-                    drv.to_host(host, pointer)
-                    owned.append(pointer)
-                    outputs.append(host)
-            return tuple(outputs)
+            return tuple(self._collect(drv, binding, results, owned))
         finally:
             for pointer in owned:
                 drv.free(pointer)
+
+    @staticmethod
+    def _collect(drv: Any, binding: Binding, results: list[Any], owned: list[int]) -> list[Any]:
+        """The outputs: the destinations given (a host one copied into), else new
+        arrays on the device for device inputs, on the host for host inputs."""
+        from tcpy.binding import DeviceInput
+        from tcpy.runtime import cuda as runtime
+
+        outputs: list[Any] = []
+        for t, shape, pointer, dest in results:
+            if isinstance(dest, DeviceInput):
+                outputs.append(dest)
+            elif t.role is not Role.OUTPUT:
+                owned.append(pointer)
+            elif dest is not None or not binding.on_device:
+                host = np.empty(shape, t.scalar.dtype) if dest is None else dest
+                drv.to_host(host, pointer)
+                owned.append(pointer)
+                outputs.append(host)
+            else:
+                outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv))
+        return outputs
 
 
 class Cuda(Target):
@@ -554,7 +606,7 @@ class NoGpu:
     generic: bool = False
     cache_key: str = ""
 
-    def __call__(self, binding: Binding) -> tuple[np.ndarray, ...]:
+    def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
         from tcpy.runtime import cuda as runtime
 
         runtime.driver()  # raises the TCLaunchError that says why there is no GPU

@@ -8,6 +8,7 @@ may be stored into a tensor of another without a cast.
 from __future__ import annotations
 
 import enum
+import functools
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class ScalarType(enum.Enum):
     @property
     def dtype(self) -> np.dtype:
         """The NumPy dtype of tensors of this type."""
-        return np.dtype(self.value)
+        return _dtype(self.value)
 
     @property
     def compute(self) -> ScalarType:
@@ -114,3 +115,8 @@ def assignable(value: ScalarType, target: ScalarType) -> bool:
 def builtin_result(args: tuple[ScalarType, ...]) -> ScalarType:
     """Builtins compute in float, or in double if any argument is double."""
     return ScalarType.FLOAT64 if ScalarType.FLOAT64 in args else ScalarType.FLOAT32
+
+
+@functools.cache
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(name)

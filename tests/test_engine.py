@@ -149,7 +149,10 @@ def test_float_scalar_for_int_input_is_rejected() -> None:
 
 def test_non_array_input(engine: tcpy.ExecutionEngine) -> None:
     err = _call_error(engine, "mm", "text", np.ones((2, 2), np.float32))
-    assert "must be a NumPy array of float32, not str" in str(err)
+    assert (
+        "must be an array of float32 (NumPy, PyTorch, CuPy or any DLPack producer), not str"
+        in str(err)
+    )
 
 
 def test_empty_range_at_call_time(engine: tcpy.ExecutionEngine) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,16 +252,25 @@ class MappingOptions:
 
     @classmethod
     def from_json(cls, text: str) -> MappingOptions:
+        return cls.from_dict(cls._json_object(text))
+
+    @staticmethod
+    def _json_object(text: str) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise TCMappingError(f"mapping options are not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise TCMappingError("mapping options must be a JSON object")
-        return cls.from_dict(data)
+        return data
 
     def replace(self, **changes: Any) -> MappingOptions:
         return dataclasses.replace(self, **changes)
+
+    def layered(self, changes: Mapping[str, Any]) -> MappingOptions:
+        """These options with the fields `changes` names (in Python or JSON form, as
+        `from_dict` takes them) changed, the whole checked again."""
+        return MappingOptions.from_dict({**self.to_dict(), **changes})
 
     # --- presets ----------------------------------------------------------------------
     @classmethod
@@ -335,6 +345,26 @@ class MappingOptions:
             unroll=4,
             use_shared_memory=True,
         )
+
+    @classmethod
+    def resolve(
+        cls, given: MappingOptions | Mapping[str, Any] | str, defaults: Callable[[], MappingOptions]
+    ) -> MappingOptions:
+        """Options as a user gives them, complete: a `MappingOptions` as it is; a mapping,
+        or the text of a JSON object, of the fields to change on `defaults()` (the
+        target's default options for the def); or the name of a preset."""
+        if isinstance(given, MappingOptions):
+            return given
+        if isinstance(given, str):
+            if not given.lstrip().startswith("{"):
+                return cls.preset(given)
+            given = cls._json_object(given)
+        if not isinstance(given, Mapping):
+            raise TCMappingError(
+                "options must be MappingOptions, a dict of the fields to change, a JSON "
+                f"object or a preset name, not {type(given).__name__}"
+            )
+        return defaults().layered(given)
 
     @classmethod
     def preset(cls, name: str) -> MappingOptions:

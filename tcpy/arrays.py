@@ -1,0 +1,170 @@
+"""Arrays in and out of a call: what the caller passes, seen without a copy as NumPy
+arrays or GPU buffers, and the outputs handed back in the caller's kind.
+
+Inputs. A NumPy array is used as it is (copied only when it is not C-contiguous). A
+PyTorch tensor on the CPU is seen as a NumPy array over the same memory; one on the
+GPU, a CuPy array or anything else with `__cuda_array_interface__` is a GPU buffer
+(for the `cuda` target). Any other object with `__dlpack__`, and a bare DLPack
+capsule, is imported through DLPack: host memory as a NumPy array, GPU memory
+through PyTorch or CuPy, whichever is installed. A tensor that requires a gradient is
+refused: tcpy kernels have no backward.
+
+Outputs. The first input that is a PyTorch tensor or a CuPy array decides the kind
+of the outputs: PyTorch in gives PyTorch out, on the device the outputs are on
+(`torch.from_numpy` on the host, `torch.as_tensor` on the GPU: no copy either way);
+CuPy gives CuPy. NumPy arrays, Python scalars and other DLPack producers give NumPy
+arrays (or, for GPU inputs of another kind, `DeviceArray`s, which every GPU library
+takes without a copy).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Any
+
+import numpy as np
+
+from tcpy.errors import TCInputError
+
+
+class Kind(enum.Enum):
+    """The array library of a call's inputs, which its outputs are returned in."""
+
+    NUMPY = "numpy"
+    TORCH = "torch"
+    CUPY = "cupy"
+
+
+def library_of(value: Any) -> Kind:
+    module = type(value).__module__
+    if module.startswith("torch"):
+        return Kind.TORCH
+    if module.startswith("cupy"):
+        return Kind.CUPY
+    return Kind.NUMPY
+
+
+def kind_of(values: tuple[Any, ...]) -> Kind:
+    """The kind of the first input that is not a NumPy array (NUMPY when none is)."""
+    for value in values:
+        if type(value) is not np.ndarray:
+            kind = library_of(value)
+            if kind is not Kind.NUMPY:
+                return kind
+    return Kind.NUMPY
+
+
+def conversion_hint(value: Any, dtype: np.dtype) -> str:
+    """How to convert `value` to `dtype` in its own library."""
+    match library_of(value):
+        case Kind.TORCH:
+            return f"x.to(torch.{dtype.name})"
+        case Kind.CUPY:
+            return f"x.astype(cupy.{dtype.name})"
+        case _:
+            return f"x.astype(np.{dtype.name})"
+
+
+def check_no_grad(name: str, value: Any, what: str = "input") -> None:
+    if getattr(value, "requires_grad", False) is True:
+        raise TCInputError(
+            f"{what} {name} requires a gradient, and tcpy kernels have no backward; pass "
+            f"{name}.detach() (or run the call under torch.no_grad() if none is needed)"
+        )
+
+
+def host_view(name: str, value: Any, dtype: np.dtype) -> Any:
+    """`value` as a NumPy array over its memory, or an object with
+    `__cuda_array_interface__` for GPU memory; raises TCInputError for anything else."""
+    if hasattr(value, "__cuda_array_interface__"):
+        return value
+    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
+        return np.asarray(value)
+    if type(value).__name__ == "PyCapsule":
+        value = _Capsule(value)
+    if hasattr(value, "__dlpack__"):
+        return _from_dlpack(name, value)
+    raise TCInputError(
+        f"input {name} must be an array of {dtype} (NumPy, PyTorch, CuPy or any DLPack "
+        f"producer), not {type(value).__name__}"
+    )
+
+
+# DLPack device types (dlpack.h): the host, CUDA memory, CUDA host-pinned, managed.
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
+
+def _from_dlpack(name: str, value: Any) -> Any:
+    device_type = int(value.__dlpack_device__()[0])
+    if device_type in (_DL_CPU, _DL_CUDA_HOST):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, BufferError, RuntimeError) as e:
+            raise TCInputError(f"input {name} could not be imported through DLPack: {e}") from None
+    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        for library in ("torch", "cupy"):
+            try:
+                module = __import__(library)
+            except ImportError:
+                continue
+            return module.from_dlpack(value)
+        raise TCInputError(
+            f"input {name} is GPU memory given through DLPack; install PyTorch or CuPy "
+            "to import it, or pass a tensor with __cuda_array_interface__"
+        )
+    raise TCInputError(
+        f"input {name} is on DLPack device type {device_type}, not the host or a GPU"
+    )
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensorHead(ctypes.Structure):
+    """The start of DLPack's `DLTensor`, which an unversioned capsule points at."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class _Capsule:
+    """A bare DLPack capsule (`torch.utils.dlpack.to_dlpack`, older libraries) made a
+    DLPack producer, so that `np.from_dlpack` and the GPU libraries import it."""
+
+    def __init__(self, capsule: Any) -> None:
+        try:
+            head = _DLTensorHead.from_address(_capsule_pointer(capsule, b"dltensor"))
+        except ValueError:  # not a DLPack capsule, or one already used
+            raise TCInputError(
+                "a capsule given as an input is not an unused DLPack tensor"
+            ) from None
+        self._capsule = capsule
+        self._device = (head.device.device_type, head.device.device_id)
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def wrap(outputs: tuple[Any, ...], kind: Kind) -> tuple[Any, ...]:
+    """The outputs in the library of the inputs (`kind`), without copies."""
+    if kind is Kind.NUMPY:
+        return outputs
+    if kind is Kind.TORCH:
+        import torch
+
+        return tuple(
+            torch.from_numpy(o) if isinstance(o, np.ndarray) else torch.as_tensor(o, device="cuda")
+            for o in outputs
+        )
+    import cupy
+
+    return tuple(o if isinstance(o, np.ndarray) else cupy.asarray(o) for o in outputs)
