@@ -25,11 +25,14 @@ from tcpy.errors import (
     TCWarning,
 )
 from tcpy.genetic.tuner import TunerConfig, TuneResult
+from tcpy.log import configure as configure_logging
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.types import ScalarType
 
 __version__ = "0.1.0"
+
+configure_logging()  # TCPY_LOG=info|debug: the tcpy loggers on stderr
 
 __all__ = [
     "CheckedDef",

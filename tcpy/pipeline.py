@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy import knobs
+from tcpy import knobs, log
 from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import print_c
 from tcpy.codegen.cuda import print_cuda
@@ -58,15 +58,17 @@ def lower_to_c(
     scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
-    with isl_errors(f"mapping {cdef.name} to the CPU"):
+    with log.stage("map"), isl_errors(f"mapping {cdef.name} to the CPU"):
         schedule = map_to_cpu(
             analysis.schedule, scop, deps, options, vector_bytes=runtime.vector_bytes()
         )
-    _verify(check, schedule, scop, deps)
+        _verify(check, schedule, scop, deps)
     # 5. isl's AST generator turns the schedule tree into loops.
-    ast = build_ast(scop, schedule)
+    with log.stage("ast"):
+        ast = build_ast(scop, schedule)
     # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
-    source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
+    with log.stage("print"):
+        source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
     return Lowered(
         cdef, options, scop, deps, schedule, ast, source,
         analysis.fallbacks, analysis.clock_forced,
@@ -99,21 +101,23 @@ def lower_to_cuda(
     scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
-    with isl_errors(f"mapping {cdef.name} to the GPU"):
+    with log.stage("map"), isl_errors(f"mapping {cdef.name} to the GPU"):
         mapping = map_to_gpu(analysis.schedule, scop, options, device)
-    _verify(check, mapping.unbound, scop, deps)
+        _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
-    asts = tuple(
-        build_ast(
-            scop,
-            mapping.schedule.intersect_domain(k.domain),
-            mapping.context(scop, k),
-            grouped=True,
+    with log.stage("ast"):
+        asts = tuple(
+            build_ast(
+                scop,
+                mapping.schedule.intersect_domain(k.domain),
+                mapping.context(scop, k),
+                grouped=True,
+            )
+            for k in mapping.kernels
         )
-        for k in mapping.kernels
-    )
     # 6. The CUDA printer: one __global__ function per kernel.
-    source = print_cuda(scop, mapping, list(asts), options, fixed)
+    with log.stage("print"):
+        source = print_cuda(scop, mapping, list(asts), options, fixed)
     return LoweredCuda(
         cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced
     )
@@ -125,8 +129,9 @@ def _analyse(
     """The stages every target shares: the scop (parametric, or at the call's sizes),
     every order the program's meaning depends on, and isl's choice of loop order and
     fusion under the fusion strategy; each isl step bounded in time, with fallbacks."""
-    analysis = analyse(cdef, sizes, options)
-    _verify(check, analysis.schedule, analysis.scop, analysis.deps)
+    with log.stage("schedule"):
+        analysis = analyse(cdef, sizes, options)
+        _verify(check, analysis.schedule, analysis.scop, analysis.deps)
     return analysis
 
 

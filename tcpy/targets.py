@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from tcpy import cache, knobs
+from tcpy import cache, knobs, log
 from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
@@ -247,7 +247,8 @@ class Cpu(Target):
         def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_c(cdef, binding.sizes, options)
             (directory / "kernel.c").write_text(lowered.source)
-            runtime.build(directory / "kernel.c", directory / "kernel.so")
+            with log.stage("cc"):
+                runtime.build(directory / "kernel.c", directory / "kernel.so")
             record = _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
             if generic and lowered.options.fix_parameters_before_scheduling:
                 record["cache"] = False  # fell back to these sizes: not for every shape
@@ -346,7 +347,8 @@ class CudaEmu(Target):
                 emulator.launcher(k.index, params, len(cdef.size_symbols), lowered.source)
                 for k in lowered.mapping.kernels
             )
-            emulator.build(lowered.source, launchers, directory, instrumented)
+            with log.stage("c++"):
+                emulator.build(lowered.source, launchers, directory, instrumented)
             _write_launches(directory, lowered.mapping)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
@@ -576,7 +578,9 @@ class Cuda(Target):
         def build(directory: Path) -> dict[str, Any]:
             lowered = lower_to_cuda(cdef, binding.sizes, options, device=profile)
             (directory / "kernel.cu").write_text(lowered.source)
-            (directory / "kernel.cubin").write_bytes(nvrtc.compile_cubin(lowered.source, arch))
+            with log.stage("nvrtc"):
+                cubin = nvrtc.compile_cubin(lowered.source, arch)
+            (directory / "kernel.cubin").write_bytes(cubin)
             _write_launches(directory, lowered.mapping)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 

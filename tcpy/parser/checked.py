@@ -113,6 +113,15 @@ class CheckedDef:
     span: Span
     source: str
 
+    def __repr__(self) -> str:
+        def param(t: TensorInfo) -> str:
+            dims = ",".join(map(str, t.shape))
+            return f"{t.scalar.value}({dims}) {t.name}" if dims else f"{t.scalar.value} {t.name}"
+
+        inputs = ", ".join(param(t) for t in self.inputs)
+        outputs = ", ".join(t.name for t in self.outputs)
+        return f"CheckedDef(def {self.name}({inputs}) -> ({outputs}))"
+
     def tensor(self, name: str) -> TensorInfo:
         for t in self.inputs + self.outputs + self.temporaries:
             if t.name == name:
