@@ -421,8 +421,8 @@ class Compiled:
     def __call__(self, *inputs: Any, out: Any = None, unchecked: bool = False) -> Any:
         """Run on `inputs` (`out` as for `ExecutionEngine.run`). With `unchecked=True`
         nothing about the inputs is checked or converted: for hot loops that pass
-        C-contiguous NumPy arrays (GPU arrays on the cuda target) of exactly the
-        dtypes and shapes this kernel was compiled for, and `out` arrays of the
+        C-contiguous NumPy arrays of exactly the dtypes and shapes this kernel was
+        compiled for, and `out` arrays of the
         outputs' shapes that share no memory with the inputs. Anything else is
         undefined: wrong results, or a crash."""
         if unchecked:

@@ -1,0 +1,119 @@
+"""Per-call overhead: what a call of a tiny kernel costs in Python, beside the kernel.
+
+    python bench/overhead.py [--tag NAME] [--out bench/results]
+
+A 16-element `C(i) = A(i) + B(i)` on the `cpu` target, compiled once. Timed, as the
+best of 7 rounds of 20,000 calls each: the compiled C function called directly through
+ctypes with prebuilt arguments (the kernel itself: an OpenMP region), then every way
+to call it from Python: `engine.add(a, b)`, with `out=`, the compiled kernel, and the
+compiled kernel with `unchecked=True` (with and without `out=`). The overhead of a
+path is its time less the direct call's; NumPy's `np.add` on the same arrays is shown
+for scale. Also `import tcpy` in a fresh interpreter (best of 5).
+
+It runs against whichever tcpy is importable (`PYTHONPATH=<checkout>` to measure
+another), skipping the paths that tcpy lacks. Results go to
+`bench/results/overhead-<date>[-<tag>].json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROUNDS, CALLS = 7, 20_000
+
+
+def best_us(fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        best = min(best, (time.perf_counter() - start) / CALLS)
+    return best * 1e6
+
+
+def import_seconds() -> float:
+    code = "import time; t = time.perf_counter(); import tcpy; print(time.perf_counter() - t)"
+    runs = [
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout)
+        for _ in range(5)
+    ]  # fmt: skip
+    return min(runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+
+    import tcpy
+    from tcpy.runtime import cpu as runtime
+
+    os.environ.pop("TCPY_POISON", None)
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+    a, b, c = (np.ones(16, np.float32) for _ in range(3))
+    engine.add(a, b)
+    kernel = engine.compile("add", a, b)
+    library = kernel._kernel.run
+    sizes = (ctypes.c_int64 * 1)(16)
+    buffers = (ctypes.c_void_p * 3)(a.ctypes.data, b.ctypes.data, c.ctypes.data)
+    threads = runtime.threads_now(0)
+
+    direct = best_us(lambda: library._fn(sizes, buffers, threads))
+    paths: dict[str, Callable[[], object]] = {
+        "engine.add(a, b)": lambda: engine.add(a, b),
+        "engine.add(a, b, out=c)": lambda: engine.add(a, b, out=c),
+        "kernel(a, b)": lambda: kernel(a, b),
+        "kernel(a, b, unchecked=True)": lambda: kernel(a, b, unchecked=True),
+        "kernel(a, b, out=c, unchecked=True)": lambda: kernel(a, b, out=c, unchecked=True),
+    }
+    rows = []
+    print(
+        f"kernel called directly: {direct:.1f} us; np.add: {best_us(lambda: np.add(a, b)):.1f} us"
+    )
+    for name, fn in paths.items():
+        try:
+            fn()
+        except TypeError:  # a path this tcpy does not have
+            continue
+        total = best_us(fn)
+        rows.append(
+            {"path": name, "call_us": round(total, 2), "overhead_us": round(total - direct, 2)}
+        )
+        print(f"{name:38} {total:7.1f} us   overhead {total - direct:6.1f} us")
+    seconds = import_seconds()
+    print(f"import tcpy: {seconds * 1e3:.0f} ms")
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "tcpy_source": str(Path(tcpy.__file__).parent),
+        "rounds": ROUNDS, "calls_per_round": CALLS,
+        "direct_call_us": round(direct, 2), "paths": rows,
+        "import_tcpy_s": round(seconds, 3),
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.tag}" if args.tag else ""
+    path = args.out / f"overhead-{record['date']}{suffix}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
