@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -160,9 +161,15 @@ class CpuKernel:
         self.threads = threads
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
-        c_sizes = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
-        c_buffers = (ctypes.c_void_p * max(1, len(buffers)))(*map(address, buffers))
+        c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
+        c_buffers = _array_type(ctypes.c_void_p, len(buffers))(*map(address, buffers))
         check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads)))
+
+
+@functools.cache
+def _array_type(element: Any, length: int) -> Any:
+    """The ctypes array type of `length` elements (at least one), made once."""
+    return element * max(1, length)
 
 
 def address(array: np.ndarray) -> int:
