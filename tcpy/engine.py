@@ -12,7 +12,7 @@ import datetime
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,12 +21,14 @@ from tcpy.binding import Binding, bind, generic_signature_key, signature_key
 from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
 from tcpy.genetic.store import TunedStore, tuned_key
-from tcpy.genetic.tuner import TunerConfig, TuneResult
 from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
 from tcpy.targets import Kernel
+
+if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
+    from tcpy.genetic.tuner import TunerConfig, TuneResult
 
 
 class ExecutionEngine:
