@@ -231,6 +231,26 @@ def test_compile_target_and_emit_cuda(
     assert fragment in out and "#include" not in out  # not the C
 
 
+def test_compile_without_a_toolchain_prints_the_code_without_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tcpy.errors import TCCompileError
+    from tcpy.runtime import cpu
+
+    def no_compiler(source: Path, library: Path) -> None:
+        raise TCCompileError("cc: not found")
+
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path / "cache"))  # no entry to find
+    monkeypatch.setattr(cpu, "build", no_compiler)
+    assert main(["compile", str(ROOT / "examples/matmul.tc")]) == 0
+    captured = capsys.readouterr()
+    assert "// cache key: none (not built)\n" in captured.out
+    assert "int tc_kernel(" in captured.out  # the code, lowered without the build
+    assert "warning: the kernel did not build, so it has no cache key: cc: not found" in (
+        captured.err
+    )
+
+
 def test_compile_gpu_flag_is_deprecated(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compile", str(ROOT / "examples/matmul.tc"), "--gpu"]) == 0
     captured = capsys.readouterr()
