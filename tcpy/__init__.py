@@ -8,6 +8,8 @@ C = engine.mm(A, B)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from tcpy.engine import Compiled, ExecutionEngine
 from tcpy.errors import (
     InternalError,
@@ -24,11 +26,13 @@ from tcpy.errors import (
     TCTypeError,
     TCWarning,
 )
-from tcpy.genetic.tuner import TunerConfig, TuneResult
 from tcpy.log import configure as configure_logging
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.types import ScalarType
+
+if TYPE_CHECKING:
+    from tcpy.genetic.tuner import TunerConfig, TuneResult
 
 __version__ = "0.1.0"
 
@@ -58,3 +62,13 @@ __all__ = [
     "TunerConfig",
     "check_source",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`TunerConfig` and `TuneResult`, imported at first use: the tuner (and the
+    libraries it loads) are not needed to compile and run kernels."""
+    if name in ("TunerConfig", "TuneResult"):
+        from tcpy.genetic import tuner
+
+        return getattr(tuner, name)
+    raise AttributeError(f"module 'tcpy' has no attribute {name!r}")

@@ -1,204 +1,182 @@
-"""The `tcpy` command: check TC files, run and tune their definitions on random inputs.
+"""The `tcpy` command: check, compile, run and tune Tensor Comprehensions.
 
 tcpy check FILE.tc
-tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--seed S]
+tcpy compile FILE.tc [--entry NAME] [--sizes M=64] [--target T] [--emit c|cuda|schedule|ast]
+tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--repeat N] [--check]
 tcpy tune FILE.tc [--entry NAME] [--sizes M=512,N=512] [--generations G] [--population P]
                   [--workers W] [--seed S] [--plot OUT.png] [--save BEST.json]
+
+FILE is `-` for standard input. This module is the parser and the entry point; what
+each command does is in `tcpy.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
-import math
+import os
 import sys
-import time
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tcpy import targets
-from tcpy.codegen.naming import user_text
-from tcpy.engine import ExecutionEngine
+from tcpy import __version__, commands, targets
 from tcpy.errors import TCError
-from tcpy.genetic.tuner import TUNABLE_TARGETS, TunerConfig, TuneResult
-from tcpy.inputs import random_inputs, resolve_sizes
-from tcpy.mapping.options import MappingOptions
-from tcpy.runtime import profile
-from tcpy.sandbox import Failure
+from tcpy.mapping.options import PRESETS
+
+EXAMPLES = {
+    "check": ["tcpy check examples/matmul.tc"],
+    "compile": [
+        "tcpy compile examples/matmul.tc --sizes M=64,N=64,K=64 > matmul.c",
+        "tcpy compile examples/matmul.tc --sizes M=64,N=64,K=64 --target cuda --emit cuda",
+        "tcpy compile examples/matmul.tc --emit schedule",
+    ],
+    "run": [
+        "tcpy run examples/matmul.tc --sizes M=256,N=256,K=256 --repeat 20 --check",
+        "tcpy run examples/matmul.tc --options mlp",
+        "tcpy run examples/matmul.tc --options '{\"unroll\": 2}'",
+        "tcpy run examples/matmul.tc --options best.json",
+        "echo 'def f(float(N) X) -> (Y) { Y(i) = 2 * X(i) }' | tcpy run - --sizes N=8",
+        "tcpy run examples/matmul.tc --target cuda-emu --profile",
+    ],
+    "tune": [
+        "tcpy tune examples/matmul.tc --sizes M=512,N=512,K=512 --save best.json --plot tune.png"
+    ],
+}
+
+OPTIONS_HELP = (
+    f"mapping options: a preset ({', '.join(PRESETS)}); a JSON object of the fields to "
+    "change on the target's defaults for the def, e.g. '{\"unroll\": 2}'; or a JSON file "
+    "holding such an object (or a result of tcpy tune --save)"
+)
+FILE_HELP = "the TC source file, or - to read it from standard input"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tcpy", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="parse and check a TC file")
-    check.add_argument("file", type=Path)
-    run = sub.add_parser("run", help="run a def on random inputs")
-    run.add_argument("file", type=Path)
-    run.add_argument("--entry", help="the def to run (default: the only one)")
-    run.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
-    run.add_argument("--target", choices=sorted(targets.TARGETS),
-                     help="where to run (default: cuda with a GPU, else cpu)")  # fmt: skip
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--options", help=OPTIONS_HELP)
-    run.add_argument("--profile", action="store_true",
-                     help="count each launch's memory traffic (cuda-emu): a table against "
-                     "the bytes the def must move")  # fmt: skip
-    comp = sub.add_parser("compile", help="print the generated C, schedule tree or isl AST")
-    comp.add_argument("file", type=Path)
-    comp.add_argument("--entry", help="the def to compile (default: the only one)")
-    comp.add_argument("--sizes", default="", help="size values, e.g. M=64,N=32 (default 32)")
-    comp.add_argument("--emit", choices=("c", "schedule", "ast"), default="c",
-                      help="the generated code (C, or CUDA with --gpu), the schedule tree, "
-                      "or the isl AST")  # fmt: skip
-    comp.add_argument("--gpu", action="store_true", help="the CUDA mapping instead of the CPU one")
-    comp.add_argument("--options", help=OPTIONS_HELP)
-    _add_tune(sub)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        source = args.file.read_text()
+        if args.file == "-":
+            source, filename = sys.stdin.read(), "<stdin>"
+        else:
+            with open(args.file) as f:
+                source, filename = f.read(), args.file
     except OSError as e:
         print(f"tcpy: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
+    run: Callable[[str, str, argparse.Namespace], int] = {
+        "check": commands.check,
+        "compile": commands.compile_,
+        "run": commands.run,
+        "tune": commands.tune,
+    }[args.command]
     try:
-        if args.command == "check":
-            return _check(source, str(args.file))
-        if args.command == "compile":
-            return _compile(source, args)
-        if args.command == "tune":
-            return _tune(source, args)
-        return _run(source, args)
+        return run(source, filename, args)
     except TCError as e:
         print(f"error: {e}" if e.span is None else str(e), file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`tcpy compile ... | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
 
 
-def _check(source: str, filename: str) -> int:
-    engine = ExecutionEngine("reference")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        names = engine.define(source, filename)
-    for w in caught:
-        print(f"{filename}: warning: {w.message}", file=sys.stderr)
-    for name in names:
-        cdef = engine.checked(name)
-        shapes = ", ".join(
-            f"{t.name}: {t.scalar.value}[{', '.join(map(str, t.shape))}]" for t in cdef.outputs
-        )
-        print(f"{name}: ok -> {shapes}")
-    return 0
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="tcpy",
+        description=__doc__.splitlines()[0],
+        epilog=_epilog(*EXAMPLES.values(), presets=True),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--version", action="version", version=f"tcpy {__version__}")
+    sub = top.add_subparsers(
+        dest="command", required=True, metavar="COMMAND",
+        help="what to do; tcpy COMMAND --help for its arguments",
+    )  # fmt: skip
+
+    check = _command(sub, "check", "parse and check a TC file: each def's outputs and shapes")
+    check.add_argument("file", metavar="FILE", help=FILE_HELP)
+
+    comp = _command(sub, "compile", "print the generated C or CUDA, the schedule tree or isl AST")
+    _def_arguments(comp, "compile", "M=64,N=32")
+    comp.add_argument("--target", choices=("cpu", "cuda", "cuda-emu"),
+                      help="whose mapping: the CPU's (the default, wherever tcpy runs) or "
+                      "the GPU's (cuda; cuda-emu maps for the device TCPY_CUDA_DEVICE "
+                      "names)")  # fmt: skip
+    comp.add_argument("--emit", choices=("c", "cuda", "schedule", "ast"),
+                      help="the target's code (the default: C on cpu, CUDA on the cuda "
+                      "targets; --emit cuda alone implies --target cuda), the schedule tree "
+                      "after mapping, or isl's AST")  # fmt: skip
+    comp.add_argument("--gpu", action="store_true", help="deprecated: --target cuda")
+    comp.add_argument("--options", metavar="OPTIONS", help=OPTIONS_HELP)
+
+    run = _command(sub, "run", "run a def on random inputs: shapes, checksums, times")
+    _def_arguments(run, "run", "M=64,N=32")
+    run.add_argument("--target", choices=sorted(targets.TARGETS),
+                     help="where to run (default: cuda with a GPU, else cpu)")  # fmt: skip
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    run.add_argument("--options", metavar="OPTIONS", help=OPTIONS_HELP)
+    run.add_argument("--repeat", type=_count, default=1, metavar="N",
+                     help="time N calls of the kernel after the first (compiling) one: their "
+                     "median, min, max and interquartile range in ms (default 1)")  # fmt: skip
+    run.add_argument("--check", action="store_true",
+                     help="compare the outputs with the reference target's on the same "
+                     "inputs: the largest absolute and relative error; exit 1 above the "
+                     "dtype's tolerance (1e-4 of the largest value for float32, 1e-2 "
+                     "float16, 1e-10 float64; integers exact)")  # fmt: skip
+    run.add_argument("--profile", action="store_true",
+                     help="count each launch's memory traffic (cuda-emu): a table against "
+                     "the bytes the def must move")  # fmt: skip
+
+    _add_tune(sub)
+    return top
 
 
-def _parse_sizes(text: str) -> dict[str, int]:
-    sizes = {}
+def _command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    made: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=help_text, epilog=_epilog(EXAMPLES[name]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    return made
+
+
+def _def_arguments(cmd: argparse.ArgumentParser, verb: str, sizes_example: str) -> None:
+    cmd.add_argument("file", metavar="FILE", help=FILE_HELP)
+    cmd.add_argument("--entry", help=f"the def to {verb} (default: the only one)")
+    cmd.add_argument("--sizes", type=_sizes, default={}, metavar="NAME=N,...",
+                     help=f"size values, e.g. {sizes_example} (default 32 each)")  # fmt: skip
+
+
+def _epilog(*groups: list[str], presets: bool = False) -> str:
+    lines = ["examples:", *(f"  {e}" for g in groups for e in g)]
+    if presets:
+        lines += ["", f"presets for --options: {', '.join(PRESETS)}"]
+    return "\n".join(lines)
+
+
+def _sizes(text: str) -> dict[str, int]:
+    """`--sizes M=64,N=32`: each a positive integer, each name once."""
+    sizes: dict[str, int] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit():
-            raise TCError(f"--sizes expects NAME=INTEGER pairs, got {item!r}")
-        sizes[name.strip()] = int(value)
+        name, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or not name or not value.lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected NAME=INTEGER pairs, got {item!r}")
+        if int(value) < 1:
+            raise argparse.ArgumentTypeError(f"{item}: a size must be a positive integer")
+        if name in sizes:
+            raise argparse.ArgumentTypeError(f"{name} is given twice")
+        sizes[name] = int(value)
     return sizes
 
 
-OPTIONS_HELP = (
-    "mapping options: a preset name, or a JSON object of the fields to change on the "
-    "target's defaults for the def"
-)
-
-
-def _options(text: str | None, defaults: MappingOptions) -> MappingOptions | None:
-    """`--options`: a preset name, or a JSON object of the fields to change on
-    `defaults` (the target's default options for the def); None when not given."""
-    if text is None:
-        return None
-    if text.lstrip().startswith("{"):
-        MappingOptions.from_json(text)  # the names and values, checked alone
-        return MappingOptions.from_dict({**defaults.to_dict(), **json.loads(text)})
-    return MappingOptions.preset(text)
-
-
-def _entry(names: tuple[str, ...], entry: str | None, file: Path) -> str:
-    if entry is not None:
-        return entry
-    if len(names) != 1:
-        raise TCError(f"{file} defines {', '.join(names)}: choose one with --entry")
-    return names[0]
-
-
-def _compile(source: str, args: argparse.Namespace) -> int:
-    from tcpy.mapping.cpu import cpu_defaults
-    from tcpy.mapping.gpu import cuda_defaults
-    from tcpy.pipeline import lower_to_c, lower_to_cuda
-
-    engine = ExecutionEngine("reference")
-    names = engine.define(source, str(args.file))
-    cdef = engine.checked(_entry(names, args.entry, args.file))
-    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
-    if args.gpu:
-        defaults = cuda_defaults(cdef)
-        gpu = lower_to_cuda(cdef, sizes, _options(args.options, defaults) or defaults)
-        source, schedule, asts = gpu.source, gpu.mapping.schedule, [a.root for a in gpu.asts]
-    else:
-        defaults = cpu_defaults(cdef)
-        cpu = lower_to_c(cdef, sizes, _options(args.options, defaults) or defaults)
-        source, schedule, asts = cpu.source, cpu.schedule, [cpu.ast.root]
-    if args.emit == "c":
-        print(source)
-    elif args.emit == "schedule":  # isl's own notation, under the user's names
-        print(user_text(schedule.get_root().to_str()))
-    else:
-        print(user_text("\n".join(root.to_C_str() for root in asts)))
-    return 0
-
-
-def _run(source: str, args: argparse.Namespace) -> int:
-    engine = ExecutionEngine(args.target)
-    args.target = engine.target
-    if args.profile and args.target != "cuda-emu":
-        raise TCError("--profile counts traffic in the emulator: use it with --target cuda-emu")
-    t0 = time.perf_counter()
-    names = engine.define(source, str(args.file))
-    t_define = time.perf_counter() - t0
-    entry = _entry(names, args.entry, args.file)
-    cdef = engine.checked(entry)
-    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
-    inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
-    options = _options(args.options, engine.default_options(entry, *inputs))
-    t0 = time.perf_counter()
-    result = engine.run(entry, *inputs, options=options)
-    t_first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    engine.run(entry, *inputs, options=options)
-    t_second = time.perf_counter() - t0
-    outputs = result if isinstance(result, tuple) else (result,)
-    shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
-    print(f"{entry} on {args.target}, sizes {shown}")
-    for info, out in zip(cdef.outputs, outputs, strict=True):
-        checksum = float(np.sum(out, dtype=np.float64))
-        print(f"  {info.name}: {out.dtype}{list(out.shape)}  checksum {checksum:.6e}")
-    print(
-        f"  time: define {t_define * 1e3:.1f} ms, first call {t_first * 1e3:.1f} ms, "
-        f"second call {t_second * 1e3:.1f} ms"
-    )
-    if args.profile:
-        compiled = engine.compile(entry, *inputs, options=options)
-        minimum = profile.minimum_bytes(inputs, outputs)
-        print(profile.table(compiled.profile(*inputs), minimum))
-    return 0
-
-
-# --- tcpy tune ---------------------------------------------------------------------------
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _add_tune(sub: Any) -> None:
-    tune = sub.add_parser(
-        "tune", help="search a def's mapping options on random inputs and store the best"
-    )
-    tune.add_argument("file", type=Path)
-    tune.add_argument("--entry", help="the def to tune (default: the only one)")
-    tune.add_argument("--sizes", default="", help="size values, e.g. M=512,N=512 (default 32)")
+    from tcpy.genetic.tuner import TUNABLE_TARGETS, TunerConfig
+
+    tune = _command(sub, "tune", "search a def's mapping options on random inputs, store the best")
+    _def_arguments(tune, "tune", "M=512,N=512")
     # every target is accepted here, so that cuda-emu and reference get tune's reason
     tune.add_argument("--target", choices=sorted(targets.TARGETS),
                       help=f"what to tune for: {' or '.join(TUNABLE_TARGETS)} "
@@ -215,65 +193,6 @@ def _add_tune(sub: Any) -> None:
     tune.add_argument("--seed", type=int, default=0, help="inputs and search (default 0)")
     tune.add_argument("--plot", type=Path, help="write the convergence plot here (.png, .svg)")
     tune.add_argument("--save", type=Path, help="write the result as JSON here (for load_tuned)")
-
-
-def _tune(source: str, args: argparse.Namespace) -> int:
-    """Tune on random inputs of the given sizes: progress on stderr, a summary on
-    stdout; the best options are stored for later calls with these shapes either way."""
-    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        # fail before a long session rather than after it
-        raise TCError("--plot needs matplotlib: pip install tcpy[plot]")
-    engine = ExecutionEngine(args.target)
-    entry = _entry(engine.define(source, str(args.file)), args.entry, args.file)
-    cdef = engine.checked(entry)
-    sizes = resolve_sizes(cdef, _parse_sizes(args.sizes))
-    inputs = random_inputs(cdef, sizes, np.random.default_rng(args.seed))
-    config = TunerConfig(
-        generations=args.generations, population=args.population, workers=args.workers,
-        runs=args.runs, seed=args.seed,
-    )  # fmt: skip
-    from_default = not engine.tuned_starting_points(entry, *inputs)
-    result = engine.tune(entry, *inputs, config=config)
-    if args.save is not None:  # before the plot: a result is never lost to a plot error
-        result.save(args.save)
-    if args.plot is not None:
-        result.plot(args.plot)
-    for line in _summary(result, sizes, from_default, args):
-        print(line)
-    return 0
-
-
-def _summary(
-    result: TuneResult, sizes: dict[str, int], from_default: bool, args: argparse.Namespace
-) -> list[str]:
-    """The table printed when a session ends. The start is the target's default
-    options unless earlier sessions had tuned these or nearby shapes (then the best
-    of those): the row says which, as the speedup is relative to it."""
-    shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
-    failed = sum(result.failures.values())
-    # every class, zeros included: a reader sees what could have gone wrong and did not
-    classes = ", ".join(f"{f.value} {result.failures.get(f.value, 0)}" for f in Failure)
-    rows = [
-        ("default time" if from_default else "start time",
-         _ms(result.baseline_s)
-         + ("" if from_default else "  (best of the default and earlier tuned options)")),
-        ("best time", _ms(result.time_s)),
-        ("speedup", f"{result.speedup:.2f}x"),
-        ("trials", f"{result.trials} in {len(result.history)} generations, "
-                   f"{result.wall_s:.1f} s"),
-        ("failures", f"{failed} ({classes})"),
-    ]  # fmt: skip
-    rows += [(name, str(p)) for name, p in (("saved", args.save), ("plot", args.plot)) if p]
-    width = max(len(name) for name, _ in rows)
-    return [
-        f"tuned {result.entry} on {result.target} ({result.device}), sizes {shown}",
-        *(f"  {name:<{width}}  {value}" for name, value in rows),
-        f"  best options: {result.options.to_json()}",
-    ]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms" if math.isfinite(seconds) else "failed"
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,12 +35,14 @@ from tcpy.binding import (
 from tcpy.cache import tcpy_version
 from tcpy.errors import TCError, TCInputError
 from tcpy.genetic.store import TunedStore, tuned_key
-from tcpy.genetic.tuner import TunerConfig, TuneResult
 from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
 from tcpy.targets import Kernel
+
+if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
+    from tcpy.genetic.tuner import TunerConfig, TuneResult
 
 _log = logging.getLogger("tcpy.compile")
 

@@ -368,14 +368,14 @@ class MappingOptions:
 
     @classmethod
     def preset(cls, name: str) -> MappingOptions:
-        presets = {"naive": cls.naive, "pointwise": cls.pointwise, "mlp": cls.mlp,
-                   "conv": cls.conv, "cpu": cls.cpu, "cuda": cls.cuda}  # fmt: skip
-        try:
-            return presets[name]()
-        except KeyError:
-            raise TCMappingError(
-                f"unknown preset {name!r}; the presets are {', '.join(presets)}"
-            ) from None
+        if name not in PRESETS:
+            raise TCMappingError(f"unknown preset {name!r}; the presets are {', '.join(PRESETS)}")
+        made: MappingOptions = getattr(cls, name)()
+        return made
+
+
+# The names `MappingOptions.preset` takes: each is a classmethod of that name.
+PRESETS = ("naive", "pointwise", "mlp", "conv", "cpu", "cuda")
 
 
 def _validate(o: MappingOptions) -> None:

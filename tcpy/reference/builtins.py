@@ -6,9 +6,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy import special
 
 Fn = Callable[..., np.ndarray]
+
+
+def _special(name: str) -> Fn:
+    """`scipy.special.<name>`, imported at the first call: SciPy is needed only by the
+    few builtins below that NumPy lacks, so `import tcpy` does not load it."""
+
+    def call(*xs: np.ndarray) -> np.ndarray:
+        from scipy import special
+
+        return getattr(special, name)(*xs)
+
+    call.__name__ = name
+    return call
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
@@ -48,13 +60,13 @@ IMPLEMENTATIONS: dict[str, Fn] = {
     "cos": np.cos,
     "cosh": np.cosh,
     "cospi": lambda x: np.cos(np.pi * x),
-    "cyl_bessel_i0": special.i0,
-    "cyl_bessel_i1": special.i1,
-    "erf": special.erf,
-    "erfc": special.erfc,
-    "erfcinv": special.erfcinv,
-    "erfcx": special.erfcx,
-    "erfinv": special.erfinv,
+    "cyl_bessel_i0": _special("i0"),
+    "cyl_bessel_i1": _special("i1"),
+    "erf": _special("erf"),
+    "erfc": _special("erfc"),
+    "erfcinv": _special("erfcinv"),
+    "erfcx": _special("erfcx"),
+    "erfinv": _special("erfinv"),
     "exp": np.exp,
     "exp10": lambda x: np.power(x.dtype.type(10), x),
     "exp2": np.exp2,
@@ -68,9 +80,9 @@ IMPLEMENTATIONS: dict[str, Fn] = {
     "fmin": np.fmin,
     "fmod": np.fmod,
     "hypot": np.hypot,
-    "j0": special.j0,
-    "j1": special.j1,
-    "lgamma": special.gammaln,
+    "j0": _special("j0"),
+    "j1": _special("j1"),
+    "lgamma": _special("gammaln"),
     "log": np.log,
     "log10": np.log10,
     "log1p": np.log1p,
@@ -79,8 +91,8 @@ IMPLEMENTATIONS: dict[str, Fn] = {
     "nextafter": np.nextafter,
     "norm3d": _norm,
     "norm4d": _norm,
-    "normcdf": special.ndtr,
-    "normcdfinv": special.ndtri,
+    "normcdf": _special("ndtr"),
+    "normcdfinv": _special("ndtri"),
     "pow": np.power,
     "rcbrt": lambda x: 1 / np.cbrt(x),
     "remainder": _remainder,
@@ -95,8 +107,8 @@ IMPLEMENTATIONS: dict[str, Fn] = {
     "sqrt": np.sqrt,
     "tan": np.tan,
     "tanh": np.tanh,
-    "tgamma": special.gamma,
+    "tgamma": _special("gamma"),
     "trunc": np.trunc,
-    "y0": special.y0,
-    "y1": special.y1,
+    "y0": _special("y0"),
+    "y1": _special("y1"),
 }
