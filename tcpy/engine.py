@@ -96,7 +96,11 @@ class ExecutionEngine:
 
     def define(self, source: str, filename: str | None = None) -> tuple[str, ...]:
         """Parse and check every def of `source` (`filename` names it in errors);
-        returns their names. A def of an existing name replaces it and its kernels."""
+        returns their names. A def of an existing name replaces it and its kernels.
+
+        Raises `TCSyntaxError`, `TCSemanticError` (`TCTypeError`) or `TCRangeError`,
+        each showing the line and a caret; warns (`TCWarning`) about legal code that is
+        probably not what was meant."""
         start = time.perf_counter()
         defs = check_source(source, filename)
         _log.debug(
@@ -109,6 +113,8 @@ class ExecutionEngine:
             self._defs.update(defs)
             for name in defs:
                 self._entries[name] = self._entry_function(name)
+            if (source, filename) in self._sources:  # the same text again: once is enough
+                self._sources.remove((source, filename))
             self._sources.append((source, filename))
         return tuple(defs)
 
@@ -215,7 +221,14 @@ class ExecutionEngine:
         or a dict (or JSON object text) of the fields to change on the target's
         defaults for `entry`, or a preset name; None: the tuned options for these
         shapes if any, else the target's defaults. `out`: arrays to write the outputs
-        into (one, or a tuple of one per output) and return."""
+        into (one, or a tuple of one per output) and return.
+
+        The first call with given shapes, dtypes and options compiles a kernel (or
+        loads it from the disk cache); later ones reuse it. Raises `TCInputError` for
+        inputs or `out` arrays that do not fit the def, `TCRangeError` for sizes at
+        which the program is undefined, `TCMappingError` for invalid options,
+        `TCCompileError` or `TCLaunchError` when the generated code does not build
+        or run."""
         hit = self._known_call(entry, inputs, options)
         compiled, binding = hit if hit is not None else self._compile(entry, inputs, options)
         return compiled.call(binding, inputs, out)
@@ -223,7 +236,7 @@ class ExecutionEngine:
     def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
         first request, then reused from memory or from the disk cache); `options` as
-        for `run`."""
+        for `run`, and the same errors."""
         return self._compile(entry, inputs, options)[0]
 
     def _known_call(
