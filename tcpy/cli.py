@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tcpy import targets
+from tcpy.cache_cli import add_cache_commands, cache_command
 from tcpy.codegen.naming import user_text
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCError
@@ -57,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--gpu", action="store_true", help="the CUDA mapping instead of the CPU one")
     comp.add_argument("--options", help=OPTIONS_HELP)
     _add_tune(sub)
+    add_cache_commands(sub)
     args = parser.parse_args(argv)
+    if args.command == "cache":
+        return cache_command(args)
     try:
         source = args.file.read_text()
     except OSError as e:
