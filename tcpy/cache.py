@@ -271,7 +271,8 @@ class DiskCache:
     def remove(self, entry: Path) -> bool:
         """Remove the entry directory `entry` (`<v1>/<shard>/<key>`, never followed if a
         symlink) whole: it is renamed into `tmp/` first, so that a concurrent reader
-        sees it whole or not at all. Returns whether it is gone; errors are not raised."""
+        sees it whole or not at all. Returns whether it is gone (filesystem errors are not
+        raised: the entry is then left as it is)."""
         if entry.parent.parent != self.root:
             raise InternalError(f"{entry} is not an entry of the cache {self.root}")
         with contextlib.suppress(OSError, Refused):

@@ -165,6 +165,13 @@ def entries(root: Path, versions: bool = True) -> list[Item]:
     versions are read from `meta.json` when `versions` (the size cap does not need
     them). An entry that vanishes while it is read (another process removed it) is
     skipped."""
+    try:
+        return _entries(root, versions)
+    except OSError as e:
+        raise CacheAdminError(f"cannot read the cache {root}: {e}") from None
+
+
+def _entries(root: Path, versions: bool) -> list[Item]:
     if not _check_home(root) or not _trusted(root / FORMAT):
         return []
     found = []
@@ -181,6 +188,13 @@ def entries(root: Path, versions: bool = True) -> list[Item]:
 
 def tuned_records(root: Path) -> list[Item]:
     """Every tuned record under `root` (not the temporary files of a write under way)."""
+    try:
+        return _tuned_records(root)
+    except OSError as e:
+        raise CacheAdminError(f"cannot read the tuned options of {root}: {e}") from None
+
+
+def _tuned_records(root: Path) -> list[Item]:
     directory = root / "tuned" / store.FORMAT
     if not _check_home(root) or not _trusted(directory.parent) or not _trusted(directory):
         return []
@@ -300,7 +314,7 @@ def enforce_cap(disk: DiskCache, keep: Path) -> Removal:
     per entry) beside a compile. Failures leave the cache as it is; they are not errors."""
     try:
         items = entries(disk.home, versions=False)
-    except (OSError, CacheAdminError):
+    except CacheAdminError:  # a cache the trust rules refuse, or that cannot be read
         return Removal()
     excess = sum(item.size for item in items) - disk.max_bytes
     removed = failed = size = 0
