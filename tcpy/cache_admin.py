@@ -96,28 +96,27 @@ class Removal:
 # --- reading ------------------------------------------------------------------------------
 
 
-def _trusted(path: Path) -> bool:
-    """Whether the directory `path` exists; raises CacheAdminError if it exists but the
-    trust rules refuse it."""
+def _exists(check: Callable[[], None]) -> bool:
+    """Whether the directory that `check` checks exists; raises CacheAdminError if it
+    exists but the trust rules refuse it (as the cache itself would)."""
     try:
-        _check_private(path)
+        check()
     except FileNotFoundError:
         return False
     except Refused as e:
         raise CacheAdminError(f"{e.what}; tcpy will not use it. Fix: {e.fix}") from None
     return True
+
+
+def _trusted(path: Path) -> bool:
+    """Whether `path` exists: a real directory of ours that nobody else can write."""
+    return _exists(lambda: _check_private(path))
 
 
 def _check_home(root: Path) -> bool:
-    """Whether the root exists; raises CacheAdminError if it is not a directory of ours
-    (it may be a symlink to one, as the cache allows)."""
-    try:
-        DiskCache(root)._check_root()
-    except FileNotFoundError:
-        return False
-    except Refused as e:
-        raise CacheAdminError(f"{e.what}; tcpy will not use it. Fix: {e.fix}") from None
-    return True
+    """Whether the root exists: a directory of ours (a symlink to one is followed, as the
+    cache allows)."""
+    return _exists(DiskCache(root)._check_root)
 
 
 def _tree_size(path: Path) -> int:
