@@ -9,10 +9,21 @@ the generated code and its comments.
 
 Layout. An entry is a directory `<root>/v1/<key[:2]>/<key>/` holding exactly the files
 its target loads (the caller names them: `required`) and `meta.json`, a JSON object
-with the entry's `key` and `files`, a map from each file's name to its SHA-256. An
-entry is built in a private staging directory under `<root>/v1/tmp/`, sealed (files
-the target does not need are dropped, `meta.json` is written last) and renamed into
-place, so that readers never see half an entry.
+with the entry's `key`, `files` (a map from each file's name to its SHA-256) and
+`tcpy` (the `tcpy_version` that built it, readable without loading the kernel, so that
+`tcpy cache info` and `prune` can group entries by it), beside what the build adds:
+the def's name (`def`), `target`, `device`, the `inputs` as `[shape, dtype]` pairs (a
+size-generic kernel's shapes are `"*"` per dimension, as in its key), and the options
+it was built with. Entries written before these fields existed still load; only `key`
+and `files` are checked. An entry is built in a private staging directory under
+`<root>/v1/tmp/`, sealed (files the target does not need are dropped, `meta.json` is
+written last) and renamed into place, so that readers never see half an entry.
+
+Last use. A lookup that returns an entry sets the modification time of its
+`meta.json` to now (failures ignored): that is the entry's last use, by which the size
+cap (`TCPY_CACHE_MAX_MB`) removes the least recently used entries after a store, and
+`tcpy cache prune --older-than` chooses (`tcpy.cache_admin`). Tuned options
+(`<root>/tuned/`) are a store of their own, which neither touches.
 
 Validation. Every entry is checked before use: it must be a real directory that
 passes the trust rules below, and `meta.json` must be an object with the right key
@@ -66,6 +77,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -79,6 +91,8 @@ from typing import Any, TypeVar
 from tcpy.errors import InternalError, TCLaunchError, TCWarning
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import canonical
+
+_log = logging.getLogger("tcpy.cache")
 
 FORMAT = "v1"
 META = "meta.json"
@@ -194,14 +208,16 @@ class DiskCache:
     """Compiled kernels on disk, shared by every process of this user that uses the same
     root. Construct with `open`, which checks (or creates) the root."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_bytes: int = 0) -> None:
         self.home = root  # as the user gave it: what warnings name
         self.root = root / FORMAT
+        self.max_bytes = max_bytes  # the size cap of the compiled entries (0: none)
 
     @classmethod
-    def open(cls, root: Path) -> DiskCache | None:
-        """The cache at `root`, or None (with a warning) if it cannot be used."""
-        cache = cls(root)
+    def open(cls, root: Path, max_bytes: int = 0) -> DiskCache | None:
+        """The cache at `root` (its entries capped at `max_bytes` in all, 0 for no cap),
+        or None (with a warning) if it cannot be used."""
+        cache = cls(root, max_bytes)
         try:
             cache._check_root(create=True)
             _private_dir(cache.root)
@@ -245,25 +261,34 @@ class DiskCache:
             _warn_once(self.home, _explain(self.home, e, "compiled kernels are not cached"))
             return None
         if _damage(entry, key, required) is not None:
-            self._discard(entry)
+            self.remove(entry)
             return None
+        with contextlib.suppress(OSError):  # the last use, for the size cap and prune
+            os.utime(entry / META)
         return entry
 
     def discard(self, key: str) -> None:
         """Remove the entry of `key` (found intact, but its files do not load)."""
-        self._discard(self._entry(key))
+        self.remove(self._entry(key))
 
-    def _discard(self, entry: Path) -> None:
+    def remove(self, entry: Path) -> bool:
+        """Remove the entry directory `entry` (`<v1>/<shard>/<key>`, never followed if a
+        symlink) whole: it is renamed into `tmp/` first, so that a concurrent reader
+        sees it whole or not at all. Returns whether it is gone (filesystem errors are not
+        raised: the entry is then left as it is)."""
+        if entry.parent.parent != self.root:
+            raise InternalError(f"{entry} is not an entry of the cache {self.root}")
         with contextlib.suppress(OSError, Refused):
             if not stat.S_ISDIR(os.lstat(entry).st_mode):
                 os.unlink(entry)  # a file or a symlink in the entry's place
-                return
+                return True
             trash = _private_dir(self.root / "tmp") / f"discarded.{uuid.uuid4().hex}"
             try:
                 os.rename(entry, trash)
             except (OSError, Refused):
                 trash = entry
             shutil.rmtree(trash, ignore_errors=True)
+        return not os.path.lexists(entry)
 
     def store(
         self,
@@ -276,11 +301,18 @@ class DiskCache:
         extra metadata) and publish it atomically; returns the published entry, or None
         (with a warning) if the cache cannot be written."""
         try:
-            return self._store(key, build, required, attempts)
+            stored = self._store(key, build, required, attempts)
         except (OSError, Refused) as e:
             instead = "this kernel is built in a temporary directory, not cached on disk"
             _warn_once(self.home, _explain(self.home, e, instead))
             return None
+        if self.max_bytes:
+            # Only after a store can the cache have grown past its cap, so only then is
+            # the tree walked. Imported here: the administration module builds on this one.
+            from tcpy.cache_admin import enforce_cap
+
+            enforce_cap(self, keep=stored)
+        return stored
 
     def _store(
         self,
@@ -361,7 +393,7 @@ def _seal(staging: Path, key: str, required: Sequence[str], extra: dict[str, Any
             else:
                 path.unlink()
     files = {name: _digest(staging / name) for name in sorted(required)}
-    meta = {**extra, "key": key, "files": files}
+    meta = {**extra, "tcpy": tcpy_version(), "key": key, "files": files}
     tmp_meta = staging / f"{META}.tmp"
     tmp_meta.write_text(json.dumps(meta, indent=1, sort_keys=True))
     os.replace(tmp_meta, staging / META)
@@ -402,9 +434,13 @@ def compiled(
         found = disk.lookup(key, required)
         if found is not None:
             try:
-                return load(found), True
-            except (OSError, TCLaunchError):
+                loaded = load(found), True
+                _log.debug("hit %s", found)
+                return loaded
+            except (OSError, TCLaunchError) as e:
+                _log.info("discarded %s, which did not load (%s)", found, e)
                 disk.discard(key)
+        _log.debug("miss %s in %s", key, disk.root)
         unpublished: list[K] = []
 
         def build_unless_transient(staging: Path) -> dict[str, Any]:
@@ -417,8 +453,10 @@ def compiled(
         try:
             stored = disk.store(key, build_unless_transient, required)
         except _Transient:
+            _log.debug("not stored %s: built with a fallback a quieter machine may avoid", key)
             return unpublished[0], False
         if stored is not None:
+            _log.debug("stored %s", stored)
             return load(stored), False
     with scratch_directory() as directory:
         build(directory)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tcpy import __version__, commands, targets
+from tcpy.cache_cli import add_cache_commands, cache_command
 from tcpy.errors import TCError
 from tcpy.mapping.options import PRESETS
 
@@ -41,6 +42,11 @@ EXAMPLES = {
     "tune": [
         "tcpy tune examples/matmul.tc --sizes M=512,N=512,K=512 --save best.json --plot tune.png"
     ],
+    "cache": [
+        "tcpy cache info",
+        "tcpy cache prune --other-versions --older-than 30d",
+        "tcpy cache clear --dry-run",
+    ],
 }
 
 OPTIONS_HELP = (
@@ -53,6 +59,8 @@ FILE_HELP = "the TC source file, or - to read it from standard input"
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "cache":
+        return cache_command(args)
     try:
         if args.file == "-":
             source, filename = sys.stdin.read(), "<stdin>"
@@ -126,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
                      "the bytes the def must move")  # fmt: skip
 
     _add_tune(sub)
+    add_cache_commands(sub, _epilog(EXAMPLES["cache"]))
     return top
 
 

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -44,6 +45,26 @@ def cache_dir() -> Path | None:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path("~").expanduser() / ".cache"
     return base / "tcpy"
+
+
+def cache_max_bytes() -> int:
+    """The cap on the compiled kernels of the disk cache (`TCPY_CACHE_MAX_MB`, in
+    megabytes of 10^6 bytes), in bytes; 0 when there is none. A value that is not a
+    non-negative number is an error: a cap that silently does nothing would let the
+    cache grow unnoticed."""
+    value = os.environ.get("TCPY_CACHE_MAX_MB", "").strip()
+    if not value:
+        return 0
+    try:
+        megabytes = float(value)
+    except ValueError:
+        megabytes = math.nan
+    if not math.isfinite(megabytes) or megabytes < 0:
+        raise TCError(
+            f"TCPY_CACHE_MAX_MB={value!r}: the cache size cap must be a number of "
+            "megabytes, 0 or more (0 or unset: no cap)"
+        )
+    return int(megabytes * 1e6)
 
 
 def c_compiler() -> str:

@@ -428,7 +428,9 @@ def _compiled(
 
     def counted(directory: Path) -> dict[str, Any]:
         session.stats.compiles += 1
-        return {"def": cdef.name, **build(directory)}
+        inputs = [[list(shape), str(dtype)] for shape, dtype in signature]
+        described = {"def": cdef.name, "target": target, "device": device, "inputs": inputs}
+        return {**described, **build(directory)}
 
     loaded, hit = cache.compiled(session.disk, key, _CACHED_FILES[target], counted, load)
     session.stats.disk_hits += hit
@@ -638,6 +640,8 @@ def get(name: str) -> Target:
 
 
 def open_disk_cache() -> DiskCache | None:
-    """The disk cache of `TCPY_CACHE_DIR`; None when it is off, or unusable (warned)."""
+    """The disk cache of `TCPY_CACHE_DIR`, capped by `TCPY_CACHE_MAX_MB`; None when it is
+    off, or unusable (warned)."""
     root = knobs.cache_dir()
-    return DiskCache.open(root) if root is not None else None
+    cap = knobs.cache_max_bytes()  # read even when the cache is off: a typo is reported
+    return DiskCache.open(root, cap) if root is not None else None
