@@ -409,6 +409,8 @@ class Compiled:
         self._kernel = kernel
         self._signature = signature
         self._sizes = sizes
+        # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
+        self._plain: tuple[Any, ...] | None = None
         # where an unchecked call of a generic kernel reads each size: (input, dim)
         self._size_dims = {
             name: (k, d)
@@ -494,6 +496,9 @@ class Compiled:
             raise e.with_source(self.cdef.source) from None
 
     def _bind(self, inputs: tuple[Any, ...]) -> Binding:
+        plain = _plain_signature(inputs)
+        if plain is not None and plain == self._plain:  # checked at these shapes before
+            return Binding(inputs, self._sizes)
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
@@ -504,6 +509,8 @@ class Compiled:
                 f"this kernel of {self.cdef.name} was compiled for other input {what} or "
                 "dtypes; compile it again (or call the engine) for these"
             )
+        if not self._kernel.generic:
+            self._plain = plain
         return binding
 
     def _unchecked(self, inputs: tuple[Any, ...]) -> Binding:
