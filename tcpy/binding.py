@@ -111,7 +111,8 @@ def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
     if len(args) != len(cdef.inputs):
         names = ", ".join(t.name for t in cdef.inputs) or "none"
         raise TCInputError(
-            f"{cdef.name} takes {len(cdef.inputs)} input(s) ({names}), but {len(args)} were given"
+            f"{cdef.name} takes {_count(len(cdef.inputs), 'input')} ({names}), "
+            f"but {_count(len(args), 'was', 'were')} given"
         )
     arrays = tuple(_as_array(info, a) for info, a in zip(cdef.inputs, args, strict=True))
     sizes = _bind_sizes(cdef, arrays)
@@ -331,3 +332,10 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                 info.span,
                 cdef.source,
             )
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    """`n` with the word for one or for several: "1 input", "2 inputs", "1 was"."""
+    if many:
+        return f"{n} {one if n == 1 else many}"
+    return f"{n} {one}" + ("" if n == 1 else "s")

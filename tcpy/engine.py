@@ -136,8 +136,17 @@ class ExecutionEngine:
 
     def default_options(self, entry: str, *inputs: Any) -> MappingOptions:
         """The target's default options for `entry` (what a call without options uses
-        when no tuned options exist); `.replace(...)` them to change a few fields."""
-        return self._target.default_options(self.checked(entry))
+        when no tuned options exist); `.replace(...)` them to change a few fields. They
+        are the same at every size (fields such as `tile=()` leave the choice to the
+        compile, which sees the sizes); `inputs`, when given, are checked against the
+        def as a call checks them, raising as `run` does."""
+        cdef = self.checked(entry)
+        if inputs:
+            try:
+                bind(cdef, inputs)
+            except TCError as e:
+                raise e.with_source(cdef.source) from None
+        return self._target.default_options(cdef)
 
     def device(self) -> str:
         """The device kernels run on, as tuned options are keyed by it."""
@@ -448,8 +457,18 @@ class Compiled:
         return self.call(self._bind(inputs), inputs, out)
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{a[1]}{list(a[0])}" for a in self._signature)
-        what = "any shapes of these ranks" if self.generic else "these shapes"
+        if self.generic:  # the signature holds ranks: show the declared shapes
+            shapes = ", ".join(
+                f"{t.name}: {dtype}({', '.join(map(str, t.shape))})"
+                for t, (_, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
+            )
+            what = "any sizes"
+        else:
+            shapes = ", ".join(
+                f"{t.name}: {dtype}{list(shape)}"
+                for t, (shape, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
+            )
+            what = "these shapes"
         return f"<Compiled {self.cdef.name}({shapes}) for {what}, key {self.cache_key[:12] or '-'}>"
 
     def call(self, binding: Binding, inputs: tuple[Any, ...], out: Any) -> Any:

@@ -2,6 +2,8 @@
 
 - `TCPY_CACHE_DIR`: the on-disk compile cache (default: `$XDG_CACHE_HOME/tcpy`, else
   `~/.cache/tcpy`). `TCPY_CACHE_DIR=off` disables the disk cache.
+- `TCPY_CACHE_MAX_MB`: a cap on the compiled kernels the disk cache keeps, in
+  megabytes; the least recently used go first (default: no cap).
 - `TCPY_CC`: the C compiler of the `cpu` target (default `cc`).
 - `TCPY_CXX`: the C++ compiler of the `cuda-emu` target (default `g++`).
 - `TCPY_EMU_CHECK=1`: check every `cuda-emu` launch (bounds, shared-memory races,
@@ -21,6 +23,9 @@
   isl analyses stop after two and a half times that).
 - `TCPY_LOG`: `debug`, `info`, `warning` or `error`: log the `tcpy` loggers at that
   level on stderr (`tcpy.log`; default: no handler, as for any library).
+- `TCPY_POISON=1`: fill the buffers a kernel writes whole with all-ones bytes instead
+  of leaving them as allocated, so that an element left unwritten shows (the tests and
+  the fuzzer set it).
 """
 
 from __future__ import annotations
@@ -161,8 +166,9 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def log_level() -> str | None:
-    """The level `TCPY_LOG` names, upper-case for `logging`; None when unset. Another
-    value is an error, so that a typo does not silently log nothing."""
+    """The level `TCPY_LOG` names, upper-case for `logging`; None when unset. Raises
+    `TCError` for another value (which `tcpy.log.configure` turns into a warning), so
+    that a typo does not silently log nothing."""
     value = os.environ.get("TCPY_LOG", "").strip().lower()
     if not value:
         return None

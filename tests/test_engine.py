@@ -113,7 +113,7 @@ def _call_error(engine: tcpy.ExecutionEngine, entry: str, *args: object) -> TCEr
 def test_wrong_input_count(engine: tcpy.ExecutionEngine) -> None:
     err = _call_error(engine, "mm", np.ones((2, 2), np.float32))
     assert isinstance(err, TCInputError)
-    assert "takes 2 input(s) (A, B), but 1 were given" in str(err)
+    assert "takes 2 inputs (A, B), but 1 was given" in str(err)
 
 
 def test_wrong_dtype_is_not_cast(engine: tcpy.ExecutionEngine) -> None:

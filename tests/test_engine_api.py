@@ -55,6 +55,15 @@ def test_partial_options_change_only_their_fields(
     np.testing.assert_allclose(engine.mm(a, b, options=given), a @ b, rtol=1e-5)
 
 
+def test_default_options_check_the_inputs_they_are_given(engine: tcpy.ExecutionEngine) -> None:
+    a, b = _mm_inputs()
+    assert engine.default_options("mm", a, b) == engine.default_options("mm")
+    with pytest.raises(tcpy.TCInputError, match=r"takes 2 inputs .* but 1 was given"):
+        engine.default_options("mm", a)
+    with pytest.raises(tcpy.TCInputError, match="K"):
+        engine.default_options("mm", a, a)
+
+
 def test_a_preset_name_replaces_the_defaults(engine: tcpy.ExecutionEngine) -> None:
     a, b = _mm_inputs()
     kernel = engine.compile("mm", a, b, options="mlp")
@@ -180,8 +189,15 @@ def test_reprs_are_short_and_useful(engine: tcpy.ExecutionEngine) -> None:
     a, b = _mm_inputs()
     kernel = engine.compile("mm", a, b)
     assert repr(engine) == "ExecutionEngine(target='cpu', defs: mm, scale, kernels: 1)"
-    assert repr(kernel).startswith("<Compiled mm(float32[8, 6], float32[6, 4]) for these shapes")
+    assert repr(kernel).startswith(
+        "<Compiled mm(A: float32[8, 6], B: float32[6, 4]) for these shapes"
+    )
     assert kernel.cache_key[:12] in repr(kernel)
+    generic = engine.compile("mm", a, b, options={"fix_parameters_before_scheduling": False})
+    assert generic.generic
+    assert repr(generic).startswith(
+        "<Compiled mm(A: float32(M, K), B: float32(K, N)) for any sizes"
+    )
     text = repr(engine.checked("mm"))
     assert text == "CheckedDef(def mm(float32(M,K) A, float32(K,N) B) -> (C))"
 

@@ -146,11 +146,9 @@ def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
 
 def check_options(options: MappingOptions) -> None:
     """Options the CUDA mapping does not implement yet are refused, never ignored."""
-    refused = [name for name in ("use_private_memory",) if getattr(options, name)]
-    if refused:
+    if options.use_private_memory:
         raise TCMappingError(
-            f"the CUDA target does not implement {', '.join(refused)} yet; "
-            "leave them at their defaults"
+            "the CUDA target does not implement use_private_memory yet; leave it False"
         )
 
 
