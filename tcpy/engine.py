@@ -39,6 +39,7 @@ from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
+from tcpy.runtime.status import KernelFault, explained
 from tcpy.targets import Kernel
 
 if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
@@ -492,6 +493,8 @@ class Compiled:
             else:
                 self._kernel(binding, dests)
             return _single(_tuple(out), out)
+        except KernelFault as e:  # where the values made the kernel fault
+            raise explained(self.cdef, binding, e).with_source(self.cdef.source) from None
         except TCError as e:
             raise e.with_source(self.cdef.source) from None
 

@@ -81,13 +81,31 @@ def test_gather_out_of_range_on_cpu() -> None:
     e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
     t = np.ones((3, 2), np.float32)
     np.testing.assert_array_equal(e.g(t, np.array([0, 2], np.int32)), np.ones((2, 2)))
-    with pytest.raises(tcpy.TCInputError, match="outside its extent"):
-        e.g(t, np.array([0, 3], np.int32))
+    # the kernel reports a fault; the reference interpreter finds where
+    with pytest.raises(tcpy.TCInputError) as err:
+        e.g(t, np.array([0, 3], np.int32), options={"unroll": 2}, out=np.empty((2, 2), np.float32))
+    assert "T is read at index 3 of its dimension 0, outside 0:3, at b=1" in str(err.value)
+    assert err.value.line == 1 and err.value.column == 55
+    kernel = e.compile("g", t, np.array([0, 3], np.int32))
+    with pytest.raises(tcpy.TCInputError, match="outside its extent"):  # nothing is explained
+        kernel(t, np.array([0, 3], np.int32), unchecked=True)
+
+
+def test_a_fault_too_large_to_explain_keeps_the_kernels_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tcpy.runtime import status
+
+    monkeypatch.setattr(status, "EXPLAIN_POINTS", 3)
+    e = tcpy.ExecutionEngine("cpu")
+    e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    with pytest.raises(tcpy.TCInputError, match="outside its extent.*reference target names"):
+        e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
 
 
 def test_integer_division_by_zero_on_cpu() -> None:
     e = tcpy.ExecutionEngine("cpu")
     e.define("def f(int32(N) A) -> (Q) { Q(i) = 10 / A(i) }")
-    with pytest.raises(tcpy.TCInputError, match="division by zero"):
+    with pytest.raises(tcpy.TCInputError, match="integer division by zero at i=1"):
         e.f(np.array([1, 0], np.int32))
     np.testing.assert_array_equal(e.f(np.array([3, -4], np.int32)), [3, -2])
