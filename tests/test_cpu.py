@@ -99,7 +99,7 @@ def test_a_fault_too_large_to_explain_keeps_the_kernels_message(
     monkeypatch.setattr(status, "EXPLAIN_POINTS", 3)
     e = tcpy.ExecutionEngine("cpu")
     e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
-    with pytest.raises(tcpy.TCInputError, match="outside its extent.*reference target names"):
+    with pytest.raises(tcpy.TCInputError, match=r"outside its extent.*reference target names"):
         e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
 
 
