@@ -278,7 +278,7 @@ class ExecutionEngine:
                 )
             kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
-            raise e.with_source(cdef.source) from None
+            raise e.with_source(cdef.source, cdef.filename) from None
         compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
         plain = _plain_signature(inputs)
         if plain is not None and (given is None or isinstance(given, MappingOptions)):
@@ -474,7 +474,7 @@ class Compiled:
                 self._kernel(binding, dests)
             return _single(_tuple(out), out)
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
 
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
@@ -493,7 +493,7 @@ class Compiled:
         try:
             return list(profile(binding))
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
 
     def _bind(self, inputs: tuple[Any, ...]) -> Binding:
         plain = _plain_signature(inputs)
@@ -502,7 +502,7 @@ class Compiled:
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
         if _signature_of(self._kernel, binding) != self._signature:
             what = "ranks" if self._kernel.generic else "shapes"
             raise TCInputError(
