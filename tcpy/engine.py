@@ -33,7 +33,7 @@ from tcpy.binding import (
     signature_key,
 )
 from tcpy.cache import tcpy_version
-from tcpy.errors import TCError, TCInputError
+from tcpy.errors import TCError, TCInputError, TCWarning, warn
 from tcpy.genetic.store import TunedStore, tuned_key
 from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
@@ -103,6 +103,9 @@ class ExecutionEngine:
         probably not what was meant."""
         start = time.perf_counter()
         defs = check_source(source, filename)
+        for cdef in defs.values():
+            if cdef.name in _ATTRIBUTES:
+                warn(TCWarning(_shadowed(cdef.name), cdef.span, source, filename))
         _log.debug(
             "parsed and checked %s in %.1f ms", ", ".join(defs), (time.perf_counter() - start) * 1e3
         )
@@ -521,6 +524,16 @@ class Compiled:
 
 
 _KNOWN_CALLS = 4096  # the calls remembered for the fast path, per engine
+
+# What `engine.<name>` finds before a def of that name (methods, properties, attributes).
+_ATTRIBUTES = frozenset(n for n in [*dir(ExecutionEngine), "target"] if not n.startswith("_"))
+
+
+def _shadowed(name: str) -> str:
+    return (
+        f"def {name} cannot be called as engine.{name}(...), which is the engine's own "
+        f"{name}; call it as engine.run({name!r}, ...)"
+    )
 
 
 def _plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
