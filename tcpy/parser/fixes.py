@@ -65,16 +65,17 @@ class StatementSource:
     sizes: tuple[str, ...] = ()  # the def's sizes, to show a range in
     resolved: tuple[ast.Expr, ...] = ()  # the right-hand side, then the exists clauses
 
-    def fixed(self, edits: Mapping[Span, str]) -> str | None:
+    def fixed(self, edits: Mapping[Span, str], region: tuple[int, int] | None = None) -> str | None:
         """The statement with `edits` made, if tcpy accepts the def with it."""
         if _checking.get():
             return None
         new = edited(self.source, self.statement.span, edits)
-        return new if new is not None and self.accepted(new) else None
+        return new if new is not None and self.accepted(new, region) else None
 
-    def accepted(self, new: str) -> bool:
+    def accepted(self, new: str, region: tuple[int, int] | None = None) -> bool:
         """Whether the def, with this statement written as `new`, checks up to and
-        including the statement (a later statement may still be wrong on its own)."""
+        including the statement (a later statement may still be wrong on its own); with
+        `region` (offsets in `new`), whether no error is found there."""
         from tcpy.parser import check_source  # the whole front end, to re-check with
 
         src, st = self.source, self.statement.span
@@ -82,6 +83,8 @@ class StatementSource:
         begin = offset(src, st.line, st.column)
         program = src[first:begin] + new + src[last : _end(src, self.def_span)]
         lo, hi = begin - first, begin - first + len(new)
+        if region is not None:
+            lo, hi = lo + region[0], lo + region[1]
         token = _checking.set(True)
         try:
             with warnings.catch_warnings():
@@ -102,7 +105,11 @@ class StatementSource:
         return self.fixed({_op_span(self.source, self.statement): op})
 
     def renamed(self, span: Span, name: str) -> str | None:
-        return self.fixed({span: name})
+        """The statement with the name at `span` replaced, if no error is found at the
+        new name (another mistake elsewhere in the statement is not this fix's)."""
+        st = self.statement.span
+        at = offset(self.source, span.line, span.column) - offset(self.source, st.line, st.column)
+        return self.fixed({span: name}, (at, at + len(name)))
 
     def with_ranges(self, ranges: Mapping[str, tuple[str, str]]) -> str | None:
         """The statement with `where v in lo:hi` for each of `ranges` (text bounds),
