@@ -293,7 +293,9 @@ def _check_start(cdef: CheckedDef, s: StartCheck, sizes: Mapping[str, int]) -> N
     shown = ", ".join(f"{n}={sizes[n]}" for n in sorted(s.lo.symbols() | s.hi.symbols()))
     at = f"; at {shown} that is {lo}:{hi}"
     r = IndexRange(s.var, s.lo, s.hi)
-    raise TCRangeError(start_message(s.tensor, s.dim, r, lo, at), s.span, cdef.source)
+    raise TCRangeError(
+        start_message(s.tensor, s.dim, r, lo, at, s.fix), s.span, cdef.source, cdef.filename
+    )
 
 
 def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
@@ -308,6 +310,7 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                     f"{_where(sizes, r.lo.symbols() | r.hi.symbols())}",
                     st.span,
                     cdef.source,
+                    cdef.filename,
                 )
         for s in st.starts:
             _check_start(cdef, s, sizes)
@@ -321,6 +324,7 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                     f"of its dimension {c.dim}{_where(sizes, syms)}",
                     c.span,
                     cdef.source,
+                    cdef.filename,
                 )
     for info in cdef.outputs + cdef.temporaries:
         shape = binding.shape_of(info)
@@ -331,6 +335,7 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                 f"{_where(sizes, frozenset().union(*(d.symbols() for d in info.shape)))}",
                 info.span,
                 cdef.source,
+                cdef.filename,
             )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from tcpy import targets
 from tcpy.codegen.naming import user_text
 from tcpy.engine import ExecutionEngine
-from tcpy.errors import TCCompileError, TCError, TCMappingError
+from tcpy.errors import TCCompileError, TCError, TCMappingError, TCWarning, located
 from tcpy.inputs import random_inputs, resolve_sizes
 from tcpy.mapping.options import PRESETS, MappingOptions
 from tcpy.parser import CheckedDef
@@ -43,7 +43,11 @@ def check(source: str, filename: str, args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         names = engine.define(source, filename)
     for w in caught:
-        print(f"{filename}: warning: {w.message}", file=sys.stderr)
+        m = w.message
+        if isinstance(m, TCWarning) and m.span is not None:  # file:line:col: warning: ...
+            print(located(f"warning: {m.message}", m.span, m.source, m.filename), file=sys.stderr)
+        else:
+            print(f"{filename}: warning: {m}", file=sys.stderr)
     for name in names:
         cdef = engine.checked(name)
         shapes = ", ".join(

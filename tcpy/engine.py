@@ -33,7 +33,7 @@ from tcpy.binding import (
     signature_key,
 )
 from tcpy.cache import tcpy_version
-from tcpy.errors import TCError, TCInputError
+from tcpy.errors import TCError, TCInputError, TCWarning, warn
 from tcpy.genetic.store import TunedStore, tuned_key
 from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
@@ -104,6 +104,9 @@ class ExecutionEngine:
         probably not what was meant."""
         start = time.perf_counter()
         defs = check_source(source, filename)
+        for cdef in defs.values():
+            if cdef.name in _ATTRIBUTES:
+                warn(TCWarning(_shadowed(cdef.name), cdef.span, source, filename))
         _log.debug(
             "parsed and checked %s in %.1f ms", ", ".join(defs), (time.perf_counter() - start) * 1e3
         )
@@ -288,7 +291,7 @@ class ExecutionEngine:
                 )
             kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
-            raise e.with_source(cdef.source) from None
+            raise e.with_source(cdef.source, cdef.filename) from None
         compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
         plain = _plain_signature(inputs)
         if plain is not None and (given is None or isinstance(given, MappingOptions)):
@@ -496,7 +499,7 @@ class Compiled:
         except KernelFault as e:  # where the values made the kernel fault
             raise explained(self.cdef, binding, e).with_source(self.cdef.source) from None
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
 
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
@@ -515,7 +518,7 @@ class Compiled:
         try:
             return list(profile(binding))
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
 
     def _bind(self, inputs: tuple[Any, ...]) -> Binding:
         plain = _plain_signature(inputs)
@@ -524,7 +527,7 @@ class Compiled:
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
-            raise e.with_source(self.cdef.source) from None
+            raise e.with_source(self.cdef.source, self.cdef.filename) from None
         if _signature_of(self._kernel, binding) != self._signature:
             what = "ranks" if self._kernel.generic else "shapes"
             raise TCInputError(
@@ -543,6 +546,16 @@ class Compiled:
 
 
 _KNOWN_CALLS = 4096  # the calls remembered for the fast path, per engine
+
+# What `engine.<name>` finds before a def of that name (methods, properties, attributes).
+_ATTRIBUTES = frozenset(n for n in [*dir(ExecutionEngine), "target"] if not n.startswith("_"))
+
+
+def _shadowed(name: str) -> str:
+    return (
+        f"def {name} cannot be called as engine.{name}(...), which is the engine's own "
+        f"{name}; call it as engine.run({name!r}, ...)"
+    )
 
 
 def _plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:

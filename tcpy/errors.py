@@ -11,6 +11,9 @@ All exceptions pickle (`__reduce__`), so worker processes can send them back.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,19 @@ def render_caret(source: str, span: Span) -> str:
     width = span.end_column - span.column if span.end_line == span.line else 1
     width = max(1, min(width, len(text) - span.column + 2))
     return f"{text}\n{' ' * (span.column - 1)}{'^' * width}"
+
+
+def located(message: str, span: Span | None, source: str | None, filename: str | None) -> str:
+    """`file:line:col: message`, then the source line with a caret: how errors and
+    warnings with a span render."""
+    if span is None:
+        return message
+    text = f"{filename or '<tc>'}:{span.line}:{span.column}: {message}"
+    if source is not None:
+        caret = render_caret(source, span)
+        if caret:
+            text += "\n" + caret
+    return text
 
 
 class TCError(Exception):
@@ -75,15 +91,7 @@ class TCError(Exception):
         return self
 
     def __str__(self) -> str:
-        if self.span is None:
-            return self.message
-        where = f"{self.filename or '<tc>'}:{self.span.line}:{self.span.column}"
-        text = f"{where}: {self.message}"
-        if self.source is not None:
-            caret = render_caret(self.source, self.span)
-            if caret:
-                text += "\n" + caret
-        return text
+        return located(self.message, self.span, self.source, self.filename)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self.span, self.source, self.filename))
@@ -135,7 +143,41 @@ class TCInputError(TCError, ValueError):
 
 
 class TCWarning(UserWarning):
-    """A program that is legal but probably not what was meant."""
+    """A program that is legal but probably not what was meant; rendered like a
+    `TCError`, with the line and a caret when it has a span."""
+
+    def __init__(
+        self,
+        message: str,
+        span: Span | None = None,
+        source: str | None = None,
+        filename: str | None = None,
+    ) -> None:
+        self.message = message
+        self.span = span
+        self.source = source
+        self.filename = filename
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return located(self.message, self.span, self.source, self.filename)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.span, self.source, self.filename))
+
+
+_PACKAGE = os.path.dirname(__file__) + os.sep
+
+
+def warn(warning: TCWarning) -> None:
+    """Emit `warning` attributed to the first caller outside tcpy: the user's line
+    that called `define` or `run`, not the pass that noticed."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(warning, stacklevel=level)
 
 
 class InternalError(Exception):

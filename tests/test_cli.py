@@ -98,7 +98,12 @@ def test_check_prints_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str
     f = tmp_path / "w.tc"
     f.write_text("def f(float(N,M) A) -> (B) { B(i) += A(i,j) }")
     assert main(["check", str(f)]) == 0
-    assert "warning: line 1: B is not initialised" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{f}:1:30: warning: B is not initialised" in err
+    assert err.splitlines()[1:3] == [
+        "def f(float(N,M) A) -> (B) { B(i) += A(i,j) }",
+        " " * 29 + "^^^^",
+    ]
 
 
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:

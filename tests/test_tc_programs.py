@@ -110,7 +110,7 @@ def test_convolution_gradient_with_a_3x3_filter_is_refused_at_call_time(target: 
     err = info.value
     assert "I_grad would start at index 2, not 0, in its dimension 2 written by h" in err.message
     assert "inferred h in KH - 1:H; at H=5, KH=3 that is 2:5" in err.message
-    assert "where h in 0:H" in err.message
+    assert "I_grad(n, c, h, w) +=! O_grad(n, m, h - kh + KH - 1, w - kw + KW - 1)" in err.message
     assert err.line == 5 and err.column == 18  # the h of I_grad(n, c, h, w)
     assert str(err).splitlines()[-1].strip() == "^"
 

@@ -10,9 +10,10 @@ the CUDA target's.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,9 +229,7 @@ class MappingOptions:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MappingOptions:
         names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = set(data) - set(names)
-        if unknown:
-            raise TCMappingError(f"unknown mapping option(s): {', '.join(sorted(unknown))}")
+        _check_names(data)
         values: dict[str, Any] = {}
         for name, value in data.items():
             default = names[name].default
@@ -265,6 +264,7 @@ class MappingOptions:
         return data
 
     def replace(self, **changes: Any) -> MappingOptions:
+        _check_names(changes)
         return dataclasses.replace(self, **changes)
 
     def layered(self, changes: Mapping[str, Any]) -> MappingOptions:
@@ -372,6 +372,22 @@ class MappingOptions:
             raise TCMappingError(f"unknown preset {name!r}; the presets are {', '.join(PRESETS)}")
         made: MappingOptions = getattr(cls, name)()
         return made
+
+
+def _check_names(names: Iterable[str]) -> None:
+    """A `TCMappingError` for names that are not fields, with the field each is
+    closest to (`tiel`: did you mean 'tile'?)."""
+    fields = [f.name for f in dataclasses.fields(MappingOptions)]
+    unknown = sorted(set(names) - set(fields))
+    if not unknown:
+        return
+    hints, lost = [], False
+    for name in unknown:
+        close = difflib.get_close_matches(name, fields, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        lost |= not close
+    listed = f"; the options are {', '.join(fields)}" if lost else ""
+    raise TCMappingError(f"unknown mapping option(s): {', '.join(hints)}{listed}")
 
 
 # The names `MappingOptions.preset` takes: each is a classmethod of that name.

@@ -13,7 +13,7 @@ def check_source(source: str, filename: str | None = None) -> dict[str, CheckedD
     try:
         program = parse(source, filename)
         check_depth(program)
-        return check_program(program)
+        return check_program(program, filename)
     except TCError as e:
         raise e.with_source(source, filename) from None
     except RecursionError:

@@ -76,6 +76,7 @@ class StartCheck:
     lo: Sym
     hi: Sym
     span: Span  # the index on the left-hand side
+    fix: str = ""  # the statement shifted to start at 0, when tcpy accepts it
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class CheckedDef:
     size_symbols: tuple[str, ...]  # in order of first appearance in the inputs
     span: Span
     source: str
+    filename: str | None = None  # as given to `define`, for errors raised at call time
 
     def __repr__(self) -> str:
         def param(t: TensorInfo) -> str:

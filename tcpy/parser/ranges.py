@@ -18,14 +18,17 @@ no condition; the targets check them on the data.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tcpy.errors import Span, TCRangeError, TCSemanticError, TCWarning
+from tcpy.errors import Span, TCRangeError, TCSemanticError, TCWarning, warn
 from tcpy.parser import ast
 from tcpy.parser.checked import BoundsCheck, IndexRange, StartCheck
 from tcpy.parser.symbolic import Sym, provably_le, provably_positive, sym_max, sym_min
+
+if TYPE_CHECKING:  # fixes re-checks statements with the whole front end
+    from tcpy.parser.fixes import StatementSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class StatementShape:
     fixed: Mapping[str, tuple[Sym, Sym]]  # from `where i in lo:hi`
     span: Span
     lhs_span: Span
+    fixes: StatementSource | None = None  # the statement's text, for fixes and warnings
+    filename: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +138,7 @@ def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> I
         role = "of the left-hand side" if lhs else "of the reduction"
         raise TCRangeError(
             f"cannot infer the range of {which} {names} {role}: no access bounds "
-            f"{'it' if len(missing) == 1 else 'them'} on its own; add "
-            f"where {missing[0]} in 0:<size>",
+            f"{'it' if len(missing) == 1 else 'them'} on its own; {_range_hint(st, missing)}",
             st.span,
         )
     ranges = tuple(IndexRange(v, *solved[v]) for v in variables)
@@ -154,27 +158,52 @@ def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> I
     return InferredRanges(ranges, _bounds_checks(conditions, solved), lhs_shape, starts)
 
 
+def _range_hint(st: StatementShape, missing: list[str]) -> str:
+    """A where clause for each index without a range: with a size of the def standing
+    for the one meant, when the statement is accepted with it."""
+    fixed = None
+    if st.fixes and st.fixes.sizes:
+        size = st.fixes.sizes[0]
+        fixed = st.fixes.with_ranges({v: ("0", size) for v in missing})
+    clauses = ", ".join(f"{v} in 0:<size>" for v in missing)
+    if fixed is None:
+        return f"give {'it' if len(missing) == 1 else 'them'} a range: where {clauses}"
+    return (
+        f"give {'it' if len(missing) == 1 else 'them'} a range, e.g. {fixed} (with the size meant)"
+    )
+
+
 def _deferred_starts(st: StatementShape, ranges: tuple[IndexRange, ...]) -> tuple[StartCheck, ...]:
     """The left-hand indices of a statement that defines its tensor's shape must start
     at 0, since the tensor is allocated from 0. A start that is non-zero for every size
     (`O(i) = I(i - 1)`) is an error now; one that depends on the sizes (`KH - 1` in a
-    convolution gradient, 0 for the 1x1 filters TC ran it with) is checked at each call."""
+    convolution gradient, 0 for the 1x1 filters TC ran it with) is checked at each call.
+    The fix offered shifts every such index to start at 0 (`O(i) = I(i)`)."""
+    lhs = list(zip(ranges, st.index_spans, strict=False))
+    shifts = {r.var: (r.lo, r.hi) for r, _ in lhs if r.lo != Sym()}
+    if not shifts:
+        return ()
+    fix = (st.fixes.shifted(shifts) if st.fixes else None) or ""
     starts = []
-    for dim, (r, span) in enumerate(zip(ranges, st.index_spans, strict=False)):
+    for dim, (r, span) in enumerate(lhs):
         if r.lo == Sym():
             continue
         if provably_positive(r.lo) or provably_positive(-r.lo):
-            raise TCRangeError(start_message(st.tensor, dim, r, r.lo), span)
-        starts.append(StartCheck(st.tensor, dim, r.var, r.lo, r.hi, span))
+            raise TCRangeError(start_message(st.tensor, dim, r, r.lo, fix=fix), span)
+        starts.append(StartCheck(st.tensor, dim, r.var, r.lo, r.hi, span, fix))
     return tuple(starts)
 
 
-def start_message(tensor: str, dim: int, r: IndexRange, start: Sym | int, at: str = "") -> str:
-    """Why an output cannot start where its range does, shared by define and call."""
+def start_message(
+    tensor: str, dim: int, r: IndexRange, start: Sym | int, at: str = "", fix: str = ""
+) -> str:
+    """Why an output cannot start where its range does, shared by define and call;
+    `fix`, the statement shifted to start at 0, when tcpy accepts it."""
+    how = f": {fix}" if fix else f" (run {r.var} over 0:{r.hi - r.lo}, reading at {r.var} + {r.lo})"
     return (
         f"{tensor} would start at index {start}, not 0, in its dimension {dim} written by "
-        f"{r.var} (inferred {r.var} in {r.lo}:{r.hi}{at}); add a where clause such as "
-        f"where {r.var} in 0:{r.hi}, or shift the subscripts"
+        f"{r.var} (inferred {r.var} in {r.lo}:{r.hi}{at}); shift the subscripts so that "
+        f"{r.var} starts at 0{how}"
     )
 
 
@@ -243,24 +272,35 @@ def _warn_guarded_narrowing(
     st: StatementShape, conditions: list[_Condition], solved: Mapping[str, tuple[Sym, Sym]]
 ) -> None:
     """TC infers ranges from every read, guarded or not; a guard written to pad a
-    convolution then silently narrows the reduction instead. Say so."""
+    convolution then silently narrows the reduction instead. Say so, once per
+    statement, with the where clause that gives every narrowed index its full range."""
+    wide: dict[str, tuple[Sym, Sym]] = {}
+    first: _Condition | None = None
     for cond in conditions:
         if not cond.guarded or len(cond.linear.variables) < 2:
             continue
         without = _solve(st, [c for c in conditions if c is not cond])
         for var in cond.linear.variables:
-            if var in st.fixed or var not in without or without[var] == solved[var]:
+            if var in st.fixed or var in wide or var not in without:
                 continue
-            lo, hi = solved[var]
-            warnings.warn(
-                f"line {cond.span.line}: a read of {cond.tensor} under a condition narrows "
-                f"the range of {var} to {lo}:{hi} (from {without[var][0]}:{without[var][1]});"
-                f" if the condition pads the read, give {var} its range with "
-                f"where {var} in ...",
-                TCWarning,
-                stacklevel=4,
-            )
-            return
+            if without[var] != solved[var]:
+                wide[var] = without[var]
+                first = first or cond
+    if first is None:
+        return
+    fixed = None
+    if st.fixes:
+        fixed = st.fixes.with_ranges({v: (str(lo), str(hi)) for v, (lo, hi) in wide.items()})
+    clauses = ", ".join(f"{v} in {lo}:{hi}" for v, (lo, hi) in wide.items())
+    narrowed = ", ".join(
+        f"{v} to {solved[v][0]}:{solved[v][1]} (from {lo}:{hi})" for v, (lo, hi) in wide.items()
+    )
+    message = (
+        f"a read of {first.tensor} under a condition narrows the range of {narrowed}; if "
+        "the condition pads the read, give the full range"
+        + (f": {fixed}" if fixed else f" with where {clauses}")
+    )
+    warn(TCWarning(message, first.span, st.fixes.source if st.fixes else None, st.filename))
 
 
 def _extremes(

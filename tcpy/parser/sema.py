@@ -16,12 +16,11 @@ Rules beyond the language summary, decided here for safety:
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tcpy.errors import Span, TCSemanticError, TCTypeError, TCWarning
-from tcpy.parser import ast
+from tcpy.errors import Span, TCSemanticError, TCTypeError, TCWarning, warn
+from tcpy.parser import ast, fixes
 from tcpy.parser.builtins import BUILTINS
 from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
 from tcpy.parser.ranges import StatementShape, infer_ranges, sym_of_bound
@@ -32,13 +31,14 @@ INT32 = ScalarType.INT32
 BOOL = ScalarType.BOOL
 
 
-def check_program(program: ast.Program) -> dict[str, CheckedDef]:
-    """Check every definition of a program; names must be unique across it."""
+def check_program(program: ast.Program, filename: str | None = None) -> dict[str, CheckedDef]:
+    """Check every definition of a program; names must be unique across it. `filename`
+    names the source in warnings and in errors raised at call time."""
     checked: dict[str, CheckedDef] = {}
     for d in program.defs:
         if d.name in checked:
             raise TCSemanticError(f"def {d.name} is defined twice in this source", d.name_span)
-        checked[d.name] = _DefChecker(d, program.source).run()
+        checked[d.name] = _DefChecker(d, program.source, filename).run()
     return checked
 
 
@@ -60,8 +60,10 @@ class _Tensor:
 class _DefChecker:
     d: ast.Def
     source: str
+    filename: str | None
     tensors: dict[str, _Tensor] = field(default_factory=dict)
     sizes: dict[str, Span] = field(default_factory=dict)
+    here: fixes.StatementSource = field(init=False)  # the statement being checked
 
     def run(self) -> CheckedDef:
         self.declare_inputs()
@@ -85,7 +87,11 @@ class _DefChecker:
             size_symbols=tuple(self.sizes),
             span=self.d.span,
             source=self.source,
+            filename=self.filename,
         )
+
+    def warn(self, message: str, span: Span) -> None:
+        warn(TCWarning(message, span, self.source, self.filename))
 
     # --- declarations -------------------------------------------------------------
 
@@ -157,12 +163,14 @@ class _DefChecker:
     # --- statements ---------------------------------------------------------------
 
     def statement(self, st: ast.Statement) -> CheckedStatement:
+        self.here = fixes.StatementSource(self.source, self.d.span, st, tuple(self.sizes))
         lhs = self.lhs_tensor(st)
         self.check_lhs_indices(st, lhs)
         fixed, lets, exists = self.where_clauses(st)
         resolver = _Resolver(self, st, lets)
         rhs = resolver.expr(st.rhs)
         exists_exprs = tuple(resolver.expr(e) for e in exists)
+        self.here = replace(self.here, resolved=(rhs, *exists_exprs))
         if st.equivalent is not None:
             self.check_equivalent(st, resolver.indices)
         reduction = tuple(
@@ -183,6 +191,8 @@ class _DefChecker:
                 fixed=fixed,
                 span=st.span,
                 lhs_span=st.lhs_span,
+                fixes=self.here,
+                filename=self.filename,
             ),
             {n: t.shape for n, t in self.tensors.items() if t.shape is not None},
         )
@@ -219,11 +229,12 @@ class _DefChecker:
                 st.lhs_span,
             )
         if not t.written and st.op.is_reduction and not st.op.initializes:
-            warnings.warn(
-                f"line {st.span.line}: {name} is not initialised before this {st.op.value} "
-                f"reduction, so it starts from zero; write {st.op.value}! to say so",
-                TCWarning,
-                stacklevel=2,
+            fixed = self.here.with_op(st.op.value + "!")
+            self.warn(
+                f"{name} is not initialised before this {st.op.value} reduction, so it "
+                f"starts from zero; write {st.op.value}! to say so"
+                + (f": {fixed}" if fixed else ""),
+                st.lhs_span,
             )
         return t
 
@@ -285,9 +296,11 @@ class _DefChecker:
     def check_reduction(self, st: ast.Statement, reduction: tuple[str, ...], lhs: _Tensor) -> None:
         if reduction and not st.op.is_reduction:
             names = ", ".join(reduction)
+            fixed = self.here.with_op("+=!")
+            hint = f"a reduction such as {fixed}" if fixed else "a reduction"
             raise TCSemanticError(
                 f"index {names} appears only on the right-hand side, which makes it a "
-                f"reduction index: use a reduction such as +=! (or index {st.tensor} with it)",
+                f"reduction index: use {hint} (or index {st.tensor} with it)",
                 st.span,
             )
         if (
@@ -337,16 +350,20 @@ class _DefChecker:
                     ast.Reduction.PROD,
                 )
             ):
+                fixed = self.here.fixed({rhs.span: f"int32({fixes.text(self.source, rhs.span)})"})
                 raise TCTypeError(
                     f"{st.op.value} needs numbers, and the right-hand side is bool; "
-                    "cast it, e.g. int32(...)",
+                    "cast it" + (f": {fixed}" if fixed else ""),
                     rhs.span,
                 )
             lhs.scalar = rhs.ty
         elif not assignable(rhs.ty, lhs.scalar):
+            cast = f"{lhs.scalar.value}({fixes.text(self.source, rhs.span)})"
+            fixed = self.here.fixed({rhs.span: cast})
             raise TCTypeError(
                 f"cannot store a {rhs.ty.value} value into {lhs.scalar.value} tensor "
-                f"{st.tensor} without a cast; write {lhs.scalar.value}(...)",
+                f"{st.tensor} without a cast"
+                + (f"; write {fixed}" if fixed else f"; write {lhs.scalar.value}(...)"),
                 rhs.span,
             )
 
@@ -436,8 +453,10 @@ class _Resolver:
         if name in self.lets or name in self.st.indices:
             raise TCSemanticError(f"{name} is an index, not a tensor or function", e.name_span)
         candidates = [*self.c.tensors, *BUILTINS]
-        close = difflib.get_close_matches(name, candidates, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = difflib.get_close_matches(name, candidates, n=3)
+        # only a name the statement is accepted with: a tensor of another rank is no fix
+        fits = [c for c in close if self.c.here.renamed(e.name_span, c)]
+        hint = f"; did you mean {fits[0]}?" if fits else ""
         raise TCSemanticError(f"unknown tensor or function {name}{hint}", e.name_span)
 
     def access(
@@ -463,12 +482,7 @@ class _Resolver:
                     f"a subscript of {t.name} must be an integer, not {_ty(a).value}", a.span
                 )
         if not t.written:
-            warnings.warn(
-                f"line {span.line}: {t.name} is read before any statement writes it; "
-                "it reads zeros",
-                TCWarning,
-                stacklevel=2,
-            )
+            self.c.warn(f"{t.name} is read before any statement writes it; it reads zeros", span)
         return ast.Access(t.name, args, span, t.scalar)
 
     def unary(self, op: ast.UnaryOp, v: ast.Expr, span: Span) -> ast.Expr:
@@ -493,7 +507,14 @@ class _Resolver:
         _require_number(b, f"the operands of {op.value}")
         ty = promote(_ty(a), _ty(b))
         if op is ast.BinaryOp.MOD and ty.is_float:
-            raise TCTypeError("% needs integer operands; use fmod(a, b) for floats", span)
+            src = self.c.source
+            call = f"fmod({fixes.text(src, a.span)}, {fixes.text(src, b.span)})"
+            fixed = self.c.here.fixed({span: call})
+            raise TCTypeError(
+                "% needs integer operands; for floats "
+                + (f"use fmod: {fixed}" if fixed else "use fmod(a, b)"),
+                span,
+            )
         return ast.Binary(op, a, b, span, ty)
 
 

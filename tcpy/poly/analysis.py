@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
 
 from tcpy import knobs
-from tcpy.errors import TCWarning
+from tcpy.errors import TCWarning, warn
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.bounded import DeadlineExceeded, run_bounded
@@ -74,7 +73,8 @@ class _Run:
         self.clock_forced |= isinstance(why, DeadlineExceeded)
         note = f"{what}: isl {_reason(why)}"
         self.fallbacks.append(note)
-        warnings.warn(TCWarning(f"{self.cdef.name}: {note}"), stacklevel=5)
+        cdef = self.cdef
+        warn(TCWarning(f"{cdef.name}: {note}", cdef.span, cdef.source, cdef.filename))
 
 
 def analyse(cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions) -> Analysis:
