@@ -149,7 +149,7 @@ class ExecutionEngine:
             try:
                 bind(cdef, inputs)
             except TCError as e:
-                raise e.with_source(cdef.source) from None
+                raise cdef.located(e) from None
         return self._target.default_options(cdef)
 
     def device(self) -> str:
@@ -291,7 +291,7 @@ class ExecutionEngine:
                 )
             kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
-            raise e.with_source(cdef.source, cdef.filename) from None
+            raise cdef.located(e) from None
         compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
         plain = _plain_signature(inputs)
         if plain is not None and (given is None or isinstance(given, MappingOptions)):
@@ -497,9 +497,9 @@ class Compiled:
                 self._kernel(binding, dests)
             return _single(_tuple(out), out)
         except KernelFault as e:  # where the values made the kernel fault
-            raise explained(self.cdef, binding, e).with_source(self.cdef.source) from None
+            raise self.cdef.located(explained(self.cdef, binding, e)) from None
         except TCError as e:
-            raise e.with_source(self.cdef.source, self.cdef.filename) from None
+            raise self.cdef.located(e) from None
 
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
@@ -518,7 +518,7 @@ class Compiled:
         try:
             return list(profile(binding))
         except TCError as e:
-            raise e.with_source(self.cdef.source, self.cdef.filename) from None
+            raise self.cdef.located(e) from None
 
     def _bind(self, inputs: tuple[Any, ...]) -> Binding:
         plain = _plain_signature(inputs)
@@ -527,7 +527,7 @@ class Compiled:
         try:
             binding = bind(self.cdef, inputs)
         except TCError as e:
-            raise e.with_source(self.cdef.source, self.cdef.filename) from None
+            raise self.cdef.located(e) from None
         if _signature_of(self._kernel, binding) != self._signature:
             what = "ranks" if self._kernel.generic else "shapes"
             raise TCInputError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from tcpy.errors import Span
+from tcpy.errors import Span, TCError
 from tcpy.parser import ast
 from tcpy.parser.symbolic import Sym
 from tcpy.types import ScalarType
@@ -123,6 +123,10 @@ class CheckedDef:
         inputs = ", ".join(param(t) for t in self.inputs)
         outputs = ", ".join(t.name for t in self.outputs)
         return f"CheckedDef(def {self.name}({inputs}) -> ({outputs}))"
+
+    def located(self, error: TCError) -> TCError:
+        """`error` with this def's source and file name, for a message with a caret."""
+        return error.with_source(self.source, self.filename)
 
     def tensor(self, name: str) -> TensorInfo:
         for t in self.inputs + self.outputs + self.temporaries:
