@@ -180,6 +180,15 @@ def bind_out(cdef: CheckedDef, binding: Binding, out: Any) -> tuple[np.ndarray |
 
 
 def _destination(info: TensorInfo, binding: Binding, value: Any) -> np.ndarray | DeviceInput:
+    if type(value) is np.ndarray:  # the common case, checked at once
+        flags = value.flags
+        if (
+            value.shape == binding.shape_of(info)
+            and value.dtype == info.scalar.dtype
+            and flags.c_contiguous
+            and flags.writeable
+        ):
+            return value
     check_no_grad(info.name, value, "out")
     if not (isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")):
         if not hasattr(value, "__array__") or library_of(value) is Kind.NUMPY:
@@ -221,7 +230,10 @@ def _extent(a: np.ndarray | DeviceInput) -> tuple[int, int]:
 
 def _overlap(a: np.ndarray | DeviceInput, b: np.ndarray | DeviceInput) -> bool:
     """Whether two buffers may share memory (host and device memory never do)."""
-    if isinstance(a, DeviceInput) != isinstance(b, DeviceInput):
+    a_device, b_device = isinstance(a, DeviceInput), isinstance(b, DeviceInput)
+    if not a_device and not b_device:  # NumPy compares the bounds of their memory
+        return bool(np.may_share_memory(a, b))
+    if a_device != b_device:
         return False
     (a0, a1), (b0, b1) = _extent(a), _extent(b)
     return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
