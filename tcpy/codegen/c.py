@@ -35,7 +35,6 @@ from tcpy.codegen.ast_build import Ast, UserStatement
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
 from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import (
-    STATUS_OUT_OF_MEMORY,
     BodyPrinter,
     Helpers,
     StatementParts,
@@ -63,6 +62,7 @@ from tcpy.parser import ast as tc
 from tcpy.parser.checked import CheckedDef, CheckedStatement, Role
 from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Kind, Scop
+from tcpy.runtime.status import STATUS_OUT_OF_MEMORY
 
 KERNEL_SYMBOL = "tc_kernel"
 CONSERVATIVE_MACRO = "TC_CONSERVATIVE"  # defined by a build that retries with safe flags

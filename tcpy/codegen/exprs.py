@@ -27,11 +27,6 @@ from tcpy.parser.ranges import guarded_accesses, linear_form
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 from tcpy.types import ScalarType, promote
 
-STATUS_DIVISION_BY_ZERO = 1
-STATUS_INDEX_OUT_OF_RANGE = 2
-STATUS_OUT_OF_MEMORY = 3  # the buffers of packed tiles could not be allocated
-
-
 # --- isl AST expressions ---------------------------------------------------------------
 
 _BINARY = {

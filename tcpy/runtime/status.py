@@ -9,16 +9,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from tcpy.codegen.exprs import (
-    STATUS_DIVISION_BY_ZERO,
-    STATUS_INDEX_OUT_OF_RANGE,
-    STATUS_OUT_OF_MEMORY,
-)
 from tcpy.errors import TCError, TCInputError, TCLaunchError
 
 if TYPE_CHECKING:
     from tcpy.binding import Binding
     from tcpy.parser import CheckedDef
+
+# The status word a kernel sets (0: all went well), shared with the code generators.
+STATUS_DIVISION_BY_ZERO = 1
+STATUS_INDEX_OUT_OF_RANGE = 2
+STATUS_OUT_OF_MEMORY = 3  # the buffers of packed tiles could not be allocated
 
 # The most statement instances `explained` interprets (a few seconds of NumPy at most);
 # a larger call keeps the kernel's own message.
