@@ -27,7 +27,6 @@ from tcpy.parser.checked import (
     CheckedDef,
     CheckedStatement,
     IndexRange,
-    Role,
     StartCheck,
     TensorInfo,
 )
@@ -75,6 +74,9 @@ class Binding:
 
     arrays: tuple[np.ndarray | DeviceInput, ...]
     sizes: Mapping[str, int]
+    # some range or output is empty at these sizes: nothing to compile, the reference
+    # interpreter gives the (empty, or identity-filled) outputs
+    empty: bool = False
 
     @property
     def on_device(self) -> bool:
@@ -91,7 +93,8 @@ class Binding:
         return tuple(out)
 
     def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
-        return tuple(d.evaluate(self.sizes) for d in info.shape)
+        """The shape of `info` at these sizes; an extent that would be negative is 0."""
+        return tuple(max(d.evaluate(self.sizes), 0) for d in info.shape)
 
     def ranges(self, st: CheckedStatement) -> dict[str, tuple[int, int]]:
         return {r.var: (r.lo.evaluate(self.sizes), r.hi.evaluate(self.sizes)) for r in st.ranges}
@@ -117,7 +120,8 @@ def bind(cdef: CheckedDef, args: Sequence[Any]) -> Binding:
     arrays = tuple(_as_array(info, a) for info, a in zip(cdef.inputs, args, strict=True))
     sizes = _bind_sizes(cdef, arrays)
     binding = Binding(arrays, sizes)
-    check_ranges(cdef, binding)
+    if check_ranges(cdef, binding):
+        return Binding(arrays, sizes, empty=True)
     return binding
 
 
@@ -310,20 +314,19 @@ def _check_start(cdef: CheckedDef, s: StartCheck, sizes: Mapping[str, int]) -> N
     )
 
 
-def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
-    """Every range non-empty, every deferred bounds proof true, at the bound sizes."""
+def check_ranges(cdef: CheckedDef, binding: Binding) -> bool:
+    """Every deferred start of an output and every deferred bounds proof true at the
+    bound sizes, for the statements that run at them; returns whether the call is empty:
+    a range with nothing in it (`lo:hi` with hi <= lo) or an output or temporary with
+    an extent of 0 or less. A statement with an empty range reads nothing, so its
+    proofs are not checked (a `!` reduction over an empty range still sets its outputs
+    to the operator's identity)."""
     sizes = binding.sizes
+    empty = False
     for st in cdef.statements:
-        for r in st.ranges:
-            lo, hi = r.lo.evaluate(sizes), r.hi.evaluate(sizes)
-            if hi <= lo:
-                raise TCRangeError(
-                    f"index {r.var} ranges over {r.lo}:{r.hi}, which is empty"
-                    f"{_where(sizes, r.lo.symbols() | r.hi.symbols())}",
-                    st.span,
-                    cdef.source,
-                    cdef.filename,
-                )
+        if any(r.hi.evaluate(sizes) <= r.lo.evaluate(sizes) for r in st.ranges):
+            empty = True
+            continue
         for s in st.starts:
             _check_start(cdef, s, sizes)
         for c in st.checks:
@@ -338,17 +341,9 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> None:
                     cdef.source,
                     cdef.filename,
                 )
-    for info in cdef.outputs + cdef.temporaries:
-        shape = binding.shape_of(info)
-        if any(d <= 0 for d in shape):
-            role = "output" if info.role is Role.OUTPUT else "temporary"
-            raise TCRangeError(
-                f"{role} {info.name} would have shape {shape}"
-                f"{_where(sizes, frozenset().union(*(d.symbols() for d in info.shape)))}",
-                info.span,
-                cdef.source,
-                cdef.filename,
-            )
+    return empty or any(
+        d.evaluate(sizes) <= 0 for info in cdef.outputs + cdef.temporaries for d in info.shape
+    )
 
 
 def _count(n: int, one: str, many: str = "") -> str:

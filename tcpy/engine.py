@@ -39,6 +39,7 @@ from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
+from tcpy.runtime.empty import EmptyCall
 from tcpy.runtime.status import KernelFault, explained
 from tcpy.targets import Kernel
 
@@ -289,12 +290,16 @@ class ExecutionEngine:
                     f"the {self.target} target takes host arrays, and an input of "
                     f"{entry} is in GPU memory; use the cuda target or copy it to the host"
                 )
-            kernel = self._kernel(cdef, binding, signature, options)
+            if binding.empty:  # nothing to compile: the reference interpreter runs it
+                kernel: Kernel = EmptyCall(cdef, options)
+            else:
+                kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
             raise cdef.located(e) from None
         compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
         plain = _plain_signature(inputs)
-        if plain is not None and (given is None or isinstance(given, MappingOptions)):
+        fast = given is None or isinstance(given, MappingOptions)
+        if plain is not None and fast and not binding.empty:
             if len(self._calls) >= _KNOWN_CALLS:
                 self._calls.clear()
             self._calls[(entry, given, plain)] = (compiled, binding.sizes)
@@ -478,23 +483,25 @@ class Compiled:
     def call(self, binding: Binding, inputs: tuple[Any, ...], out: Any) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
         outputs in the library of `inputs`, or written into `out`."""
+        # an empty call runs no compiled code, whatever kernel this is
+        kernel = EmptyCall(self.cdef, self.options) if binding.empty else self._kernel
         try:
             if out is None:
                 kind = kind_of(inputs)
-                outputs = self._kernel(binding)
+                outputs = kernel(binding)
                 return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
             dests = bind_out(self.cdef, binding, out)
             device = any(isinstance(d, DeviceInput) for d in dests)
-            if device and not getattr(self._kernel, "accepts_device_out", False):
+            if device and not getattr(kernel, "accepts_device_out", False):
                 raise TCInputError(
                     f"out= is in GPU memory, and this kernel of {self.cdef.name} runs on "
                     "the host; pass host arrays"
                 )
             if overlaps_inputs(binding, dests):  # computed aside, then copied in
-                for dest, result in zip(dests, self._kernel(binding), strict=True):
+                for dest, result in zip(dests, kernel(binding), strict=True):
                     _copy_into(dest, result)
             else:
-                self._kernel(binding, dests)
+                kernel(binding, dests)
             return _single(_tuple(out), out)
         except KernelFault as e:  # where the values made the kernel fault
             raise self.cdef.located(explained(self.cdef, binding, e)) from None

@@ -69,6 +69,8 @@ class _Statement:
         reduction = st.op.reduction
         if reduction is not None and st.op.initializes:
             target[region] = reduction.neutral(_scalar(target))
+        if any(hi <= lo for lo, hi in self.ranges.values()):
+            return  # an empty range: nothing more to evaluate
         lhs_shape = tuple(hi - lo for lo, hi in (self.ranges[v] for v in st.indices))
         n_lhs = len(st.indices)
         for chunk in self._chunks(math.prod(lhs_shape)):
