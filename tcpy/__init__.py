@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tcpy.engine import Compiled, ExecutionEngine
+from tcpy.compiled import Compiled
+from tcpy.engine import ExecutionEngine
 from tcpy.errors import (
     InternalError,
     Span,

@@ -19,20 +19,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tcpy import log, targets
-from tcpy.arrays import Kind, kind_of, wrap
 from tcpy.binding import (
     Binding,
-    DeviceInput,
     bind,
-    bind_out,
     generic_signature_key,
-    overlaps_inputs,
     signature_key,
 )
 from tcpy.cache import tcpy_version
+from tcpy.compiled import Compiled, plain_signature, signature_of
 from tcpy.errors import TCError, TCInputError, TCWarning, warn
 from tcpy.genetic.store import TunedStore, tuned_key
 from tcpy.mapping.device import named
@@ -40,7 +35,6 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
 from tcpy.runtime.empty import EmptyCall
-from tcpy.runtime.status import KernelFault, explained
 from tcpy.targets import Kernel
 
 if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
@@ -261,7 +255,7 @@ class ExecutionEngine:
         every check of a call depends only on them."""
         if options is not None and not isinstance(options, MappingOptions):
             return None
-        signature = _plain_signature(inputs)
+        signature = plain_signature(inputs)
         known = self._calls.get((entry, options, signature)) if signature is not None else None
         if known is None:
             return None
@@ -296,8 +290,10 @@ class ExecutionEngine:
                 kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
             raise cdef.located(e) from None
-        compiled = Compiled(cdef, kernel, _signature_of(kernel, binding), binding.sizes)
-        plain = _plain_signature(inputs)
+        compiled = Compiled(
+            cdef, kernel, signature_of(kernel, binding), binding.sizes, (self.target, self._target)
+        )
+        plain = plain_signature(inputs)
         fast = given is None or isinstance(given, MappingOptions)
         if plain is not None and fast and not binding.empty:
             if len(self._calls) >= _KNOWN_CALLS:
@@ -412,146 +408,6 @@ class ExecutionEngine:
             self.define(source, filename)
 
 
-class Compiled:
-    """A kernel for one signature: `.source` is the generated code, `.options` the
-    mapping options it was built with (those asked for, as any fallback of the
-    compiler changed them); call it with inputs of that signature: the shapes and
-    dtypes it was compiled for, or, when `.generic`, any shapes of those ranks and
-    dtypes."""
-
-    def __init__(
-        self, cdef: CheckedDef, kernel: Kernel, signature: Any, sizes: Mapping[str, int]
-    ) -> None:
-        self.cdef = cdef
-        self.options = kernel.options
-        self._kernel = kernel
-        self._signature = signature
-        self._sizes = sizes
-        # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
-        self._plain: tuple[Any, ...] | None = None
-        # where an unchecked call of a generic kernel reads each size: (input, dim)
-        self._size_dims = {
-            name: (k, d)
-            for k, info in reversed(list(enumerate(cdef.inputs)))
-            for d, dim in reversed(list(enumerate(info.shape)))
-            if not dim.is_const
-            for name in dim.symbols()
-        }
-
-    @property
-    def source(self) -> str:
-        return self._kernel.source
-
-    @property
-    def cache_key(self) -> str:
-        """The key of the kernel's entry in the disk cache ("" on the reference target)."""
-        return self._kernel.cache_key
-
-    @property
-    def generic(self) -> bool:
-        """Whether the kernel reads the sizes at each call and serves every shape
-        (`fix_parameters_before_scheduling=False` on the cpu target)."""
-        return self._kernel.generic
-
-    def __call__(self, *inputs: Any, out: Any = None, unchecked: bool = False) -> Any:
-        """Run on `inputs` (`out` as for `ExecutionEngine.run`). With `unchecked=True`
-        nothing about the inputs is checked or converted: for hot loops that pass
-        C-contiguous NumPy arrays of exactly the dtypes and shapes this kernel was
-        compiled for, and `out` arrays of the
-        outputs' shapes that share no memory with the inputs. Anything else is
-        undefined: wrong results, or a crash."""
-        if unchecked:
-            binding = self._unchecked(inputs)
-            return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
-        return self.call(self._bind(inputs), inputs, out)
-
-    def __repr__(self) -> str:
-        if self.generic:  # the signature holds ranks: show the declared shapes
-            shapes = ", ".join(
-                f"{t.name}: {dtype}({', '.join(map(str, t.shape))})"
-                for t, (_, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
-            )
-            what = "any sizes"
-        else:
-            shapes = ", ".join(
-                f"{t.name}: {dtype}{list(shape)}"
-                for t, (shape, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
-            )
-            what = "these shapes"
-        return f"<Compiled {self.cdef.name}({shapes}) for {what}, key {self.cache_key[:12] or '-'}>"
-
-    def call(self, binding: Binding, inputs: tuple[Any, ...], out: Any) -> Any:
-        """Run on inputs already bound (and checked) for this kernel's signature; the
-        outputs in the library of `inputs`, or written into `out`."""
-        # an empty call runs no compiled code, whatever kernel this is
-        kernel = EmptyCall(self.cdef, self.options) if binding.empty else self._kernel
-        try:
-            if out is None:
-                kind = kind_of(inputs)
-                outputs = kernel(binding)
-                return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
-            dests = bind_out(self.cdef, binding, out)
-            device = any(isinstance(d, DeviceInput) for d in dests)
-            if device and not getattr(kernel, "accepts_device_out", False):
-                raise TCInputError(
-                    f"out= is in GPU memory, and this kernel of {self.cdef.name} runs on "
-                    "the host; pass host arrays"
-                )
-            if overlaps_inputs(binding, dests):  # computed aside, then copied in
-                for dest, result in zip(dests, kernel(binding), strict=True):
-                    _copy_into(dest, result)
-            else:
-                kernel(binding, dests)
-            return _single(_tuple(out), out)
-        except KernelFault as e:  # where the values made the kernel fault
-            raise self.cdef.located(explained(self.cdef, binding, e)) from None
-        except TCError as e:
-            raise self.cdef.located(e) from None
-
-    def run(self, binding: Binding) -> Any:
-        """Run on inputs already bound (and checked) for this kernel's signature; the
-        outputs as NumPy arrays (or device arrays)."""
-        return self.call(binding, (), None)
-
-    def profile(self, *inputs: Any) -> list[dict[str, Any]]:
-        """Run once on the `cuda-emu` target, counting: one dict per kernel launch, with
-        `kernel`, `grid`, `block`, `global_load_bytes`, `global_store_bytes`,
-        `global_requests`, `global_sectors`, `shared_bytes`, `bank_conflicts`,
-        `barriers`, `shuffles` and `atomics` (see `tcpy.runtime.emulator`)."""
-        binding = self._bind(inputs)
-        profile = getattr(self._kernel, "profile", None)
-        if profile is None:
-            raise TCError("profiles are counted by the emulator: compile on the cuda-emu target")
-        try:
-            return list(profile(binding))
-        except TCError as e:
-            raise self.cdef.located(e) from None
-
-    def _bind(self, inputs: tuple[Any, ...]) -> Binding:
-        plain = _plain_signature(inputs)
-        if plain is not None and plain == self._plain:  # checked at these shapes before
-            return Binding(inputs, self._sizes)
-        try:
-            binding = bind(self.cdef, inputs)
-        except TCError as e:
-            raise self.cdef.located(e) from None
-        if _signature_of(self._kernel, binding) != self._signature:
-            what = "ranks" if self._kernel.generic else "shapes"
-            raise TCInputError(
-                f"this kernel of {self.cdef.name} was compiled for other input {what} or "
-                "dtypes; compile it again (or call the engine) for these"
-            )
-        if not self._kernel.generic:
-            self._plain = plain
-        return binding
-
-    def _unchecked(self, inputs: tuple[Any, ...]) -> Binding:
-        if not self._kernel.generic:
-            return Binding(inputs, self._sizes)
-        sizes = {name: inputs[k].shape[d] for name, (k, d) in self._size_dims.items()}
-        return Binding(inputs, sizes)
-
-
 _KNOWN_CALLS = 4096  # the calls remembered for the fast path, per engine
 
 # What `engine.<name>` finds before a def of that name (methods, properties, attributes).
@@ -563,35 +419,6 @@ def _shadowed(name: str) -> str:
         f"def {name} cannot be called as engine.{name}(...), which is the engine's own "
         f"{name}; call it as engine.run({name!r}, ...)"
     )
-
-
-def _plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """The shapes and dtypes of a call's inputs when all are C-contiguous NumPy arrays
-    (which binding uses as they are), else None."""
-    signature = []
-    for a in inputs:
-        if type(a) is not np.ndarray or not a.flags.c_contiguous:
-            return None
-        signature.append((a.shape, a.dtype))
-    return tuple(signature)
-
-
-def _tuple(out: Any) -> tuple[Any, ...]:
-    return out if isinstance(out, tuple) else (out,)
-
-
-def _single(outputs: tuple[Any, ...], out: Any) -> Any:
-    """One output bare, several as a tuple (`out` as the caller gave it)."""
-    if out is not None:
-        return out
-    return outputs[0] if len(outputs) == 1 else outputs
-
-
-def _copy_into(dest: Any, result: Any) -> None:
-    if isinstance(dest, np.ndarray):
-        np.copyto(dest, result if isinstance(result, np.ndarray) else result.get())
-    else:
-        raise TCInputError("out= in GPU memory shares memory with an input; give a separate array")
 
 
 def _docstring(cdef: CheckedDef, target: str) -> str:
@@ -608,13 +435,6 @@ def _docstring(cdef: CheckedDef, target: str) -> str:
         "Keyword arguments: options (MappingOptions, a dict of fields to change on the "
         "target's defaults, or a preset name) and out (arrays to write the outputs into)."
     )
-
-
-def _signature_of(kernel: Kernel, binding: Binding) -> tuple[Any, ...]:
-    """What the inputs of a call must match to run `kernel`: their ranks and dtypes
-    for a size-generic kernel, else their shapes and dtypes."""
-    arrays = binding.arrays
-    return generic_signature_key(arrays) if kernel.generic else signature_key(arrays)
 
 
 def _signature(binding: Binding) -> list[list[Any]]:

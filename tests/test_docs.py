@@ -24,7 +24,7 @@ _VARYING = [
     (re.compile(r"\d+(\.\d+)? ms"), "<time>"),
     (re.compile(r"\d+\.\d+x"), "<ratio>"),
     (re.compile(r"key [0-9a-f]{12}"), "key <key>"),
-    (re.compile(r"\b\d+ trials"), "<n> trials"),
+    (re.compile(r"\b\d+ (trials|candidates)"), r"<n> \1"),  # the search follows the times
 ]
 
 

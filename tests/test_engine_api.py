@@ -1,13 +1,15 @@
 """The engine as a library: options that layer on the target's defaults, one compile
 per key across threads, a log record for every compile, real signatures and short
-reprs, and pickling."""
+reprs, and pickling of engines and compiled kernels."""
 
 from __future__ import annotations
 
 import inspect
 import logging
+import multiprocessing
 import pickle
 import threading
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -213,3 +215,23 @@ def test_an_engine_with_kernels_pickles(engine: tcpy.ExecutionEngine) -> None:
     np.testing.assert_array_equal(clone.mm(a, b), want)
     assert clone.stats.compiles == 0 and clone.stats.disk_hits == 1  # reloaded
     np.testing.assert_array_equal(clone.scale(np.ones(3, np.float32), 2.0), 2.0)
+
+
+def _run_compiled(kernel: tcpy.Compiled, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return kernel(a, b)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+def test_a_compiled_kernel_pickles(engine: tcpy.ExecutionEngine, generic: bool) -> None:
+    a, b = _mm_inputs()
+    options = {"fix_parameters_before_scheduling": not generic, "unroll": 2}
+    kernel = engine.compile("mm", a, b, options=options)
+    clone = pickle.loads(pickle.dumps(kernel))
+    assert clone.generic is generic and clone.options == kernel.options
+    assert clone.cache_key == kernel.cache_key and clone.source == kernel.source
+    np.testing.assert_allclose(clone(a, b), a @ b, rtol=1e-5)
+    # in another process, as multiprocessing and Dask send it
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        np.testing.assert_allclose(
+            pool.submit(_run_compiled, kernel, a, b).result(), a @ b, rtol=1e-5
+        )

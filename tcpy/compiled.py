@@ -1,0 +1,250 @@
+"""`Compiled`: the kernel of a def for one signature, callable on its own.
+
+`ExecutionEngine.compile` returns it: `.source` is the generated code, `.options` the
+mapping options it was built with, `.cache_key` its disk-cache entry. A call checks its
+inputs (or, with `unchecked=True`, nothing), runs the kernel and returns the outputs in
+the library of the inputs. It pickles as what rebuilds it (the target, the def's source
+and the options), and is loaded again from the disk cache in the receiving process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tcpy import targets
+from tcpy.arrays import Kind, kind_of, wrap
+from tcpy.binding import (
+    Binding,
+    DeviceInput,
+    bind,
+    bind_out,
+    generic_signature_key,
+    overlaps_inputs,
+    signature_key,
+)
+from tcpy.errors import TCError, TCInputError, TCWarning
+from tcpy.parser import CheckedDef
+from tcpy.runtime.empty import EmptyCall
+from tcpy.runtime.status import KernelFault, explained
+from tcpy.targets import Kernel
+
+
+class Compiled:
+    """A kernel for one signature: `.source` is the generated code, `.options` the
+    mapping options it was built with (those asked for, as any fallback of the
+    compiler changed them); call it with inputs of that signature: the shapes and
+    dtypes it was compiled for, or, when `.generic`, any shapes of those ranks and
+    dtypes."""
+
+    def __init__(
+        self,
+        cdef: CheckedDef,
+        kernel: Kernel,
+        signature: Any,
+        sizes: Mapping[str, int],
+        target: tuple[str, targets.Target] | None = None,
+    ) -> None:
+        self.cdef = cdef
+        self._target = target  # the engine's target (name, instance), to rebuild it
+        self.options = kernel.options
+        self._kernel = kernel
+        self._signature = signature
+        self._sizes = sizes
+        # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
+        self._plain: tuple[Any, ...] | None = None
+        # where an unchecked call of a generic kernel reads each size: (input, dim)
+        self._size_dims = {
+            name: (k, d)
+            for k, info in reversed(list(enumerate(cdef.inputs)))
+            for d, dim in reversed(list(enumerate(info.shape)))
+            if not dim.is_const
+            for name in dim.symbols()
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what rebuilds it: the target, the def and the options, with the
+        shapes and dtypes of the call it was compiled at; the receiving process loads
+        the kernel from the disk cache, or compiles it where the cache lacks it."""
+        if self._target is None:
+            raise TypeError("this kernel was not made by an engine, and cannot be pickled")
+        dtypes = [dtype for _, dtype in self._signature]
+        shapes = [tuple(d.evaluate(self._sizes) for d in t.shape) for t in self.cdef.inputs]
+        where = (self.cdef.source, self.cdef.filename, self.cdef.name)
+        return (
+            _rebuilt,
+            (*self._target, *where, self.options, list(zip(shapes, dtypes, strict=True))),
+        )
+
+    @property
+    def source(self) -> str:
+        return self._kernel.source
+
+    @property
+    def cache_key(self) -> str:
+        """The key of the kernel's entry in the disk cache ("" on the reference target)."""
+        return self._kernel.cache_key
+
+    @property
+    def generic(self) -> bool:
+        """Whether the kernel reads the sizes at each call and serves every shape
+        (`fix_parameters_before_scheduling=False` on the cpu target)."""
+        return self._kernel.generic
+
+    def __call__(self, *inputs: Any, out: Any = None, unchecked: bool = False) -> Any:
+        """Run on `inputs` (`out` as for `ExecutionEngine.run`). With `unchecked=True`
+        nothing about the inputs is checked or converted: for hot loops that pass
+        C-contiguous NumPy arrays of exactly the dtypes and shapes this kernel was
+        compiled for, and `out` arrays of the
+        outputs' shapes that share no memory with the inputs. Anything else is
+        undefined: wrong results, or a crash."""
+        if unchecked:
+            binding = self._unchecked(inputs)
+            return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
+        return self.call(self._bind(inputs), inputs, out)
+
+    def __repr__(self) -> str:
+        if self.generic:  # the signature holds ranks: show the declared shapes
+            shapes = ", ".join(
+                f"{t.name}: {dtype}({', '.join(map(str, t.shape))})"
+                for t, (_, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
+            )
+            what = "any sizes"
+        else:
+            shapes = ", ".join(
+                f"{t.name}: {dtype}{list(shape)}"
+                for t, (shape, dtype) in zip(self.cdef.inputs, self._signature, strict=True)
+            )
+            what = "these shapes"
+        return f"<Compiled {self.cdef.name}({shapes}) for {what}, key {self.cache_key[:12] or '-'}>"
+
+    def call(self, binding: Binding, inputs: tuple[Any, ...], out: Any) -> Any:
+        """Run on inputs already bound (and checked) for this kernel's signature; the
+        outputs in the library of `inputs`, or written into `out`."""
+        # an empty call runs no compiled code, whatever kernel this is
+        kernel = EmptyCall(self.cdef, self.options) if binding.empty else self._kernel
+        try:
+            if out is None:
+                kind = kind_of(inputs)
+                outputs = kernel(binding)
+                return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
+            dests = bind_out(self.cdef, binding, out)
+            device = any(isinstance(d, DeviceInput) for d in dests)
+            if device and not getattr(kernel, "accepts_device_out", False):
+                raise TCInputError(
+                    f"out= is in GPU memory, and this kernel of {self.cdef.name} runs on "
+                    "the host; pass host arrays"
+                )
+            if overlaps_inputs(binding, dests):  # computed aside, then copied in
+                for dest, result in zip(dests, kernel(binding), strict=True):
+                    _copy_into(dest, result)
+            else:
+                kernel(binding, dests)
+            return _single(_tuple(out), out)
+        except KernelFault as e:  # where the values made the kernel fault
+            raise self.cdef.located(explained(self.cdef, binding, e)) from None
+        except TCError as e:
+            raise self.cdef.located(e) from None
+
+    def run(self, binding: Binding) -> Any:
+        """Run on inputs already bound (and checked) for this kernel's signature; the
+        outputs as NumPy arrays (or device arrays)."""
+        return self.call(binding, (), None)
+
+    def profile(self, *inputs: Any) -> list[dict[str, Any]]:
+        """Run once on the `cuda-emu` target, counting: one dict per kernel launch, with
+        `kernel`, `grid`, `block`, `global_load_bytes`, `global_store_bytes`,
+        `global_requests`, `global_sectors`, `shared_bytes`, `bank_conflicts`,
+        `barriers`, `shuffles` and `atomics` (see `tcpy.runtime.emulator`)."""
+        binding = self._bind(inputs)
+        profile = getattr(self._kernel, "profile", None)
+        if profile is None:
+            raise TCError("profiles are counted by the emulator: compile on the cuda-emu target")
+        try:
+            return list(profile(binding))
+        except TCError as e:
+            raise self.cdef.located(e) from None
+
+    def _bind(self, inputs: tuple[Any, ...]) -> Binding:
+        plain = plain_signature(inputs)
+        if plain is not None and plain == self._plain:  # checked at these shapes before
+            return Binding(inputs, self._sizes)
+        try:
+            binding = bind(self.cdef, inputs)
+        except TCError as e:
+            raise self.cdef.located(e) from None
+        if signature_of(self._kernel, binding) != self._signature:
+            what = "ranks" if self._kernel.generic else "shapes"
+            raise TCInputError(
+                f"this kernel of {self.cdef.name} was compiled for other input {what} or "
+                "dtypes; compile it again (or call the engine) for these"
+            )
+        if not self._kernel.generic:
+            self._plain = plain
+        return binding
+
+    def _unchecked(self, inputs: tuple[Any, ...]) -> Binding:
+        if not self._kernel.generic:
+            return Binding(inputs, self._sizes)
+        sizes = {name: inputs[k].shape[d] for name, (k, d) in self._size_dims.items()}
+        return Binding(inputs, sizes)
+
+
+def plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The shapes and dtypes of a call's inputs when all are C-contiguous NumPy arrays
+    (which binding uses as they are), else None."""
+    signature = []
+    for a in inputs:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            return None
+        signature.append((a.shape, a.dtype))
+    return tuple(signature)
+
+
+def _tuple(out: Any) -> tuple[Any, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _single(outputs: tuple[Any, ...], out: Any) -> Any:
+    """One output bare, several as a tuple (`out` as the caller gave it)."""
+    if out is not None:
+        return out
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _copy_into(dest: Any, result: Any) -> None:
+    if isinstance(dest, np.ndarray):
+        np.copyto(dest, result if isinstance(result, np.ndarray) else result.get())
+    else:
+        raise TCInputError("out= in GPU memory shares memory with an input; give a separate array")
+
+
+def signature_of(kernel: Kernel, binding: Binding) -> tuple[Any, ...]:
+    """What the inputs of a call must match to run `kernel`: their ranks and dtypes
+    for a size-generic kernel, else their shapes and dtypes."""
+    arrays = binding.arrays
+    return generic_signature_key(arrays) if kernel.generic else signature_key(arrays)
+
+
+def _rebuilt(
+    target_name: str,
+    target: targets.Target,
+    source: str,
+    filename: str | None,
+    name: str,
+    options: Any,
+    inputs: list[tuple[tuple[int, ...], np.dtype]],
+) -> Compiled:
+    """A pickled `Compiled` again: its def defined on a new engine of its target, and
+    compiled for inputs of the shapes and dtypes it was compiled for."""
+    from tcpy.engine import ExecutionEngine
+
+    engine = ExecutionEngine.__new__(ExecutionEngine)
+    engine._setup(target_name, target)
+    with warnings.catch_warnings():  # shown when the def was first defined
+        warnings.simplefilter("ignore", TCWarning)
+        engine.define(source, filename)
+    return engine.compile(name, *(np.zeros(s, d) for s, d in inputs), options=options)
