@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_registers import CONTRACTIONS, _engines, _inputs
 
-from tcpy.codegen.exprs import STATUS_OUT_OF_MEMORY
+from tcpy.runtime.status import STATUS_OUT_OF_MEMORY
 from tcpy.errors import TCLaunchError, TCMappingError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import Box, box, footprint, run_stride
