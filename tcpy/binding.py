@@ -314,21 +314,31 @@ def _check_start(cdef: CheckedDef, s: StartCheck, sizes: Mapping[str, int]) -> N
     )
 
 
+def empty_at(cdef: CheckedDef, sizes: Mapping[str, int]) -> bool:
+    """Whether a call at `sizes` is empty: a range of a statement has nothing in it
+    (`lo:hi` with hi <= lo), or an output or temporary an extent of 0 or less."""
+    return any(_is_empty(st, sizes) for st in cdef.statements) or any(
+        d.evaluate(sizes) <= 0 for info in cdef.outputs + cdef.temporaries for d in info.shape
+    )
+
+
+def _is_empty(st: CheckedStatement, sizes: Mapping[str, int]) -> bool:
+    return any(r.hi.evaluate(sizes) <= r.lo.evaluate(sizes) for r in st.ranges)
+
+
 def check_ranges(cdef: CheckedDef, binding: Binding) -> bool:
     """Every deferred start of an output and every deferred bounds proof true at the
-    bound sizes, for the statements that run at them; returns whether the call is empty:
-    a range with nothing in it (`lo:hi` with hi <= lo) or an output or temporary with
-    an extent of 0 or less. A statement with an empty range reads nothing, so its
-    proofs are not checked (a `!` reduction over an empty range still sets its outputs
-    to the operator's identity)."""
+    bound sizes; returns whether the call is empty (`empty_at`). A statement with an
+    empty range reads nothing, so its bounds proofs are not checked. A start is checked
+    unless its tensor is empty: a `!` reduction over an empty range still sets its
+    elements (to the identity), and would leave the first ones unset."""
     sizes = binding.sizes
-    empty = False
     for st in cdef.statements:
-        if any(r.hi.evaluate(sizes) <= r.lo.evaluate(sizes) for r in st.ranges):
-            empty = True
-            continue
         for s in st.starts:
-            _check_start(cdef, s, sizes)
+            if all(d.evaluate(sizes) > 0 for d in cdef.tensor(s.tensor).shape):
+                _check_start(cdef, s, sizes)
+        if _is_empty(st, sizes):
+            continue
         for c in st.checks:
             lo, hi, extent = (x.evaluate(sizes) for x in (c.lo, c.hi, c.extent))
             if lo < 0 or hi >= extent:
@@ -341,9 +351,7 @@ def check_ranges(cdef: CheckedDef, binding: Binding) -> bool:
                     cdef.source,
                     cdef.filename,
                 )
-    return empty or any(
-        d.evaluate(sizes) <= 0 for info in cdef.outputs + cdef.temporaries for d in info.shape
-    )
+    return empty_at(cdef, sizes)
 
 
 def _count(n: int, one: str, many: str = "") -> str:

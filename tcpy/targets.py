@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 from tcpy import cache, knobs, log
-from tcpy.binding import Binding
+from tcpy.binding import Binding, empty_at
 from tcpy.cache import DiskCache, cache_key
 from tcpy.errors import TCError
 from tcpy.mapping.device import DeviceProfile, default_profile, named
@@ -32,6 +32,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, Role, TensorInfo
 from tcpy.parser.printer import summary
 from tcpy.reference import interpreter
+from tcpy.runtime.empty import EmptyCall
 
 if TYPE_CHECKING:
     from tcpy.poly.scop import Scop
@@ -127,28 +128,44 @@ class HostKernel:
     _scratch: threading.local = field(
         default_factory=threading.local, init=False, compare=False, repr=False
     )
-    # the shapes of the outputs and temporaries, by the values of the sizes
-    _shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = field(
+    # the shapes of the outputs and temporaries, by the values of the sizes (None: empty)
+    _shapes: dict[tuple[int, ...], list[tuple[int, ...]] | None] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
 
     def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
-        sizes, buffers, outputs = self._buffers(binding, out)
+        shapes = self._shapes_at(binding)
+        if shapes is None:
+            # only an unchecked call of a generic kernel gets here at sizes where a range
+            # is empty; the kernel was built for non-empty ranges (`tcpy.poly.scop`)
+            return EmptyCall(self.cdef, self.options)(binding, out)
+        sizes, buffers, outputs = self._buffers(binding, shapes, out)
         self.run(sizes, buffers)
         return outputs
 
+    def _shapes_at(self, binding: Binding) -> list[tuple[int, ...]] | None:
+        """The shapes of the outputs and temporaries at the call's sizes; None where the
+        call is empty (`tcpy.binding.empty_at`)."""
+        key = tuple(binding.sizes[s] for s in self.cdef.size_symbols)
+        try:
+            return self._shapes[key]
+        except KeyError:
+            pass
+        if len(self._shapes) >= 256:
+            self._shapes.clear()
+        cdef = self.cdef
+        shapes = None
+        if not empty_at(cdef, binding.sizes):
+            shapes = [binding.shape_of(t) for t in (*cdef.outputs, *cdef.temporaries)]
+        self._shapes[key] = shapes
+        return shapes
+
     def _buffers(
-        self, binding: Binding, out: Outputs = None
+        self, binding: Binding, shapes: list[tuple[int, ...]], out: Outputs = None
     ) -> tuple[list[int], list[np.ndarray], tuple[np.ndarray, ...]]:
         """The sizes and buffers of a call, and its outputs (among the buffers)."""
         cdef = self.cdef
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        shapes = self._shapes.get(tuple(sizes))
-        if shapes is None:
-            if len(self._shapes) >= 256:
-                self._shapes.clear()
-            shapes = [binding.shape_of(t) for t in (*cdef.outputs, *cdef.temporaries)]
-            self._shapes[tuple(sizes)] = shapes
         dests = out or (None,) * len(cdef.outputs)
         poison = knobs.poison_buffers()
         outputs = tuple(
@@ -285,7 +302,10 @@ class EmulatedKernel(HostKernel):
         if not run.instrumented:
             assert self.twin is not None
             return self.twin().profile(binding)
-        sizes, buffers, _ = self._buffers(binding)
+        shapes = self._shapes_at(binding)
+        if shapes is None:  # an empty call launches nothing
+            return []
+        sizes, buffers, _ = self._buffers(binding, shapes)
         return run.profile(sizes, buffers)
 
 

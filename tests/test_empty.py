@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tcpy
-from tcpy.runtime import cuda
+from tcpy.runtime import cuda, empty
 
 SOURCE = """
 def mm(float(M,K) A, float(K,N) B) -> (C) {
@@ -43,6 +44,20 @@ def scale(float(B,D) X, float a) -> (Y) {
 def offset(float(N) A, float(M) B) -> (O) {
     O(i) = A(i) + B(i) where i in 0:N
 }
+def split(float(N) A, float(M) B) -> (O, P) {
+    O(i) = A(i) * 2
+    P(j) = B(j) + 1
+}
+def mixed(float(N) A, float(M) B, float(K) C) -> (O, P) {
+    O(i) = A(i) + B(i) where i in 0:N
+    P(k) = C(k)
+}
+def running_max(float(N,D) X) -> (O) {
+    O(n) max= X(n,d)
+}
+def grad(float(M,C,KH,KW) W1, float(N,M,H,W) G) -> (I) {
+    I(n,c,h,w) +=! G(n,m,h-kh,w-kw) * W1(m,c,kh,kw)
+}
 """
 
 TARGETS = ["reference", "cpu", "cuda-emu", "cuda"]
@@ -55,7 +70,7 @@ def engine(
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     engine = tcpy.ExecutionEngine(request.param)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)  # `accumulate` has no `!`
+        warnings.simplefilter("ignore", tcpy.TCWarning)  # reductions without `!`
         engine.define(SOURCE)
     return engine
 
@@ -152,7 +167,7 @@ def test_a_size_generic_kernel_leaves_empty_calls_to_the_interpreter(
 ) -> None:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(SOURCE.replace("O(n) += X", "O(n) +=! X"))
+    engine.define(SOURCE.replace("O(n) += X", "O(n) +=! X").replace("max= X", "max=! X"))
     generic = {"fix_parameters_before_scheduling": False}
     rng = np.random.default_rng(0)
     a, b = rng.random((5, 3), dtype=np.float32), rng.random((3, 4), dtype=np.float32)
@@ -201,3 +216,201 @@ def test_device_inputs_give_device_outputs_on_an_empty_call() -> None:
     assert tuple(
         engine.mm(torch.ones(0, 4, device="cuda"), torch.ones(4, 3, device="cuda")).shape
     ) == (0, 3)
+
+
+def test_the_outputs_that_are_not_empty_are_still_computed(engine: tcpy.ExecutionEngine) -> None:
+    a = np.arange(3, dtype=np.float32)
+    o, p = engine.split(a, _ones(0))  # P is empty, so the interpreter computes both
+    np.testing.assert_array_equal(o, a * 2)
+    assert p.shape == (0,)
+
+
+def test_a_statement_that_runs_still_has_its_bounds_checked(
+    engine: tcpy.ExecutionEngine,
+) -> None:
+    o, p = engine.mixed(_ones(2), _ones(2), _ones(0))
+    np.testing.assert_array_equal(o, [2, 2])
+    assert p.shape == (0,)
+    with pytest.raises(tcpy.TCRangeError, match="reaches index 1, outside 0:1"):
+        engine.mixed(_ones(2), _ones(1), _ones(0))  # the call is empty, O's reads are not
+
+
+def test_a_max_without_bang_starts_from_zero(engine: tcpy.ExecutionEngine) -> None:
+    np.testing.assert_array_equal(engine.running_max(_ones(3, 0)), np.zeros(3))
+
+
+@pytest.mark.parametrize(
+    ("entry", "shapes"),
+    [
+        ("mm", [(0, 3), (3, 2)]),
+        ("mm", [(2, 0), (0, 3)]),
+        ("reductions", [(2, 0), (2, 0)]),
+        ("softmax", [(2, 0)]),
+        ("accumulate", [(0, 2)]),
+        ("split", [(2,), (0,)]),
+        ("grad", [(0, 2, 1, 1), (2, 0, 3, 3)]),  # the reduction over m is empty
+        ("grad", [(1, 2, 1, 1), (0, 1, 3, 3)]),  # an empty batch
+    ],
+)
+def test_every_target_agrees_with_the_reference(
+    engine: tcpy.ExecutionEngine, entry: str, shapes: list[tuple[int, ...]]
+) -> None:
+    rng = np.random.default_rng(1)
+    cdef = engine.checked(entry)
+    inputs = [
+        rng.integers(-3, 4, shape).astype(info.scalar.dtype)
+        for info, shape in zip(cdef.inputs, shapes, strict=True)
+    ]
+    reference = tcpy.ExecutionEngine("reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        reference.define(SOURCE)
+    got, want = getattr(engine, entry)(*inputs), getattr(reference, entry)(*inputs)
+    for g, w in zip(_tuple(got), _tuple(want), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_start_is_checked_unless_its_output_is_empty(engine: tcpy.ExecutionEngine) -> None:
+    # I's h starts at KH - 1: a 3x3 filter is refused even when the reduction over m is
+    # empty (the `!` would set I's elements from 2 on, and leave 0 and 1 unset) ...
+    with pytest.raises(tcpy.TCRangeError, match="would start at index 2"):
+        engine.grad(_ones(0, 2, 3, 3), _ones(1, 0, 4, 4))
+    # ... and accepted for an empty batch, where I has no elements to leave unset
+    assert engine.grad(_ones(2, 2, 3, 3), _ones(0, 2, 4, 4)).shape == (0, 2, 4, 4)
+
+
+def test_out_takes_several_outputs_of_an_empty_call(engine: tcpy.ExecutionEngine) -> None:
+    o, p = np.full(2, 7, np.float32), np.empty(0, np.float32)
+    got = engine.split(np.arange(2, dtype=np.float32), _ones(0), out=(o, p))
+    assert got[0] is o and got[1] is p
+    np.testing.assert_array_equal(o, [0, 2])
+
+
+def test_pytorch_out_receives_an_empty_calls_results(engine: tcpy.ExecutionEngine) -> None:
+    torch = pytest.importorskip("torch")
+    out = torch.full((2, 3), 7.0)
+    assert engine.mm(torch.ones(2, 0), torch.ones(0, 3), out=out) is out
+    assert torch.equal(out, torch.zeros(2, 3))
+
+
+def test_a_kernel_for_fixed_sizes_refuses_an_empty_call(engine: tcpy.ExecutionEngine) -> None:
+    kernel = engine.compile("scale", _ones(2, 3), 1.0)
+    with pytest.raises(tcpy.TCInputError, match="compiled for other input shapes"):
+        kernel(_ones(0, 3), 1.0)
+
+
+def test_a_size_generic_kernel_is_not_run_on_an_empty_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(SOURCE.replace("O(n) += X", "O(n) +=! X").replace("max= X", "max=! X"))
+    generic = {"fix_parameters_before_scheduling": False}
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(engine.softmax(x, options=generic).shape, (2, 3))
+    kernel = engine.compile("softmax", x, options=generic)
+    assert kernel.generic
+
+    def fail(*_: Any) -> None:
+        raise AssertionError("the compiled code ran on an empty call")
+
+    object.__setattr__(kernel._kernel, "run", fail)  # the engine's kernel, shared
+    assert engine.softmax(_ones(0, 3), options=generic).shape == (0, 3)
+    assert kernel(_ones(3, 0)).shape == (3, 0)
+    # unchecked calls too: the kernel was built for non-empty ranges
+    assert kernel(_ones(0, 3), unchecked=True).shape == (0, 3)
+    out = np.empty((3, 0), np.float32)
+    assert kernel(_ones(3, 0), out=out, unchecked=True) is out
+    with pytest.raises(AssertionError, match="compiled code ran"):
+        kernel(x, unchecked=True)
+    assert engine.stats.compiles == 1
+
+
+class _FakeDriver:
+    """GPU memory kept in host bytes: what an empty call needs of the CUDA driver."""
+
+    def __init__(self) -> None:
+        self.memory: dict[int, bytearray] = {}
+        self._next = 1 << 20
+
+    def alloc(self, nbytes: int) -> int:
+        pointer, self._next = self._next, self._next + nbytes + 256
+        self.memory[pointer] = bytearray(nbytes)
+        return pointer
+
+    def free(self, pointer: int) -> None:
+        self.memory.pop(pointer, None)
+
+    def to_device(self, pointer: int, array: np.ndarray) -> None:
+        self.memory[pointer][: array.nbytes] = array.tobytes()
+
+    def to_host(self, host: np.ndarray, pointer: int) -> None:
+        data = self.memory[pointer][: host.nbytes]
+        host[...] = np.frombuffer(bytes(data), host.dtype).reshape(host.shape)
+
+
+class _FakeGpuArray:
+    """An array in the fake driver's memory, seen through `__cuda_array_interface__`."""
+
+    def __init__(self, drv: _FakeDriver, array: np.ndarray) -> None:
+        self.shape, self.dtype = array.shape, array.dtype
+        self.pointer = drv.alloc(array.nbytes)
+        drv.to_device(self.pointer, array)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.pointer, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+@pytest.fixture
+def gpu_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[tcpy.ExecutionEngine, _FakeDriver]:
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    drv = _FakeDriver()
+    monkeypatch.setattr(empty, "_driver", lambda: drv)
+    engine = tcpy.ExecutionEngine("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        engine.define(SOURCE)
+    return engine, drv
+
+
+def test_device_inputs_give_device_outputs_without_a_gpu(
+    gpu_engine: tuple[tcpy.ExecutionEngine, _FakeDriver],
+) -> None:
+    engine, drv = gpu_engine
+    a = np.arange(3, dtype=np.float32)
+    o, p = engine.split(_FakeGpuArray(drv, a), _FakeGpuArray(drv, _ones(0)))
+    assert isinstance(o, cuda.DeviceArray) and isinstance(p, cuda.DeviceArray)
+    np.testing.assert_array_equal(o.get(), a * 2)
+    assert p.shape == (0,) and p.dtype == np.float32
+    c = engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _FakeGpuArray(drv, _ones(0, 3)))
+    np.testing.assert_array_equal(c.get(), np.zeros((2, 3)))
+    assert engine.stats.compiles == 0
+
+
+def test_device_out_receives_an_empty_calls_results_without_a_gpu(
+    gpu_engine: tuple[tcpy.ExecutionEngine, _FakeDriver],
+) -> None:
+    engine, drv = gpu_engine
+    out = _FakeGpuArray(drv, np.full((2, 3), 7, np.float32))
+    got = engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _ones(0, 3), out=out)
+    assert got is out
+    host = np.empty((2, 3), np.float32)
+    drv.to_host(host, out.pointer)
+    np.testing.assert_array_equal(host, np.zeros((2, 3)))
+    c = np.full((2, 3), 7, np.float32)  # a host out= from device inputs
+    assert engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _ones(0, 3), out=c) is c
+    np.testing.assert_array_equal(c, np.zeros((2, 3)))
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
