@@ -129,12 +129,10 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def kernel_alone(compiled: tcpy.Compiled, inputs: tuple[np.ndarray, ...]) -> Callable[[], None]:
     """tcpy's compiled code on buffers allocated once: the call without binding the
-    inputs or allocating the outputs (`out=` buffers are not part of the API yet)."""
+    inputs or allocating the outputs (what a call with `out=` costs, less the checks)."""
     binding = bind(compiled.cdef, inputs)
     kernel = compiled._kernel  # a HostKernel: the cpu target's
-    outputs = kernel(binding)
-    sizes = [binding.sizes[s] for s in compiled.cdef.size_symbols]
-    buffers = [*binding.host_arrays, *outputs, *kernel._temporaries(binding)]
+    sizes, buffers, _outputs = kernel._buffers(binding, kernel._shapes_at(binding))
     return lambda: kernel.run(sizes, buffers)
 
 
