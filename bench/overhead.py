@@ -8,7 +8,8 @@ ctypes with prebuilt arguments (the kernel itself: an OpenMP region), then every
 to call it from Python: `engine.add(a, b)`, with `out=`, the compiled kernel, and the
 compiled kernel with `unchecked=True` (with and without `out=`). The overhead of a
 path is its time less the direct call's; NumPy's `np.add` on the same arrays is shown
-for scale. Also `import tcpy` in a fresh interpreter (best of 5).
+for scale. Also, in a fresh interpreter (best of 5): `import tcpy`, `import numpy` for
+scale, and `import tcpy` with a first engine and a `define` (which load the front end).
 
 It runs against whichever tcpy is importable (`PYTHONPATH=<checkout>` to measure
 another), skipping the paths that tcpy lacks. Results go to
@@ -44,8 +45,17 @@ def best_us(fn: Callable[[], object]) -> float:
     return best * 1e6
 
 
-def import_seconds() -> float:
-    code = "import time; t = time.perf_counter(); import tcpy; print(time.perf_counter() - t)"
+# what `import tcpy` costs, then what a first engine and a `define` add: the front end
+# and the engine load with the first engine (`tcpy.__getattr__`)
+IMPORT = "import time; t = time.perf_counter(); import tcpy; print(time.perf_counter() - t)"
+NUMPY = "import time; t = time.perf_counter(); import numpy; print(time.perf_counter() - t)"
+FIRST_DEFINE = (
+    "import time; t = time.perf_counter(); import tcpy; e = tcpy.ExecutionEngine('cpu'); "
+    "e.define('def f(float(N) A) -> (B) { B(i) = A(i) }'); print(time.perf_counter() - t)"
+)
+
+
+def import_seconds(code: str = IMPORT) -> float:
     runs = [
         float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True).stdout)
@@ -97,7 +107,12 @@ def main() -> int:
         )
         print(f"{name:38} {total:7.1f} us   overhead {total - direct:6.1f} us")
     seconds = import_seconds()
-    print(f"import tcpy: {seconds * 1e3:.0f} ms")
+    numpy_seconds = import_seconds(NUMPY)
+    define_seconds = import_seconds(FIRST_DEFINE)
+    print(
+        f"import tcpy: {seconds * 1e3:.0f} ms (import numpy alone: {numpy_seconds * 1e3:.0f} ms); "
+        f"import, first engine and a define: {define_seconds * 1e3:.0f} ms"
+    )
     record = {
         "date": datetime.date.today().isoformat(),
         "machine": {"processor": platform.processor() or platform.machine(),
@@ -105,7 +120,8 @@ def main() -> int:
         "tcpy_source": str(Path(tcpy.__file__).parent),
         "rounds": ROUNDS, "calls_per_round": CALLS,
         "direct_call_us": round(direct, 2), "paths": rows,
-        "import_tcpy_s": round(seconds, 3),
+        "import_tcpy_s": round(seconds, 3), "import_numpy_s": round(numpy_seconds, 3),
+        "import_engine_define_s": round(define_seconds, 3),
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"-{args.tag}" if args.tag else ""

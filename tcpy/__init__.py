@@ -8,10 +8,9 @@ C = engine.mm(A, B)
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from tcpy.compiled import Compiled
-from tcpy.engine import ExecutionEngine
 from tcpy.errors import (
     InternalError,
     Span,
@@ -29,11 +28,13 @@ from tcpy.errors import (
 )
 from tcpy.log import configure as configure_logging
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.parser import CheckedDef, check_source
 from tcpy.types import ScalarType
 
 if TYPE_CHECKING:
+    from tcpy.compiled import Compiled
+    from tcpy.engine import ExecutionEngine
     from tcpy.genetic.tuner import TunerConfig, TuneResult
+    from tcpy.parser import CheckedDef, check_source
 
 __version__ = "0.1.0"
 
@@ -65,11 +66,27 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """`TunerConfig` and `TuneResult`, imported at first use: the tuner (and the
-    libraries it loads) are not needed to compile and run kernels."""
-    if name in ("TunerConfig", "TuneResult"):
-        from tcpy.genetic import tuner
+# Loaded at first use, so that `import tcpy` stays cheap: the front end, the engine
+# and its targets load with the first engine, the tuner (and the libraries it needs)
+# with the first tuning.
+_LAZY = {
+    "CheckedDef": "tcpy.parser",
+    "Compiled": "tcpy.compiled",
+    "ExecutionEngine": "tcpy.engine",
+    "TuneResult": "tcpy.genetic.tuner",
+    "TunerConfig": "tcpy.genetic.tuner",
+    "check_source": "tcpy.parser",
+}
 
-        return getattr(tuner, name)
-    raise AttributeError(f"module 'tcpy' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tcpy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

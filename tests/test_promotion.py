@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 from test_registers import CONTRACTIONS, _engines, _inputs
 
-from tcpy.runtime.status import STATUS_OUT_OF_MEMORY
 from tcpy.errors import TCLaunchError, TCMappingError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import Box, box, footprint, run_stride
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
-from tcpy.runtime.status import check_status
+from tcpy.runtime.status import STATUS_OUT_OF_MEMORY, check_status
 
 MATMUL = CONTRACTIONS["matmul"][0]
 
