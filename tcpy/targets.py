@@ -14,6 +14,7 @@ end and the call-time checks; they differ in their mapping, printer and runtime.
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import threading
 from collections.abc import Callable
@@ -166,14 +167,26 @@ class HostKernel:
         """The sizes and buffers of a call, and its outputs (among the buffers)."""
         cdef = self.cdef
         sizes = [binding.sizes[s] for s in cdef.size_symbols]
-        dests = out or (None,) * len(cdef.outputs)
         poison = knobs.poison_buffers()
-        outputs = tuple(
-            self._output(t, shape, d, poison)
-            for t, shape, d in zip(cdef.outputs, shapes, dests, strict=False)
-        )
-        temporaries = self._temporaries(shapes[len(outputs) :], poison)
+        count = len(cdef.outputs)
+        if out is None and not poison:  # the common case, kept lean
+            outputs = tuple(
+                np.empty(shape, dtype) if written else np.zeros(shape, dtype)
+                for shape, (dtype, written) in zip(shapes, self._kinds, strict=False)
+            )
+        else:
+            dests = out or (None,) * count
+            outputs = tuple(
+                self._output(t, shape, d, poison)
+                for t, shape, d in zip(cdef.outputs, shapes, dests, strict=False)
+            )
+        temporaries = self._temporaries(shapes[count:], poison)
         return sizes, [*binding.host_arrays, *outputs, *temporaries], outputs
+
+    @functools.cached_property
+    def _kinds(self) -> tuple[tuple[np.dtype[Any], bool], ...]:
+        """Each output's dtype, and whether the kernel writes it whole."""
+        return tuple((t.scalar.dtype, t.name in self.written) for t in self.cdef.outputs)
 
     def _output(
         self, tensor: TensorInfo, shape: tuple[int, ...], dest: np.ndarray | None, poison: bool

@@ -194,7 +194,7 @@ def threads_now(asked: int = 0) -> int:
     given = knobs.cpu_threads(asked)
     if given is not None:
         return given
-    return max(1, knobs.cores() - _LOAD.busy_elsewhere(time.monotonic(), runnable_elsewhere))
+    return _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
 
 
 class Load:
@@ -207,12 +207,19 @@ class Load:
         self._samples: deque[int] = deque(maxlen=samples)
         self._last = -float("inf")
         self._lock = threading.Lock()
+        self._cores = 1  # the cores this process may run on, read at each sample
+
+    def free_cores(self, now: float, sample: Callable[[], int | None]) -> int:
+        """The cores this process may run on less those others keep busy (at least 1)."""
+        busy = self.busy_elsewhere(now, sample)
+        return max(1, self._cores - busy)
 
     def busy_elsewhere(self, now: float, sample: Callable[[], int | None]) -> int:
         if now - self._last < self.interval:  # no sample due: no lock either
             return min(self._samples, default=0)
         with self._lock:
             if now - self._last >= self.interval:
+                self._cores = knobs.cores()
                 self._last = now
                 value = sample()
                 if value is not None:
