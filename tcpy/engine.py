@@ -111,7 +111,10 @@ class ExecutionEngine:
                 self._forget(name)
             self._defs.update(defs)
             for name in defs:
-                self._entries[name] = self._entry_function(name)
+                self._entries[name] = entry = self._entry_function(name)
+                if name not in _ATTRIBUTES and not name.startswith("_"):
+                    # found without `__getattr__`: a call in a loop saves its lookup
+                    self.__dict__[name] = entry
             if (source, filename) in self._sources:  # the same text again: once is enough
                 self._sources.remove((source, filename))
             self._sources.append((source, filename))
@@ -371,8 +374,13 @@ class ExecutionEngine:
         """`engine.<name>`: a function with the def's signature and a docstring."""
         cdef = self._defs[name]
 
+        known, compile_ = self._known_call, self._compile
+
         def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
-            return self.run(name, *inputs, options=options, out=out)
+            # `run`, inlined: this is the path of every call in a user's loop
+            hit = known(name, inputs, options)
+            compiled, binding = hit if hit is not None else compile_(name, inputs, options)
+            return compiled.call(binding, inputs, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
