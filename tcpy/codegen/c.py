@@ -45,6 +45,7 @@ from tcpy.codegen.loops import (
     FOR,
     IF,
     PARALLEL_MARK,
+    SCRATCH_MARK,
     SIMD_MARK,
     Header,
     contains_for,
@@ -110,7 +111,8 @@ class _Printer:
             inner = node.mark_get_node()
             boxes = self.ast.packed(node)
             if boxes:
-                print_pack(self, boxes, inner, depth, marks)
+                copy_in = not name.startswith(SCRATCH_MARK)
+                print_pack(self, boxes, inner, depth, marks, copy_in=copy_in)
             elif sizes is None or not print_register_block(self, inner, depth, marks, sizes):
                 self.node(node.mark_get_node(), depth, (*marks, name))
         elif kind == isl.ast_node_type.user:
@@ -158,10 +160,10 @@ class _Printer:
             return []
         body = self.lines[start + 1 : -1]
         text = "\n".join(body)
-        written = set(re.findall(r"^\s*(t_\w+)\[", text, flags=re.M))
+        written = set(re.findall(rf"^\s*({_ARRAY})\[", text, flags=re.M))
         index = re.compile(rf"\b{loop.iterator}\b")
         reads: dict[str, str] = {}
-        for match in re.finditer(r"\b(t_\w+)\[", text):
+        for match in re.finditer(rf"\b({_ARRAY})\[", text):
             name = match.group(1)
             end = _closing_bracket(text, match.end())
             read = text[match.start() : end + 1]
@@ -171,7 +173,9 @@ class _Printer:
             self.locals += 1
         if not reads:
             return []
-        types = {tensor_name(t.name): self.dialect.ctype(t.scalar) for t in self.scop.cdef.tensors}
+        tensors = {tensor_name(t.name): t for t in self.scop.cdef.tensors}
+        tensors |= {c.buffer: self.scop.cdef.tensor(t) for t, c in self.bodies.copies.items()}
+        types = {name: self.dialect.ctype(t.scalar) for name, t in tensors.items()}
         first = index.sub(f"({loop.init})", loop.cond)
         declarations = []
         for read, local in reads.items():
@@ -314,6 +318,7 @@ class _Printer:
         return out
 
 
+_ARRAY = r"t_\w+|tc_pack\d+"  # a tensor, or a thread's buffer of one (`tcpy.codegen.pack`)
 _CALL = re.compile(r"[A-Za-z_]\w*\s*\(")
 """A function call in printed C (a cast such as `(int64_t)(c0)` is not one)."""
 

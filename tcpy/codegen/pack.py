@@ -51,11 +51,14 @@ def print_pack(
     inner: isl.AstNode,
     depth: int,
     marks: tuple[str, ...],
+    copy_in: bool = True,
 ) -> None:
     """The copies of `boxes`, then `inner` reading them, in a scope of their own (the
     buffers live as long as the tile). The box of a tile at the edge of the domain may
     reach past the tensor: only the part inside it is copied, which holds every
-    element the statements read (their reads are proven in bounds)."""
+    element the statements read (their reads are proven in bounds). Without
+    `copy_in` (a `scratch:` mark: temporaries that live and die in the tile) the
+    buffers are only placed: `inner` writes them before it reads them."""
     p.emit(depth, "{")
     copies = {}
     starts = _site_bytes(boxes, p.scop.cdef)
@@ -66,7 +69,10 @@ def print_pack(
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
         copy = LocalCopy(buffer, offsets, b.sizes)
-        _copy(p, depth + 1, b.tensor, copy, start)
+        ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
+        p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
+        if copy_in:
+            _copy(p, depth + 1, b.tensor, copy)
         copies[b.tensor] = copy
     saved = p.bodies
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
@@ -75,12 +81,9 @@ def print_pack(
     p.emit(depth, "}")
 
 
-def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy, start: int) -> None:
-    """The buffer, `start` bytes into the thread's arena, and the loops filling it: one
-    loop per dimension, from the first element inside the tensor to the last inside
-    both box and tensor."""
-    ctype = p.dialect.ctype(p.scop.cdef.tensor(tensor).scalar)
-    p.emit(depth, f"{ctype} *restrict {copy.buffer} = ({ctype} *)({MINE} + {start});")
+def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
+    """The loops filling a buffer: one loop per dimension, from the first element
+    inside the tensor to the last inside both box and tensor."""
     n = len(copy.sizes)
     local = [f"tc_i{d}" for d in range(n)]
     for d, (o, size) in enumerate(zip(copy.offsets, copy.sizes, strict=True)):

@@ -18,7 +18,7 @@ import islpy as isl
 from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK
 from tcpy.mapping.locality import is_reduction_member, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.mapping.promotion import pack_operands
+from tcpy.mapping.promotion import pack_operands, scratch_temporaries
 from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
@@ -69,7 +69,7 @@ def map_to_cpu(
         schedule = _mark_parallel(schedule.get_root()).get_schedule()
     # after the parallel marks: a copy goes only where no worksharing loop is below it
     schedule = pack_operands(schedule, scop, options)
-    return schedule
+    return scratch_temporaries(schedule, scop)
 
 
 # --- the target's default options -------------------------------------------------------

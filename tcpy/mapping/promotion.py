@@ -22,6 +22,13 @@ loops of each nest whose tiles it copies. Marks change no order: coincidence,
 permutability and every dependence are as they were. The mark is only placed where
 no worksharing loop is below it (each thread copies into its own buffer) and the
 tensors it names are not written below it (the copy stays current).
+
+`scratch_temporaries(schedule, scop)` is the same idea for a kernel-local temporary
+that one iteration of a parallel loop writes and then reads back (the row maximum
+and the exponentials of a softmax row): a `scratch:<tensors>` mark below the
+parallel loop gives each thread a private buffer the size of one iteration's
+footprint, with no copy in or out, so the temporary never goes to memory shared by
+the threads and its whole-tensor allocation is never made.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK
+from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK, SCRATCH_MARK
 from tcpy.codegen.naming import tensor_name
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
@@ -139,6 +146,81 @@ def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -
         return insert_mark(point, f"{PACK_MARK}:{','.join(chosen)}").parent().parent()
 
     return map_outermost_bands(schedule, site)
+
+
+def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
+    """The schedule with a `scratch:` mark below the parallel loop of each nest (below
+    its outer loops when it has none), naming the temporaries that live and die in one
+    iteration there: a softmax's `expDist` row is then written to and read from a
+    buffer of the thread (`tcpy.codegen.pack`), in its cache, and never reaches
+    memory. A temporary qualifies when it is local to the nest (`_kernel_local`),
+    every read of it is affine and unconditional, each iteration reads only elements
+    it wrote itself, and its box fits the budget; not where a pack site is on the
+    way or below (each site has the thread's buffers to itself)."""
+    temporaries = [t.name for t in scop.cdef.temporaries]
+    if not temporaries:
+        return schedule
+
+    def site(band: isl.ScheduleNode) -> isl.ScheduleNode:
+        node = _row_body(band)
+        if node is None or _has_mark(node, PACK_MARK) or _has_parallel_mark(node):
+            return band
+        accesses = scop.reads.union(scop.writes)
+        local = [t for t in temporaries if _scratch_fits(node, t, scop)]
+        chosen = _within_budget(node, local, scop, accesses=accesses)
+        if not chosen:
+            return band
+        depth = node.get_tree_depth() - band.get_tree_depth()
+        node = insert_mark(node, f"{SCRATCH_MARK}:{','.join(chosen)}")
+        for _ in range(depth + 1):
+            node = node.parent()
+        return node
+
+    return map_outermost_bands(schedule, site)
+
+
+def _row_body(band: isl.ScheduleNode) -> isl.ScheduleNode | None:
+    """Below `band` (an outermost band), the first node past its chain of bands and
+    marks: what one iteration of the loops above runs. None when the chain has no
+    parallel loop though the nest has one, or a pack mark, or ends in a leaf (one
+    statement: no temporary lives and dies there)."""
+    passed = not _has_parallel_mark(band)
+    node = band
+    while is_band(node) or node.get_type() == isl.schedule_node_type.mark:
+        if node.get_type() == isl.schedule_node_type.mark:
+            name = node.mark_get_id().get_name()
+            if name.startswith(PACK_MARK):
+                return None
+            passed = passed or name.startswith(PARALLEL_MARK)
+        node = node.child(0)
+    if not passed or node.get_type() == isl.schedule_node_type.leaf:
+        return None
+    return node
+
+
+def _scratch_fits(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether `tensor` can live in a buffer of each iteration of the loops above
+    `node` (see `scratch_temporaries`)."""
+    if not _kernel_local(node, tensor, scop):
+        return False
+    for st in scop.cdef.statements:
+        for access, guarded in guarded_accesses(st.rhs):
+            if access.tensor == tensor and (
+                guarded or any(linear_form(a) is None for a in access.args)
+            ):
+                return False
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    read = footprint(prefix, scop.reads, tensor)
+    written = footprint(prefix, scop.writes, tensor)
+    return read is not None and written is not None and read.is_subset(written)
+
+
+def _has_mark(node: isl.ScheduleNode, prefix: str) -> bool:
+    """Whether `node` or a node below it is a mark whose name starts with `prefix`."""
+    mark = node.get_type() == isl.schedule_node_type.mark
+    if mark and node.mark_get_id().get_name().startswith(prefix):
+        return True
+    return any(_has_mark(c, prefix) for c in schedule_children(node))
 
 
 # --- the GPU's shared memory ---------------------------------------------------------
@@ -361,7 +443,4 @@ def _bands_below(node: isl.ScheduleNode) -> list[isl.ScheduleNode]:
 
 def _has_parallel_mark(node: isl.ScheduleNode) -> bool:
     """Whether `node` or a node below it is a parallel mark."""
-    mark = node.get_type() == isl.schedule_node_type.mark
-    if mark and node.mark_get_id().get_name().startswith(PARALLEL_MARK):
-        return True
-    return any(_has_parallel_mark(c) for c in schedule_children(node))
+    return _has_mark(node, PARALLEL_MARK)

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+#include <stdlib.h>
+int omp_get_thread_num(void);
 
 static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
 static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -37,8 +39,11 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   const int64_t e_expSum_0 = s_N;
   int tc_status_value = 0;
   int *tc_status = &tc_status_value;
+  char *tc_arena = (char *)aligned_alloc(64, (size_t)tc_threads * 320);
+  if (!tc_arena) return 3;
   #pragma omp parallel num_threads(tc_threads)
   {
+    char *tc_mine = tc_arena + (size_t)omp_get_thread_num() * 320;
     /* maxVal(n) max=! I(n, d)  [initialisation] */
     /* maxVal(n) max=! I(n, d) */
     /* expDist(n, d) = exp(I(n, d) - maxVal(n)) */
@@ -47,37 +52,47 @@ int tc_kernel(const int64_t *restrict tc_sizes,
     /* O(n, d) = expDist(n, d) / expSum(n) */
     #pragma omp for nowait
     for (int64_t c1 = 0; c1 <= 15; c1++) {
-      t_maxVal[(int64_t)(c1)] = (-1.0f / 0.0f);
       {
-        float tc_acc = t_maxVal[(int64_t)(c1)];
-        int tc_nan = tc_acc != tc_acc;
-        #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
-        for (int64_t c2 = 0; c2 <= 39; c2++) {
-          tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
-          tc_nan |= tc_acc != tc_acc;
+        const int64_t tc_pack0_o0 = c1;
+        const int64_t tc_pack0_o1 = 0;
+        float *restrict tc_pack0 = (float *)(tc_mine + 0);
+        const int64_t tc_pack1_o0 = c1;
+        float *restrict tc_pack1 = (float *)(tc_mine + 192);
+        const int64_t tc_pack2_o0 = c1;
+        float *restrict tc_pack2 = (float *)(tc_mine + 256);
+        tc_pack2[(int64_t)((c1) - tc_pack2_o0)] = (-1.0f / 0.0f);
+        {
+          float tc_acc = tc_pack2[(int64_t)((c1) - tc_pack2_o0)];
+          int tc_nan = tc_acc != tc_acc;
+          #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
+          for (int64_t c2 = 0; c2 <= 39; c2++) {
+            tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
+            tc_nan |= tc_acc != tc_acc;
+          }
+          tc_pack2[(int64_t)((c1) - tc_pack2_o0)] = (tc_nan ? (float)NAN : tc_acc);
         }
-        t_maxVal[(int64_t)(c1)] = (tc_nan ? (float)NAN : tc_acc);
-      }
-      const float tc_h0 = ((0) <= 39) ? t_maxVal[(int64_t)(c1)] : (float)0;
-      #pragma omp simd
-      for (int64_t c2 = 0; c2 <= 39; c2++) {
-        t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
-      }
-      t_expSum[(int64_t)(c1)] = 0.0f;
-      {
-        float tc_acc = t_expSum[(int64_t)(c1)];
-        #pragma omp simd reduction(+:tc_acc)
+        const float tc_h0 = ((0) <= 39) ? tc_pack2[(int64_t)((c1) - tc_pack2_o0)] : (float)0;
+        #pragma omp simd
         for (int64_t c2 = 0; c2 <= 39; c2++) {
-          tc_acc = tc_acc + t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))];
+          tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
         }
-        t_expSum[(int64_t)(c1)] = tc_acc;
-      }
-      const float tc_h1 = ((0) <= 39) ? t_expSum[(int64_t)(c1)] : (float)0;
-      #pragma omp simd
-      for (int64_t c2 = 0; c2 <= 39; c2++) {
-        t_O[((int64_t)(c1) * e_O_1 + (c2))] = (t_expDist[((int64_t)(c1) * e_expDist_1 + (c2))] / tc_h1);
+        tc_pack1[(int64_t)((c1) - tc_pack1_o0)] = 0.0f;
+        {
+          float tc_acc = tc_pack1[(int64_t)((c1) - tc_pack1_o0)];
+          #pragma omp simd reduction(+:tc_acc)
+          for (int64_t c2 = 0; c2 <= 39; c2++) {
+            tc_acc = tc_acc + tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))];
+          }
+          tc_pack1[(int64_t)((c1) - tc_pack1_o0)] = tc_acc;
+        }
+        const float tc_h1 = ((0) <= 39) ? tc_pack1[(int64_t)((c1) - tc_pack1_o0)] : (float)0;
+        #pragma omp simd
+        for (int64_t c2 = 0; c2 <= 39; c2++) {
+          t_O[((int64_t)(c1) * e_O_1 + (c2))] = (tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))] / tc_h1);
+        }
       }
     }
   }
+  free(tc_arena);
   return tc_status_value;
 }
