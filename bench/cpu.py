@@ -49,9 +49,12 @@ from tcpy.runtime import cpu as runtime
 
 ROUNDS = 4
 GAP_S = 0.3
-"""Each contender runs in alternating blocks, each after a pause: on a small machine
-the threads of one library keep spinning for a while after a call and would otherwise
-slow down the next."""
+BLOCK_S = 0.25
+"""Each contender runs in alternating blocks of about `BLOCK_S` (at least `--reps`
+runs), each after a pause: on a small machine the threads of one library keep spinning
+for a while after a call and would otherwise slow down the next. The first runs after
+a pause are slow for every contender (the cores wake up: 3x on a 0.5 ms kernel here),
+so a block must be long enough for its median to be the steady state."""
 
 
 # --- the machine's limits ---------------------------------------------------------------
@@ -132,8 +135,13 @@ def kernel_alone(compiled: tcpy.Compiled, inputs: tuple[np.ndarray, ...]) -> Cal
     inputs or allocating the outputs (what a call with `out=` costs, less the checks)."""
     binding = bind(compiled.cdef, inputs)
     kernel = compiled._kernel  # a HostKernel: the cpu target's
-    sizes, buffers, _outputs = kernel._buffers(binding, kernel._shapes_at(binding))
-    return lambda: kernel.run(sizes, buffers)
+    sizes, buffers, outputs = kernel._buffers(binding, kernel._shapes_at(binding))
+
+    # `buffers` holds the outputs' addresses only: the default keeps the arrays alive
+    def run(_keep: object = outputs) -> None:
+        kernel.run(sizes, buffers)
+
+    return run
 
 
 def _outputs(result: object) -> tuple[np.ndarray, ...]:
@@ -166,12 +174,13 @@ def measure(kernel: Kernel, reps: int, torch: object, limits: dict[str, float]) 
         peer = torch_peer(torch, kernel)
         contenders["torch"] = lambda: peer(*tensors)
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for fn in contenders.values():
-        fn()
+    runs = {
+        name: max(reps, min(2000, round(BLOCK_S / _seconds(fn)))) for name, fn in contenders.items()
+    }
     for _ in range(ROUNDS):
         for name, fn in contenders.items():
             time.sleep(GAP_S)
-            times[name] += [_seconds(fn) for _ in range(reps)]
+            times[name] += [_seconds(fn) for _ in range(runs[name])]
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     peers = [ms[p] for p in ("numpy", "torch") if p in ms]
     flops, moved = kernel.flops(kernel.sizes), kernel.bytes(kernel.sizes)
@@ -209,7 +218,9 @@ def _torch() -> object:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=6, help="runs per block (4 blocks each)")
+    parser.add_argument(
+        "--reps", type=int, default=6, help="least runs per block (4 blocks each, of about 0.25 s)"
+    )
     parser.add_argument("--only", default="", help="comma-separated kernel names")
     parser.add_argument("--no-sweep", action="store_true", help="leave out the matmul sweep")
     parser.add_argument("--loaded", action="store_true", help="a busy process runs beside")
@@ -263,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             **limits,
         },
         "options": tcpy.MappingOptions.cpu().to_dict(),
-        "runs": {"rounds": ROUNDS, "per_block": args.reps, "pause_s": GAP_S},
+        "runs": {
+            "rounds": ROUNDS,
+            "least_per_block": args.reps,
+            "block_s": BLOCK_S,
+            "pause_s": GAP_S,
+        },
         "kernels": rows,
         "summary": summary,
     }

@@ -15,6 +15,8 @@
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
   (default: the device profile's).
 - `TCPY_VERIFY=1`: verify every schedule transform against the dependences.
+- `TCPY_VECTOR_BITS`: `128`, `256` or `512`, the vector width `cpu` kernels are built
+  for on x86 (default: the widest the CPU has).
 - `TCPY_NUM_THREADS`: the threads a `cpu` kernel runs on, read at each call (default:
   `OMP_NUM_THREADS`'s first value, else the cores this process may run on that other
   processes do not keep busy); `MappingOptions.threads` overrides both.
@@ -70,6 +72,16 @@ def cache_max_bytes() -> int:
             "megabytes, 0 or more (0 or unset: no cap)"
         )
     return int(megabytes * 1e6)
+
+
+def vector_bits() -> int | None:
+    """`TCPY_VECTOR_BITS`: the vector width of `cpu` kernels, None when unset."""
+    value = os.environ.get("TCPY_VECTOR_BITS", "").strip()
+    if not value:
+        return None
+    if value not in ("128", "256", "512"):
+        raise TCError(f"TCPY_VECTOR_BITS={value!r}: the vector width must be 128, 256 or 512")
+    return int(value)
 
 
 def c_compiler() -> str:

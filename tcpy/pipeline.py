@@ -22,6 +22,7 @@ from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.device import DeviceProfile
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.promotion import without_scratch
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.analysis import Analysis, analyse
 from tcpy.poly.dependences import Dependences
@@ -66,9 +67,18 @@ def lower_to_c(
     # 5. isl's AST generator turns the schedule tree into loops.
     with log.stage("ast"):
         ast = build_ast(scop, schedule)
+        # isl split a row's statements into pieces: one piece, else no buffer shared
+        if ast.split_scratch:
+            ast = build_ast(scop, schedule, grouped=True)
+        if ast.split_scratch:
+            schedule = without_scratch(schedule)
+            ast = build_ast(scop, schedule)
     # 6. The C printer writes statement bodies, pragmas and the kernel's prologue.
     with log.stage("print"):
-        source = print_c(scop, ast, options, fixed, vector_math=runtime.vector_math())
+        source = print_c(
+            scop, ast, options, fixed,
+            vector_math=runtime.vector_math(), vector_bytes=runtime.vector_bytes(),
+        )  # fmt: skip
     return Lowered(
         cdef, options, scop, deps, schedule, ast, source,
         analysis.fallbacks, analysis.clock_forced,

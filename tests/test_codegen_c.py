@@ -4,15 +4,18 @@ compiled code checked against the reference, and the printer's details."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tcpy
+from tcpy import pipeline
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
 
+from differential import CORPUS
 from golden_util import check_golden
 
 GOLDENS = {
@@ -169,6 +172,40 @@ def test_row_temporaries_match_the_reference(name: str, sizes: tuple[int, int]) 
         assert "t_T[" not in text and "t_S[" not in text
     if name in ("across", "gather"):
         assert "t_T[" in text  # left in memory
+
+
+SERIAL_ROWS = MappingOptions.cpu().replace(
+    outer_schedule_fusion=Fusion.MAX,
+    intra_tile_schedule_fusion=Fusion.MAX,
+    tile=(1,),
+    parallel=False,
+    vectorize=False,
+)
+"""Options under which isl, left to itself, generates each statement of a softmax row
+as a piece of its own, each with its own copy of the mark above them."""
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_row_split_into_pieces_shares_its_temporaries(
+    grouped: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The statements of a row are generated as one piece (here isl splits them unless
+    asked to group them); where they stay split (forced), the temporaries go back to
+    memory: pieces that each lay out the thread's buffer would read one temporary where
+    another was written."""
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))  # each way compiles its own
+    if not grouped:
+        build = pipeline.build_ast
+        monkeypatch.setattr(pipeline, "build_ast", lambda *a, grouped=False: build(*a))
+    source = (CORPUS / "softmax.tc").read_text()
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    x = np.random.default_rng(3).standard_normal((8, 33)).astype(np.float32)
+    kernel = engine.compile("softmax", x, options=SERIAL_ROWS)
+    assert ("t_maxVal[" in kernel.source) is not grouped
+    got = kernel(x)
+    np.testing.assert_allclose(got, reference.run("softmax", x), rtol=1e-5, atol=1e-7)
 
 
 def test_a_read_of_a_tensor_the_loop_writes_stays_in_the_loop() -> None:

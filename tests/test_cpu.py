@@ -109,3 +109,53 @@ def test_integer_division_by_zero_on_cpu() -> None:
     with pytest.raises(tcpy.TCInputError, match="integer division by zero at i=1"):
         e.f(np.array([1, 0], np.int32))
     np.testing.assert_array_equal(e.f(np.array([3, -4], np.int32)), [3, -2])
+
+
+@pytest.fixture
+def vector_width(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Sets `TCPY_VECTOR_BITS` for one test; the width is read once per process."""
+    from tcpy.runtime import cpu
+
+    def choose(bits: str) -> None:
+        monkeypatch.setenv("TCPY_VECTOR_BITS", bits)
+        monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # kernels of this width only
+        cpu.vector_bytes.cache_clear()
+
+    yield choose
+    monkeypatch.undo()
+    cpu.vector_bytes.cache_clear()
+
+
+@pytest.mark.parametrize("bits", ["128", "256", "512"])
+def test_kernels_built_at_each_vector_width_match_the_reference(vector_width, bits: str) -> None:  # type: ignore[no-untyped-def]
+    """The width reaches the compiler, the cache key and the register blocks; a row
+    sum (partial sums in lanes) and a matmul (register blocks) are right at each."""
+    from tcpy.runtime import cpu
+
+    if "-mprefer-vector-width=" not in cpu._target_report():
+        pytest.skip("this compiler takes no vector width")
+    vector_width(bits)
+    assert cpu.vector_bytes() == int(bits) // 8
+    assert f"-mprefer-vector-width={bits}" in cpu.compiler_identity()
+    source = """def f(float(M,K) A, float(K,N) B) -> (C, S) {
+        C(m,n) +=! A(m,k) * B(k,n)
+        S(m) +=! A(m,k)
+    }"""
+    rng = np.random.default_rng(int(bits))
+    a = rng.standard_normal((37, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 70)).astype(np.float32)
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    for got, want in zip(engine.f(a, b), reference.f(a, b), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_vector_width_that_is_not_one_is_refused(vector_width) -> None:  # type: ignore[no-untyped-def]
+    from tcpy.runtime import cpu
+
+    if "-mprefer-vector-width=" not in cpu._target_report():
+        pytest.skip("this compiler takes no vector width")
+    vector_width("384")
+    with pytest.raises(tcpy.TCError, match="128, 256 or 512"):
+        cpu.vector_bytes()

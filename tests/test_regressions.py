@@ -181,6 +181,37 @@ def test_min_and_max_propagate_nan(target: str, vectorize: bool, n: int) -> None
     assert_same(got, want)
 
 
+SUMS = """
+def f(float(M,N) A, int32(M,N) B) -> (S, T) {
+    S(i) +=! A(i,j)
+    T(i) +=! B(i,j)
+}
+"""
+
+
+@pytest.mark.parametrize("target", COMPILED)
+@pytest.mark.parametrize("fixed", [True, False])
+@pytest.mark.parametrize("n", [7, 129, 1000])
+def test_long_sums_keep_nan_infinities_and_integers(target: str, fixed: bool, n: int) -> None:
+    """A vectorised row sum keeps partial sums in several lanes and merges them: NaN in
+    any lane, +inf beside -inf, and +inf alone give what the sequential sum gives, and
+    an integer sum is exact."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((5, n)).astype(np.float32)
+    a[0, n // 2] = np.nan
+    a[1, 0], a[1, n - 1] = np.inf, -np.inf
+    a[2, n - 1] = np.inf
+    a[3, :] = -np.inf
+    b = rng.integers(-(2**20), 2**20, (5, n)).astype(np.int32)
+    opts = options(vectorize=True, fix_parameters_before_scheduling=fixed)
+    (s, t), (ws, wt) = run_both(SUMS, "f", (a, b), target, opts)
+    assert np.isnan(ws[:2]).all() and ws[2] == np.inf and ws[3] == -np.inf
+    np.testing.assert_array_equal(np.isnan(s), np.isnan(ws))
+    np.testing.assert_array_equal(s[2:4], ws[2:4])
+    np.testing.assert_allclose(s[4], ws[4], atol=1e-6 * float(np.abs(a[4]).sum()))
+    np.testing.assert_array_equal(t, wt)
+
+
 # --- 2 and 4. user names never reach isl, C or CUDA as written -------------------------
 
 HOSTILE = (

@@ -40,6 +40,7 @@ class Ast:
     root: isl.AstNode
     statements: dict[str, UserStatement]  # by annotation id name
     packs: dict[str, tuple[PackedBox, ...]] = field(default_factory=dict)  # likewise
+    split_scratch: bool = False  # a scratch mark was generated more than once (see below)
 
     def user(self, node: isl.AstNode) -> UserStatement:
         return self.statements[node.get_annotation().get_name()]
@@ -76,12 +77,17 @@ def build_ast(
         return node.set_annotation(isl.Id(key, context=ctx))
 
     packs: dict[str, tuple[PackedBox, ...]] = {}
+    # isl generates a mark once per piece of the domain it splits the loops above into;
+    # the pieces of a scratch mark would each lay out buffers that must be one
+    scratch: list[str] = []
 
     def after_each_mark(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
         name = node.mark_get_id().get_name()
         tensors = pack_tensors(name)
         if not tensors:
             return node
+        if name.startswith(SCRATCH_MARK):
+            scratch.append(name)
         # a copy's box holds what is read below it; a scratch's, what is accessed
         accesses = scop.reads.union(scop.writes) if name.startswith(SCRATCH_MARK) else scop.reads
         boxes = []
@@ -100,4 +106,4 @@ def build_ast(
         build, _callback = build.set_at_each_domain(at_each_domain)
         build, _after = build.set_after_each_mark(after_each_mark)
         root = build.node_from_schedule(schedule)
-    return Ast(root, statements, packs)
+    return Ast(root, statements, packs, split_scratch=len(scratch) > len(set(scratch)))

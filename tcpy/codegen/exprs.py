@@ -192,6 +192,7 @@ class BodyPrinter:
             compute=self.dialect.ctype(compute),
             storage=self.dialect.ctype(tensor.scalar),
             floating=compute.is_float,
+            itemsize=compute.dtype.itemsize,
             combine=combine,
             merge=merge,
             prelude=tuple(ctx.prelude),
@@ -212,6 +213,7 @@ class StatementParts:
     compute: str  # C type of the computation
     storage: str  # C type of the tensor
     floating: bool  # whether the computation is in floating point
+    itemsize: int  # bytes of a value of the compute type
     combine: Callable[[str], str]  # accumulator -> combined value
     merge: Callable[[str, str], str]  # two partial results -> their combination
     prelude: tuple[str, ...] = ()  # declarations `value` uses (`BodyPrinter.hoist_loads`)

@@ -129,8 +129,12 @@ def _print_block(
         element = f"tc_reg{index}{_offset(lane)}"
         lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
         start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
+        # the lanes' partial results, merged in a tree of vector steps: a chain of
+        # scalar steps took as long as the reduction loop on short reductions
+        merge = [f"#pragma omp simd reduction({plan.add}:tc_sum)"] if plan.vector else []
         finish = [
             f"{parts.compute} tc_sum = {parts.current};",
+            *merge,
             lanes,
             f"  tc_sum = tc_sum {plan.add} tc_reg{index}[tc_l];",
             "}",

@@ -179,6 +179,20 @@ def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     return map_outermost_bands(schedule, site)
 
 
+def without_scratch(schedule: isl.Schedule) -> isl.Schedule:
+    """`schedule` without its `scratch:` marks (the temporaries go back to memory)."""
+
+    def walk(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        mark = node.get_type() == isl.schedule_node_type.mark
+        if mark and node.mark_get_id().get_name().startswith(SCRATCH_MARK):
+            node = node.delete()
+        for i in range(node.n_children()):
+            node = walk(node.child(i)).parent()
+        return node
+
+    return walk(schedule.get_root()).get_schedule()
+
+
 def _row_body(band: isl.ScheduleNode) -> isl.ScheduleNode | None:
     """Below `band` (an outermost band), the first node past its chain of bands and
     marks: what one iteration of the loops above runs. None when the chain has no
