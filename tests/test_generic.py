@@ -14,6 +14,8 @@ import pytest
 
 import tcpy
 from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.registers import ROWS, WIDE_ROWS
+from tcpy.runtime import cpu
 
 CORPUS = Path(__file__).parent / "corpus"
 GENERIC = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
@@ -133,6 +135,7 @@ def test_a_generic_register_block_has_a_constant_bounded_copy_for_full_blocks() 
     engine = _engine("cpu", text)
     source = engine.compile("f", *inputs(np.random.default_rng(3), 2), options=GENERIC).source
     block = source[source.index("float tc_reg") - 200 :]
-    assert re.search(r"if \(.*s_M.* >= 3 && .*s_N.* >= \d+\) \{", block)
-    assert re.search(r"for \(int64_t (c\d+) = 0; \1 <= 3; \1\+\+\)", block)  # full block
-    assert re.search(r"for \(int64_t (c\d+) = 0; \1 <= tc_min\(3, ", block)  # edge block
+    last = (WIDE_ROWS if cpu.vector_bytes() >= 64 else ROWS) - 1  # the block's last row
+    assert re.search(rf"if \(.*s_M.* >= {last} && .*s_N.* >= \d+\) \{{", block)
+    assert re.search(rf"for \(int64_t (c\d+) = 0; \1 <= {last}; \1\+\+\)", block)  # full
+    assert re.search(rf"for \(int64_t (c\d+) = 0; \1 <= tc_min\({last}, ", block)  # edge

@@ -111,6 +111,14 @@ VECTOR_TILE = 256  # the unit-stride loop: long enough for the vector units and 
 REDUCTION_TILE = 128  # a reduction loop: the slice of the operands kept in cache
 OUTER_TILE = 32  # the innermost other parallel loop: rows sharing the cached slice
 SMALL = 8  # loops this short (kernel windows) stay whole
+# A contraction whose vector loop is parallel (matmul's n) is register-blocked, its
+# operands' tiles packed: a tall, narrow tile keeps the packed B slice (K_TILE x
+# N_TILE) in L1-L2 while M_TILE rows stream past it. Measured on 1024^3 and 2048^3
+# (AVX-512, 2 cores): 256 x 128 x 256 ran 1.5x faster than 32 x 256 x 128.
+CONTRACTION_VECTOR_TILE = 128
+CONTRACTION_REDUCTION_TILE = 256
+CONTRACTION_ROWS_TILE = 256
+PARALLEL_TILES = 4  # a rows tile leaves at least this many tiles to share out
 
 
 def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
@@ -136,16 +144,27 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
     rows = [k for k in range(n) if coincident[k] and k != vector and not _short(extents[k])]
     # a reduction vector loop is register-blocked over two parallel loops, else one
     blocked = 1 if coincident[vector] else 2
+    contraction = coincident[vector] and not all(coincident) and len(rows) == 1
     for k in range(n):
         if _short(extents[k]):
             continue
         if k == vector:
-            sizes[k] = fit(k, VECTOR_TILE if n > 1 else 16 * VECTOR_TILE)
+            size = CONTRACTION_VECTOR_TILE if contraction else VECTOR_TILE
+            sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
         elif not coincident[k]:
-            sizes[k] = fit(k, REDUCTION_TILE)
+            sizes[k] = fit(k, CONTRACTION_REDUCTION_TILE if contraction else REDUCTION_TILE)
         elif k in rows[-blocked:]:
-            sizes[k] = fit(k, OUTER_TILE)
+            sizes[k] = fit(k, _rows_tile(extents[k]) if contraction else OUTER_TILE)
     return tile_band(node, tuple(sizes))
+
+
+def _rows_tile(extent: int | None) -> int:
+    """A contraction's rows tile: CONTRACTION_ROWS_TILE, less where the rows would
+    then make fewer than PARALLEL_TILES tiles (a multiple of 8, at least OUTER_TILE)."""
+    if extent is None:
+        return CONTRACTION_ROWS_TILE
+    share = -(-extent // PARALLEL_TILES)
+    return max(OUTER_TILE, min(CONTRACTION_ROWS_TILE, -(-share // 8) * 8))
 
 
 def _short(extent: int | None) -> bool:
