@@ -40,21 +40,9 @@ def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
     """Where each box's buffer starts in the thread's part of the arena, then the end."""
     starts = [0]
     for b in boxes:
-        itemsize = cdef.tensor(b.tensor).scalar.dtype.itemsize
-        size = math.prod(buffer_extents(b.sizes, itemsize)) * itemsize
+        size = math.prod(b.sizes) * cdef.tensor(b.tensor).scalar.dtype.itemsize
         starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
     return starts
-
-
-def buffer_extents(sizes: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    """The extents of a box's buffer: the box's, with rows a cache line longer where
-    their length is a multiple of 512 bytes. Rows at such a distance fall in the same
-    few sets of the L1 cache, and a loop down a column of the buffer (a matmul's
-    operand, row after row of k) evicts what it read a few rows before: a 1024-wide
-    tile of B ran a 1024^3 matmul 1.3x slower than the padded one."""
-    if len(sizes) < 2 or (sizes[-1] * itemsize) % 512:
-        return sizes
-    return (*sizes[:-1], sizes[-1] + ALIGN // itemsize)
 
 
 def print_pack(
@@ -80,12 +68,11 @@ def print_pack(
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
-        scalar = p.scop.cdef.tensor(b.tensor).scalar
-        copy = LocalCopy(buffer, offsets, buffer_extents(b.sizes, scalar.dtype.itemsize))
-        ctype = p.dialect.ctype(scalar)
+        copy = LocalCopy(buffer, offsets, b.sizes)
+        ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
         if copy_in:
-            _copy(p, depth + 1, b, copy)
+            _copy(p, depth + 1, b.tensor, copy)
         copies[b.tensor] = copy
     saved = p.bodies
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
@@ -94,12 +81,12 @@ def print_pack(
     p.emit(depth, "}")
 
 
-def _copy(p: _Printer, depth: int, box: PackedBox, copy: LocalCopy) -> None:
+def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
     """The loops filling a buffer: one loop per dimension, from the first element
     inside the tensor to the last inside both box and tensor."""
-    tensor, n = box.tensor, len(box.sizes)
+    n = len(copy.sizes)
     local = [f"tc_i{d}" for d in range(n)]
-    for d, (o, size) in enumerate(zip(copy.offsets, box.sizes, strict=True)):
+    for d, (o, size) in enumerate(zip(copy.offsets, copy.sizes, strict=True)):
         room = f"{extent_name(tensor, d)} - {o}"
         p.emit(depth, f"const int64_t {copy.buffer}_l{d} = {o} < 0 ? -{o} : 0;")
         p.emit(depth, f"const int64_t {copy.buffer}_u{d} = {room} < {size} ? {room} : {size};")
