@@ -257,3 +257,52 @@ def test_a_footprint_isl_cannot_bound_is_not_packed() -> None:
     o = rng.standard_normal((17, 5, 31)).astype(np.float32)
     for got, want in zip(cpu.run("f", o, options=options), reference.run("f", o), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- copies with the dimensions reversed --------------------------------------------------
+
+DOT_ROWS = "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (DOT_ROWS, {"B"}),
+        (MATMUL, set()),  # B(k,n) is read along n already
+        ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) * B(n,k) }", set()),
+        # C's rows are n: A is the one read across them
+        ("def f(float(M,K) A, float(N,K) B) -> (C) { C(n,m) +=! A(m,k) * B(n,k) }", {"A"}),
+        ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) max=! A(m,k) * B(n,k) }", set()),
+        (  # the mlp of the benchmark
+            """def f(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+                O(b, n) +=! I(b, k) * W(n, k)
+                O(b, n) = fmax(O(b, n) + bias(n), 0)
+            }""",
+            {"W"},
+        ),
+    ],
+)
+def test_which_inputs_are_copied_transposed(source: str, expected: set[str]) -> None:
+    (cdef,) = check_source(source).values()
+    sizes = {s: 300 for s in cdef.size_symbols}
+    marks = _pack_marks(source, sizes)
+    assert {
+        t[:-2] for m in marks for t in m.split(":")[1].split(",") if t.endswith("^T")
+    } == expected
+    assert not any("^T" in m for m in _pack_marks(source, sizes, pack_operands=False))
+
+
+@pytest.mark.parametrize("tile", [(), (64, 256, 512)], ids=["fits", "too-large"])
+def test_a_transposed_copy_that_cannot_be_placed_leaves_the_nest_as_it_was(
+    tile: tuple[int, ...],
+) -> None:
+    """A tile of B too large for the thread's buffers is not copied, and the nest is
+    then mapped as if no copy were planned: k stays its vector loop (n would gather)."""
+    sizes = {"M": 70, "K": 600, "N": 300}
+    marks = _pack_marks(DOT_ROWS, sizes, tile=tile)
+    assert any("B^T" in m for m in marks) is (tile == ())
+    cpu, reference = _engines(DOT_ROWS)
+    inputs = _inputs(cpu, sizes, seed=len(tile))
+    options = MappingOptions.cpu().replace(tile=tile)
+    got = cpu.run("f", *inputs, options=options)
+    np.testing.assert_allclose(got, reference.run("f", *inputs), rtol=1e-5)

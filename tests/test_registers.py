@@ -38,9 +38,13 @@ CONTRACTIONS = {
         "def f(int32(A,B,C) X, int32(C,B,D) Y) -> (Z) { Z(a,d) +=! X(a,b,c) * Y(c,b,d) }",
         [{"A": 12, "B": 4, "C": 3, "D": 24}, {"A": 5, "B": 3, "C": 2, "D": 7}],
     ),
-    "dot_rows": (  # the vector loop is the reduction: partial sums per lane
+    "dot_rows": (  # B is copied transposed, and n is the vector loop
         "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
         [{"M": 64, "K": 48, "N": 40}, {"M": 9, "K": 13, "N": 7}],
+    ),
+    "dot_rows_squared": (  # B read twice: not copied transposed, partial sums per lane
+        "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) * B(n,k) }",
+        [{"M": 24, "K": 40, "N": 16}, {"M": 9, "K": 13, "N": 7}],
     ),
     "dot_rows_int": (
         "def f(int32(M,K) A, int32(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
@@ -114,7 +118,7 @@ def test_the_block_is_a_local_array_around_the_reduction() -> None:
 
 
 def test_a_reduction_vector_loop_keeps_partial_sums_per_lane() -> None:
-    source, (sizes, _) = CONTRACTIONS["dot_rows"]
+    source, (sizes, _) = CONTRACTIONS["dot_rows_squared"]
     lines = [ln.strip() for ln in _source(source, sizes, register_tile=(2, 4)).splitlines()]
     (declaration,) = [ln for ln in lines if ln.startswith("float tc_reg[2][4][")]
     (start,) = [k for k, ln in enumerate(lines) if ln.endswith("] = 0.0f;") and "tc_reg" in ln]
@@ -122,6 +126,20 @@ def test_a_reduction_vector_loop_keeps_partial_sums_per_lane() -> None:
     (store,) = [k for k, ln in enumerate(lines) if ln.startswith("t_C[") and ln.endswith("tc_sum;")]
     assert start < total < store and declaration
     assert not any("t_C[" in ln for ln in lines[start:total])
+
+
+def test_an_input_read_across_the_output_rows_is_copied_transposed() -> None:
+    """`C(m,n) +=! A(m,k) * B(n,k)`: B's tile is copied with k outermost, so that n, the
+    output's unit-stride index, is the vector loop of an outer-product block; without
+    copies (`pack_operands=False`) k stays the vector loop, with a sum per lane."""
+    source, (sizes, _) = CONTRACTIONS["dot_rows"]
+    text = _source(source, sizes)
+    (copy,) = re.findall(
+        r"(tc_pack\d+)\[\(\(int64_t\)\(tc_i1\) \* \d+ \+ \(tc_i0\)\)\] = t_B", text
+    )
+    assert re.search(rf"tc_reg\[c\d+\]\[c\d+\] \+ \(t_A\[.*\] \* {copy}\[", text)
+    assert "tc_sum" not in text
+    assert "tc_sum" in _source(source, sizes, pack_operands=False)
 
 
 def test_blocking_off_and_unblocked_reductions() -> None:

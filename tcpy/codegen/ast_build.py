@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcpy.codegen.loops import SCRATCH_MARK, pack_tensors
+from tcpy.codegen.loops import SCRATCH_MARK, pack_tensors, transposed_tensors
 from tcpy.mapping.promotion import box, footprint
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
@@ -33,6 +33,7 @@ class PackedBox:
     tensor: str
     offsets: tuple[isl.AstExpr, ...]  # the box's first element, one per dimension
     sizes: tuple[int, ...]
+    transposed: bool = False  # the copy's dimensions are the tensor's, reversed
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -96,7 +97,8 @@ def build_ast(
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
-                boxes.append(PackedBox(tensor, offsets, b.sizes))
+                reversed_ = tensor in transposed_tensors(name)
+                boxes.append(PackedBox(tensor, offsets, b.sizes, transposed=reversed_))
         key = f"P{len(packs)}"
         packs[key] = tuple(boxes)
         return node.set_annotation(isl.Id(key, context=ctx))

@@ -118,12 +118,16 @@ class LocalCopy:
 
     buffer: str
     offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
-    sizes: tuple[int, ...]  # the buffer's extents
+    sizes: tuple[int, ...]  # the buffer's extents, per dimension of the tensor
+    transposed: bool = False  # the buffer holds the tile with its dimensions reversed
 
     def index(self, d: Dialect, subscripts: list[str]) -> str:
         """The buffer's offset of the tensor's element at `subscripts`."""
         local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
-        return flat_index(d, local, [str(n) for n in self.sizes])
+        extents = [str(n) for n in self.sizes]
+        if self.transposed:
+            local, extents = local[::-1], extents[::-1]
+        return flat_index(d, local, extents)
 
 
 @dataclass

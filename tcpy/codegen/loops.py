@@ -55,10 +55,22 @@ def register_sizes(mark: str) -> list[int] | None:
     return [int(s) for s in sizes.split("x")]
 
 
+TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its dimensions reversed
+
+
 def pack_tensors(mark: str) -> list[str]:
     """The tensors a copy mark copies (`pack:A,B` into a thread's buffers, `shared:A,B`
     into a block's shared memory) or places (`scratch:T`, temporaries in shared
     memory); empty for another mark."""
+    return [t.removesuffix(TRANSPOSED) for t in _mark_tensors(mark)]
+
+
+def transposed_tensors(mark: str) -> set[str]:
+    """The tensors a copy mark copies with their dimensions reversed (`W^T`)."""
+    return {t.removesuffix(TRANSPOSED) for t in _mark_tensors(mark) if t.endswith(TRANSPOSED)}
+
+
+def _mark_tensors(mark: str) -> list[str]:
     name, _, tensors = mark.partition(":")
     marks = (PACK_MARK, SHARED_MARK, SCRATCH_MARK)
     return tensors.split(",") if name in marks and tensors else []

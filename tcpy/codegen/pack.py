@@ -68,7 +68,7 @@ def print_pack(
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
-        copy = LocalCopy(buffer, offsets, b.sizes)
+        copy = LocalCopy(buffer, offsets, b.sizes, transposed=b.transposed)
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
         if copy_in:
@@ -90,17 +90,47 @@ def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
         room = f"{extent_name(tensor, d)} - {o}"
         p.emit(depth, f"const int64_t {copy.buffer}_l{d} = {o} < 0 ? -{o} : 0;")
         p.emit(depth, f"const int64_t {copy.buffer}_u{d} = {room} < {size} ? {room} : {size};")
+    order = list(reversed(range(n))) if copy.transposed else list(range(n))
+    source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
+    extents = [extent_name(tensor, d) for d in range(n)]
+    within = flat_index(p.dialect, [local[d] for d in order], [str(copy.sizes[d]) for d in order])
+    read = flat_index(p.dialect, source, extents)
+    assignment = f"{copy.buffer}[{within}] = {tensor_name(tensor)}[{read}];"
+    if copy.transposed:
+        _transposing_copy(p, depth, copy, local, assignment)
+        return
     for d, i in enumerate(local):
         if d == n - 1 and p.options.vectorize:
             p.emit(depth + d, "#pragma omp simd")
         bounds = f"{i} = {copy.buffer}_l{d}; {i} < {copy.buffer}_u{d}"
         p.emit(depth + d, f"for (int64_t {bounds}; {i}++) {{")
-    source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
-    extents = [extent_name(tensor, d) for d in range(n)]
-    p.emit(
-        depth + n,
-        f"{copy.buffer}[{flat_index(p.dialect, local, [str(s) for s in copy.sizes])}] = "
-        f"{tensor_name(tensor)}[{flat_index(p.dialect, source, extents)}];",
-    )
+    p.emit(depth + n, assignment)
     for d in reversed(range(n)):
         p.emit(depth + d, "}")
+
+
+TRANSPOSE_BLOCK = 16
+"""The copy of a transposed tile moves blocks of this many elements of a tensor's row:
+each row is read a cache line at a time, and the lines of the buffer it writes stay
+in cache across the rows of the block."""
+
+
+def _transposing_copy(
+    p: _Printer, depth: int, copy: LocalCopy, local: list[str], assignment: str
+) -> None:
+    """The loops filling a buffer that holds a 2-D tile transposed: blocks of
+    TRANSPOSE_BLOCK along the tensor's rows, each copied row after row."""
+    i0, i1, buffer = local[0], local[1], copy.buffer
+    p.emit(
+        depth, f"for (int64_t tc_b = {buffer}_l1; tc_b < {buffer}_u1; tc_b += {TRANSPOSE_BLOCK}) {{"
+    )
+    p.emit(
+        depth + 1,
+        f"const int64_t tc_e = tc_b + {TRANSPOSE_BLOCK} < {buffer}_u1 ? tc_b + {TRANSPOSE_BLOCK} : {buffer}_u1;",
+    )
+    p.emit(depth + 1, f"for (int64_t {i0} = {buffer}_l0; {i0} < {buffer}_u0; {i0}++) {{")
+    p.emit(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
+    p.emit(depth + 3, assignment)
+    p.emit(depth + 2, "}")
+    p.emit(depth + 1, "}")
+    p.emit(depth, "}")

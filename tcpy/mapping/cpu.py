@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK
+from tcpy import knobs
+from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK, transposed_tensors
 from tcpy.mapping.locality import is_reduction_member, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.mapping.promotion import pack_operands, scratch_temporaries
+from tcpy.mapping.promotion import pack_operands, scratch_temporaries, transposed_operands
 from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
@@ -48,17 +49,35 @@ def map_to_cpu(
     """The mapped schedule (see the module docstring); `vector_bytes` is the width of
     the C compiler's vectors, which register blocks are sized by."""
     schedule = map_outermost_bands(schedule, lambda b: merge_child_bands(b, deps.validity))
+    # inputs read across the vector loop, copied with their dimensions reversed; where
+    # a copy cannot be placed (no tile, or too large a one), the nest is mapped without
+    # (its vector loop would otherwise gather across the input: 20x slower, measured)
+    transposed = transposed_operands(scop, options)
+    mapped = _map(schedule, scop, deps, options, vector_bytes, transposed)
+    if transposed and not transposed <= _copied_transposed(mapped):
+        mapped = _map(schedule, scop, deps, options, vector_bytes, frozenset())
+    return scratch_temporaries(mapped, scop)
+
+
+def _map(
+    schedule: isl.Schedule,
+    scop: Scop,
+    deps: Dependences,
+    options: MappingOptions,
+    vector_bytes: int,
+    transposed: frozenset[str],
+) -> isl.Schedule:
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:
-        schedule = map_outermost_bands(schedule, lambda b: _auto_tile(b, scop))
+        schedule = map_outermost_bands(schedule, lambda b: _auto_tile(b, scop, transposed))
     if options.intra_tile_schedule_fusion is Fusion.MIN:
         # Distributing point loops reorders statements inside a tile; a dependence from
         # a later statement back to an earlier one at a later point would forbid it.
         distributed = distribute_point_bands(schedule, deps.validity)
         if respects(distributed, deps.validity):
             schedule = distributed
-    schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options))
+    schedule = map_innermost_bands(schedule, lambda b: _order_band(b, scop, options, transposed))
     if options.register_tile != (0,):
         schedule = map_innermost_bands(
             schedule, lambda b: register_block(b, scop, options, vector_bytes)
@@ -68,8 +87,20 @@ def map_to_cpu(
     if options.parallel:
         schedule = _mark_parallel(schedule.get_root()).get_schedule()
     # after the parallel marks: a copy goes only where no worksharing loop is below it
-    schedule = pack_operands(schedule, scop, options)
-    return scratch_temporaries(schedule, scop)
+    return pack_operands(schedule, scop, options, transposed)
+
+
+def _copied_transposed(schedule: isl.Schedule) -> set[str]:
+    """The tensors some pack mark of `schedule` copies with their dimensions reversed."""
+    found: set[str] = set()
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.mark:
+            found.update(transposed_tensors(node.mark_get_id().get_name()))
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return found
 
 
 # --- the target's default options -------------------------------------------------------
@@ -118,10 +149,11 @@ SMALL = 8  # loops this short (kernel windows) stay whole
 CONTRACTION_VECTOR_TILE = 128
 CONTRACTION_REDUCTION_TILE = 256
 CONTRACTION_ROWS_TILE = 256
-PARALLEL_TILES = 4  # a rows tile leaves at least this many tiles to share out
 
 
-def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
+def _auto_tile(
+    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> isl.ScheduleNode:
     """Tile sizes from the loop extents when the options give none: the loop that
     walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
     the innermost other parallel loop (the two innermost when the vector loop is a
@@ -132,7 +164,7 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
         return node
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
-    vector = vector_member(node, scop)
+    vector = vector_member(node, scop, transposed)
 
     def fit(k: int, size: int) -> int:
         # a loop shorter than its tile becomes one tile: its point loop then takes
@@ -160,10 +192,11 @@ def _auto_tile(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
 
 def _rows_tile(extent: int | None) -> int:
     """A contraction's rows tile: CONTRACTION_ROWS_TILE, less where the rows would
-    then make fewer than PARALLEL_TILES tiles (a multiple of 8, at least OUTER_TILE)."""
+    then make fewer tiles than there are cores to share them (a multiple of 8, at
+    least OUTER_TILE). Not smaller: each tile copies its operands' tiles again."""
     if extent is None:
         return CONTRACTION_ROWS_TILE
-    share = -(-extent // PARALLEL_TILES)
+    share = -(-extent // max(2, knobs.cores()))
     return max(OUTER_TILE, min(CONTRACTION_ROWS_TILE, -(-share // 8) * 8))
 
 
@@ -174,7 +207,9 @@ def _short(extent: int | None) -> bool:
 # --- interchange ----------------------------------------------------------------------
 
 
-def vector_member(node: isl.ScheduleNode, scop: Scop) -> int:
+def vector_member(
+    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> int:
     """The band member to run innermost, as the vector loop. In order of preference:
     not a short loop (a kernel window), not a reduction loop that strides across an
     operand (a strided vector reduction gathers), the best worst-case stride over the
@@ -182,13 +217,13 @@ def vector_member(node: isl.ScheduleNode, scop: Scop) -> int:
     n = node.band_n_member()
 
     def key(k: int) -> tuple[bool, bool, int, int, bool, int]:
-        worst = worst_stride(node, k, scop)
+        worst = worst_stride(node, k, scop, transposed)
         strided_reduction = worst < 0 and is_reduction_member(node, k, scop)
         return (
             not _short(member_extent(node, k)),
             not strided_reduction,
             worst,
-            stride_score(node, k, scop),
+            stride_score(node, k, scop, transposed),
             bool(node.band_member_get_coincident(k)),
             k,
         )
@@ -196,7 +231,12 @@ def vector_member(node: isl.ScheduleNode, scop: Scop) -> int:
     return max(range(n), key=key)
 
 
-def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> isl.ScheduleNode:
+def _order_band(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    transposed: frozenset[str] = frozenset(),
+) -> isl.ScheduleNode:
     n = node.band_n_member()
     if n < 2 or not node.band_get_permutable():
         return node
@@ -204,7 +244,7 @@ def _order_band(node: isl.ScheduleNode, scop: Scop, options: MappingOptions) -> 
         if len(options.interchange) == n:
             return permute_band(node, list(options.interchange))
         return node
-    best = vector_member(node, scop)
+    best = vector_member(node, scop, transposed)
     order = [k for k in range(n) if k != best] + [best]
     return permute_band(node, order)
 

@@ -15,24 +15,30 @@ from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop
 
 
-def stride_score(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
+def stride_score(
+    node: isl.ScheduleNode, member: int, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> int:
     """How well running band member `member` innermost walks memory: +2 per access
     it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
-    when it is a reduction loop, whose accumulator then stays in a register."""
+    when it is a reduction loop, whose accumulator then stays in a register. The
+    tensors in `transposed` are read from copies with their dimensions reversed
+    (`tcpy.mapping.promotion.transposed_operands`)."""
     score = 0
     for stmt_name, position in member_variables(node, member).items():
         if position is None:
             continue
         stmt = scop.statement(stmt_name)
         var = stmt.dims[position]
-        for subscripts in _accesses(scop, stmt_name):
+        for subscripts in _accesses(scop, stmt_name, transposed):
             score += _stride(subscripts, var)
         if stmt.kind is Kind.COMPUTE and var in stmt.source(scop.cdef).reduction_indices:
             score += 1
     return score
 
 
-def worst_stride(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
+def worst_stride(
+    node: isl.ScheduleNode, member: int, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> int:
     """The worst way running band member `member` innermost walks any one access: 2
     when every access it moves along is walked with unit stride, 0 when some access
     stays put, -2 when it strides across one. A reduction statement's own element
@@ -44,7 +50,7 @@ def worst_stride(node: isl.ScheduleNode, member: int, scop: Scop) -> int:
             return -2
         stmt = scop.statement(stmt_name)
         var = stmt.dims[position]
-        accesses = _accesses(scop, stmt_name)
+        accesses = _accesses(scop, stmt_name, transposed)
         if stmt.kind is Kind.COMPUTE and stmt.source(scop.cdef).op.reduction is not None:
             accesses = accesses[1:]
         for subscripts in accesses:
@@ -68,17 +74,18 @@ def is_reduction_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool
 Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
 
 
-def _accesses(scop: Scop, stmt_name: str) -> list[list[Subscript]]:
+def _accesses(
+    scop: Scop, stmt_name: str, transposed: frozenset[str] = frozenset()
+) -> list[list[Subscript]]:
     stmt = scop.statement(stmt_name)
     st = stmt.source(scop.cdef)
     lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
     out = [lhs]
     if stmt.kind is Kind.COMPUTE:
-        out += [
-            [_subscript(a) for a in node.args]
-            for node in ast.walk(st.rhs)
-            if isinstance(node, ast.Access) and node.args
-        ]
+        for node in ast.walk(st.rhs):
+            if isinstance(node, ast.Access) and node.args:
+                subscripts = [_subscript(a) for a in node.args]
+                out.append(subscripts[::-1] if node.tensor in transposed else subscripts)
     return out
 
 

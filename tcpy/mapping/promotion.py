@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK, SCRATCH_MARK
+from tcpy.codegen.loops import PACK_MARK, PARALLEL_MARK, SCRATCH_MARK, TRANSPOSED
 from tcpy.codegen.naming import tensor_name
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
@@ -126,11 +126,17 @@ def run_stride(b: Box, shape: tuple[int | None, ...], itemsize: int) -> int | No
 # --- the CPU pass ------------------------------------------------------------------------
 
 
-def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -> isl.Schedule:
+def pack_operands(
+    schedule: isl.Schedule,
+    scop: Scop,
+    options: MappingOptions,
+    transposed: frozenset[str] = frozenset(),
+) -> isl.Schedule:
     """The schedule with a `pack:` mark (see the module docstring) above the point
     loops of every nest with tiles worth copying: with `options.pack_operands` None,
     the tensors whose boxes are reused and strided; True, every tensor that can be
-    copied; False, none."""
+    copied; False, none. The tensors in `transposed` (`transposed_operands`) are
+    always copied where they can be, with their dimensions reversed (`W^T`)."""
     if options.pack_operands is False:
         return schedule
 
@@ -139,14 +145,47 @@ def pack_operands(schedule: isl.Schedule, scop: Scop, options: MappingOptions) -
             return band
         point = band.child(0)
         chosen = [
-            t for t in _candidates(point, scop) if options.pack_operands or _pays(point, t, scop)
+            t
+            for t in _candidates(point, scop)
+            if options.pack_operands or t in transposed or _pays(point, t, scop)
         ]
         chosen = _within_budget(point, chosen, scop)
         if not chosen:
             return band
-        return insert_mark(point, f"{PACK_MARK}:{','.join(chosen)}").parent().parent()
+        names = [f"{t}{TRANSPOSED}" if t in transposed else t for t in chosen]
+        return insert_mark(point, f"{PACK_MARK}:{','.join(names)}").parent().parent()
 
     return map_outermost_bands(schedule, site)
+
+
+def transposed_operands(scop: Scop, options: MappingOptions) -> frozenset[str]:
+    """The inputs a contraction reads across its vector loop, which a copy with the
+    dimensions reversed makes unit-stride: `W` in an MLP's `O(b,n) +=! I(b,k) *
+    W(n,k)`, a matrix read once, as `W(n, k)` with `n` the output's innermost index
+    and `k` a reduction index. The nest then runs `n` as its vector loop and keeps a
+    block of `O` in registers across `k` (an outer product, as a matmul), where
+    running `k` innermost would leave a sum per lane to merge for every output: 2x
+    faster on the suite's MLP. Empty when `pack_operands` is False (no copy)."""
+    if options.pack_operands is False:
+        return frozenset()
+    reads: dict[str, int] = {}
+    candidates = set()
+    for st in scop.cdef.statements:
+        for access, guarded in guarded_accesses(st.rhs):
+            reads[access.tensor] = reads.get(access.tensor, 0) + 1
+            info = scop.cdef.tensor(access.tensor)
+            names = [a.name if isinstance(a, ast.Index) else None for a in access.args]
+            if (
+                not guarded
+                and st.op.reduction is ast.Reduction.SUM
+                and info.role is Role.INPUT
+                and len(names) == 2
+                and st.indices
+                and names[0] == st.indices[-1]
+                and names[1] in st.reduction_indices
+            ):
+                candidates.add(access.tensor)
+    return frozenset(t for t in candidates if reads[t] == 1)
 
 
 def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
