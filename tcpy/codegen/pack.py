@@ -120,15 +120,11 @@ def _transposing_copy(
 ) -> None:
     """The loops filling a buffer that holds a 2-D tile transposed: blocks of
     TRANSPOSE_BLOCK along the tensor's rows, each copied row after row."""
-    i0, i1, buffer = local[0], local[1], copy.buffer
-    p.emit(
-        depth, f"for (int64_t tc_b = {buffer}_l1; tc_b < {buffer}_u1; tc_b += {TRANSPOSE_BLOCK}) {{"
-    )
-    p.emit(
-        depth + 1,
-        f"const int64_t tc_e = tc_b + {TRANSPOSE_BLOCK} < {buffer}_u1 ? tc_b + {TRANSPOSE_BLOCK} : {buffer}_u1;",
-    )
-    p.emit(depth + 1, f"for (int64_t {i0} = {buffer}_l0; {i0} < {buffer}_u0; {i0}++) {{")
+    i0, i1, lo, hi = local[0], local[1], f"{copy.buffer}_l", f"{copy.buffer}_u"
+    block = TRANSPOSE_BLOCK
+    p.emit(depth, f"for (int64_t tc_b = {lo}1; tc_b < {hi}1; tc_b += {block}) {{")
+    p.emit(depth + 1, f"const int64_t tc_e = tc_b + {block} < {hi}1 ? tc_b + {block} : {hi}1;")
+    p.emit(depth + 1, f"for (int64_t {i0} = {lo}0; {i0} < {hi}0; {i0}++) {{")
     p.emit(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
     p.emit(depth + 3, assignment)
     p.emit(depth + 2, "}")

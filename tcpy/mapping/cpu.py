@@ -24,8 +24,8 @@ from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.poly.dependences import Dependences, respects
-from tcpy.poly.schedule import member_extent
-from tcpy.poly.scop import Scop
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import (
     distribute_point_bands,
     insert_mark,
@@ -177,6 +177,14 @@ def _auto_tile(
     # a reduction vector loop is register-blocked over two parallel loops, else one
     blocked = 1 if coincident[vector] else 2
     contraction = coincident[vector] and not all(coincident) and len(rows) == 1
+    tiled_rows = rows[-blocked:]
+    if coincident[vector] and not all(coincident) and rows:
+        # the rows of a register block: the member along which the vector loop's
+        # operands are invariant (a convolution's filters, not its image rows), whose
+        # point loop must then be in the point band
+        best = max(reversed(rows), key=lambda k: _sharing(node, scop, vector, k))
+        if _sharing(node, scop, vector, best) > 0:
+            tiled_rows = [best]
     for k in range(n):
         if _short(extents[k]):
             continue
@@ -185,9 +193,29 @@ def _auto_tile(
             sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
         elif not coincident[k]:
             sizes[k] = fit(k, CONTRACTION_REDUCTION_TILE if contraction else REDUCTION_TILE)
-        elif k in rows[-blocked:]:
+        elif k in tiled_rows:
             sizes[k] = fit(k, _rows_tile(extents[k]) if contraction else OUTER_TILE)
     return tile_band(node, tuple(sizes))
+
+
+def _sharing(node: isl.ScheduleNode, scop: Scop, vector: int, member: int) -> int:
+    """How many reads that move along band member `vector` stay put along `member`:
+    the operands a register block's rows along `member` share."""
+    along = member_variables(node, vector)
+    count = 0
+    for stmt_name, position in member_variables(node, member).items():
+        vector_position = along.get(stmt_name)
+        stmt = scop.statement(stmt_name)
+        if position is None or vector_position is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        var, inner = stmt.dims[position], stmt.dims[vector_position]
+        for access in ast.walk(stmt.source(scop.cdef).rhs):
+            if isinstance(access, ast.Access):
+                names = {
+                    i.name for a in access.args for i in ast.walk(a) if isinstance(i, ast.Index)
+                }
+                count += inner in names and var not in names
+    return count
 
 
 def _rows_tile(extent: int | None) -> int:
