@@ -2,7 +2,7 @@
 target against NumPy and PyTorch eager (when installed), in the same run, on the same
 inputs.
 
-    python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded]
+    python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded] [--generic]
                         [--tag NAME] [--out bench/results]
 
 First the machine's limits are measured: the FP32 FMA peak (a C loop of independent
@@ -150,7 +150,9 @@ def _outputs(result: object) -> tuple[np.ndarray, ...]:
     return (np.asarray(result),)
 
 
-def measure(kernel: Kernel, reps: int, torch: object, limits: dict[str, float]) -> dict:  # type: ignore[type-arg]
+def measure(  # type: ignore[type-arg]
+    kernel: Kernel, reps: int, torch: object, limits: dict[str, float], generic: bool = False
+) -> dict:
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
     engine = tcpy.ExecutionEngine("cpu")
@@ -173,6 +175,9 @@ def measure(kernel: Kernel, reps: int, torch: object, limits: dict[str, float]) 
         tensors = [torch.from_numpy(x) for x in inputs]  # type: ignore[attr-defined]
         peer = torch_peer(torch, kernel)
         contenders["torch"] = lambda: peer(*tensors)
+    extra: dict[str, object] = {}
+    if generic:
+        extra, contenders["tcpy_generic"] = _generic(engine, kernel, compiled, inputs, want)
     times: dict[str, list[float]] = {name: [] for name in contenders}
     runs = {
         name: max(reps, min(2000, round(BLOCK_S / _seconds(fn)))) for name, fn in contenders.items()
@@ -201,7 +206,37 @@ def measure(kernel: Kernel, reps: int, torch: object, limits: dict[str, float]) 
         "fraction_of_fma_peak": round(gflops / limits["fma_peak_gflops"], 3),
         "tcpy_gbps": round(gbps, 2),
         "fraction_of_copy_bandwidth": round(gbps / limits["copy_bandwidth_gbps"], 3),
+        **extra,
+        **(
+            {"generic_over_fixed": round(ms["tcpy_generic"] / ms["tcpy"], 3)}
+            if "tcpy_generic" in ms
+            else {}
+        ),
     }
+
+
+def _generic(  # type: ignore[no-untyped-def]
+    engine: tcpy.ExecutionEngine, kernel: Kernel, fixed, inputs, want
+) -> tuple[dict[str, object], Callable[[], object]]:
+    """The size-generic kernel of the def (`fix_parameters_before_scheduling=False` on
+    the defaults), checked, and called at a second shape: whether that call compiled
+    again, and the compile counts."""
+    options = fixed.options.replace(fix_parameters_before_scheduling=False)
+    start = time.perf_counter()
+    compiled = engine.compile(kernel.entry, *inputs, options=options)
+    compile_s = time.perf_counter() - start
+    got = _outputs(compiled(*inputs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3)
+    other = {k: v - 1 if v > 8 else v for k, v in kernel.sizes.items()}  # a new shape
+    before = engine.stats.compiles
+    engine.run(kernel.entry, *kernel.inputs(np.random.default_rng(1), other), options=options)
+    facts = {
+        "generic": compiled.generic,
+        "generic_compile_s": round(compile_s, 4),
+        "compiles_for_a_new_shape": engine.stats.compiles - before,
+    }
+    return facts, lambda: compiled(*inputs)
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -224,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated kernel names")
     parser.add_argument("--no-sweep", action="store_true", help="leave out the matmul sweep")
     parser.add_argument("--loaded", action="store_true", help="a busy process runs beside")
+    parser.add_argument(
+        "--generic", action="store_true", help="also time each def's size-generic kernel"
+    )
     parser.add_argument("--tag", default="", help="added to the results file's name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
@@ -244,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         for kernel in kernels:
             if wanted and kernel.name not in wanted:
                 continue
-            row = measure(kernel, args.reps, torch, limits)
+            row = measure(kernel, args.reps, torch, limits, generic=args.generic)
             rows.append(row)
             print(_line(row), flush=True)
     finally:
@@ -257,9 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         "geomean_vs_best_memory_bound": _geomean(
             [r["ratio_vs_best"] for r in rows if r["memory_bound"]]
         ),
+        **(
+            {"geomean_generic_over_fixed": _geomean([r["generic_over_fixed"] for r in rows])}
+            if args.generic
+            else {}
+        ),
     }
     print(json.dumps(summary))
-    tag = args.tag or ("loaded" if args.loaded else "")
+    modes = (("loaded", args.loaded), ("generic", args.generic))
+    tag = args.tag or "-".join(mode for mode, on in modes if on)
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cpu",
@@ -297,8 +341,15 @@ def _line(row: dict) -> str:  # type: ignore[type-arg]
         f"  numpy {row['numpy_ms']:9.3f}  torch {torch}  best/tcpy {row['ratio_vs_best']:6.2f}"
         f"  {row['tcpy_gflops']:7.1f} GFLOP/s ({row['fraction_of_fma_peak']:.0%} of peak)"
         f"  {row['tcpy_gbps']:6.1f} GB/s ({row['fraction_of_copy_bandwidth']:.0%} of copy)"
-        f"  compile {row['compile_s']:.2f} s"
+        f"  compile {row['compile_s']:.2f} s" + _generic_line(row)
     )
+
+
+def _generic_line(row: dict) -> str:  # type: ignore[type-arg]
+    if "generic_over_fixed" not in row:
+        return ""
+    new = row["compiles_for_a_new_shape"]
+    return f"  generic/fixed {row['generic_over_fixed']:.2f} (a new shape: {new} compiles)"
 
 
 def _geomean(values: list[object]) -> float | None:
