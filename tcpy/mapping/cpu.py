@@ -7,6 +7,10 @@ loops of fused statements distributed when intra-tile fusion is `Min`, each inne
 permutable band reordered so that the loop walking the innermost array dimension is
 innermost (or as `options.interchange` says), the outermost parallel loop of each nest
 marked `omp_parallel`, and the innermost loop marked `omp_simd` when it is parallel.
+Then register blocks (`tcpy.mapping.registers`), copies of operand tiles into the
+threads' buffers (`pack:` marks, some of them transposed so that an input read across
+the output rows is walked with unit stride) and temporaries that live in a row
+(`scratch:` marks), both from `tcpy.mapping.promotion`.
 Permutations stay inside permutable bands and marks change no order, so every
 dependence is still respected; coincidence flags travel with their members.
 """
