@@ -139,3 +139,21 @@ def test_a_generic_register_block_has_a_constant_bounded_copy_for_full_blocks() 
     assert re.search(rf"if \(.*s_M.* >= {last} && .*s_N.* >= \d+\) \{{", block)
     assert re.search(rf"for \(int64_t (c\d+) = 0; \1 <= {last}; \1\+\+\)", block)  # full
     assert re.search(rf"for \(int64_t (c\d+) = 0; \1 <= tc_min\({last}, ", block)  # edge
+
+
+def test_a_generic_convolution_blocks_its_filters_and_leaves_its_window_whole() -> None:
+    """With the sizes unknown, `kh` and `kw` (added to `h` and `w` in a subscript) are
+    taken as a short window: not the vector loop, not tiled, and no copy is made
+    inside them; the register block runs filters x image columns."""
+    text = (
+        "def f(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
+        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
+    )
+    engine, reference = _engine("cpu", text), _engine("reference", text)
+    rng = np.random.default_rng(5)
+    inputs = (_f32(rng, 2, 5, 12, 40), _f32(rng, 9, 5, 3, 3))
+    kernel = engine.compile("f", *inputs, options=GENERIC)
+    assert kernel.generic
+    assert re.search(r"float tc_reg\[\d+\]\[\d+\];", kernel.source)  # rows x vector
+    assert "tc_pack" not in kernel.source
+    np.testing.assert_allclose(kernel(*inputs), reference.f(*inputs), rtol=1e-5, atol=1e-5)

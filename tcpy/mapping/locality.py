@@ -58,6 +58,28 @@ def worst_stride(
     return worst
 
 
+def is_window_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
+    """Whether band member `member` walks a window: a reduction index that some
+    subscript adds to an output index (`kh` in a convolution's `I(n,c,h+kh,w+kw)`, or
+    a pooling's). Windows are short, and each step of one shifts what it reads by one."""
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if position is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        st = stmt.source(scop.cdef)
+        var = stmt.dims[position]
+        if var not in st.reduction_indices:
+            continue
+        for access in ast.walk(st.rhs):
+            if not isinstance(access, ast.Access):
+                continue
+            for arg in access.args:
+                form = linear_form(arg)
+                if form is not None and form.coeff(var) and any(form.coeff(i) for i in st.indices):
+                    return True
+    return False
+
+
 def is_reduction_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
     """Whether band member `member` walks a reduction index of some statement."""
     for stmt_name, position in member_variables(node, member).items():
