@@ -37,6 +37,7 @@ from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import (
     distribute_point_bands,
+    has_band_below,
     insert_mark,
     is_band,
     map_innermost_bands,
@@ -170,6 +171,11 @@ def _auto_tile(
     dimensions become the parallel tile loops)."""
     n = node.band_n_member()
     if not node.band_get_permutable():
+        return node
+    if n == 1 and has_band_below(node):
+        # the rows of a fused row nest (softmax's n over its statements' own loops):
+        # an outer parallel loop, left whole; a tile of unknown rows (a size-generic
+        # kernel) would give every row to the first tile, on one thread
         return node
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]

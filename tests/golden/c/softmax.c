@@ -51,44 +51,44 @@ int tc_kernel(const int64_t *restrict tc_sizes,
     /* expSum(n) +=! expDist(n, d) */
     /* O(n, d) = expDist(n, d) / expSum(n) */
     #pragma omp for nowait
-    for (int64_t c1 = 0; c1 <= 15; c1++) {
+    for (int64_t c0 = 0; c0 <= 15; c0++) {
       {
-        const int64_t tc_pack0_o0 = c1;
+        const int64_t tc_pack0_o0 = c0;
         const int64_t tc_pack0_o1 = 0;
         float *restrict tc_pack0 = (float *)(tc_mine + 0);
-        const int64_t tc_pack1_o0 = c1;
+        const int64_t tc_pack1_o0 = c0;
         float *restrict tc_pack1 = (float *)(tc_mine + 192);
-        const int64_t tc_pack2_o0 = c1;
+        const int64_t tc_pack2_o0 = c0;
         float *restrict tc_pack2 = (float *)(tc_mine + 256);
-        tc_pack2[(int64_t)((c1) - tc_pack2_o0)] = (-1.0f / 0.0f);
+        tc_pack2[(int64_t)((c0) - tc_pack2_o0)] = (-1.0f / 0.0f);
         {
-          float tc_acc = tc_pack2[(int64_t)((c1) - tc_pack2_o0)];
+          float tc_acc = tc_pack2[(int64_t)((c0) - tc_pack2_o0)];
           int tc_nan = tc_acc != tc_acc;
           #pragma omp simd reduction(max:tc_acc) reduction(|:tc_nan)
-          for (int64_t c2 = 0; c2 <= 39; c2++) {
-            tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c1) * e_I_1 + (c2))]);
+          for (int64_t c1 = 0; c1 <= 39; c1++) {
+            tc_acc = tc_max_float32(tc_acc, t_I[((int64_t)(c0) * e_I_1 + (c1))]);
             tc_nan |= tc_acc != tc_acc;
           }
-          tc_pack2[(int64_t)((c1) - tc_pack2_o0)] = (tc_nan ? (float)NAN : tc_acc);
+          tc_pack2[(int64_t)((c0) - tc_pack2_o0)] = (tc_nan ? (float)NAN : tc_acc);
         }
-        const float tc_h0 = ((0) <= 39) ? tc_pack2[(int64_t)((c1) - tc_pack2_o0)] : (float)0;
+        const float tc_h0 = ((0) <= 39) ? tc_pack2[(int64_t)((c0) - tc_pack2_o0)] : (float)0;
         #pragma omp simd
-        for (int64_t c2 = 0; c2 <= 39; c2++) {
-          tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))] = expf((t_I[((int64_t)(c1) * e_I_1 + (c2))] - tc_h0));
+        for (int64_t c1 = 0; c1 <= 39; c1++) {
+          tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] = expf((t_I[((int64_t)(c0) * e_I_1 + (c1))] - tc_h0));
         }
-        tc_pack1[(int64_t)((c1) - tc_pack1_o0)] = 0.0f;
+        tc_pack1[(int64_t)((c0) - tc_pack1_o0)] = 0.0f;
         {
-          float tc_acc = tc_pack1[(int64_t)((c1) - tc_pack1_o0)];
+          float tc_acc = tc_pack1[(int64_t)((c0) - tc_pack1_o0)];
           #pragma omp simd reduction(+:tc_acc)
-          for (int64_t c2 = 0; c2 <= 39; c2++) {
-            tc_acc = tc_acc + tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))];
+          for (int64_t c1 = 0; c1 <= 39; c1++) {
+            tc_acc = tc_acc + tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))];
           }
-          tc_pack1[(int64_t)((c1) - tc_pack1_o0)] = tc_acc;
+          tc_pack1[(int64_t)((c0) - tc_pack1_o0)] = tc_acc;
         }
-        const float tc_h1 = ((0) <= 39) ? tc_pack1[(int64_t)((c1) - tc_pack1_o0)] : (float)0;
+        const float tc_h1 = ((0) <= 39) ? tc_pack1[(int64_t)((c0) - tc_pack1_o0)] : (float)0;
         #pragma omp simd
-        for (int64_t c2 = 0; c2 <= 39; c2++) {
-          t_O[((int64_t)(c1) * e_O_1 + (c2))] = (tc_pack0[((int64_t)((c1) - tc_pack0_o0) * 40 + ((c2) - tc_pack0_o1))] / tc_h1);
+        for (int64_t c1 = 0; c1 <= 39; c1++) {
+          t_O[((int64_t)(c0) * e_O_1 + (c1))] = (tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] / tc_h1);
         }
       }
     }
