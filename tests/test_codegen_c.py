@@ -174,6 +174,32 @@ def test_row_temporaries_match_the_reference(name: str, sizes: tuple[int, int]) 
         assert "t_T[" in text  # left in memory
 
 
+def test_a_temporary_initialised_for_every_row_at_once_stays_in_memory() -> None:
+    """Unparallelised with Max fusion, isl runs the initialisations of mx and lse for
+    every row in the first iteration of the row loop: a buffer of one row per
+    iteration would then leave every later row's running maximum stale."""
+    source = (CORPUS / "cross_entropy.tc").read_text()
+    options = MappingOptions(
+        outer_schedule_fusion=Fusion.MAX,
+        intra_tile_schedule_fusion=Fusion.MAX,
+        fix_parameters_before_scheduling=True,
+        parallel=False,
+        vectorize=False,
+    )
+    rng = np.random.default_rng(7)
+    X = rng.uniform(-3.0, 3.0, (16, 10)).astype(np.float32)
+    label = rng.integers(0, 10, 16).astype(np.int32)
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    text = engine.compile("cross_entropy", X, label, options=options)._kernel.source
+    assert "if (c0 == 0)" in text  # the schedule that exposed it
+    assert "t_mx[" in text and "t_lse[" in text
+    got = engine.run("cross_entropy", X, label, options=options)
+    want = reference.run("cross_entropy", X, label)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 SERIAL_ROWS = MappingOptions.cpu().replace(
     outer_schedule_fusion=Fusion.MAX,
     intra_tile_schedule_fusion=Fusion.MAX,

@@ -200,7 +200,8 @@ def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     buffer of the thread (`tcpy.codegen.pack`), in its cache, and never reaches
     memory. A temporary qualifies when it is local to the nest (`_kernel_local`),
     every read of it is affine and unconditional, each iteration reads only elements
-    it wrote itself, and its box fits the budget; not where a pack site is on the
+    it wrote itself and writes no element another iteration writes, and its box fits
+    the budget; not where a pack site is on the
     way or below (each site has the thread's buffers to itself)."""
     temporaries = [t.name for t in scop.cdef.temporaries]
     if not temporaries:
@@ -271,7 +272,12 @@ def _scratch_fits(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
     read = footprint(prefix, scop.reads, tensor)
     written = footprint(prefix, scop.writes, tensor)
-    return read is not None and written is not None and read.is_subset(written)
+    if read is None or written is None or not read.is_subset(written):
+        return False
+    # Each element written in one iteration only: an initialisation scheduled for
+    # every row at once (fused with the first iteration) would otherwise land in the
+    # first iteration's buffer and leave the others' stale.
+    return bool(written.reverse().is_single_valued())
 
 
 def _has_mark(node: isl.ScheduleNode, prefix: str) -> bool:
