@@ -200,6 +200,37 @@ def test_a_temporary_initialised_for_every_row_at_once_stays_in_memory() -> None
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+MLP = """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+    O(b, n) +=! I(b, k) * W(n, k)
+    O(b, n) = fmax(O(b, n) + bias(n), 0)
+}"""
+
+
+def test_a_size_generic_contraction_shares_rows_and_columns_among_the_threads() -> None:
+    """Compiled for any size, the MLP's rows tile is the full 256 rows: its worksharing
+    loop would have one iteration for a batch of 256 but for the columns it shares out
+    with it."""
+    options = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
+    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    engine.define(MLP)
+    reference.define(MLP)
+    rng = np.random.default_rng(3)
+    for b, k, n in [(1, 1, 1), (5, 7, 9), (300, 40, 260)]:
+        x = rng.standard_normal((b, k)).astype(np.float32)
+        W = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        got = engine.run("mlp", x, W, bias, options=options)
+        want = reference.run("mlp", x, W, bias)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    text = engine.compile("mlp", x, W, bias, options=options)._kernel.source
+    lines = [ln.strip() for ln in text.splitlines()]
+    shared = [k for k, ln in enumerate(lines) if ln.startswith("#pragma omp for")]
+    assert shared and all(lines[k] == "#pragma omp for collapse(2) nowait" for k in shared)
+    for k in shared:  # the two loops, directly nested, over the rows and the columns
+        assert lines[k + 1].startswith("for (int64_t c0 = 0; c0 < s_B;")
+        assert lines[k + 2].startswith("for (int64_t c1 = 0; c1 < s_N;")
+
+
 SERIAL_ROWS = MappingOptions.cpu().replace(
     outer_schedule_fusion=Fusion.MAX,
     intra_tile_schedule_fusion=Fusion.MAX,

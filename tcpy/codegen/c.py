@@ -42,6 +42,7 @@ from tcpy.codegen.exprs import (
     sym_expr,
 )
 from tcpy.codegen.loops import (
+    COLLAPSE_MARK,
     FOR,
     IF,
     PARALLEL_MARK,
@@ -135,7 +136,14 @@ class _Printer:
             return
         start = len(self.lines)
         self.emit(depth, header)
-        self.node(body, depth + 1, marks)
+        inner = self.collapsed(body, iterator, marks) if shared is not None else None
+        if inner is not None:
+            self.emit(depth, inner.text)
+            self.node(body.for_get_body(), depth + 1, marks)
+            self.emit(depth, "}")
+            shared = f" collapse(2){shared}"
+        else:
+            self.node(body, depth + 1, marks)
         self.emit(depth, "}")
         innermost = not contains_for(body)
         hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
@@ -143,6 +151,20 @@ class _Printer:
         pragmas = self.pragmas(here, innermost=innermost, unroll=unroll, shared=shared)
         indent = "  " * depth
         self.lines[start:start] = [indent + line for line in (*hoisted, *pragmas)]
+
+    def collapsed(self, body: isl.AstNode, outer: str, marks: tuple[str, ...]) -> Header | None:
+        """The header of the loop that the worksharing loop of `outer` shares out with
+        it (`collapse(2)`): its body, when that is a loop marked `omp_collapse`, of no
+        other pragma, whose bounds do not use `outer` (OpenMP wants the two
+        rectangular)."""
+        if body.get_type() != FOR:
+            return None
+        loop = self.loop_header(body)
+        if loop_marks(marks, loop.iterator) != (COLLAPSE_MARK,):
+            return None
+        if re.search(rf"\b{outer}\b", f"{loop.init} {loop.cond} {loop.inc}"):
+            return None
+        return loop
 
     hoists = True  # the CUDA printer leaves its loops as they are
 

@@ -20,6 +20,10 @@ REGISTER_MARK = "register_tile"
 PACK_MARK = "pack"  # `pack:A,B`: copy these tensors' tiles into local buffers here
 SHARED_MARK = "shared"  # `shared:A,B`: copy them into the block's shared memory here
 SIMD_MARK = "omp_simd"
+COLLAPSE_MARK = "omp_collapse"
+"""Marks a parallel loop directly inside the worksharing loop: the two share out as one
+(`collapse(2)`), so that a nest whose outer loop has fewer iterations than there are
+threads (one tile of rows, or a size known only at the call) still uses them all."""
 SCRATCH_MARK = "scratch"  # `scratch:T,U`: these temporaries live in shared memory here
 LANES_MARK = "lane_reduction"
 """Marks the point band of a reduction spread over the lanes of a warp."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy import knobs
-from tcpy.codegen.loops import PARALLEL_MARK, SIMD_MARK, transposed_tensors
+from tcpy.codegen.loops import COLLAPSE_MARK, PARALLEL_MARK, SIMD_MARK, transposed_tensors
 from tcpy.mapping.locality import (
     is_reduction_member,
     is_window_member,
@@ -192,7 +192,14 @@ def _auto_tile(
     rows = [k for k in range(n) if coincident[k] and k != vector and not short[k]]
     # a reduction vector loop is register-blocked over two parallel loops, else one
     blocked = 1 if coincident[vector] else 2
-    contraction = coincident[vector] and not all(coincident) and len(rows) == 1
+    # a tall tile of rows pays where an operand the vector loop walks stays put along
+    # them, to be copied once per tile (matmul's B); not for a gather's rows
+    contraction = (
+        coincident[vector]
+        and not all(coincident)
+        and len(rows) == 1
+        and _sharing(node, scop, vector, rows[0]) > 0
+    )
     tiled_rows = rows[-blocked:]
     if coincident[vector] and not all(coincident) and rows:
         # the rows of a register block: the member along which the vector loop's
@@ -324,7 +331,11 @@ def _mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 def _mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
     """Mark the first coincident member of the outermost band of every nest (looking
-    deeper where a band has none); returns the node at the position it was given."""
+    deeper where a band has none), and the member after it when that one is coincident
+    too (`omp_collapse`: the printer shares both loops out as one where the second is
+    directly inside the first and its bounds do not depend on it); returns the node at
+    the position it was given. A size-generic MLP of 256 rows made one tile of rows
+    and ran on one thread without it."""
     if is_band(node):
         n = node.band_n_member()
         # a loop of one iteration (a single tile) is dropped by isl: look past it
@@ -337,7 +348,10 @@ def _mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
             None,
         )
         if first is not None:
-            return _mark(node, PARALLEL_MARK, first)
+            marked = _mark(node, PARALLEL_MARK, first)
+            if first + 1 < n and node.band_member_get_coincident(first + 1):
+                marked = _mark(marked.child(0), COLLAPSE_MARK, first + 1).parent()
+            return marked
     for i in range(node.n_children()):
         node = _mark_parallel(node.child(i)).parent()
     return node
