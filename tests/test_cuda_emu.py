@@ -1,7 +1,8 @@
 """The `cuda-emu` target (the generated CUDA run on the CPU) against `reference`:
 every corpus program with the default CUDA options at its default and odd sizes, and
 under option sets drawn by hypothesis: tile sizes, grid and block sizes smaller and
-larger than the problem, each fusion strategy, unrolling, the read-only cache, fixed or
+larger than the problem, each fusion strategy, unrolling, the read-only cache, shared
+memory, a thread's outputs in registers over thread tiles of every shape, fixed or
 parametric sizes."""
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ options_strategy = st.builds(
     split_reductions=st.booleans(),
     use_shared_memory=st.booleans(),
     unroll_copy_shared=st.booleans(),
+    use_private_memory=st.booleans(),
+    register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), max_size=2).map(tuple),
 )
 
 
@@ -73,11 +76,41 @@ def test_corpus_cuda_emu_drawn_options(case: Case, options: MappingOptions, whic
     differential(case, size_sets[which % len(size_sets)], options)
 
 
-def test_private_memory_promotion_is_refused_not_ignored() -> None:
-    e = tcpy.ExecutionEngine("cuda-emu")
-    e.define("def f(float(N) A) -> (B) { B(i) = A(i) }")
-    with pytest.raises(tcpy.TCMappingError, match="use_private_memory"):
-        e.f(np.ones(4, np.float32), options=MappingOptions.cuda().replace(use_private_memory=True))
+THREAD_TILES = {
+    "matmul": "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+    "batched": "def f(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }",
+    "max": "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) max=! A(m,k) + B(k,n) }",
+    "integers": "def f(int32(M,K) A, int32(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+}
+
+
+@pytest.mark.parametrize("name", sorted(THREAD_TILES))
+@pytest.mark.parametrize("register_tile", [(), (8, 2), (3, 3), (0, 4)])
+@pytest.mark.parametrize("sizes", [(64, 64, 64), (70, 33, 45)])
+def test_a_threads_outputs_in_registers_match_the_reference(
+    name: str, register_tile: tuple[int, ...], sizes: tuple[int, int, int]
+) -> None:
+    """Each thread's outputs kept in registers across the reduction (use_private_memory,
+    on in the CUDA default), over thread tiles that do and do not divide the loops,
+    with NaN among the inputs of max=, under the emulator's race and bounds checks."""
+    m, k, n = sizes
+    rng = np.random.default_rng(m + k + n)
+    if name == "integers":
+        inputs = [rng.integers(-50, 50, s).astype(np.int32) for s in ((m, k), (k, n))]
+    elif name == "batched":
+        inputs = [rng.standard_normal(s).astype(np.float32) for s in ((2, m, k), (2, k, n))]
+    else:
+        inputs = [rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n))]
+    if name == "max":
+        inputs[0][3, 5] = np.nan
+    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
+    emu.define(THREAD_TILES[name])
+    reference.define(THREAD_TILES[name])
+    options = MappingOptions.cuda().replace(register_tile=register_tile)
+    compiled = emu.compile("f", *inputs, options=options)
+    assert "tc_acc[" in compiled._kernel.source
+    got, want = compiled(*inputs), reference.run("f", *inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_gather_out_of_range_on_cuda_emu() -> None:

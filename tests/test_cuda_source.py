@@ -140,6 +140,61 @@ def test_shared_memory_tiles_of_a_matmul() -> None:
     assert "TC_SLD(tc_shared0" in text and "TC_SLD(tc_shared1" in text
 
 
+@pytest.mark.parametrize(
+    ("register_tile", "tile", "outputs"), [((), (32, 32), 4), ((8, 2), (64, 64), 16)]
+)
+def test_a_threads_outputs_stay_in_registers_across_the_reduction(
+    register_tile: tuple[int, ...], tile: tuple[int, int], outputs: int
+) -> None:
+    """With use_private_memory (the CUDA default) each thread's outputs live in a
+    register array across k, every step of which combines all of them; register_tile
+    gives how many it computes along y and x (the block's tile is 32x8 times that)."""
+    source, entry, _ = GOLDENS["matmul"]
+    options = MappingOptions.cuda().replace(register_tile=register_tile)
+    lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 128}, options)
+    update = lowered.mapping.kernels[1]
+    assert update.block == (32, 8)
+    assert update.grid == (128 // tile[1], 128 // tile[0])
+    text = lowered.source.split("tc_kernel_1")[1]
+    assert f"float tc_acc[{outputs}];" in text
+    assert text.count(f"for (int tc_j = 0; tc_j < {outputs}; tc_j++) {{") == 3
+    assert "if (" not in text.split("__syncthreads();")[2]  # the block divides the tile
+    plain = _lower(source, entry, {"M": 128, "K": 256, "N": 128},
+                   options.replace(use_private_memory=False)).source  # fmt: skip
+    assert "tc_acc[" not in plain
+
+
+@pytest.mark.parametrize(("n", "grid", "outputs"), [(1024, (32, 32), 4), (2048, (32, 32), 16)])
+def test_the_default_thread_tile_is_larger_where_the_grid_still_fills_the_device(
+    n: int, grid: tuple[int, int], outputs: int
+) -> None:
+    """64x64 tiles of 8x2 outputs per thread where they still give the H100 two blocks
+    per SM (2048^2: 1024 blocks); at 1024^2 they would give 256, fewer than its 264, and
+    the tiles stay 32x32, 4 outputs per thread."""
+    source, entry, _ = GOLDENS["matmul"]
+    lowered = _lower(source, entry, {"M": n, "K": 256, "N": n}, MappingOptions.cuda())
+    assert lowered.mapping.kernels[1].grid == grid
+    assert f"float tc_acc[{outputs}];" in lowered.source
+
+
+@needs_nvrtc
+def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
+    """In NVRTC's PTX, a 32x32 tile's shared loads per FMA go from 2 (each output
+    loads both operands) to 1.25 (4 rows of A, one value of B shared by them) and, with
+    a thread tile of 8x2, to 0.625."""
+    source, entry, _ = GOLDENS["matmul"]
+    sizes = {"M": 1024, "K": 1024, "N": 1024}
+    ratios = []
+    for private, register_tile in [(False, ()), (True, ()), (True, (8, 2))]:
+        options = MappingOptions.cuda().replace(
+            use_private_memory=private, register_tile=register_tile
+        )
+        ptx = nvrtc.compile_ptx(_lower(source, entry, sizes, options).source, "compute_90")
+        update = ptx.split(".entry tc_kernel_1")[1]
+        ratios.append(update.count("ld.shared.f32") / update.count("fma.rn.f32"))
+    assert ratios == [2.0, 1.25, 0.625]
+
+
 def test_shared_memory_tiles_with_a_three_dimensional_block() -> None:
     """A block the options give along x, y and z (found by the fuzzer): the z member
     keeps one element per thread."""

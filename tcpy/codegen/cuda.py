@@ -42,6 +42,7 @@ from tcpy.codegen.loops import (
     ROWS_MARK,
     SCRATCH_MARK,
     SHARED_MARK,
+    Header,
 )
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.errors import InternalError, TCMappingError
@@ -119,8 +120,81 @@ class _CudaPrinter(_Printer):
         if self.sunk and _has_shared_mark(node) and "threadIdx" in header:
             raise InternalError("a loop whose bounds depend on the thread around a shared copy")
         self.divergent += "threadIdx.x" in header
-        super().for_(node, depth, marks, shared)
+        jam = self.thread_tile(node) if self.options.use_private_memory else None
+        if jam is not None:
+            self.print_thread_tile(jam, depth)
+        else:
+            super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
+
+    def thread_tile(self, node: isl.AstNode) -> _ThreadTile | None:
+        """The outputs a thread computes one after another, to be kept in registers
+        across their reduction instead (`use_private_memory`): a perfect nest of loops
+        strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
+        counts, around one reduction loop whose accumulator lives in a register
+        (`accumulator`), each strided loop's index added alone to some subscript of
+        the element reduced into (so that every iteration has an element of its own),
+        and no bound of the reduction loop using them. None for any other loop."""
+        if self.lane_parts is not None:
+            return None
+        strided: list[_Strided] = []
+        while node.get_type() == FOR:
+            loop = self.loop_header(node)
+            found = _strided(loop, self.kernel)
+            if found is None:
+                break
+            strided.append(found)
+            node = node.for_get_body()
+        if not strided or node.get_type() != FOR:
+            return None
+        loop = self.loop_header(node)
+        names = [s.loop.iterator for s in strided]
+        if any(re.search(rf"\b{n}\b", f"{loop.init} {loop.cond}") for n in names):
+            return None
+        parts = self.accumulator(node.for_get_body(), loop.iterator)
+        if parts is None or math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
+            return None
+        reduced = self.reduction_at(node.for_get_body())
+        assert reduced is not None
+        subscripts = [reduced[1][v] for v in reduced[0].indices]
+        if not all(_alone_in_some(n, names, subscripts) for n in names):
+            return None
+        return _ThreadTile(tuple(strided), loop, parts)
+
+    def print_thread_tile(self, tile: _ThreadTile, depth: int) -> None:
+        """`tile`'s outputs in a register array across the reduction loop: loaded
+        before it, each step of the loop combining every one of them (unrolled: the
+        operand values they share are loaded once), stored after it. An output some
+        threads do not have (the block does not divide the tile) is guarded."""
+        parts, n = tile.parts, math.prod(s.trips for s in tile.strided)
+
+        def each(line: str, at: int) -> None:
+            self.emit(at, "#pragma unroll")
+            self.emit(at, f"for (int tc_j = 0; tc_j < {n}; tc_j++) {{")
+            inner = 1
+            for s in reversed(tile.strided):
+                if len(tile.strided) == 1:
+                    j = "tc_j"
+                else:
+                    j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
+                self.emit(
+                    at + 1, f"const long long {s.loop.iterator} = {s.first} + ({j}) * {s.step};"
+                )
+                inner *= s.trips
+            guards = [s.loop.cond for s in tile.strided if not s.whole]
+            if guards:
+                line = f"if ({' && '.join(guards)}) {line}"
+            self.emit(at + 1, line)
+            self.emit(at, "}")
+
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
+        each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
+        self.emit(depth + 1, tile.reduction.text)
+        each(parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};"), depth + 2)
+        self.emit(depth + 1, "}")
+        each(f"{parts.target} = {parts.store('tc_acc[tc_j]')};", depth + 1)
+        self.emit(depth, "}")
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
         kind = node.get_type()
@@ -310,6 +384,95 @@ class _CudaPrinter(_Printer):
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         return []
+
+
+MAX_THREAD_TILE = 64
+"""The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
+more would spill them to local memory."""
+
+
+@dataclass(frozen=True)
+class _Strided:
+    """A loop strided by the block: `first` (a thread index), then every `step`th value,
+    `trips` values at most; `whole` when every thread of the block runs them all."""
+
+    loop: Header
+    first: str
+    step: int
+    trips: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class _ThreadTile:
+    strided: tuple[_Strided, ...]
+    reduction: Header
+    parts: StatementParts
+
+
+def _strided(loop: Header, kernel: Kernel | None) -> _Strided | None:
+    """`loop` as a loop strided by the block, when it is one of constant bounds."""
+    first = re.fullmatch(r"\(long long\)threadIdx\.([xyz])", loop.init)
+    # a constant bound, or the least of one and another (the last, partial tile)
+    bound = re.fullmatch(rf"{loop.iterator} (<=?) (\d+)", loop.cond) or re.match(
+        rf"{loop.iterator} (<=?) tc_min\((\d+), ", loop.cond
+    )
+    if first is None or bound is None or not loop.inc.isdigit() or kernel is None:
+        return None
+    step, last = int(loop.inc), int(bound.group(2)) - (bound.group(1) == "<")
+    axis = "xyz".index(first.group(1))
+    threads = kernel.block[axis] if axis < len(kernel.block) else 1
+    if step < 1 or threads > step:
+        return None
+    trips = last // step + 1
+    constant = bound.end() == len(loop.cond)
+    whole = constant and threads == step and trips * step - 1 <= last
+    return _Strided(loop, loop.init, step, trips, whole)
+
+
+def _alone_in_some(name: str, names: list[str], subscripts: list[str]) -> bool:
+    """Whether some subscript is `name`, or `name` added to terms that use none of
+    `names`: distinct values of it then reach distinct elements."""
+    for sub in subscripts:
+        text = sub.replace(" ", "")
+        while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+            text = text[1:-1]
+        terms = _top_level_terms(text)
+        if terms is None or name not in terms:
+            continue
+        others = [t for t in terms if t != name]
+        if not any(re.search(rf"\b{n}\b", t) for t in others for n in names):
+            return True
+    return False
+
+
+def _balanced(text: str) -> bool:
+    level = 0
+    for ch in text:
+        level += (ch == "(") - (ch == ")")
+        if level < 0:
+            return False
+    return level == 0
+
+
+def _top_level_terms(text: str) -> list[str] | None:
+    """The terms of a sum at the top level of `text`, parentheses around each
+    stripped; None when a top-level `-` makes a term negative (left alone)."""
+    terms, level, start = [], 0, 0
+    for k, ch in enumerate(text):
+        level += (ch == "(") - (ch == ")")
+        if level == 0 and ch in "+-" and k > 0:
+            if ch == "-":
+                return None
+            terms.append(text[start:k])
+            start = k + 1
+    terms.append(text[start:])
+    out = []
+    for t in terms:
+        while t.startswith("(") and t.endswith(")") and _balanced(t[1:-1]):
+            t = t[1:-1]
+        out.append(t)
+    return out
 
 
 def kernel_name(kernel: Kernel) -> str:

@@ -37,6 +37,7 @@ AUTO = -1
 the target chooses (automatic tile sizes, a grid as large as the loops need)."""
 MAX_THREADS = 1024
 REGISTER_MEMBERS = 2  # register blocks are tuned over the rows and the vector loop
+GPU_REGISTER_SIZE = 8  # the largest register tile per thread and loop on the GPU
 WARP = 32
 
 
@@ -186,6 +187,11 @@ def build_space(
         tuning: Tuning | None = f.metadata.get("tuning")
         if tuning is None or target not in tuning.targets:
             continue
+        if tuning.kind is TuningKind.REGISTER and target != "cpu":
+            # a thread's outputs on the GPU: at most 8 along each loop (64 registers)
+            tuning = dataclasses.replace(
+                tuning, values=tuple(v for v in tuning.values if v <= GPU_REGISTER_SIZE)
+            )
         genes.extend(_genes(f.name, tuning, extents, depth))
     return Space(target, tuple(genes), base)
 

@@ -40,7 +40,6 @@ import islpy as isl
 
 from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK, SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
-from tcpy.errors import TCMappingError
 from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
@@ -65,6 +64,11 @@ SHARED_ROWS = 4
 """With shared memory: the elements each thread computes along threadIdx.y's member
 (32x8 threads compute 32x32 outputs; narrowed to fill the device, never below 32x4
 threads computing 32x16)."""
+LARGE_THREAD_TILE = (8, 2)
+"""With shared memory, where the grid still fills the device with it: the outputs
+each thread computes along y and x (32x8 threads, 64x64 outputs; the tiles of A and B
+take 33 KB at the reduction tile of 64). NVRTC's PTX then loads 0.625 shared values per
+FMA, against 1.25 at 4x1 (not yet timed on a GPU; the tuner searches `register_tile`)."""
 SHARED_REDUCTION_TILE = 64
 """With shared memory: the tile of the first reduction member, along which a block
 copies its operands' tiles (a matmul's 32x64 and 64x32: 16 KB; each output is loaded
@@ -145,11 +149,8 @@ def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
 
 
 def check_options(options: MappingOptions) -> None:
-    """Options the CUDA mapping does not implement yet are refused, never ignored."""
-    if options.use_private_memory:
-        raise TCMappingError(
-            "the CUDA target does not implement use_private_memory yet; leave it False"
-        )
+    """Options the CUDA mapping does not implement yet are refused, never ignored
+    (none at present)."""
 
 
 def map_to_gpu(
@@ -347,7 +348,7 @@ class _Sizes:
             tile = [1 if k < prefix else WHOLE for k in range(n)]
             for j, size in enumerate(block):
                 if on_threads[j] != lanes:
-                    tile[on_threads[j]] = _shared_tile(j, size) if shared else size
+                    tile[on_threads[j]] = _shared_tile(j, size, per_thread) if shared else size
             if shared:
                 tile[prefix] = SHARED_REDUCTION_TILE
             if split:
@@ -365,8 +366,18 @@ class _Sizes:
                 out.append(max(1, min(size, point, e if e is not None else point)))
             return out
 
+        per_thread = options.register_tile
         block = tightened(wanted)
         fill = FILL_WAVES * device.sms
+        chosen = not (options.register_tile or options.tile or options.map_to_threads)
+        if shared and chosen and len(block) > 1:
+            per_thread = LARGE_THREAD_TILE  # where the larger tiles still fill the device
+            if (
+                tightened(wanted) == wanted
+                and count_blocks(extents, tiles(wanted), members) >= fill
+            ):
+                return _Sizes(tiles(wanted), wanted)
+            per_thread = ()
         if shared and len(block) > 1:
             narrowest = tightened([block[0], min(block[1], SHARED_ROWS), *block[2:]])
             if count_blocks(extents, tiles(narrowest), members) < fill:
@@ -448,10 +459,17 @@ def _split(blocks: int, extent: int | None, device: DeviceProfile) -> int | None
     return -(-extent // parts) if parts >= 2 else None
 
 
-def _shared_tile(axis: int, threads: int) -> int:
+def _shared_tile(axis: int, threads: int, register_tile: tuple[int, ...] = ()) -> int:
     """With shared memory, the tile of the member on thread axis `axis` (x, y, z)
-    run by `threads` threads."""
-    return (SHARED_TILE, threads * SHARED_ROWS)[axis] if axis < 2 else threads
+    run by `threads` threads: `SHARED_TILE` along x and `SHARED_ROWS` elements per
+    thread along y, or the elements per thread `register_tile` gives (its last size
+    along x, the one before along y; 0 for one), which `use_private_memory` keeps in
+    registers across the reduction."""
+    if axis >= 2:
+        return threads
+    if len(register_tile) > axis:
+        return threads * max(1, register_tile[-1 - axis])
+    return (SHARED_TILE, threads * SHARED_ROWS)[axis]
 
 
 def _grid_order(node: isl.ScheduleNode, scop: Scop, prefix: int, mapped: int) -> list[int]:

@@ -127,13 +127,15 @@ class MappingOptions:
     """A permutation of the members of the tiled band's point loops, outermost first;
     empty lets the mapping choose (the unit-stride loop innermost)."""
     register_tile: tuple[int, ...] = dataclasses.field(
-        default=(), metadata=_tuned(TuningKind.REGISTER, ("cpu",), *REGISTER_SIZES)
+        default=(), metadata=_tuned(TuningKind.REGISTER, ("cpu", "cuda"), *REGISTER_SIZES)
     )
     """Register blocking of a reduction: block sizes of the parallel point loops around
     the reduction loops, outermost first and aligned to the innermost loop (the last
     size is the vector loop's). The block of outputs stays in registers across the
     whole reduction. 0 leaves a loop unblocked, so (0,) turns blocking off; empty: the
-    target chooses."""
+    target chooses. On CUDA, with shared-memory tiles, the outputs each thread computes
+    along threadIdx.y's loop and threadIdx.x's (the tile is the block times these),
+    kept in registers with `use_private_memory`."""
     pack_operands: bool | None = dataclasses.field(
         default=None, metadata=_tuned(TuningKind.CHOICE, ("cpu",), None, True, False)
     )
@@ -175,8 +177,14 @@ class MappingOptions:
     )
     """Copy the tiles of the operands a block reuses into shared memory, once per tile
     of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.promotion.shared_tensors`)."""
-    use_private_memory: bool = False
-    """Promote per-thread data (reduction accumulators) to registers."""
+    use_private_memory: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Keep the outputs each thread computes (the elements of its tile that it reduces
+    into, one after another) in registers across their reduction loop, which then
+    combines all of them at each step: the values of an operand they share are loaded
+    once per step (`tcpy.codegen.cuda`; the CPU keeps its register blocks by
+    `register_tile`)."""
     unroll_copy_shared: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -344,6 +352,7 @@ class MappingOptions:
             fix_parameters_before_scheduling=True,
             unroll=4,
             use_shared_memory=True,
+            use_private_memory=True,
         )
 
     @classmethod

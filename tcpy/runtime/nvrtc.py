@@ -70,6 +70,38 @@ def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     )
 
 
+def compile_ptx(source: str, arch: str, name: str = "kernel.cu") -> str:
+    """The PTX of `source` for a virtual architecture (like `compute_90`), from NVRTC:
+    what the register and shared-memory mapping gave, before ptxas."""
+    nvrtc = nvrtc_module()
+    if nvrtc is None:
+        raise TCCompileError("PTX needs NVRTC: install the cuda extra (pip install -e '.[cuda]')")
+    prog = _compiled(nvrtc, source, arch, name)
+    try:
+        _e, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        return ptx.decode().rstrip("\x00")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compiled(nvrtc: Any, source: str, arch: str, name: str) -> Any:
+    """An NVRTC program of `source` compiled for `arch` (the caller destroys it)."""
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if int(err) != 0:
+        raise TCCompileError(f"NVRTC could not create a program: {err}")
+    options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+    if int(err) != 0:
+        _e, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        nvrtc.nvrtcDestroyProgram(prog)
+        raise _fail(source, name, log.decode(errors="replace").strip("\x00 \n"), "NVRTC")
+    return prog
+
+
 def _fail(source: str, name: str, log: str, compiler: str) -> TCCompileError:
     kept = Path(tempfile.mkdtemp(prefix="tcpy-failed-")) / name
     kept.write_text(source)
@@ -77,17 +109,8 @@ def _fail(source: str, name: str, log: str, compiler: str) -> TCCompileError:
 
 
 def _nvrtc(nvrtc: Any, source: str, arch: str, name: str) -> bytes:
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    if int(err) != 0:
-        raise TCCompileError(f"NVRTC could not create a program: {err}")
+    prog = _compiled(nvrtc, source, arch, name)
     try:
-        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
-        if int(err) != 0:
-            _e, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise _fail(source, name, log.decode(errors="replace").strip("\x00 \n"), "NVRTC")
         _e, size = nvrtc.nvrtcGetCUBINSize(prog)
         cubin = b" " * size
         (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
