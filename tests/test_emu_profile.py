@@ -13,6 +13,7 @@ import pytest
 
 import tcpy
 from tcpy.cli import main
+from tcpy.mapping.options import MappingOptions
 from tcpy.runtime import profile
 
 COPY = """
@@ -108,3 +109,19 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "total: 4096 bytes moved, 4096 the definition must move (1.00x)" in out
     assert main(["run", str(f), "--entry", "copy", "--target", "cpu", "--profile"]) == 1
     assert "--target cuda-emu" in capsys.readouterr().err
+
+
+def test_a_threads_outputs_in_registers_read_the_shared_operands_they_share_once() -> None:
+    """A 64^3 matmul in 32x32 tiles: each thread reads A's and B's values from shared
+    memory for each of its 4 outputs and each k (2 x 4 x 64^3 / 4 reads), or, with its
+    outputs in registers, B's value once for all 4 (5 reads for 4 outputs)."""
+    engine = tcpy.ExecutionEngine("cuda-emu")
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    a = np.ones((64, 64), np.float32)
+    shared = {}
+    for private in (False, True):
+        options = MappingOptions.cuda().replace(use_private_memory=private)
+        launches = engine.compile("mm", a, a, options=options).profile(a, a)
+        copies = 4 * (32 * 64 + 64 * 32)  # 2 x 2 blocks each store A's and B's tiles
+        shared[private] = sum(launch["shared_bytes"] for launch in launches) // 4 - copies
+    assert shared == {False: 2 * 64**3, True: 64**3 * 5 // 4}

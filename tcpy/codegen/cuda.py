@@ -191,7 +191,11 @@ class _CudaPrinter(_Printer):
         self.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
         each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
         self.emit(depth + 1, tile.reduction.text)
-        each(parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};"), depth + 2)
+        step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
+        shared, step = _shared_reads(step, tile)
+        for k, read in enumerate(shared):
+            self.emit(depth + 2, f"const auto tc_o{k} = {read};")
+        each(step, depth + 2)
         self.emit(depth + 1, "}")
         each(f"{parts.target} = {parts.store('tc_acc[tc_j]')};", depth + 1)
         self.emit(depth, "}")
@@ -428,6 +432,33 @@ def _strided(loop: Header, kernel: Kernel | None) -> _Strided | None:
     constant = bound.end() == len(loop.cond)
     whole = constant and threads == step and trips * step - 1 <= last
     return _Strided(loop, loop.init, step, trips, whole)
+
+
+_LOAD = re.compile(r"\bTC_(?:SLD|LDG|LD)\(")
+
+
+def _shared_reads(step: str, tile: _ThreadTile) -> tuple[list[str], str]:
+    """The loads of a step of `tile`'s reduction that no output of the thread's changes
+    (B's value at k, shared by a column of outputs), and the step reading them from
+    locals `tc_o<k>` loaded once per step instead. Only where every output of the tile
+    runs the step unconditionally: a load under `?:`, `&&` or `||`, or in a thread that
+    lacks some outputs, may not be made where it was not."""
+    if not all(s.whole for s in tile.strided) or re.search(r"\?|&&|\|\|", step):
+        return [], step
+    names = [s.loop.iterator for s in tile.strided]
+    reads: list[str] = []
+    for match in _LOAD.finditer(step):
+        end, level = match.end(), 1
+        while level:
+            level += (step[end] == "(") - (step[end] == ")")
+            end += 1
+        read = step[match.start() : end]
+        inside = any(read in r for r in reads)  # a gather's index, read with it
+        if not inside and not any(re.search(rf"\b{n}\b", read) for n in names):
+            reads.append(read)
+    for k, read in enumerate(reads):
+        step = step.replace(read, f"tc_o{k}")
+    return reads, step
 
 
 def _alone_in_some(name: str, names: list[str], subscripts: list[str]) -> bool:

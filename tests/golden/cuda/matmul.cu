@@ -72,10 +72,11 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, lon
           tc_acc[tc_j] = TC_LD(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
         }
         for (long long c5 = 0; c5 <= 47; c5++) {
+          const auto tc_o0 = TC_SLD(tc_shared1, ((long long)((c5) - tc_shared1_o0) * 33 + (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) - tc_shared1_o1)));
           #pragma unroll
           for (int tc_j = 0; tc_j < 4; tc_j++) {
             const long long c3 = (long long)threadIdx.y + (tc_j) * 8;
-            tc_acc[tc_j] = tc_acc[tc_j] + (TC_SLD(tc_shared0, ((long long)(((32 * (long long)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * TC_SLD(tc_shared1, ((long long)((c5) - tc_shared1_o0) * 33 + (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) - tc_shared1_o1))));
+            tc_acc[tc_j] = tc_acc[tc_j] + (TC_SLD(tc_shared0, ((long long)(((32 * (long long)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * tc_o0);
           }
         }
         #pragma unroll
