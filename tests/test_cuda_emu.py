@@ -195,3 +195,28 @@ extern "C" __global__ void tc_kernel_0(long long s_N, const float *__restrict__ 
     out = np.zeros(32, np.float32)
     kernels([32], [a, out])
     np.testing.assert_array_equal(out, a.reshape(4, 8)[:, ::-1].ravel())
+
+
+@pytest.mark.parametrize("sizes", [(2, 3, 10, 12, 5), (1, 8, 18, 18, 8)])
+def test_a_convolutions_outputs_stay_in_registers_across_its_three_reduction_loops(
+    sizes: tuple[int, int, int, int, int],
+) -> None:
+    """A convolution's thread keeps its outputs across c, kh and kw (three reduction
+    loops), combining each in the order it was: the results are the reference's."""
+    source = (
+        "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
+        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
+    )
+    n, c, h, w, f = sizes
+    rng = np.random.default_rng(h * w)
+    image = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    filters = rng.standard_normal((f, c, 3, 3)).astype(np.float32)
+    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
+    emu.define(source)
+    reference.define(source)
+    compiled = emu.compile("conv", image, filters)
+    # 16 output rows over 8 threads along y: 2 outputs each; 8 rows: one each
+    assert ("tc_acc[" in compiled._kernel.source) == (h - 2 > 8)
+    np.testing.assert_allclose(
+        compiled(image, filters), reference.conv(image, filters), rtol=1e-5, atol=1e-5
+    )

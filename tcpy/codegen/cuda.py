@@ -131,10 +131,12 @@ class _CudaPrinter(_Printer):
         """The outputs a thread computes one after another, to be kept in registers
         across their reduction instead (`use_private_memory`): a perfect nest of loops
         strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
-        counts, around one reduction loop whose accumulator lives in a register
-        (`accumulator`), each strided loop's index added alone to some subscript of
-        the element reduced into (so that every iteration has an element of its own),
-        and no bound of the reduction loop using them. None for any other loop."""
+        counts, around a perfect nest of reduction loops (a convolution's c, kh, kw)
+        whose innermost body is one reduction statement into an element none of them
+        changes, each strided loop's index added alone to some subscript of that
+        element (so that every iteration has an element of its own), and no bound of
+        a reduction loop using them. Each output is then combined in the order it was.
+        None for any other loop."""
         if self.lane_parts is not None:
             return None
         strided: list[_Strided] = []
@@ -145,25 +147,31 @@ class _CudaPrinter(_Printer):
                 break
             strided.append(found)
             node = node.for_get_body()
-        if not strided or node.get_type() != FOR:
+        reductions: list[Header] = []
+        while node.get_type() == FOR:
+            reductions.append(self.loop_header(node))
+            node = node.for_get_body()
+        reduced = self.reduction_at(node)
+        if not strided or not reductions or reduced is None:
             return None
-        loop = self.loop_header(node)
+        if math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
+            return None
         names = [s.loop.iterator for s in strided]
-        if any(re.search(rf"\b{n}\b", f"{loop.init} {loop.cond}") for n in names):
+        bounds = " ".join(f"{r.init} {r.cond}" for r in reductions)
+        if any(re.search(rf"\b{n}\b", bounds) for n in names):
             return None
-        parts = self.accumulator(node.for_get_body(), loop.iterator)
-        if parts is None or math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
+        source, values = reduced
+        subscripts = [values[v] for v in source.indices]
+        inner = [r.iterator for r in reductions]
+        if any(re.search(rf"\b{i}\b", sub) for i in inner for sub in subscripts):
             return None
-        reduced = self.reduction_at(node.for_get_body())
-        assert reduced is not None
-        subscripts = [reduced[1][v] for v in reduced[0].indices]
         if not all(_alone_in_some(n, names, subscripts) for n in names):
             return None
-        return _ThreadTile(tuple(strided), loop, parts)
+        return _ThreadTile(tuple(strided), tuple(reductions), self.bodies.parts(source, values))
 
     def print_thread_tile(self, tile: _ThreadTile, depth: int) -> None:
-        """`tile`'s outputs in a register array across the reduction loop: loaded
-        before it, each step of the loop combining every one of them (unrolled: the
+        """`tile`'s outputs in a register array across the reduction loops: loaded
+        before them, each step combining every one of them (unrolled: the
         operand values they share are loaded once), stored after it. An output some
         threads do not have (the block does not divide the tile) is guarded."""
         parts, n = tile.parts, math.prod(s.trips for s in tile.strided)
@@ -190,13 +198,16 @@ class _CudaPrinter(_Printer):
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
         each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
-        self.emit(depth + 1, tile.reduction.text)
+        for k, loop in enumerate(tile.reductions):
+            self.emit(depth + 1 + k, loop.text)
+        at = depth + 1 + len(tile.reductions)
         step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
         shared, step = _shared_reads(step, tile)
         for k, read in enumerate(shared):
-            self.emit(depth + 2, f"const auto tc_o{k} = {read};")
-        each(step, depth + 2)
-        self.emit(depth + 1, "}")
+            self.emit(at, f"const auto tc_o{k} = {read};")
+        each(step, at)
+        for k in reversed(range(len(tile.reductions))):
+            self.emit(depth + 1 + k, "}")
         each(f"{parts.target} = {parts.store('tc_acc[tc_j]')};", depth + 1)
         self.emit(depth, "}")
 
@@ -410,7 +421,7 @@ class _Strided:
 @dataclass(frozen=True)
 class _ThreadTile:
     strided: tuple[_Strided, ...]
-    reduction: Header
+    reductions: tuple[Header, ...]  # outermost first
     parts: StatementParts
 
 
