@@ -531,3 +531,36 @@ def test_dependences_over_approximated_when_isl_runs_out_even_at_fixed_sizes(
 
 
 MM_SOURCE = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+
+
+# --- an accumulator's load and store where its reduction loop runs no iteration --------
+
+EMPTY_REDUCTION_LOOP = """
+def f(int32(K, Q) B) -> (T, U) {
+    T(m, i) = (B(m, m) - B(i, 2*i + 2))
+    U(s) +=! (0 > 0 ? T(2, s) : B(j, j))
+}
+"""  # found by the fuzzer: U has 3 elements, and thread 3 stored U[3]
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_an_accumulator_is_not_loaded_or_stored_where_its_loop_runs_no_iteration(
+    target: str,
+) -> None:
+    """Fused with T, U's reduction loop is the only bound that keeps s below U's
+    extent: the register accumulator around it (loaded before the loop, stored after)
+    must sit under the loop's first test. The outputs go into a larger buffer, so that
+    a store past U's end shows in the element after it; `cuda-emu` also checks every
+    access."""
+    b = np.random.default_rng(5).integers(-9, 10, (3, 9)).astype(np.int32)
+    opts = options(tile=(8, 3, 32, 64, 31))
+    got, want = run_both(EMPTY_REDUCTION_LOOP, "f", (b,), target, opts)
+    assert_same(got, want)
+    checked = {"emu_check": True} if target == "cuda-emu" else {}
+    engine = tcpy.ExecutionEngine(target, **checked)
+    engine.define(EMPTY_REDUCTION_LOOP)
+    u_buffer = np.full(3 + 16, 12345, dtype=np.int32)
+    t_out = np.empty_like(want[0])
+    engine.run("f", b, options=opts, out=(t_out, u_buffer[:3]))
+    np.testing.assert_array_equal(u_buffer[:3], want[1])
+    assert (u_buffer[3:] == 12345).all()

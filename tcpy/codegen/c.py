@@ -198,11 +198,12 @@ class _Printer:
         tensors = {tensor_name(t.name): t for t in self.scop.cdef.tensors}
         tensors |= {c.buffer: self.scop.cdef.tensor(t) for t, c in self.bodies.copies.items()}
         types = {name: self.dialect.ctype(t.scalar) for name, t in tensors.items()}
-        first = index.sub(f"({loop.init})", loop.cond)
+        first = loop.first()
         declarations = []
         for read, local in reads.items():
             ctype = types[read[: read.index("[")]]
-            declarations.append(f"const {ctype} {local} = ({first}) ? {read} : ({ctype})0;")
+            value = read if first is None else f"({first}) ? {read} : ({ctype})0"
+            declarations.append(f"const {ctype} {local} = {value};")
         for k in range(start + 1, len(self.lines) - 1):
             for read, local in reads.items():
                 self.lines[k] = self.lines[k].replace(read, local)
@@ -258,7 +259,8 @@ class _Printer:
         flag = bool(pragmas) and parts.floating and clause in ("min", "max")
         result = "tc_acc"
         lanes = self.reduction_lanes(parts, loop) if pragmas else 0
-        self.emit(depth, "{")
+        first = loop.first()
+        self.emit(depth, "{" if first is None else f"if ({first}) {{")
         self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
         header = loop.text
         if lanes:

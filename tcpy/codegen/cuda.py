@@ -157,9 +157,14 @@ class _CudaPrinter(_Printer):
         if math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
             return None
         names = [s.loop.iterator for s in strided]
-        bounds = " ".join(f"{r.init} {r.cond}" for r in reductions)
-        if any(re.search(rf"\b{n}\b", bounds) for n in names):
+        bounds = [f"{r.init} {r.cond}" for r in reductions]
+        if any(re.search(rf"\b{n}\b", b) for n in names for b in bounds):
             return None
+        # The registers are loaded and stored where the reduction nest runs at all:
+        # each loop's first test, exact when no bound uses an enclosing loop's index.
+        for k, bound in enumerate(bounds):
+            if any(re.search(rf"\b{r.iterator}\b", bound) for r in reductions[:k]):
+                return None
         source, values = reduced
         subscripts = [values[v] for v in source.indices]
         inner = [r.iterator for r in reductions]
@@ -175,6 +180,7 @@ class _CudaPrinter(_Printer):
         operand values they share are loaded once), stored after it. An output some
         threads do not have (the block does not divide the tile) is guarded."""
         parts, n = tile.parts, math.prod(s.trips for s in tile.strided)
+        firsts = [f for f in (r.first() for r in tile.reductions) if f is not None]
 
         def each(line: str, at: int) -> None:
             self.emit(at, "#pragma unroll")
@@ -195,7 +201,7 @@ class _CudaPrinter(_Printer):
             self.emit(at + 1, line)
             self.emit(at, "}")
 
-        self.emit(depth, "{")
+        self.emit(depth, f"if ({' && '.join(f'({f})' for f in firsts)}) {{" if firsts else "{")
         self.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
         each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
         for k, loop in enumerate(tile.reductions):

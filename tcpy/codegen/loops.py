@@ -3,6 +3,7 @@ leave on loops, and a printed loop's header."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,18 @@ class Header:
     cond: str
     inc: str
     text: str
+
+    def first(self) -> str | None:
+        """The test that the loop runs at least once (its condition at its first
+        value); None where its bounds are numbers that show it does. Code hoisted
+        out of a loop (an accumulator's load and store) must not run where the loop
+        does not: isl's bounds on a loop may be all that keeps an element in range."""
+        bound = re.fullmatch(rf"{self.iterator} (<=?) (-?\d+)", self.cond)
+        if bound is not None and re.fullmatch(r"-?\d+", self.init):
+            last = int(bound.group(2)) - (bound.group(1) == "<")
+            if int(self.init) <= last:
+                return None
+        return re.sub(rf"\b{self.iterator}\b", f"({self.init})", self.cond)
 
 
 def loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:

@@ -71,7 +71,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
           }
           tc_pack2[(int64_t)((c0) - tc_pack2_o0)] = (tc_nan ? (float)NAN : tc_acc);
         }
-        const float tc_h0 = ((0) <= 39) ? tc_pack2[(int64_t)((c0) - tc_pack2_o0)] : (float)0;
+        const float tc_h0 = tc_pack2[(int64_t)((c0) - tc_pack2_o0)];
         #pragma omp simd
         for (int64_t c1 = 0; c1 <= 39; c1++) {
           tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] = expf((t_I[((int64_t)(c0) * e_I_1 + (c1))] - tc_h0));
@@ -85,7 +85,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
           }
           tc_pack1[(int64_t)((c0) - tc_pack1_o0)] = tc_acc;
         }
-        const float tc_h1 = ((0) <= 39) ? tc_pack1[(int64_t)((c0) - tc_pack1_o0)] : (float)0;
+        const float tc_h1 = tc_pack1[(int64_t)((c0) - tc_pack1_o0)];
         #pragma omp simd
         for (int64_t c1 = 0; c1 <= 39; c1++) {
           t_O[((int64_t)(c0) * e_O_1 + (c1))] = (tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] / tc_h1);
