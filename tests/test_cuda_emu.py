@@ -220,3 +220,17 @@ def test_a_convolutions_outputs_stay_in_registers_across_its_three_reduction_loo
     np.testing.assert_allclose(
         compiled(image, filters), reference.conv(image, filters), rtol=1e-5, atol=1e-5
     )
+
+
+def test_a_gathered_index_is_checked_before_a_narrow_kernel_narrows_it() -> None:
+    """A kernel at small sizes does its index arithmetic in 32 bits; an int64 index
+    read from a tensor is range-checked in 64 bits first, so 2^32 + 1 is an error, not
+    element 1."""
+    engine = tcpy.ExecutionEngine("cuda-emu")
+    engine.define("def g(float(N) A, int64(M) I) -> (O) { O(m) = A(I(m)) }")
+    a = np.arange(8, dtype=np.float32)
+    compiled = engine.compile("g", a, np.zeros(2, np.int64))
+    assert "const int e_A_0" in compiled.source
+    np.testing.assert_array_equal(engine.g(a, np.array([3, 1], np.int64)), [3, 1])
+    with pytest.raises(tcpy.TCInputError, match="index 4294967297 of its dimension 0"):
+        engine.g(a, np.array([0, 2**32 + 1], np.int64))

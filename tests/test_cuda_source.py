@@ -3,6 +3,7 @@ goldens of a mapped matmul and a softmax (rewrite with `pytest --accept`)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -84,10 +85,7 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
     assert product.block == (32, 1) and product.grid == (3, 64)
     text = lowered.source.split("tc_kernel_1")[1]
     # n (the last subscript of C and B) is the thread x loop: coalesced accesses
-    assert (
-        "TC_LD(t_B, ((long long)(c5) * e_B_1 + "
-        "((32 * (long long)blockIdx.x) + (long long)threadIdx.x)))" in text
-    )
+    assert "TC_LD(t_B, ((int)(c5) * e_B_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)))" in text
     assert "tc_acc = tc_acc + " in text  # the reduction runs innermost, in a register
 
 
@@ -121,7 +119,7 @@ def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
     assert update.launch_dims() == ((2, 4, 40), (32, 8, 1))
     text = lowered.source.split("tc_kernel_1")[1]
     assert "(blockIdx.z % 5u)" in text and "(blockIdx.z / 5u)" in text
-    assert "e_O_3 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)" in text
+    assert "e_O_3 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)" in text
 
 
 def test_shared_memory_tiles_of_a_matmul() -> None:
@@ -234,3 +232,55 @@ def test_an_element_read_several_times_is_loaded_once() -> None:
     )
     source = _lower(shifted, "s", {"N": 40}, PLAIN).source
     assert source.count("TC_LD(t_X,") == 4 and "tc_v0" not in source
+
+
+MATMUL_1024 = {"M": 1024, "K": 1024, "N": 1024}
+
+
+@pytest.mark.parametrize(
+    ("source", "sizes", "fixed", "narrow"),
+    [
+        (GOLDENS["matmul"][0], MATMUL_1024, True, True),
+        # 2^28 elements: a flat index within 8x of 2^31
+        (GOLDENS["matmul"][0], {"M": 16384, "K": 16, "N": 16384}, True, False),
+        # a kernel for every size cannot know its indices fit
+        (GOLDENS["matmul"][0], MATMUL_1024, False, False),
+        # an integer of the def times a size may pass 2^31 in an expression isl builds
+        ("def matmul(float(M,K) A) -> (C) { C(m) +=! A(m,k) where k in 0:1000000 }",
+         {"M": 4, "K": 1000000}, True, False),
+    ],
+    ids=["1024", "16384", "generic", "literal"],
+)  # fmt: skip
+def test_index_arithmetic_is_32_bit_where_every_index_fits(
+    source: str, sizes: dict[str, int], fixed: bool, narrow: bool
+) -> None:
+    options = MappingOptions.cuda().replace(fix_parameters_before_scheduling=fixed)
+    text = _lower(source, "matmul", sizes, options).source
+    kernel = text.split("tc_kernel_1(")[1]
+    assert ("const int e_A_0 = s_M;" in kernel) is narrow
+    assert ("const long long e_A_0 = s_M;" in kernel) is not narrow
+    assert ("(int)threadIdx.x" in kernel) is narrow
+
+
+@needs_nvrtc
+def test_narrow_indices_leave_only_address_arithmetic_in_64_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVRTC's PTX of a 1024^3 matmul's update kernel: 64-bit integer arithmetic
+    (`mad.lo.s64`, `setp.lt.s64`, ...) falls to under a third, what is left being the
+    byte addresses (`mul.wide.s32`)."""
+    from tcpy.codegen import cuda
+
+    source, entry, _ = GOLDENS["matmul"]
+
+    def wide_arithmetic() -> int:
+        ptx = nvrtc.compile_ptx(_lower(source, entry, MATMUL_1024, MappingOptions.cuda()).source,
+                                "compute_90")  # fmt: skip
+        update = ptx.split(".entry tc_kernel_1")[1]
+        pattern = r"^\s*(add|sub|mul|mad|shl|shr|setp|min|max|div|rem|neg|selp)\.\S*(s64|u64|b64)"
+        return len(re.findall(pattern, update, flags=re.M))
+
+    narrow = wide_arithmetic()
+    monkeypatch.setattr(cuda, "narrow_indices", lambda *args: False)
+    wide = wide_arithmetic()
+    assert narrow * 3 < wide

@@ -24,7 +24,7 @@ def index_helpers(d: Dialect) -> str:
 
 
 def checked_index(d: Dialect) -> str:
-    i = d.index_type
+    i = d.ctype(ScalarType.INT64)  # a gathered index is checked before it is narrowed
     store = d.status_store.format(code=STATUS_INDEX_OUT_OF_RANGE)
     return f"""\
 {d.function_prefix} {i} tc_index({i} i, {i} n, int *tc_status) {{

@@ -3,7 +3,8 @@
 Each kernel of a `GpuMapping` becomes `extern "C" __global__ void tc_kernel_<k>`, with
 `__launch_bounds__` set to the threads the mapping uses. Its parameters are, in order:
 the sizes (`long long`), the buffers (inputs `const`, then outputs and temporaries),
-and `int *tc_status`. The block and thread parameters of the mapping are spelled
+and `int *tc_status`. Index arithmetic is `int` where the sizes show every index fits
+(`narrow_indices`), else `long long`. The block and thread parameters of the mapping are spelled
 `blockIdx.x`, `threadIdx.x`, ...; innermost loops get `#pragma unroll` when the
 options ask for it; a loop that only reduces into one element keeps its accumulator in
 a register; tensors that are only read go through `__ldg` with `use_readonly_cache`.
@@ -25,7 +26,7 @@ import islpy as isl
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.c import _def_text, _Printer, buffer_order
 from tcpy.codegen.c_helpers import helper_source
-from tcpy.codegen.dialect import CUDA
+from tcpy.codegen.dialect import CUDA, CUDA_NARROW, Dialect
 from tcpy.codegen.exprs import (
     BodyPrinter,
     LocalCopy,
@@ -192,7 +193,9 @@ class _CudaPrinter(_Printer):
                 else:
                     j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
                 self.emit(
-                    at + 1, f"const long long {s.loop.iterator} = {s.first} + ({j}) * {s.step};"
+                    at + 1,
+                    f"const {self.dialect.index_type} {s.loop.iterator} = "
+                    f"{s.first} + ({j}) * {s.step};",
                 )
                 inner *= s.trips
             guards = [s.loop.cond for s in tile.strided if not s.whole]
@@ -264,7 +267,8 @@ class _CudaPrinter(_Printer):
         """Declares the first element of box `b` of `buffer`; returns their names."""
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for o, expr in zip(offsets, b.offsets, strict=True):
-            self.emit(depth, f"const long long {o} = {isl_expr(expr, self.names, top=True)};")
+            value = isl_expr(expr, self.names, top=True)
+            self.emit(depth, f"const {self.dialect.index_type} {o} = {value};")
         return offsets
 
     def shared_copy(
@@ -329,8 +333,8 @@ class _CudaPrinter(_Printer):
             inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
         source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
         extents = [extent_name(b.tensor, d) for d in range(n)]
-        target = flat_index(CUDA, local, [str(s) for s in copy.sizes])
-        index = flat_index(CUDA, source, extents)
+        target = flat_index(self.dialect, local, [str(s) for s in copy.sizes])
+        index = flat_index(self.dialect, source, extents)
         value = CUDA.load.format(array=tensor_name(b.tensor), index=index)
         self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
         self.emit(depth + 2, f"TC_SST({copy.buffer}, {target}) = {value};")
@@ -433,7 +437,7 @@ class _ThreadTile:
 
 def _strided(loop: Header, kernel: Kernel | None) -> _Strided | None:
     """`loop` as a loop strided by the block, when it is one of constant bounds."""
-    first = re.fullmatch(r"\(long long\)threadIdx\.([xyz])", loop.init)
+    first = re.fullmatch(r"\((?:long long|int)\)threadIdx\.([xyz])", loop.init)
     # a constant bound, or the least of one and another (the last, partial tile)
     bound = re.fullmatch(rf"{loop.iterator} (<=?) (\d+)", loop.cond) or re.match(
         rf"{loop.iterator} (<=?) tc_min\((\d+), ", loop.cond
@@ -527,10 +531,14 @@ def kernel_name(kernel: Kernel) -> str:
     return f"tc_kernel_{kernel.index}"
 
 
-def kernel_parameters(scop: Scop) -> list[str]:
-    """The C parameter list shared by every kernel of a definition."""
+def kernel_parameters(scop: Scop, narrow: bool = False) -> list[str]:
+    """The C parameter list shared by every kernel of a definition. The sizes come
+    as `long long`; a `narrow` kernel takes them under names of its own
+    (`tc_size<k>`) and declares the sizes' names as `int` (`size_locals`)."""
     cdef = scop.cdef
-    params = [f"long long {size_name(p)}" for p in scop.params]
+    params = [
+        f"long long {f'tc_size{k}' if narrow else size_name(p)}" for k, p in enumerate(scop.params)
+    ]
     for name in buffer_order(scop.cdef):
         info = cdef.tensor(name)
         const = "const " if info.role is Role.INPUT else ""
@@ -554,24 +562,30 @@ def print_cuda(
                 "use float32 or the cpu target"
             )
     readonly = frozenset(t.name for t in cdef.inputs) if options.use_readonly_cache else frozenset()
+    narrow = narrow_indices(scop, options, sizes)
+    dialect = CUDA_NARROW if narrow else CUDA
+    index = dialect.index_type
     kernels: list[str] = []
     helpers = None
     for kernel, ast in zip(mapping.kernels, asts, strict=True):
-        printer = _CudaPrinter(scop, ast, options, dialect=CUDA)
+        printer = _CudaPrinter(scop, ast, options, dialect=dialect)
         if helpers is not None:
             printer.helpers = helpers
-        printer.bodies = BodyPrinter(cdef, CUDA, printer.helpers, readonly, hoist_loads=True)
+        printer.bodies = BodyPrinter(cdef, dialect, printer.helpers, readonly, hoist_loads=True)
         helpers = printer.helpers
-        printer.names.update(_launch_names(kernel))
+        printer.names.update(_launch_names(kernel, dialect))
         printer.kernel = kernel
         body: list[str] = []
         printer.lines = body
+        if narrow:
+            for k, p in enumerate(scop.params):
+                printer.emit(1, f"const int {size_name(p)} = (int)tc_size{k};")
         for name in buffer_order(scop.cdef):
             for d, extent in enumerate(cdef.tensor(name).shape):
-                printer.emit(1, f"const long long {extent_name(name, d)} = {sym_expr(extent)};")
+                printer.emit(1, f"const {index} {extent_name(name, d)} = {sym_expr(extent)};")
         printer.top_level(1)
         bounds = max(1, kernel.threads)
-        signature = ", ".join(kernel_parameters(scop))
+        signature = ", ".join(kernel_parameters(scop, narrow))
         kernels.append(
             "\n".join(
                 [
@@ -587,17 +601,39 @@ def print_cuda(
         *(f"/*   {line.replace('*/', '* /')} */" for line in _def_text(cdef).splitlines()),
         "",
         ACCESS_MACROS,
-        helper_source(helpers, CUDA) if helpers is not None else "",
+        helper_source(helpers, dialect) if helpers is not None else "",
     ]
     return "\n".join([*header, *kernels, ""])
 
 
-def _launch_names(kernel: Kernel) -> dict[str, str]:
-    names = {p: f"(long long){kernel.block_index(j)}" for j, p in enumerate(BLOCK_PARAMS)
+NARROW_HEADROOM = 8
+"""How far below 2^31 the numbers a narrow kernel computes with must stay: an index
+expression adds a few terms, each at most a size times a coefficient."""
+
+
+def narrow_indices(scop: Scop, options: MappingOptions, sizes: Mapping[str, int] | None) -> bool:
+    """Whether a kernel compiled for `sizes` can do its index arithmetic in 32 bits:
+    every tensor's element count (the largest flat index of an element in range) and
+    every size, tile size and integer of the def times the largest of those integers
+    (a subscript `2*i + 2`, a guard isl derives from it) stay `NARROW_HEADROOM` times
+    below 2^31. A kernel for every size (`sizes` None) stays 64-bit. An index read
+    from a tensor (a gather) is checked in 64 bits before it is used."""
+    if sizes is None:
+        return False
+    limit = 2**31 // NARROW_HEADROOM
+    cdef = scop.cdef
+    elements = [math.prod(d.evaluate(sizes) for d in t.shape) for t in cdef.tensors]
+    literals = [int(n) for n in re.findall(r"\d+", _def_text(cdef))]
+    scale = max([1, *literals])
+    largest = max([1, *sizes.values(), *options.tile, *literals])
+    return max(elements, default=0) < limit and largest * scale < limit
+
+
+def _launch_names(kernel: Kernel, dialect: Dialect) -> dict[str, str]:
+    index = dialect.index_type
+    names = {p: f"({index}){kernel.block_index(j)}" for j, p in enumerate(BLOCK_PARAMS)
              if j < len(kernel.grid)}  # fmt: skip
-    names.update(
-        {p: f"(long long)threadIdx.{a}" for p, a in zip(THREAD_PARAMS, _AXES, strict=True)}
-    )
+    names.update({p: f"({index})threadIdx.{a}" for p, a in zip(THREAD_PARAMS, _AXES, strict=True)})
     return names
 
 

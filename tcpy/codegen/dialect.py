@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tcpy.types import ScalarType
@@ -76,3 +77,7 @@ CUDA = Dialect(
     copy_store="TC_SST({array}, {index})",
     address="TC_AT({array}, {index})",
 )
+# CUDA whose index arithmetic is 32-bit (`int`): a kernel compiled for sizes at which
+# every index fits (`tcpy.codegen.cuda.narrow_indices`). The GPU's integer units do a
+# 32-bit multiply-add in one instruction and a 64-bit one in several.
+CUDA_NARROW = dataclasses.replace(CUDA, name="cuda", index_type="int")

@@ -16,73 +16,79 @@
 #define TC_DYNAMIC_SHARED(T, s) extern __shared__ __align__(16) T s[]
 #endif
 
-static __device__ __forceinline__ long long tc_floord(long long a, long long b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
-static __device__ __forceinline__ long long tc_min(long long a, long long b) { return a < b ? a : b; }
-static __device__ __forceinline__ long long tc_max(long long a, long long b) { return a > b ? a : b; }
+static __device__ __forceinline__ int tc_floord(int a, int b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
+static __device__ __forceinline__ int tc_min(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int tc_max(int a, int b) { return a > b ? a : b; }
 
-extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
-  const long long e_A_0 = s_M;
-  const long long e_A_1 = s_K;
-  const long long e_B_0 = s_K;
-  const long long e_B_1 = s_N;
-  const long long e_C_0 = s_M;
-  const long long e_C_1 = s_N;
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0, long long tc_size1, long long tc_size2, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
+  const int s_M = (int)tc_size0;
+  const int s_K = (int)tc_size1;
+  const int s_N = (int)tc_size2;
+  const int e_A_0 = s_M;
+  const int e_A_1 = s_K;
+  const int e_B_0 = s_K;
+  const int e_B_1 = s_N;
+  const int e_C_0 = s_M;
+  const int e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
-  if (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79) {
-    TC_ST(t_C, ((long long)((long long)blockIdx.y) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = 0.0f;
+  if (((32 * (int)blockIdx.x) + (int)threadIdx.x) <= 79) {
+    TC_ST(t_C, ((int)((int)blockIdx.y) * e_C_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x))) = 0.0f;
   }
 }
-extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long s_M, long long s_K, long long s_N, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
-  const long long e_A_0 = s_M;
-  const long long e_A_1 = s_K;
-  const long long e_B_0 = s_K;
-  const long long e_B_1 = s_N;
-  const long long e_C_0 = s_M;
-  const long long e_C_1 = s_N;
+extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0, long long tc_size1, long long tc_size2, const float *__restrict__ t_A, const float *__restrict__ t_B, float *__restrict__ t_C, int *tc_status) {
+  const int s_M = (int)tc_size0;
+  const int s_K = (int)tc_size1;
+  const int s_N = (int)tc_size2;
+  const int e_A_0 = s_M;
+  const int e_A_1 = s_K;
+  const int e_B_0 = s_K;
+  const int e_B_1 = s_N;
+  const int e_C_0 = s_M;
+  const int e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n) */
   {
     __syncthreads();
     __shared__ float tc_shared0[1568];
-    const long long tc_shared0_o0 = 32 * (long long)blockIdx.y;
-    const long long tc_shared0_o1 = 0;
+    const int tc_shared0_o0 = 32 * (int)blockIdx.y;
+    const int tc_shared0_o1 = 0;
     for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
       const int tc_i1 = tc_e % 48;
       const int tc_i0 = tc_e / 48 % 32;
       if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
-        TC_SST(tc_shared0, ((long long)(tc_i0) * 49 + (tc_i1))) = TC_LD(t_A, ((long long)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
+        TC_SST(tc_shared0, ((int)(tc_i0) * 49 + (tc_i1))) = TC_LD(t_A, ((int)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
       }
     }
     __shared__ float tc_shared1[1584];
-    const long long tc_shared1_o0 = 0;
-    const long long tc_shared1_o1 = 32 * (long long)blockIdx.x;
+    const int tc_shared1_o0 = 0;
+    const int tc_shared1_o1 = 32 * (int)blockIdx.x;
     for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
       const int tc_i1 = tc_e % 32;
       const int tc_i0 = tc_e / 32 % 48;
       if (tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
-        TC_SST(tc_shared1, ((long long)(tc_i0) * 33 + (tc_i1))) = TC_LD(t_B, ((long long)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
+        TC_SST(tc_shared1, ((int)(tc_i0) * 33 + (tc_i1))) = TC_LD(t_B, ((int)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
       }
     }
     __syncthreads();
-    if ((((32 * (long long)blockIdx.x) + (long long)threadIdx.x) <= 79)) {
+    if ((((32 * (int)blockIdx.x) + (int)threadIdx.x) <= 79)) {
       {
         float tc_acc[4];
         #pragma unroll
         for (int tc_j = 0; tc_j < 4; tc_j++) {
-          const long long c3 = (long long)threadIdx.y + (tc_j) * 8;
-          tc_acc[tc_j] = TC_LD(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x)));
+          const int c3 = (int)threadIdx.y + (tc_j) * 8;
+          tc_acc[tc_j] = TC_LD(t_C, ((int)((32 * (int)blockIdx.y) + c3) * e_C_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)));
         }
-        for (long long c5 = 0; c5 <= 47; c5++) {
-          const auto tc_o0 = TC_SLD(tc_shared1, ((long long)((c5) - tc_shared1_o0) * 33 + (((32 * (long long)blockIdx.x) + (long long)threadIdx.x) - tc_shared1_o1)));
+        for (int c5 = 0; c5 <= 47; c5++) {
+          const auto tc_o0 = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1)));
           #pragma unroll
           for (int tc_j = 0; tc_j < 4; tc_j++) {
-            const long long c3 = (long long)threadIdx.y + (tc_j) * 8;
-            tc_acc[tc_j] = tc_acc[tc_j] + (TC_SLD(tc_shared0, ((long long)(((32 * (long long)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * tc_o0);
+            const int c3 = (int)threadIdx.y + (tc_j) * 8;
+            tc_acc[tc_j] = tc_acc[tc_j] + (TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * tc_o0);
           }
         }
         #pragma unroll
         for (int tc_j = 0; tc_j < 4; tc_j++) {
-          const long long c3 = (long long)threadIdx.y + (tc_j) * 8;
-          TC_ST(t_C, ((long long)((32 * (long long)blockIdx.y) + c3) * e_C_1 + ((32 * (long long)blockIdx.x) + (long long)threadIdx.x))) = tc_acc[tc_j];
+          const int c3 = (int)threadIdx.y + (tc_j) * 8;
+          TC_ST(t_C, ((int)((32 * (int)blockIdx.y) + c3) * e_C_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x))) = tc_acc[tc_j];
         }
       }
     }

@@ -21,22 +21,24 @@
 #define TC_DYNAMIC_SHARED(T, s) extern __shared__ __align__(16) T s[]
 #endif
 
-static __device__ __forceinline__ long long tc_floord(long long a, long long b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
-static __device__ __forceinline__ long long tc_min(long long a, long long b) { return a < b ? a : b; }
-static __device__ __forceinline__ long long tc_max(long long a, long long b) { return a > b ? a : b; }
+static __device__ __forceinline__ int tc_floord(int a, int b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
+static __device__ __forceinline__ int tc_min(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int tc_max(int a, int b) { return a > b ? a : b; }
 
 static __device__ __forceinline__ float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
 static __device__ __forceinline__ float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
 
-extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_N, long long s_D, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
-  const long long e_I_0 = s_N;
-  const long long e_I_1 = s_D;
-  const long long e_O_0 = s_N;
-  const long long e_O_1 = s_D;
-  const long long e_maxVal_0 = s_N;
-  const long long e_expDist_0 = s_N;
-  const long long e_expDist_1 = s_D;
-  const long long e_expSum_0 = s_N;
+extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0, long long tc_size1, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
+  const int s_N = (int)tc_size0;
+  const int s_D = (int)tc_size1;
+  const int e_I_0 = s_N;
+  const int e_I_1 = s_D;
+  const int e_O_0 = s_N;
+  const int e_O_1 = s_D;
+  const int e_maxVal_0 = s_N;
+  const int e_expDist_0 = s_N;
+  const int e_expDist_1 = s_D;
+  const int e_expSum_0 = s_N;
   /* maxVal(n) max=! I(n, d)  [initialisation] */
   /* maxVal(n) max=! I(n, d) */
   /* expDist(n, d) = exp(I(n, d) - maxVal(n)) */
@@ -46,34 +48,34 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_N, long
   {
     __syncthreads();
     __shared__ float tc_shared0[41];
-    const long long tc_shared0_o0 = (long long)blockIdx.x;
-    const long long tc_shared0_o1 = 0;
+    const int tc_shared0_o0 = (int)blockIdx.x;
+    const int tc_shared0_o1 = 0;
     for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 40; tc_e += 32) {
       const int tc_i1 = tc_e % 40;
       const int tc_i0 = tc_e / 40 % 1;
       if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
-        TC_SST(tc_shared0, ((long long)(tc_i0) * 41 + (tc_i1))) = TC_LD(t_I, ((long long)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+        TC_SST(tc_shared0, ((int)(tc_i0) * 41 + (tc_i1))) = TC_LD(t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
       }
     }
     __syncthreads();
     {
       __shared__ float tc_scratch1[40];
-      const long long tc_scratch1_o0 = (long long)blockIdx.x;
-      const long long tc_scratch1_o1 = 0;
+      const int tc_scratch1_o0 = (int)blockIdx.x;
+      const int tc_scratch1_o1 = 0;
       __shared__ float tc_scratch2[1];
-      const long long tc_scratch2_o0 = (long long)blockIdx.x;
+      const int tc_scratch2_o0 = (int)blockIdx.x;
       __shared__ float tc_scratch3[1];
-      const long long tc_scratch3_o0 = (long long)blockIdx.x;
-      if ((long long)threadIdx.x == 0) {
-        TC_SST(tc_scratch3, (long long)(((long long)blockIdx.x) - tc_scratch3_o0)) = (-1.0f / 0.0f);
+      const int tc_scratch3_o0 = (int)blockIdx.x;
+      if ((int)threadIdx.x == 0) {
+        TC_SST(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0)) = (-1.0f / 0.0f);
       }
       __syncwarp();
       {
         float tc_part = (-1.0f / 0.0f);
         bool tc_seen = false;
         #pragma unroll 4
-        for (long long c2 = (long long)threadIdx.x; c2 <= 39; c2 += 32) {
-          tc_part = tc_max_float32(tc_part, TC_SLD(tc_shared0, ((long long)(((long long)blockIdx.x) - tc_shared0_o0) * 41 + ((c2) - tc_shared0_o1))));
+        for (int c2 = (int)threadIdx.x; c2 <= 39; c2 += 32) {
+          tc_part = tc_max_float32(tc_part, TC_SLD(tc_shared0, ((int)(((int)blockIdx.x) - tc_shared0_o0) * 41 + ((c2) - tc_shared0_o1))));
           tc_seen = true;
         }
         for (int tc_lane = 16; tc_lane > 0; tc_lane /= 2) {
@@ -81,25 +83,25 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_N, long
         }
         const bool tc_any = __any_sync(0xffffffffu, tc_seen);
         if (tc_any && threadIdx.x == 0) {
-          TC_SST(tc_scratch3, (long long)(((long long)blockIdx.x) - tc_scratch3_o0)) = tc_max_float32(TC_SLD(tc_scratch3, (long long)(((long long)blockIdx.x) - tc_scratch3_o0)), tc_part);
+          TC_SST(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0)) = tc_max_float32(TC_SLD(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0)), tc_part);
         }
       }
       __syncwarp();
       #pragma unroll 4
-      for (long long c2 = (long long)threadIdx.x; c2 <= 39; c2 += 32) {
-        TC_SST(tc_scratch1, ((long long)(((long long)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1))) = expf((TC_SLD(tc_shared0, ((long long)(((long long)blockIdx.x) - tc_shared0_o0) * 41 + ((c2) - tc_shared0_o1))) - TC_SLD(tc_scratch3, (long long)(((long long)blockIdx.x) - tc_scratch3_o0))));
+      for (int c2 = (int)threadIdx.x; c2 <= 39; c2 += 32) {
+        TC_SST(tc_scratch1, ((int)(((int)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1))) = expf((TC_SLD(tc_shared0, ((int)(((int)blockIdx.x) - tc_shared0_o0) * 41 + ((c2) - tc_shared0_o1))) - TC_SLD(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0))));
       }
       __syncwarp();
-      if ((long long)threadIdx.x == 0) {
-        TC_SST(tc_scratch2, (long long)(((long long)blockIdx.x) - tc_scratch2_o0)) = 0.0f;
+      if ((int)threadIdx.x == 0) {
+        TC_SST(tc_scratch2, (int)(((int)blockIdx.x) - tc_scratch2_o0)) = 0.0f;
       }
       __syncwarp();
       {
         float tc_part = 0.0f;
         bool tc_seen = false;
         #pragma unroll 4
-        for (long long c2 = (long long)threadIdx.x; c2 <= 39; c2 += 32) {
-          tc_part = tc_part + TC_SLD(tc_scratch1, ((long long)(((long long)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1)));
+        for (int c2 = (int)threadIdx.x; c2 <= 39; c2 += 32) {
+          tc_part = tc_part + TC_SLD(tc_scratch1, ((int)(((int)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1)));
           tc_seen = true;
         }
         for (int tc_lane = 16; tc_lane > 0; tc_lane /= 2) {
@@ -107,13 +109,13 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long s_N, long
         }
         const bool tc_any = __any_sync(0xffffffffu, tc_seen);
         if (tc_any && threadIdx.x == 0) {
-          TC_SST(tc_scratch2, (long long)(((long long)blockIdx.x) - tc_scratch2_o0)) = TC_SLD(tc_scratch2, (long long)(((long long)blockIdx.x) - tc_scratch2_o0)) + tc_part;
+          TC_SST(tc_scratch2, (int)(((int)blockIdx.x) - tc_scratch2_o0)) = TC_SLD(tc_scratch2, (int)(((int)blockIdx.x) - tc_scratch2_o0)) + tc_part;
         }
       }
       __syncwarp();
       #pragma unroll 4
-      for (long long c2 = (long long)threadIdx.x; c2 <= 39; c2 += 32) {
-        TC_ST(t_O, ((long long)((long long)blockIdx.x) * e_O_1 + (c2))) = (TC_SLD(tc_scratch1, ((long long)(((long long)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1))) / TC_SLD(tc_scratch2, (long long)(((long long)blockIdx.x) - tc_scratch2_o0)));
+      for (int c2 = (int)threadIdx.x; c2 <= 39; c2 += 32) {
+        TC_ST(t_O, ((int)((int)blockIdx.x) * e_O_1 + (c2))) = (TC_SLD(tc_scratch1, ((int)(((int)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1))) / TC_SLD(tc_scratch2, (int)(((int)blockIdx.x) - tc_scratch2_o0)));
       }
       __syncwarp();
     }
