@@ -488,13 +488,22 @@ def _read_launches(directory: Path) -> list[Launch]:
 class GpuKernels:
     """Compiled CUDA kernels of one definition on the GPU. NumPy inputs are copied to
     the device and the outputs back; device inputs are used in place, and the outputs
-    then stay on the device (`DeviceArray`, which PyTorch and CuPy take without copy)."""
+    then stay on the device (`DeviceArray`, which PyTorch and CuPy take without copy).
+
+    A call borrows what it does not hand to the caller from the driver's memory pool
+    (`runtime.pool`): the copies of host inputs, the temporaries, host outputs on their
+    way back and the status word. Outputs and temporaries start at zero, except the
+    tensors the kernels write whole before reading them (`written`), which are not
+    filled (with `TCPY_POISON=1`, filled with all-ones bytes, so that an element the
+    kernels failed to write shows). The kernels are launched back to back; the call
+    synchronises once, after the last, and then checks the status word."""
 
     cdef: CheckedDef
     source: str
     functions: list[Any]
     launches: list[Launch]
     options: MappingOptions
+    written: frozenset[str] = frozenset()
     generic: bool = False
     cache_key: str = ""
     accepts_device_out: ClassVar[bool] = True
@@ -505,15 +514,15 @@ class GpuKernels:
         from tcpy.runtime.status import check_status
 
         drv = runtime.driver()
+        memory = runtime.pool(drv)
         cdef = self.cdef
-        owned: list[int] = []
+        borrowed: list[int] = []  # given back to the pool when the call ends
+        handed: list[int] = []  # the caller's, unless the call fails
         dests = out or (None,) * len(cdef.outputs)
 
-        def device_zeros(shape: tuple[int, ...], dtype: np.dtype, dest: Any = None) -> int:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            pointer = dest.pointer if isinstance(dest, DeviceInput) else drv.alloc(nbytes)
-            drv.zero(pointer, nbytes)
-            return pointer
+        def borrow(nbytes: int) -> int:
+            borrowed.append(memory.acquire(nbytes))
+            return borrowed[-1]
 
         try:
             pointers = []
@@ -521,33 +530,47 @@ class GpuKernels:
                 if isinstance(a, DeviceInput):
                     pointers.append(a.pointer)
                 else:
-                    pointer = drv.alloc(a.nbytes)
-                    owned.append(pointer)
-                    drv.to_device(pointer, a)
-                    pointers.append(pointer)
+                    pointers.append(borrow(a.nbytes))
+                    drv.to_device(pointers[-1], a)
             results = []
             tensors = (*cdef.outputs, *cdef.temporaries)
             for t, dest in zip(tensors, (*dests, *(None,) * len(cdef.temporaries)), strict=True):
                 shape = binding.shape_of(t)
-                pointer = device_zeros(shape, t.scalar.dtype, dest)
+                nbytes = int(np.prod(shape, dtype=np.int64)) * t.scalar.dtype.itemsize
+                if isinstance(dest, DeviceInput):
+                    pointer = dest.pointer
+                elif t.role is Role.OUTPUT and dest is None and binding.on_device:
+                    pointer = drv.alloc(max(nbytes, 1))  # a DeviceArray of the caller's
+                    handed.append(pointer)
+                else:
+                    pointer = borrow(nbytes)
+                if t.name not in self.written:
+                    drv.memset(pointer, 0, nbytes)
+                elif knobs.poison_buffers():
+                    drv.memset(pointer, 0xFF, nbytes)
                 results.append((t, shape, pointer, dest))
                 pointers.append(pointer)
-            status = device_zeros((1,), np.dtype(np.int32))
-            owned.append(status)
+            status = borrow(4)
+            drv.memset(status, 0, 4)
             args = [("i64", binding.sizes[s]) for s in cdef.size_symbols]
             args += [("ptr", p) for p in pointers] + [("ptr", status)]
             for function, (grid, block) in zip(self.functions, self.launches, strict=True):
                 drv.launch(function, grid, block, args)
+            drv.synchronize()  # once per call: a failed launch raises here
             code = np.zeros(1, np.int32)
             drv.to_host(code, status)
             check_status(int(code[0]))
-            return tuple(self._collect(drv, binding, results, owned))
+            outputs = self._collect(drv, binding, results)
+            handed.clear()
+            return tuple(outputs)
         finally:
-            for pointer in owned:
+            for pointer in borrowed:
+                memory.release(pointer)
+            for pointer in handed:  # the call failed before handing them over
                 drv.free(pointer)
 
     @staticmethod
-    def _collect(drv: Any, binding: Binding, results: list[Any], owned: list[int]) -> list[Any]:
+    def _collect(drv: Any, binding: Binding, results: list[Any]) -> list[Any]:
         """The outputs: the destinations given (a host one copied into), else new
         arrays on the device for device inputs, on the host for host inputs."""
         from tcpy.binding import DeviceInput
@@ -558,11 +581,10 @@ class GpuKernels:
             if isinstance(dest, DeviceInput):
                 outputs.append(dest)
             elif t.role is not Role.OUTPUT:
-                owned.append(pointer)
+                continue
             elif dest is not None or not binding.on_device:
                 host = np.empty(shape, t.scalar.dtype) if dest is None else dest
                 drv.to_host(host, pointer)
-                owned.append(pointer)
                 outputs.append(host)
             else:
                 outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv))
@@ -621,13 +643,13 @@ class Cuda(Target):
 
         def load(directory: Path) -> Kernel:
             source = (directory / "kernel.cu").read_text()
-            built_with, _ = _read_record(directory)
+            built_with, written = _read_record(directory)
             if drv is None:
                 return NoGpu(source, built_with)
             launches = _read_launches(directory)
             names = [f"tc_kernel_{k}" for k in range(len(launches))]
             functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
-            return GpuKernels(cdef, source, functions, launches, built_with)
+            return GpuKernels(cdef, source, functions, launches, built_with, written)
 
         return _compiled(
             self.name, cdef, binding, options, session, build,

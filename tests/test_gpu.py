@@ -72,3 +72,22 @@ def test_the_device_profile_comes_from_the_driver(driver: str) -> None:
     assert profile.sms > 0 and profile.max_threads_per_block >= 1024
     assert profile.shared_per_block >= 48 * 1024 and profile.registers_per_block >= 32768
     assert profile.key() in tcpy.ExecutionEngine("cuda")._target.device()
+
+
+def test_repeated_calls_reuse_the_pools_memory(driver: str) -> None:
+    """After the first call, calls of the same shapes allocate nothing from the driver:
+    A's copy, the temporaries, the host output and the status word come back to the
+    pool and are borrowed again."""
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(
+        "def sm(float(N,D) I) -> (O) { m(n) max=! I(n,d)\n"
+        "  e(n,d) = exp(I(n,d) - m(n))\n  s(n) +=! e(n,d)\n  O(n,d) = e(n,d) / s(n) }"
+    )
+    x = np.random.default_rng(0).standard_normal((64, 100)).astype(np.float32)
+    want = np.exp(x - x.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    np.testing.assert_allclose(engine.sm(x), want, rtol=1e-5, atol=1e-6)
+    blocks = dict(runtime.pool(runtime.driver()).sizes)
+    for _ in range(3):
+        np.testing.assert_allclose(engine.sm(x), want, rtol=1e-5, atol=1e-6)
+    assert runtime.pool(runtime.driver()).sizes == blocks

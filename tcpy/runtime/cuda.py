@@ -3,8 +3,14 @@
 `driver()` returns the pycuda implementation when pycuda is installed, else the one on
 `cuda.bindings.driver`; the rest of tcpy only sees the `Driver` interface: the device's
 name and compute capability, loading a cubin, device memory, copies, and launching a
-kernel with its grid, block and arguments. Every call is checked, and a failed launch
-(checked by synchronising after it) is a `TCLaunchError`.
+kernel with its grid, block and arguments. Every call is checked. Launches are queued
+on the default stream without waiting; `synchronize()`, once per call of a compiled
+def, raises a failure of any of them as a `TCLaunchError`.
+
+`pool(drv)` is the device memory a call borrows for what it does not hand to the
+caller (copies of host inputs, temporaries, host outputs on their way back, the status
+word): blocks a call gives back are kept for the next, so that a call reaches the
+driver's allocator only when it needs more than earlier calls returned.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -32,7 +39,7 @@ class Driver(Protocol):
     def alloc(self, nbytes: int) -> int: ...
     def free(self, pointer: int) -> None: ...
     def to_device(self, pointer: int, array: np.ndarray) -> None: ...
-    def zero(self, pointer: int, nbytes: int) -> None: ...
+    def memset(self, pointer: int, value: int, nbytes: int) -> None: ...
     def to_host(self, array: np.ndarray, pointer: int) -> None: ...
     def launch(
         self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -133,8 +140,8 @@ class _PyCuda:
     def to_device(self, pointer: int, array: np.ndarray) -> None:
         self.cuda.memcpy_htod(pointer, array)
 
-    def zero(self, pointer: int, nbytes: int) -> None:
-        self.cuda.memset_d8(pointer, 0, nbytes)
+    def memset(self, pointer: int, value: int, nbytes: int) -> None:
+        self.cuda.memset_d8(pointer, value, nbytes)
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
         self.cuda.memcpy_dtoh(array, pointer)
@@ -143,12 +150,14 @@ class _PyCuda:
         values = [np.int64(v) if kind == "i64" else np.uintp(v) for kind, v in args]
         try:
             function(*values, grid=grid, block=block)
-            self.cuda.Context.synchronize()
         except self.cuda.Error as e:
             raise TCLaunchError(f"the kernel launch failed: {e}") from None
 
     def synchronize(self) -> None:
-        self.cuda.Context.synchronize()
+        try:
+            self.cuda.Context.synchronize()
+        except self.cuda.Error as e:
+            raise TCLaunchError(f"the kernel failed while running: {e}") from None
 
 
 class _Bindings:
@@ -199,8 +208,8 @@ class _Bindings:
     def to_device(self, pointer: int, array: np.ndarray) -> None:
         self._check(self.cu.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
 
-    def zero(self, pointer: int, nbytes: int) -> None:
-        self._check(self.cu.cuMemsetD8(pointer, 0, nbytes), "cuMemsetD8")
+    def memset(self, pointer: int, value: int, nbytes: int) -> None:
+        self._check(self.cu.cuMemsetD8(pointer, value, nbytes), "cuMemsetD8")
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
         self._check(self.cu.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
@@ -212,12 +221,90 @@ class _Bindings:
             self.cu.cuLaunchKernel(function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0),
             "cuLaunchKernel",
         )
-        self.synchronize()
 
     def synchronize(self) -> None:
         err = self.cu.cuCtxSynchronize()
         if int(err[0] if isinstance(err, tuple) else err) != 0:
             raise TCLaunchError(f"the kernel failed while running: {err}")
+
+
+POOL_IDLE_BYTES = 1 << 30
+"""The most device memory the pool keeps idle between calls; beyond it, blocks given
+back go back to the driver."""
+
+
+class DevicePool:
+    """Device memory borrowed for the length of a call and given back (`acquire`,
+    `release`). A block is allocated at a rounded size (512 bytes at least, else a
+    multiple of an eighth of the power of two below: at most 12.5% more than asked), kept,
+    once given back, for the next request of that rounded size. Reuse is safe without
+    waiting for the GPU: every copy and launch of tcpy's goes to the same stream, in
+    order. An allocation the driver refuses is retried once after the idle blocks are
+    freed (`trim`)."""
+
+    def __init__(self, drv: Driver, idle_limit: int = POOL_IDLE_BYTES) -> None:
+        self.drv = drv
+        self.idle_limit = idle_limit
+        self.idle: dict[int, list[int]] = {}  # rounded size -> blocks not in use
+        self.idle_bytes = 0
+        self.sizes: dict[int, int] = {}  # every block the pool allocated -> its size
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        if nbytes <= 512:
+            return 512
+        step = 1 << (nbytes - 1).bit_length() - 4  # an eighth of the power of two below
+        return -(-nbytes // step) * step
+
+    def acquire(self, nbytes: int) -> int:
+        size = self.rounded(nbytes)
+        with self.lock:
+            blocks = self.idle.get(size)
+            if blocks:
+                self.idle_bytes -= size
+                return blocks.pop()
+        try:
+            pointer = self.drv.alloc(size)
+        except Exception:  # out of memory, maybe only for want of the idle blocks
+            self.trim()
+            pointer = self.drv.alloc(size)
+        with self.lock:
+            self.sizes[pointer] = size
+        return pointer
+
+    def release(self, pointer: int) -> None:
+        with self.lock:
+            size = self.sizes[pointer]
+            if self.idle_bytes + size > self.idle_limit:
+                del self.sizes[pointer]
+                self.drv.free(pointer)
+                return
+            self.idle.setdefault(size, []).append(pointer)
+            self.idle_bytes += size
+
+    def trim(self) -> None:
+        """Give every idle block back to the driver."""
+        with self.lock:
+            for blocks in self.idle.values():
+                for pointer in blocks:
+                    del self.sizes[pointer]
+                    self.drv.free(pointer)
+            self.idle.clear()
+            self.idle_bytes = 0
+
+
+_pools: dict[int, DevicePool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool(drv: Driver) -> DevicePool:
+    """The memory pool of driver `drv` (one per driver, for the process)."""
+    with _pools_lock:
+        found = _pools.get(id(drv))
+        if found is None or found.drv is not drv:
+            found = _pools[id(drv)] = DevicePool(drv)
+        return found
 
 
 class DeviceArray:
