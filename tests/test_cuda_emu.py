@@ -2,8 +2,8 @@
 every corpus program with the default CUDA options at its default and odd sizes, and
 under option sets drawn by hypothesis: tile sizes, grid and block sizes smaller and
 larger than the problem, each fusion strategy, unrolling, the read-only cache, shared
-memory, a thread's outputs in registers over thread tiles of every shape, fixed or
-parametric sizes."""
+memory (copied by elements or by 16-byte vectors), a thread's outputs in registers
+over thread tiles of every shape, fixed or parametric sizes."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ options_strategy = st.builds(
     unroll_copy_shared=st.booleans(),
     use_private_memory=st.booleans(),
     register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), max_size=2).map(tuple),
+    vectorize=st.booleans(),
 )
 
 

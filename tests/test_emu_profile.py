@@ -125,3 +125,32 @@ def test_a_threads_outputs_in_registers_read_the_shared_operands_they_share_once
         copies = 4 * (32 * 64 + 64 * 32)  # 2 x 2 blocks each store A's and B's tiles
         shared[private] = sum(launch["shared_bytes"] for launch in launches) // 4 - copies
     assert shared == {False: 2 * 64**3, True: 64**3 * 5 // 4}
+
+
+def test_shared_copies_read_16_byte_vectors_where_the_rows_start_on_one() -> None:
+    """A 64^3 matmul in 32x32 tiles copies 16384 elements of A and B into shared
+    memory: one warp request per 32 elements, or with `vectorize` per 32 float4s; C
+    is loaded and stored once (256 requests). The bytes and sectors are the same, and
+    the rotated stores meet no bank conflict. An A one element into its buffer (not on
+    16 bytes; the profile copies its inputs to aligned buffers, a call does not) or
+    rows of 45 elements are copied element by element, and still right."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(0)
+    buffer = rng.standard_normal(64 * 64 + 1).astype(np.float32)
+    aligned, shifted = buffer[:-1].reshape(64, 64), buffer[1:].reshape(64, 64)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    requests = {}
+    for vectorize in (False, True):
+        options = MappingOptions.cuda().replace(vectorize=vectorize)
+        kernel = engine.compile("mm", aligned, b, options=options)
+        for a in (aligned, shifted):  # the checker fails a vector load off 16 bytes
+            np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        update = kernel.profile(aligned, b)[1]
+        assert update["global_sectors"] == 3072 and update["bank_conflicts"] == 0
+        requests[vectorize] = update["global_requests"]
+    assert requests == {False: 256 + 16384 // 32, True: 256 + 16384 // 128}
+    odd = rng.standard_normal((64, 45)).astype(np.float32)
+    kernel = engine.compile("mm", odd, odd.T.copy(), options=MappingOptions.cuda())
+    np.testing.assert_allclose(kernel(odd, odd.T.copy()), odd @ odd.T, rtol=1e-4, atol=1e-4)
+    assert "TC_LDV(float4, t_A" not in kernel.source  # rows of 45 are not whole vectors

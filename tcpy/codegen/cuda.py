@@ -314,20 +314,48 @@ class _CudaPrinter(_Printer):
         self.emit(depth, "}")
 
     def _cooperative_copy(self, depth: int, b: PackedBox, copy: LocalCopy, threads: int) -> None:
+        """The copy of box `b` into `copy`, each thread taking every `threads`-th
+        element. With `vectorize`, where the box's rows are a whole number of 16-byte
+        vectors, it reads them as vectors (`float4`, `int4`) when, at run time, the
+        rows start on a vector (the box's offset, the tensor's row length and its
+        address all allow it: the same for the whole block), else one element at a
+        time."""
+        vector = _VECTOR_TYPES.get(self.scop.cdef.tensor(b.tensor).scalar)
+        if not self.options.vectorize or vector is None or b.sizes[-1] % VECTOR_LANES:
+            self._copy_loop(depth, b, copy, threads, None)
+            return
+        last = len(b.sizes) - 1
+        aligned = (
+            f"({copy.offsets[last]}) % {VECTOR_LANES} == 0 && "
+            f"{extent_name(b.tensor, last)} % {VECTOR_LANES} == 0 && "
+            f"((unsigned long long){tensor_name(b.tensor)} & 15) == 0"
+        )
+        self.emit(depth, f"if ({aligned}) {{")
+        self._copy_loop(depth + 1, b, copy, threads, vector)
+        self.emit(depth, "} else {")
+        self._copy_loop(depth + 1, b, copy, threads, None)
+        self.emit(depth, "}")
+
+    def _copy_loop(
+        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, vector: str | None
+    ) -> None:
         n = len(b.sizes)
+        lanes = VECTOR_LANES if vector else 1
+        sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]  # in vectors along the last
         pragma = ["#pragma unroll"] if self.options.unroll_copy_shared else []
         for line in pragma:
             self.emit(depth, line)
         tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
-        total = math.prod(b.sizes)
+        total = math.prod(sizes)
         self.emit(depth, f"for (int tc_e = {tid}; tc_e < {total}; tc_e += {threads}) {{")
         local: list[str] = []
         inside: list[str] = []
         rest = "tc_e"
         for d in reversed(range(n)):
             i = f"tc_i{d}"
-            self.emit(depth + 1, f"const int {i} = {rest} % {b.sizes[d]};")
-            rest = f"{rest} / {b.sizes[d]}"
+            scaled = f" * {lanes}" if d == n - 1 and lanes > 1 else ""
+            self.emit(depth + 1, f"const int {i} = {rest} % {sizes[d]}{scaled};")
+            rest = f"{rest} / {sizes[d]}"
             local.insert(0, i)
             at = f"{copy.offsets[d]} + {i}"
             inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
@@ -335,9 +363,24 @@ class _CudaPrinter(_Printer):
         extents = [extent_name(b.tensor, d) for d in range(n)]
         target = flat_index(self.dialect, local, [str(s) for s in copy.sizes])
         index = flat_index(self.dialect, source, extents)
-        value = CUDA.load.format(array=tensor_name(b.tensor), index=index)
         self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
-        self.emit(depth + 2, f"TC_SST({copy.buffer}, {target}) = {value};")
+        if vector is None:
+            value = CUDA.load.format(array=tensor_name(b.tensor), index=index)
+            self.emit(depth + 2, f"TC_SST({copy.buffer}, {target}) = {value};")
+        else:
+            # a vector lies inside the tensor or outside it whole: it starts on a
+            # multiple of the lanes, as the tensor's rows end on one. Its elements are
+            # stored in an order rotated by the lane and the word it starts at, so
+            # that each of the four stores of a warp hits 32 distinct banks (stored
+            # in order, lanes four words apart would share them)
+            load = f"TC_LDV({vector}, {tensor_name(b.tensor)}, {index})"
+            self.emit(depth + 2, f"const {vector} tc_v = {load};")
+            self.emit(depth + 2, f"const int tc_w = {target};")
+            self.emit(depth + 2, "const int tc_r = (tc_e >> 3) - tc_w;")
+            pick = "tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w"
+            for k in range(lanes):
+                self.emit(depth + 2, f"{{ const int tc_c = ({k} + tc_r) & 3;")
+                self.emit(depth + 3, f"TC_SST({copy.buffer}, tc_w + tc_c) = {pick}; }}")
         self.emit(depth + 1, "}")
         self.emit(depth, "}")
 
@@ -525,6 +568,11 @@ def _top_level_terms(text: str) -> list[str] | None:
             t = t[1:-1]
         out.append(t)
     return out
+
+
+VECTOR_LANES = 4
+_VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
+"""The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
 
 
 def kernel_name(kernel: Kernel) -> str:

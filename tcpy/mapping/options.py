@@ -208,9 +208,12 @@ class MappingOptions:
     )
     """Run the outermost parallel loop of each loop nest with `omp parallel for`."""
     vectorize: bool = dataclasses.field(
-        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+        default=True, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
     )
-    """Mark the innermost loop `omp simd` when its iterations are independent."""
+    """Use the machine's vectors. `cpu`: mark the innermost loop `omp simd` when its
+    iterations are independent. `cuda`: copy a float32 or int32 tile whose rows are
+    whole 16-byte vectors into shared memory with vector loads (`float4`), where at
+    run time its rows start on one, element by element elsewhere."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The

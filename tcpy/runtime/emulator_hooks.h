@@ -148,7 +148,9 @@ static T *global_access(T *base, long long index, long long bytes, int kind, int
       out_of_bounds("global", found->name, index, n);
       return (T *)w.sink;
     }
-    if (index * (long long)sizeof(T) % bytes) {  /* a vector access must be aligned to its size */
+    /* a vector access must be aligned to its size, in the address space (a buffer
+       may start anywhere: a view into another) */
+    if ((unsigned long long)(const void *)(base + index) % (unsigned long long)bytes) {
       char at[96], message[512];
       where(at, sizeof at, w.current);
       snprintf(message, sizeof message, "%s: misaligned %lld-byte access to %s at index %lld, by %s",

@@ -50,11 +50,31 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
     __shared__ float tc_shared0[41];
     const int tc_shared0_o0 = (int)blockIdx.x;
     const int tc_shared0_o1 = 0;
-    for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 40; tc_e += 32) {
-      const int tc_i1 = tc_e % 40;
-      const int tc_i0 = tc_e / 40 % 1;
-      if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
-        TC_SST(tc_shared0, ((int)(tc_i0) * 41 + (tc_i1))) = TC_LD(t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+    if ((tc_shared0_o1) % 4 == 0 && e_I_1 % 4 == 0 && ((unsigned long long)t_I & 15) == 0) {
+      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 10; tc_e += 32) {
+        const int tc_i1 = tc_e % 10 * 4;
+        const int tc_i0 = tc_e / 10 % 1;
+        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+          const float4 tc_v = TC_LDV(float4, t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+          const int tc_w = ((int)(tc_i0) * 41 + (tc_i1));
+          const int tc_r = (tc_e >> 3) - tc_w;
+          { const int tc_c = (0 + tc_r) & 3;
+            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+          { const int tc_c = (1 + tc_r) & 3;
+            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+          { const int tc_c = (2 + tc_r) & 3;
+            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+          { const int tc_c = (3 + tc_r) & 3;
+            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+        }
+      }
+    } else {
+      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 40; tc_e += 32) {
+        const int tc_i1 = tc_e % 40;
+        const int tc_i0 = tc_e / 40 % 1;
+        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+          TC_SST(tc_shared0, ((int)(tc_i0) * 41 + (tc_i1))) = TC_LD(t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+        }
       }
     }
     __syncthreads();
