@@ -284,3 +284,12 @@ def test_narrow_indices_leave_only_address_arithmetic_in_64_bits(
     monkeypatch.setattr(cuda, "narrow_indices", lambda *args: False)
     wide = wide_arithmetic()
     assert narrow * 3 < wide
+
+
+@needs_nvrtc
+def test_vector_copies_are_128_bit_loads_in_the_ptx() -> None:
+    source, entry, _ = GOLDENS["matmul"]
+    for vectorize in (True, False):
+        options = MappingOptions.cuda().replace(vectorize=vectorize)
+        ptx = nvrtc.compile_ptx(_lower(source, entry, MATMUL_1024, options).source, "compute_90")
+        assert (".v4.f32" in ptx) is vectorize
