@@ -53,21 +53,46 @@ class ExecutionEngine:
     only: `emu_check` (default `TCPY_EMU_CHECK=1`) checks every emulated launch for
     out-of-bounds accesses, shared-memory races and divergent barriers; `device` names
     the GPU the kernels are mapped for (`tcpy.mapping.device.PROFILES`; default
-    `TCPY_CUDA_DEVICE`, else "h100")."""
+    `TCPY_CUDA_DEVICE`, else "h100"). Option of cuda only: `asynchronous` (default
+    False) lets a call whose inputs and outputs are on the device return without
+    waiting for its kernels; a failure it meets (an out-of-range gather, a division by
+    zero, a failed launch) is raised at the next call on the GPU or by `synchronize()`."""
 
     def __init__(
-        self, target: str | None = None, emu_check: bool | None = None, device: str | None = None
+        self,
+        target: str | None = None,
+        emu_check: bool | None = None,
+        device: str | None = None,
+        asynchronous: bool | None = None,
     ) -> None:
         name = target or targets.default_target()
         chosen = targets.get(name)
         for option, value in (("emu_check", emu_check), ("device", device)):
             if value is not None and name != "cuda-emu":
                 raise TCError(f"{option} is an option of the cuda-emu target, not of {name}")
+        if asynchronous is not None and name != "cuda":
+            raise TCError(f"asynchronous is an option of the cuda target, not of {name}")
         if emu_check is not None or device is not None:
             if device is not None:
                 named(device)  # an unknown name is an error now, not at the first call
             chosen = targets.CudaEmu(check=emu_check, device=device)
+        if asynchronous:
+            chosen = targets.Cuda(asynchronous=True)
         self._setup(name, chosen)
+
+    def synchronize(self) -> None:
+        """Wait for the GPU's calls that did not wait (`asynchronous`), and raise the
+        first failure among them. Nothing to do on other targets, or when none is
+        pending."""
+        if self.target != "cuda":
+            return
+        from tcpy.runtime import cuda as runtime
+
+        try:
+            drv = runtime.driver()
+        except TCError:
+            return  # no GPU here: nothing ever ran
+        runtime.settle(drv)
 
     def _setup(self, name: str, target: targets.Target) -> None:
         self.target = name

@@ -496,7 +496,10 @@ class GpuKernels:
     tensors the kernels write whole before reading them (`written`), which are not
     filled (with `TCPY_POISON=1`, filled with all-ones bytes, so that an element the
     kernels failed to write shows). The kernels are launched back to back; the call
-    synchronises once, after the last, and then checks the status word."""
+    synchronises once, after the last, and then checks the status word. With
+    `asynchronous`, a call whose outputs all stay on the device returns without
+    waiting: its status word is read at the next call on the GPU or at
+    `runtime.settle` (`ExecutionEngine.synchronize`), which raise its failure then."""
 
     cdef: CheckedDef
     source: str
@@ -504,6 +507,7 @@ class GpuKernels:
     launches: list[Launch]
     options: MappingOptions
     written: frozenset[str] = frozenset()
+    asynchronous: bool = False
     generic: bool = False
     cache_key: str = ""
     accepts_device_out: ClassVar[bool] = True
@@ -514,6 +518,7 @@ class GpuKernels:
         from tcpy.runtime.status import check_status
 
         drv = runtime.driver()
+        runtime.settle(drv)  # an earlier call's failure is reported before this one runs
         memory = runtime.pool(drv)
         cdef = self.cdef
         borrowed: list[int] = []  # given back to the pool when the call ends
@@ -556,6 +561,12 @@ class GpuKernels:
             args += [("ptr", p) for p in pointers] + [("ptr", status)]
             for function, (grid, block) in zip(self.functions, self.launches, strict=True):
                 drv.launch(function, grid, block, args)
+            stays = all(dest is None or isinstance(dest, DeviceInput) for dest in dests)
+            if self.asynchronous and binding.on_device and stays:
+                runtime.defer(drv, borrowed.pop(), cdef.name)  # the status word, read later
+                outputs = self._collect(drv, binding, results)
+                handed.clear()
+                return tuple(outputs)
             drv.synchronize()  # once per call: a failed launch raises here
             code = np.zeros(1, np.int32)
             drv.to_host(code, status)
@@ -592,10 +603,15 @@ class GpuKernels:
 
 
 class Cuda(Target):
-    """The CUDA target: NVRTC to a cubin for the device, launched through the driver."""
+    """The CUDA target: NVRTC to a cubin for the device, launched through the driver.
+    `asynchronous`: calls whose outputs stay on the device do not wait for their
+    kernels (`GpuKernels`)."""
 
     name = "cuda"
     accepts_device_arrays = True
+
+    def __init__(self, asynchronous: bool = False) -> None:
+        self.asynchronous = asynchronous
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:
         from tcpy.mapping.gpu import cuda_defaults
@@ -649,7 +665,9 @@ class Cuda(Target):
             launches = _read_launches(directory)
             names = [f"tc_kernel_{k}" for k in range(len(launches))]
             functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
-            return GpuKernels(cdef, source, functions, launches, built_with, written)
+            return GpuKernels(
+                cdef, source, functions, launches, built_with, written, self.asynchronous
+            )
 
         return _compiled(
             self.name, cdef, binding, options, session, build,

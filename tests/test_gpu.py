@@ -91,3 +91,19 @@ def test_repeated_calls_reuse_the_pools_memory(driver: str) -> None:
     for _ in range(3):
         np.testing.assert_allclose(engine.sm(x), want, rtol=1e-5, atol=1e-6)
     assert runtime.pool(runtime.driver()).sizes == blocks
+
+
+def test_an_asynchronous_gather_fault_is_raised_by_synchronize(driver: str) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    engine = tcpy.ExecutionEngine("cuda", asynchronous=True)
+    engine.define("def g(float(N) A, int32(M) I) -> (O) { O(m) = A(I(m)) }")
+    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    good = torch.tensor([3, 1], dtype=torch.int32, device="cuda")
+    out = torch.as_tensor(engine.g(a, good), device="cuda")
+    engine.synchronize()
+    assert out.tolist() == [3.0, 1.0]
+    engine.g(a, torch.tensor([0, 9], dtype=torch.int32, device="cuda"))
+    with pytest.raises(tcpy.TCInputError, match="a call of g that did not wait failed"):
+        engine.synchronize()

@@ -108,14 +108,15 @@ def drv(monkeypatch: pytest.MonkeyPatch) -> HostMemoryDriver:
     return driver
 
 
-def _kernels(*functions: Callable[..., None]) -> tuple[GpuKernels, Any]:
+def _kernels(*functions: Callable[..., None], asynchronous: bool = False) -> tuple[GpuKernels, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tcpy.TCWarning)
         cdef = check_source(SOURCE)["scale"]
     written = written_before_read(build_scop(cdef, None))
     launches = [((1, 1, 1), (1, 1, 1))] * len(functions)
     options = tcpy.MappingOptions.cuda()
-    return GpuKernels(cdef, "", list(functions), launches, options, written), cdef
+    kernels = GpuKernels(cdef, "", list(functions), launches, options, written, asynchronous)
+    return kernels, cdef
 
 
 def test_the_coverage_analysis_sees_which_output_needs_its_zeros() -> None:
@@ -229,3 +230,47 @@ def test_the_pool_keeps_only_so_much_idle_and_retries_after_trimming() -> None:
     drv.alloc = refusing  # type: ignore[method-assign]
     memory.acquire(8192)
     assert memory.idle_bytes == 0 and drv.frees == 2  # the idle block freed, then retried
+
+
+def test_an_asynchronous_call_on_the_device_returns_without_waiting(
+    drv: HostMemoryDriver,
+) -> None:
+    """Device inputs and outputs: no synchronisation at the call; the next call waits
+    for it first and reads its status word. Host outputs still wait."""
+    kernels, cdef = _kernels(_scale, asynchronous=True)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32))
+    o, _ = kernels(bind(cdef, [a]))
+    assert drv.syncs == 0
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])
+    kernels(bind(cdef, [a]))
+    assert drv.syncs == 1  # the first call's status, read before the second ran
+    kernels(bind(cdef, [np.ones(3, np.float32)]))  # host outputs: copied back, so waited
+    assert drv.syncs == 3
+
+
+def test_an_asynchronous_failure_is_raised_at_the_next_call_or_by_synchronize(
+    drv: HostMemoryDriver,
+) -> None:
+    faulty, cdef = _kernels(_gather_fault, asynchronous=True)
+    kernels, _ = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32))
+    faulty(bind(cdef, [a]))  # returns: the fault is in a status word nobody read yet
+    with pytest.raises(tcpy.TCInputError, match="a call of scale that did not wait failed") as e:
+        kernels(bind(cdef, [a]))
+    assert not isinstance(e.value, KernelFault)  # not explained by the call running now
+    kernels(bind(cdef, [a]))  # reported once
+    engine = tcpy.ExecutionEngine("cuda", asynchronous=True)
+    faulty(bind(cdef, [a]))
+    with pytest.raises(tcpy.TCInputError, match="outside its extent"):
+        engine.synchronize()
+    syncs = drv.syncs
+    engine.synchronize()  # nothing pending: no wait
+    assert drv.syncs == syncs
+    memory = cuda.pool(drv)  # every block back, the deferred status words too
+    assert sum(len(b) for b in memory.idle.values()) == len(memory.sizes)
+
+
+def test_asynchronous_is_an_option_of_the_cuda_target_only() -> None:
+    with pytest.raises(tcpy.TCError, match="asynchronous is an option of the cuda target"):
+        tcpy.ExecutionEngine("cpu", asynchronous=True)
+    tcpy.ExecutionEngine("cpu").synchronize()  # nothing to wait for

@@ -25,8 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from tcpy import knobs
-from tcpy.errors import TCLaunchError
+from tcpy.errors import TCError, TCInputError, TCLaunchError
 from tcpy.mapping.device import DeviceProfile
+from tcpy.runtime.status import check_status
 
 
 class Driver(Protocol):
@@ -305,6 +306,52 @@ def pool(drv: Driver) -> DevicePool:
         if found is None or found.drv is not drv:
             found = _pools[id(drv)] = DevicePool(drv)
         return found
+
+
+# per driver: the driver, and the status words not yet read with their defs' names
+_pending: dict[int, tuple[Driver, list[tuple[int, str]]]] = {}
+_pending_lock = threading.Lock()
+
+
+def defer(drv: Driver, status: int, name: str) -> None:
+    """Leave the status word `status` (a block of `pool(drv)`) of a call of def `name`
+    that did not wait for its kernels, to be read by the next `settle`."""
+    with _pending_lock:
+        owner, waiting = _pending.get(id(drv), (drv, []))
+        if owner is not drv:  # a driver gone, whose id was reused
+            waiting = []
+        waiting.append((status, name))
+        _pending[id(drv)] = (drv, waiting)
+
+
+def settle(drv: Driver) -> None:
+    """Wait for the calls that did not wait for their kernels (an asynchronous
+    engine's), read their status words and give them back to the pool; raise the first
+    failure among them, naming its def. Nothing to do (and no synchronisation) when
+    there are none."""
+    with _pending_lock:
+        owner, waiting = _pending.pop(id(drv), (drv, []))
+    if owner is not drv or not waiting:
+        return
+    memory = pool(drv)
+    failure: TCError | None = None
+    try:
+        drv.synchronize()
+    except TCLaunchError as e:
+        failure = TCLaunchError(f"a call of {waiting[0][1]} that did not wait failed: {e}")
+    for status, name in waiting:
+        code = np.zeros(1, np.int32)
+        if failure is None:
+            drv.to_host(code, status)
+        memory.release(status)
+        if failure is None and code[0]:
+            try:
+                check_status(int(code[0]))
+            except TCError as e:  # not a KernelFault: the call running now did not make it
+                kind = TCInputError if isinstance(e, TCInputError) else type(e)
+                failure = kind(f"a call of {name} that did not wait failed: {e}")
+    if failure is not None:
+        raise failure
 
 
 class DeviceArray:
