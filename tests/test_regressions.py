@@ -564,3 +564,31 @@ def test_an_accumulator_is_not_loaded_or_stored_where_its_loop_runs_no_iteration
     engine.run("f", b, options=opts, out=(t_out, u_buffer[:3]))
     np.testing.assert_array_equal(u_buffer[:3], want[1])
     assert (u_buffer[3:] == 12345).all()
+
+
+# --- a scratch temporary whose initialisation runs in a nest of its own -----------------
+
+SPLIT_INITIALISATION = """
+def f(int32(S) B, int32(S) V) -> (U, Z) {
+    U max=! 0
+    LUT(l, c, b) min=! (1 == 0.0 ? V(c) : max(B(l), U)) where b in 0:S
+    Z(w) +=! LUT(kw, kw, w)
+}
+"""  # found by the fuzzer: Z read LUT's minimum from a buffer nothing had initialised
+
+
+@pytest.mark.parametrize("target", COMPILED)
+def test_a_temporary_initialised_in_another_nest_is_not_kept_in_a_buffer(target: str) -> None:
+    """LUT's `min=!` initialisation is scheduled in a nest before the one that reduces
+    into LUT and reads it back: that nest may not keep LUT in a buffer of its own,
+    which nothing would have initialised. B's value is one below int32's largest, so
+    the minimum with any stale value but the two largest shows."""
+    b = np.array([2**31 - 2], np.int32)
+    v = np.array([5], np.int32)
+    opts = options(
+        allow_skewing=True, positive_orthant=False, fix_parameters_before_scheduling=False
+    )
+    for _ in range(3):
+        got, want = run_both(SPLIT_INITIALISATION, "f", (b, v), target, opts)
+        assert want[1][0] == 2**31 - 2
+        assert_same(got, want)

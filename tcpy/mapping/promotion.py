@@ -335,9 +335,10 @@ def _readers(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
 
 def _kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
-    definition that touches it runs there, one of them writes it (with `=` or an
-    initialised reduction), the others only read it, after that one in program
-    order, and only elements it wrote. Its values then never need global memory."""
+    definition that touches it runs there (a reduction's initialisation too), one of
+    them writes it (with `=` or an initialised reduction), the others only read it,
+    after that one in program order, and only elements it wrote. Its values then
+    never need global memory."""
     cdef = scop.cdef
     if cdef.tensor(tensor).role is not Role.TEMPORARY:
         return False
@@ -347,6 +348,11 @@ def _kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
         k for k, st in enumerate(cdef.statements) if _subscript_indices(st, tensor) is not None
     ]
     if len(writers) != 1 or not set(writers + readers) <= set(below):
+        return False
+    # an initialisation scheduled in a nest of its own would write global memory,
+    # and the buffer below would start from whatever it held
+    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    if any(s.index == writers[0] and s.name not in names for s in scop.statements):
         return False
     writer = cdef.statements[writers[0]]
     if writer.op.is_reduction and not writer.op.initializes:
