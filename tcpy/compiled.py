@@ -27,10 +27,10 @@ from tcpy.binding import (
     signature_key,
 )
 from tcpy.errors import TCError, TCInputError, TCWarning
+from tcpy.kernels import Kernel
 from tcpy.parser import CheckedDef
 from tcpy.runtime.empty import EmptyCall
 from tcpy.runtime.status import KernelFault, explained
-from tcpy.targets import Kernel
 
 
 class Compiled:

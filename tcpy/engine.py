@@ -30,12 +30,12 @@ from tcpy.cache import tcpy_version
 from tcpy.compiled import Compiled, plain_signature, signature_of
 from tcpy.errors import TCError, TCInputError, TCWarning, warn
 from tcpy.genetic.store import TunedStore, tuned_key
+from tcpy.kernels import Kernel
 from tcpy.mapping.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
 from tcpy.runtime.empty import EmptyCall
-from tcpy.targets import Kernel
 
 if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
     from tcpy.genetic.tuner import TunerConfig, TuneResult

@@ -16,12 +16,12 @@ import pytest
 import tcpy
 from tcpy.binding import bind
 from tcpy.errors import TCLaunchError
+from tcpy.kernels import GpuKernels
 from tcpy.parser import check_source
 from tcpy.poly.coverage import written_before_read
 from tcpy.poly.scop import build_scop
 from tcpy.runtime import cuda
 from tcpy.runtime.status import STATUS_INDEX_OUT_OF_RANGE, KernelFault
-from tcpy.targets import GpuKernels
 
 SOURCE = """
 def scale(float(N) A) -> (O, P) {

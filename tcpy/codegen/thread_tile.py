@@ -1,0 +1,229 @@
+"""Register tiles of a thread on the GPU (`use_private_memory`): the outputs a thread
+computes one after another, found in the isl AST of a mapped kernel (`find_thread_tile`)
+and printed as a register array kept across their reduction (`print_thread_tile`),
+each step combining all of them, the operand values they share loaded once."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import islpy as isl
+
+from tcpy.codegen.exprs import StatementParts
+from tcpy.codegen.loops import FOR, Header
+from tcpy.mapping.gpu import Kernel
+
+if TYPE_CHECKING:
+    from tcpy.codegen.cuda import _CudaPrinter
+
+MAX_THREAD_TILE = 64
+"""The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
+more would spill them to local memory."""
+
+
+@dataclass(frozen=True)
+class Strided:
+    """A loop strided by the block: `first` (a thread index), then every `step`th value,
+    `trips` values at most; `whole` when every thread of the block runs them all."""
+
+    loop: Header
+    first: str
+    step: int
+    trips: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class ThreadTile:
+    strided: tuple[Strided, ...]
+    reductions: tuple[Header, ...]  # outermost first
+    parts: StatementParts
+
+
+def strided_loop(loop: Header, kernel: Kernel | None) -> Strided | None:
+    """`loop` as a loop strided by the block, when it is one of constant bounds."""
+    first = re.fullmatch(r"\((?:long long|int)\)threadIdx\.([xyz])", loop.init)
+    # a constant bound, or the least of one and another (the last, partial tile)
+    bound = re.fullmatch(rf"{loop.iterator} (<=?) (\d+)", loop.cond) or re.match(
+        rf"{loop.iterator} (<=?) tc_min\((\d+), ", loop.cond
+    )
+    if first is None or bound is None or not loop.inc.isdigit() or kernel is None:
+        return None
+    step, last = int(loop.inc), int(bound.group(2)) - (bound.group(1) == "<")
+    axis = "xyz".index(first.group(1))
+    threads = kernel.block[axis] if axis < len(kernel.block) else 1
+    if step < 1 or threads > step:
+        return None
+    trips = last // step + 1
+    constant = bound.end() == len(loop.cond)
+    whole = constant and threads == step and trips * step - 1 <= last
+    return Strided(loop, loop.init, step, trips, whole)
+
+
+_LOAD = re.compile(r"\bTC_(?:SLD|LDG|LD)\(")
+
+
+def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], str]:
+    """The loads of a step of `tile`'s reduction that no output of the thread's changes
+    (B's value at k, shared by a column of outputs), and the step reading them from
+    locals `tc_o<k>` loaded once per step instead. Only where every output of the tile
+    runs the step unconditionally: a load under `?:`, `&&` or `||`, or in a thread that
+    lacks some outputs, may not be made where it was not."""
+    if not all(s.whole for s in tile.strided) or re.search(r"\?|&&|\|\|", step):
+        return [], step
+    names = [s.loop.iterator for s in tile.strided]
+    reads: list[str] = []
+    for match in _LOAD.finditer(step):
+        end, level = match.end(), 1
+        while level:
+            level += (step[end] == "(") - (step[end] == ")")
+            end += 1
+        read = step[match.start() : end]
+        inside = any(read in r for r in reads)  # a gather's index, read with it
+        if not inside and not any(re.search(rf"\b{n}\b", read) for n in names):
+            reads.append(read)
+    for k, read in enumerate(reads):
+        step = step.replace(read, f"tc_o{k}")
+    return reads, step
+
+
+def _alone_in_some(name: str, names: list[str], subscripts: list[str]) -> bool:
+    """Whether some subscript is `name`, or `name` added to terms that use none of
+    `names`: distinct values of it then reach distinct elements."""
+    for sub in subscripts:
+        text = sub.replace(" ", "")
+        while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+            text = text[1:-1]
+        terms = _top_level_terms(text)
+        if terms is None or name not in terms:
+            continue
+        others = [t for t in terms if t != name]
+        if not any(re.search(rf"\b{n}\b", t) for t in others for n in names):
+            return True
+    return False
+
+
+def _balanced(text: str) -> bool:
+    level = 0
+    for ch in text:
+        level += (ch == "(") - (ch == ")")
+        if level < 0:
+            return False
+    return level == 0
+
+
+def _top_level_terms(text: str) -> list[str] | None:
+    """The terms of a sum at the top level of `text`, parentheses around each
+    stripped; None when a top-level `-` makes a term negative (left alone)."""
+    terms, level, start = [], 0, 0
+    for k, ch in enumerate(text):
+        level += (ch == "(") - (ch == ")")
+        if level == 0 and ch in "+-" and k > 0:
+            if ch == "-":
+                return None
+            terms.append(text[start:k])
+            start = k + 1
+    terms.append(text[start:])
+    out = []
+    for t in terms:
+        while t.startswith("(") and t.endswith(")") and _balanced(t[1:-1]):
+            t = t[1:-1]
+        out.append(t)
+    return out
+
+
+def find_thread_tile(printer: _CudaPrinter, node: isl.AstNode) -> ThreadTile | None:
+    """The outputs a thread computes one after another, to be kept in registers
+    across their reduction instead (`use_private_memory`): a perfect nest of loops
+    strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
+    counts, around a perfect nest of reduction loops (a convolution's c, kh, kw)
+    whose innermost body is one reduction statement into an element none of them
+    changes, each strided loop's index added alone to some subscript of that
+    element (so that every iteration has an element of its own), and no bound of
+    a reduction loop using them. Each output is then combined in the order it was.
+    None for any other loop."""
+    if printer.lane_parts is not None:
+        return None
+    strided: list[Strided] = []
+    while node.get_type() == FOR:
+        loop = printer.loop_header(node)
+        found = strided_loop(loop, printer.kernel)
+        if found is None:
+            break
+        strided.append(found)
+        node = node.for_get_body()
+    reductions: list[Header] = []
+    while node.get_type() == FOR:
+        reductions.append(printer.loop_header(node))
+        node = node.for_get_body()
+    reduced = printer.reduction_at(node)
+    if not strided or not reductions or reduced is None:
+        return None
+    if math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
+        return None
+    names = [s.loop.iterator for s in strided]
+    bounds = [f"{r.init} {r.cond}" for r in reductions]
+    if any(re.search(rf"\b{n}\b", b) for n in names for b in bounds):
+        return None
+    # The registers are loaded and stored where the reduction nest runs at all:
+    # each loop's first test, exact when no bound uses an enclosing loop's index.
+    for k, bound in enumerate(bounds):
+        if any(re.search(rf"\b{r.iterator}\b", bound) for r in reductions[:k]):
+            return None
+    source, values = reduced
+    subscripts = [values[v] for v in source.indices]
+    inner = [r.iterator for r in reductions]
+    if any(re.search(rf"\b{i}\b", sub) for i in inner for sub in subscripts):
+        return None
+    if not all(_alone_in_some(n, names, subscripts) for n in names):
+        return None
+    return ThreadTile(tuple(strided), tuple(reductions), printer.bodies.parts(source, values))
+
+
+def print_thread_tile(printer: _CudaPrinter, tile: ThreadTile, depth: int) -> None:
+    """`tile`'s outputs in a register array across the reduction loops: loaded
+    before them, each step combining every one of them (unrolled: the
+    operand values they share are loaded once), stored after it. An output some
+    threads do not have (the block does not divide the tile) is guarded."""
+    parts, n = tile.parts, math.prod(s.trips for s in tile.strided)
+    firsts = [f for f in (r.first() for r in tile.reductions) if f is not None]
+
+    def each(line: str, at: int) -> None:
+        printer.emit(at, "#pragma unroll")
+        printer.emit(at, f"for (int tc_j = 0; tc_j < {n}; tc_j++) {{")
+        inner = 1
+        for s in reversed(tile.strided):
+            if len(tile.strided) == 1:
+                j = "tc_j"
+            else:
+                j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
+            printer.emit(
+                at + 1,
+                f"const {printer.dialect.index_type} {s.loop.iterator} = "
+                f"{s.first} + ({j}) * {s.step};",
+            )
+            inner *= s.trips
+        guards = [s.loop.cond for s in tile.strided if not s.whole]
+        if guards:
+            line = f"if ({' && '.join(guards)}) {line}"
+        printer.emit(at + 1, line)
+        printer.emit(at, "}")
+
+    printer.emit(depth, f"if ({' && '.join(f'({f})' for f in firsts)}) {{" if firsts else "{")
+    printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
+    each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
+    for k, loop in enumerate(tile.reductions):
+        printer.emit(depth + 1 + k, loop.text)
+    at = depth + 1 + len(tile.reductions)
+    step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
+    shared, step = _shared_reads(step, tile)
+    for k, read in enumerate(shared):
+        printer.emit(at, f"const auto tc_o{k} = {read};")
+    each(step, at)
+    for k in reversed(range(len(tile.reductions))):
+        printer.emit(depth + 1 + k, "}")
+    each(f"{parts.target} = {parts.store('tc_acc[tc_j]')};", depth + 1)
+    printer.emit(depth, "}")
