@@ -296,13 +296,11 @@ class GpuKernels:
             stays = all(dest is None or isinstance(dest, DeviceInput) for dest in dests)
             if self.asynchronous and binding.on_device and stays:
                 runtime.defer(drv, borrowed.pop(), cdef.name)  # the status word, read later
-                outputs = self._collect(drv, binding, results)
-                handed.clear()
-                return tuple(outputs)
-            drv.synchronize()  # once per call: a failed launch raises here
-            code = np.zeros(1, np.int32)
-            drv.to_host(code, status)
-            check_status(int(code[0]))
+            else:
+                drv.synchronize()  # once per call: a failed launch raises here
+                code = np.zeros(1, np.int32)
+                drv.to_host(code, status)
+                check_status(int(code[0]))
             outputs = self._collect(drv, binding, results)
             handed.clear()
             return tuple(outputs)

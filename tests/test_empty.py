@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_gpu import DeviceVector, HostMemoryDriver
 
 import tcpy
 from tcpy.runtime import cuda, empty
@@ -327,54 +328,12 @@ def test_a_size_generic_kernel_is_not_run_on_an_empty_call(
     assert engine.stats.compiles == 1
 
 
-class _FakeDriver:
-    """GPU memory kept in host bytes: what an empty call needs of the CUDA driver."""
-
-    def __init__(self) -> None:
-        self.memory: dict[int, bytearray] = {}
-        self._next = 1 << 20
-
-    def alloc(self, nbytes: int) -> int:
-        pointer, self._next = self._next, self._next + nbytes + 256
-        self.memory[pointer] = bytearray(nbytes)
-        return pointer
-
-    def free(self, pointer: int) -> None:
-        self.memory.pop(pointer, None)
-
-    def to_device(self, pointer: int, array: np.ndarray) -> None:
-        self.memory[pointer][: array.nbytes] = array.tobytes()
-
-    def to_host(self, host: np.ndarray, pointer: int) -> None:
-        data = self.memory[pointer][: host.nbytes]
-        host[...] = np.frombuffer(bytes(data), host.dtype).reshape(host.shape)
-
-
-class _FakeGpuArray:
-    """An array in the fake driver's memory, seen through `__cuda_array_interface__`."""
-
-    def __init__(self, drv: _FakeDriver, array: np.ndarray) -> None:
-        self.shape, self.dtype = array.shape, array.dtype
-        self.pointer = drv.alloc(array.nbytes)
-        drv.to_device(self.pointer, array)
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {
-            "shape": self.shape,
-            "typestr": self.dtype.str,
-            "data": (self.pointer, False),
-            "version": 3,
-            "strides": None,
-        }
-
-
 @pytest.fixture
 def gpu_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[tcpy.ExecutionEngine, _FakeDriver]:
+) -> tuple[tcpy.ExecutionEngine, HostMemoryDriver]:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
-    drv = _FakeDriver()
+    drv = HostMemoryDriver()
     monkeypatch.setattr(empty, "_driver", lambda: drv)
     engine = tcpy.ExecutionEngine("cuda")
     with warnings.catch_warnings():
@@ -384,31 +343,31 @@ def gpu_engine(
 
 
 def test_device_inputs_give_device_outputs_without_a_gpu(
-    gpu_engine: tuple[tcpy.ExecutionEngine, _FakeDriver],
+    gpu_engine: tuple[tcpy.ExecutionEngine, HostMemoryDriver],
 ) -> None:
     engine, drv = gpu_engine
     a = np.arange(3, dtype=np.float32)
-    o, p = engine.split(_FakeGpuArray(drv, a), _FakeGpuArray(drv, _ones(0)))
+    o, p = engine.split(DeviceVector(drv, a), DeviceVector(drv, _ones(0)))
     assert isinstance(o, cuda.DeviceArray) and isinstance(p, cuda.DeviceArray)
     np.testing.assert_array_equal(o.get(), a * 2)
     assert p.shape == (0,) and p.dtype == np.float32
-    c = engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _FakeGpuArray(drv, _ones(0, 3)))
+    c = engine.mm(DeviceVector(drv, _ones(2, 0)), DeviceVector(drv, _ones(0, 3)))
     np.testing.assert_array_equal(c.get(), np.zeros((2, 3)))
     assert engine.stats.compiles == 0
 
 
 def test_device_out_receives_an_empty_calls_results_without_a_gpu(
-    gpu_engine: tuple[tcpy.ExecutionEngine, _FakeDriver],
+    gpu_engine: tuple[tcpy.ExecutionEngine, HostMemoryDriver],
 ) -> None:
     engine, drv = gpu_engine
-    out = _FakeGpuArray(drv, np.full((2, 3), 7, np.float32))
-    got = engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _ones(0, 3), out=out)
+    out = DeviceVector(drv, np.full((2, 3), 7, np.float32))
+    got = engine.mm(DeviceVector(drv, _ones(2, 0)), _ones(0, 3), out=out)
     assert got is out
     host = np.empty((2, 3), np.float32)
     drv.to_host(host, out.pointer)
     np.testing.assert_array_equal(host, np.zeros((2, 3)))
     c = np.full((2, 3), 7, np.float32)  # a host out= from device inputs
-    assert engine.mm(_FakeGpuArray(drv, _ones(2, 0)), _ones(0, 3), out=c) is c
+    assert engine.mm(DeviceVector(drv, _ones(2, 0)), _ones(0, 3), out=c) is c
     np.testing.assert_array_equal(c, np.zeros((2, 3)))
 
 

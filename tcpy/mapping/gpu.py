@@ -148,11 +148,6 @@ def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
     return options
 
 
-def check_options(options: MappingOptions) -> None:
-    """Options the CUDA mapping does not implement yet are refused, never ignored
-    (none at present)."""
-
-
 def map_to_gpu(
     schedule: isl.Schedule,
     scop: Scop,
@@ -160,7 +155,6 @@ def map_to_gpu(
     device: DeviceProfile | None = None,
 ) -> GpuMapping:
     """`device`: the profile mapped for (default: `default_profile()`)."""
-    check_options(options)
     device = device or default_profile()
     scop.ctx.set_tile_scale_tile_loops(0)
     root = schedule.get_root().child(0)
@@ -342,7 +336,9 @@ class _Sizes:
         on_threads = members if lanes is None else [lanes, *members]
         shape = extents if lanes is None else [WARP, *extents]
 
-        def tiles(block: list[int]) -> list[int]:
+        def tiles(
+            block: list[int], per_thread: tuple[int, ...] = options.register_tile
+        ) -> list[int]:
             if options.tile:
                 return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
             tile = [1 if k < prefix else WHOLE for k in range(n)]
@@ -355,10 +351,12 @@ class _Sizes:
                 tile[prefix] = split
             return tile
 
-        def tightened(block: list[int]) -> list[int]:
+        def tightened(
+            block: list[int], per_thread: tuple[int, ...] = options.register_tile
+        ) -> list[int]:
             """Each size at most the extent of the point loop it runs (a tile of 0
             leaves one point per tile)."""
-            tile = tiles(block)
+            tile = tiles(block, per_thread)
             out = []
             for j, size in enumerate(block):
                 point = tile[on_threads[j]] or 1
@@ -366,18 +364,16 @@ class _Sizes:
                 out.append(max(1, min(size, point, e if e is not None else point)))
             return out
 
-        per_thread = options.register_tile
         block = tightened(wanted)
         fill = FILL_WAVES * device.sms
         chosen = not (options.register_tile or options.tile or options.map_to_threads)
-        if shared and chosen and len(block) > 1:
-            per_thread = LARGE_THREAD_TILE  # where the larger tiles still fill the device
+        if shared and chosen and len(block) > 1:  # the larger tiles, where they still fill it
+            large = tiles(wanted, LARGE_THREAD_TILE)
             if (
-                tightened(wanted) == wanted
-                and count_blocks(extents, tiles(wanted), members) >= fill
+                tightened(wanted, LARGE_THREAD_TILE) == wanted
+                and count_blocks(extents, large, members) >= fill
             ):
-                return _Sizes(tiles(wanted), wanted)
-            per_thread = ()
+                return _Sizes(large, wanted)
         if shared and len(block) > 1:
             narrowest = tightened([block[0], min(block[1], SHARED_ROWS), *block[2:]])
             if count_blocks(extents, tiles(narrowest), members) < fill:
