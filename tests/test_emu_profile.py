@@ -154,3 +154,27 @@ def test_shared_copies_read_16_byte_vectors_where_the_rows_start_on_one() -> Non
     kernel = engine.compile("mm", odd, odd.T.copy(), options=MappingOptions.cuda())
     np.testing.assert_allclose(kernel(odd, odd.T.copy()), odd @ odd.T, rtol=1e-4, atol=1e-4)
     assert "TC_LDV(float4, t_A" not in kernel.source  # rows of 45 are not whole vectors
+
+
+@pytest.mark.parametrize("k", [256, 200])
+def test_a_threads_outputs_are_held_in_registers_across_the_tiles_of_k(k: int) -> None:
+    """A 64x64 matmul copies its operands in tiles of 64 values of k. The outputs each
+    thread keeps in registers are loaded and stored once (private_depth 0, the
+    default), or once per tile of k (a depth below the tile loop): 64x64 floats of C
+    each way, or that times the tiles (4, the last one partial at k = 200). Right
+    either way, under the emulator's checks."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, k)).astype(np.float32)
+    b = rng.standard_normal((k, 64)).astype(np.float32)
+    c_bytes = {}
+    for depth in (0, 3):
+        options = MappingOptions.cuda().replace(private_depth=depth)
+        kernel = engine.compile("mm", a, b, options=options)
+        np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        update = kernel.profile(a, b)[1]
+        operands = 4 * (a.size + b.size) * 2  # 2x2 blocks: each reads a strip of A and B
+        assert update["global_load_bytes"] - operands == update["global_store_bytes"]
+        c_bytes[depth] = update["global_store_bytes"]
+    assert c_bytes == {0: 64 * 64 * 4, 3: 4 * 64 * 64 * 4}

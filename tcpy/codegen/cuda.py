@@ -40,12 +40,19 @@ from tcpy.codegen.loops import (
     FOR,
     IF,
     LANES_MARK,
+    PRIVATE_MARK,
     ROWS_MARK,
     SCRATCH_MARK,
     SHARED_MARK,
 )
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
-from tcpy.codegen.thread_tile import find_thread_tile, print_thread_tile
+from tcpy.codegen.thread_tile import (
+    Held,
+    find_thread_tile,
+    may_hold,
+    print_held_tile,
+    print_thread_tile,
+)
 from tcpy.errors import InternalError, TCMappingError
 from tcpy.mapping.device import WARP
 from tcpy.mapping.gpu import GpuMapping, Kernel
@@ -94,6 +101,7 @@ class _CudaPrinter(_Printer):
     sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
     rows: bool = False  # inside a row kernel's statements (`ROWS_MARK`)
     divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
+    held: Held | None = None  # under a `private` mark: the register tile held there
 
     def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
         """A guard on thread indices above a shared-memory copy (isl hoists the
@@ -122,9 +130,15 @@ class _CudaPrinter(_Printer):
             raise InternalError("a loop whose bounds depend on the thread around a shared copy")
         self.divergent += "threadIdx.x" in header
         jam = find_thread_tile(self, node) if self.options.use_private_memory else None
-        if jam is not None:
+        held = self.held
+        if jam is not None and held is not None and held.tile is None and may_hold(held, jam):
+            held.tile = jam
+            print_thread_tile(self, jam, depth, held=True)
+        elif jam is not None:
             print_thread_tile(self, jam, depth)
         else:
+            if held is not None and held.tile is None:
+                held.iterators.append(self.loop_header(node).iterator)
             super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
 
@@ -139,6 +153,8 @@ class _CudaPrinter(_Printer):
             self.shared_copy(self.ast.packed(node), node.mark_get_node(), depth, marks)
         elif name.startswith(f"{SCRATCH_MARK}:"):
             self.scratch(self.ast.packed(node), node.mark_get_node(), depth, marks)
+        elif name == PRIVATE_MARK:
+            print_held_tile(self, node.mark_get_node(), depth, marks)
         elif name == ROWS_MARK:
             self.rows, saved = True, self.rows
             self.node(node.mark_get_node(), depth, marks)

@@ -31,6 +31,9 @@ LANES_MARK = "lane_reduction"
 ATOMIC_MARK = "atomic_reduction"
 """Marks the point band of a reduction split across blocks: each thread reduces its
 chunk into a register, then adds it to the element with an atomic."""
+PRIVATE_MARK = "private"
+"""Marks where a thread's register tile is loaded and stored, above the reduction's
+tile loops it is held across (`tcpy.codegen.thread_tile.print_held_tile`)."""
 ROWS_MARK = "warp_rows"
 """Marks the statements of a row kernel (`tcpy.mapping.rows`): one warp runs them in
 order over each row, meeting at `__syncwarp()` between them."""

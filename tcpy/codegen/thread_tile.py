@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import islpy as isl
 
 from tcpy.codegen.exprs import StatementParts
-from tcpy.codegen.loops import FOR, Header
+from tcpy.codegen.loops import FOR, IF, SHARED_MARK, Header
 from tcpy.mapping.gpu import Kernel
 
 if TYPE_CHECKING:
@@ -183,38 +183,27 @@ def find_thread_tile(printer: _CudaPrinter, node: isl.AstNode) -> ThreadTile | N
     return ThreadTile(tuple(strided), tuple(reductions), printer.bodies.parts(source, values))
 
 
-def print_thread_tile(printer: _CudaPrinter, tile: ThreadTile, depth: int) -> None:
+def print_thread_tile(
+    printer: _CudaPrinter, tile: ThreadTile, depth: int, held: bool = False
+) -> None:
     """`tile`'s outputs in a register array across the reduction loops: loaded
     before them, each step combining every one of them (unrolled: the
     operand values they share are loaded once), stored after it. An output some
-    threads do not have (the block does not divide the tile) is guarded."""
-    parts, n = tile.parts, math.prod(s.trips for s in tile.strided)
+    threads do not have (the block does not divide the tile) is guarded. `held`:
+    the array and its flag `tc_held` are declared above loops enclosing this nest
+    (`print_held_tile`), which load it the first time the nest runs and store it
+    after those loops."""
+    parts, n = tile.parts, tile_size(tile)
     firsts = [f for f in (r.first() for r in tile.reductions) if f is not None]
-
-    def each(line: str, at: int) -> None:
-        printer.emit(at, "#pragma unroll")
-        printer.emit(at, f"for (int tc_j = 0; tc_j < {n}; tc_j++) {{")
-        inner = 1
-        for s in reversed(tile.strided):
-            if len(tile.strided) == 1:
-                j = "tc_j"
-            else:
-                j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
-            printer.emit(
-                at + 1,
-                f"const {printer.dialect.index_type} {s.loop.iterator} = "
-                f"{s.first} + ({j}) * {s.step};",
-            )
-            inner *= s.trips
-        guards = [s.loop.cond for s in tile.strided if not s.whole]
-        if guards:
-            line = f"if ({' && '.join(guards)}) {line}"
-        printer.emit(at + 1, line)
-        printer.emit(at, "}")
-
     printer.emit(depth, f"if ({' && '.join(f'({f})' for f in firsts)}) {{" if firsts else "{")
-    printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
-    each(f"tc_acc[tc_j] = {parts.current};", depth + 1)
+    if held:
+        printer.emit(depth + 1, "if (!tc_held) {")
+        each_output(printer, tile, f"tc_acc[tc_j] = {parts.current};", depth + 2)
+        printer.emit(depth + 2, "tc_held = true;")
+        printer.emit(depth + 1, "}")
+    else:
+        printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
+        each_output(printer, tile, f"tc_acc[tc_j] = {parts.current};", depth + 1)
     for k, loop in enumerate(tile.reductions):
         printer.emit(depth + 1 + k, loop.text)
     at = depth + 1 + len(tile.reductions)
@@ -222,8 +211,112 @@ def print_thread_tile(printer: _CudaPrinter, tile: ThreadTile, depth: int) -> No
     shared, step = _shared_reads(step, tile)
     for k, read in enumerate(shared):
         printer.emit(at, f"const auto tc_o{k} = {read};")
-    each(step, at)
+    each_output(printer, tile, step, at)
     for k in reversed(range(len(tile.reductions))):
         printer.emit(depth + 1 + k, "}")
-    each(f"{parts.target} = {parts.store('tc_acc[tc_j]')};", depth + 1)
+    if not held:
+        each_output(printer, tile, _store(tile), depth + 1)
+    printer.emit(depth, "}")
+
+
+def tile_size(tile: ThreadTile) -> int:
+    return math.prod(s.trips for s in tile.strided)
+
+
+def _store(tile: ThreadTile) -> str:
+    return f"{tile.parts.target} = {tile.parts.store('tc_acc[tc_j]')};"
+
+
+def each_output(printer: _CudaPrinter, tile: ThreadTile, line: str, at: int) -> None:
+    """`line` for each output `tc_j` of the thread's tile, its strided loops' indices
+    declared (an unrolled loop)."""
+    printer.emit(at, "#pragma unroll")
+    printer.emit(at, f"for (int tc_j = 0; tc_j < {tile_size(tile)}; tc_j++) {{")
+    inner = 1
+    for s in reversed(tile.strided):
+        if len(tile.strided) == 1:
+            j = "tc_j"
+        else:
+            j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
+        printer.emit(
+            at + 1,
+            f"const {printer.dialect.index_type} {s.loop.iterator} = {s.first} + ({j}) * {s.step};",
+        )
+        inner *= s.trips
+    guards = [s.loop.cond for s in tile.strided if not s.whole]
+    if guards:
+        line = f"if ({' && '.join(guards)}) {line}"
+    printer.emit(at + 1, line)
+    printer.emit(at, "}")
+
+
+@dataclass
+class Held:
+    """A register tile held across loops enclosing its reduction nest, being printed:
+    those loops' indices, and the tile once its nest is found."""
+
+    iterators: list[str]
+    tile: ThreadTile | None = None
+    refused: bool = False
+
+
+def holds(printer: _CudaPrinter, node: isl.AstNode) -> bool:
+    """Whether the code under a `private` mark is one chain, each node with one
+    child, of loops, shared-memory copies and guards without an else, down to a
+    loop strided by the block: a thread tile found there then is the only code
+    below the mark."""
+    while True:
+        kind = node.get_type()
+        if kind == FOR:
+            if strided_loop(printer.loop_header(node), printer.kernel) is not None:
+                return True
+            node = node.for_get_body()
+        elif kind == isl.ast_node_type.mark:
+            if not node.mark_get_id().get_name().startswith(f"{SHARED_MARK}:"):
+                return False
+            node = node.mark_get_node()
+        elif kind == IF and not node.if_has_else_node():
+            node = node.if_get_then_node()
+        else:
+            return False
+
+
+def may_hold(held: Held, tile: ThreadTile) -> bool:
+    """Whether `tile` may be held across the loops of `held`: there are some, the
+    elements it computes are the same at every iteration of them (no loop's index in
+    their addresses or in the strided loops), and they are in global memory (a copy
+    in shared memory would be read again, stale, at each tile)."""
+    words = [rf"\b{i}\b" for i in held.iterators]
+    texts = [tile.parts.target, tile.parts.current]
+    texts += [f"{s.loop.init} {s.loop.cond} {s.first}" for s in tile.strided]
+    if not words or any(re.search(w, t) for w in words for t in texts):
+        return False
+    return not any(m in t for m in ("TC_SLD", "TC_SST") for t in texts[:2])
+
+
+def print_held_tile(
+    printer: _CudaPrinter, inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+) -> None:
+    """The code under a `private` mark (`tcpy.mapping.gpu`): when it is one chain of
+    loops (a reduction's tile loops, around its copies into shared memory) down to a
+    thread tile (`holds`), the tile's register array is declared here, loaded where
+    the tile's nest first runs, kept across the chain's loops and stored after them,
+    once: each output is loaded and stored once, not once per tile of the
+    reduction. Printed as usual otherwise."""
+    if printer.held is not None or not holds(printer, inner):
+        printer.node(inner, depth, marks)
+        return
+    start = len(printer.lines)
+    printer.held = Held([])
+    printer.node(inner, depth + 1, marks)
+    held, printer.held = printer.held, None
+    tile = held.tile
+    if tile is None:
+        printer.lines[start:] = [line[2:] for line in printer.lines[start:]]  # as usual
+        return
+    declare = [f"{tile.parts.compute} tc_acc[{tile_size(tile)}];", "bool tc_held = false;"]
+    printer.lines[start:start] = ["  " * depth + "{"] + ["  " * (depth + 1) + d for d in declare]
+    printer.emit(depth + 1, "if (tc_held) {")
+    each_output(printer, tile, _store(tile), depth + 2)
+    printer.emit(depth + 1, "}")
     printer.emit(depth, "}")

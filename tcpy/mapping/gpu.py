@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK, SHARED_MARK
+from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK, PRIVATE_MARK, SHARED_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.cpu import contraction
@@ -286,9 +286,28 @@ def _tile_and_bind(
             if copied:
                 point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
+        if bind and options.use_private_memory and lanes is None:
+            node = _private_mark(node, options.private_depth, len(on_grid))
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
     return node, tuple(grid), tuple(block), copied
+
+
+def _private_mark(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
+    """Mark where a thread's register tile is loaded and stored (`PRIVATE_MARK`): below
+    the first `depth` members of the tile `band` (0: its first `first`, those on the
+    grid), so that the tile is held across the tile loops of the members below it (a
+    reduction's, around its copies into shared memory). None below them all: the
+    tile is then loaded and stored inside each tile, where the thread computes it.
+    Returns the node at the band's position."""
+    n = band.band_n_member()
+    split = min(max(depth or first, first), n)
+    if split >= n:
+        return band
+    if split == 0:
+        return insert_mark(band, PRIVATE_MARK).parent()
+    band = band.band_split(split)
+    return insert_mark(band.child(0), PRIVATE_MARK).parent().parent()
 
 
 WHOLE = 1 << 30

@@ -196,9 +196,19 @@ class MappingOptions:
     )
     """Read tensors that are only read through the read-only data cache (__ldg)."""
     shared_depth: int = 0
-    """Schedule depth at which shared-memory promotion happens (0: the mapping's choice)."""
+    """Where the copies into shared memory are made, as a depth in the kernel's tile
+    band (its members on the grid first, then the reduction's tile loops): below its
+    first `shared_depth` members. 0 (the default): below all of them, a copy per tile
+    of the reduction. A smaller depth copies the operands' footprint over the tile
+    loops below it at once (fewer barriers, more shared memory); where that does not
+    fit `max_shared_memory`, the copies go back below all of them. Depths are clamped
+    to the band: one among the grid's members is theirs."""
     private_depth: int = 0
-    """Schedule depth at which register promotion happens (0: the mapping's choice)."""
+    """Where a thread's register tile (`use_private_memory`) is loaded and stored, as a
+    depth in the kernel's tile band, as `shared_depth`: the tile is held in registers
+    across the reduction's tile loops below it. 0 (the default): the grid's members,
+    so each output is loaded and stored once; the band's size or more: inside each
+    tile of the reduction (loaded and stored once per tile)."""
     match_library_calls: bool = False
     """Replace recognised operations by library calls (reserved)."""
 
