@@ -178,3 +178,24 @@ def test_a_threads_outputs_are_held_in_registers_across_the_tiles_of_k(k: int) -
         assert update["global_load_bytes"] - operands == update["global_store_bytes"]
         c_bytes[depth] = update["global_store_bytes"]
     assert c_bytes == {0: 64 * 64 * 4, 3: 4 * 64 * 64 * 4}
+
+
+def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
+    """A 64x64 matmul over k = 96 copies A's and B's tiles once per 64 values of k (2
+    tiles, 2 barriers each) by default; at shared_depth 2 (below the grid's two
+    members) once for all of k (32x96 and 96x32 floats: 2 barriers). Where those do not
+    all fit max_shared_memory (20000 bytes: A's alone would), the copies stay per tile."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 64)).astype(np.float32)
+    barriers = {}
+    for depth, limit in ((0, 0), (2, 0), (2, 20000)):
+        options = MappingOptions.cuda().replace(shared_depth=depth, max_shared_memory=limit)
+        kernel = engine.compile("mm", a, b, options=options)
+        np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        update = kernel.profile(a, b)[1]
+        assert update["global_load_bytes"] == 4 * (a.size + b.size) * 2 + 4 * 64 * 64
+        barriers[depth, limit] = update["barriers"] // 4  # per block
+    assert barriers == {(0, 0): 4, (2, 0): 2, (2, 20000): 4}

@@ -282,32 +282,74 @@ def _tile_and_bind(
                 mark = LANES_MARK if lanes is not None else ATOMIC_MARK
                 point = insert_mark(point, mark).parent()
             point = point.parent()  # the thread filter
-            copied = shared_tensors(point, scop, shared_budget(options, device)) if shared else []
-            if copied:
-                point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
+        first = prefix + (split is not None)  # the members of the tile band on the grid
+        if bind and shared:
+            node, copied = _copy_into_shared(node, scop, options, device, first)
         if bind and options.use_private_memory and lanes is None:
-            node = _private_mark(node, options.private_depth, len(on_grid))
+            depth = _depth(options.private_depth, first, n)
+            node = _mark(node, depth, PRIVATE_MARK) if depth < n else node
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
     return node, tuple(grid), tuple(block), copied
 
 
-def _private_mark(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
-    """Mark where a thread's register tile is loaded and stored (`PRIVATE_MARK`): below
-    the first `depth` members of the tile `band` (0: its first `first`, those on the
-    grid), so that the tile is held across the tile loops of the members below it (a
-    reduction's, around its copies into shared memory). None below them all: the
-    tile is then loaded and stored inside each tile, where the thread computes it.
-    Returns the node at the band's position."""
+def _copy_into_shared(
+    band: isl.ScheduleNode, scop: Scop, options: MappingOptions, device: DeviceProfile, first: int
+) -> tuple[isl.ScheduleNode, list[str]]:
+    """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
+    below the first `shared_depth` members of the tile `band` (0: below them all, a
+    copy per tile of the reduction; a depth among the grid's `first` members is
+    theirs). A copy above a reduction's tile loops holds its whole extent: where the
+    operands copied per tile do not all fit the budget there, the copies stay per
+    tile. Returns the node at the band's position and the tensors copied."""
     n = band.band_n_member()
-    split = min(max(depth or first, first), n)
-    if split >= n:
-        return band
-    if split == 0:
-        return insert_mark(band, PRIVATE_MARK).parent()
-    band = band.band_split(split)
-    return insert_mark(band.child(0), PRIVATE_MARK).parent().parent()
+    budget = shared_budget(options, device)
+    copied = shared_tensors(_at_depth(band, n), scop, budget)
+    depth = _depth(options.shared_depth, first, n, default=n)
+    if depth < n:
+        above = shared_tensors(_at_depth(band, depth), scop, budget)
+        depth = depth if set(above) >= set(copied) else n
+        copied = above if depth < n else copied
+    if not copied:
+        return band, []
+    return _mark(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied
+
+
+def _depth(asked: int, first: int, n: int, default: int | None = None) -> int:
+    """A depth of `shared_depth` or `private_depth` in a tile band of `n` members whose
+    `first` are on the grid: 0 is `default` (else `first`); others are clamped."""
+    if not asked:
+        return first if default is None else default
+    return min(max(asked, first), n)
+
+
+def _at_depth(top: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:
+    """The node below the first `depth` members of the bands from `top` down (the tile
+    band, split there if needed, and the marks already in it): a mark placed there
+    runs once per iteration of those members. At `depth` 0, `top`; beyond them all,
+    the node that follows them (the thread filter)."""
+    node = top
+    while True:
+        if is_band(node):
+            if depth == 0:
+                return node
+            if depth < node.band_n_member():
+                return node.band_split(depth).child(0)
+            depth -= node.band_n_member()
+        elif node.get_type() != isl.schedule_node_type.mark or depth == 0:
+            return node
+        node = node.child(0)
+
+
+def _mark(top: isl.ScheduleNode, depth: int, name: str) -> isl.ScheduleNode:
+    """Insert mark `name` at `_at_depth(top, depth)`, above a mark already there;
+    returns the node at `top`'s position."""
+    level = top.get_tree_depth()
+    node = insert_mark(_at_depth(top, depth), name)
+    while node.get_tree_depth() > level:
+        node = node.parent()
+    return node
 
 
 WHOLE = 1 << 30

@@ -54,6 +54,7 @@ class Tuning:
 CPU_AND_CUDA = ("cpu", "cuda")
 _FUSIONS = (Fusion.MAX, Fusion.PRESERVE3_COINCIDENT, Fusion.MIN)
 _BOOLS = (False, True)
+_DEPTHS = (0, 1, 2, 3, 4, 8)  # `shared_depth`, `private_depth`: clamped to the band
 REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_REGISTER_BLOCK = 1024
 """The most elements a register block may hold (it lives on the stack when the
@@ -195,15 +196,19 @@ class MappingOptions:
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
     """Read tensors that are only read through the read-only data cache (__ldg)."""
-    shared_depth: int = 0
+    shared_depth: int = dataclasses.field(
+        default=0, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_DEPTHS)
+    )
     """Where the copies into shared memory are made, as a depth in the kernel's tile
     band (its members on the grid first, then the reduction's tile loops): below its
     first `shared_depth` members. 0 (the default): below all of them, a copy per tile
     of the reduction. A smaller depth copies the operands' footprint over the tile
-    loops below it at once (fewer barriers, more shared memory); where that does not
-    fit `max_shared_memory`, the copies go back below all of them. Depths are clamped
-    to the band: one among the grid's members is theirs."""
-    private_depth: int = 0
+    loops below it at once (fewer barriers, more shared memory); where the operands
+    copied per tile do not all fit `max_shared_memory` there, the copies stay per
+    tile. Depths are clamped to the band: one among the grid's members is theirs."""
+    private_depth: int = dataclasses.field(
+        default=0, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_DEPTHS)
+    )
     """Where a thread's register tile (`use_private_memory`) is loaded and stored, as a
     depth in the kernel's tile band, as `shared_depth`: the tile is held in registers
     across the reduction's tile loops below it. 0 (the default): the grid's members,
