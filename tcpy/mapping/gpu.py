@@ -45,8 +45,8 @@ from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.mapping.promotion import gathers, shared_tensors
 from tcpy.mapping.rows import map_rows
+from tcpy.mapping.shared import gathers, shared_tensors
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
@@ -282,7 +282,8 @@ def _tile_and_bind(
                 mark = LANES_MARK if lanes is not None else ATOMIC_MARK
                 point = insert_mark(point, mark).parent()
             point = point.parent()  # the thread filter
-            copied = shared_tensors(point, scop, shared_budget(options, device)) if shared else []
+            budget = shared_budget(options, device)
+            copied = shared_tensors(point, scop, budget, on_threads[0]) if shared else []
             if copied:
                 point = insert_mark(point, f"{SHARED_MARK}:{','.join(copied)}").parent()
         node = point.parent()  # the tile band
