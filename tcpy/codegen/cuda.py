@@ -198,7 +198,7 @@ class _CudaPrinter(_Printer):
     def shared_copy(
         self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
     ) -> None:
-        """The operand tiles of a block (`tcpy.mapping.promotion.shared_tensors`) copied
+        """The operand tiles of a block (`tcpy.mapping.shared.shared_tensors`) copied
         into shared memory by all its threads, then `inner` reading them there. A
         barrier before the copy lets the previous tile's readers finish, one after it
         makes the copy visible; every thread of the block reaches both, as the mark

@@ -45,8 +45,8 @@ from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.mapping.promotion import gathers, shared_tensors
 from tcpy.mapping.rows import map_rows
+from tcpy.mapping.shared import gathers, shared_tensors
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
@@ -285,7 +285,7 @@ def _tile_and_bind(
         node = point.parent()  # the tile band
         first = prefix + (split is not None)  # the members of the tile band on the grid
         if bind and shared:
-            node, copied = _copy_into_shared(node, scop, options, device, first)
+            node, copied = _copy_into_shared(node, scop, options, device, first, on_threads[0])
         if bind and options.use_private_memory and lanes is None:
             depth = _depth(options.private_depth, first, n)
             node = _mark(node, depth, PRIVATE_MARK) if depth < n else node
@@ -295,20 +295,26 @@ def _tile_and_bind(
 
 
 def _copy_into_shared(
-    band: isl.ScheduleNode, scop: Scop, options: MappingOptions, device: DeviceProfile, first: int
+    band: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    first: int,
+    x_member: int,
 ) -> tuple[isl.ScheduleNode, list[str]]:
     """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
     below the first `shared_depth` members of the tile `band` (0: below them all, a
     copy per tile of the reduction; a depth among the grid's `first` members is
     theirs). A copy above a reduction's tile loops holds its whole extent: where the
     operands copied per tile do not all fit the budget there, the copies stay per
-    tile. Returns the node at the band's position and the tensors copied."""
+    tile. `x_member`: the member on threadIdx.x. Returns the node at the band's
+    position and the tensors copied."""
     n = band.band_n_member()
     budget = shared_budget(options, device)
-    copied = shared_tensors(_at_depth(band, n), scop, budget)
+    copied = shared_tensors(_at_depth(band, n), scop, budget, x_member)
     depth = _depth(options.shared_depth, first, n, default=n)
     if depth < n:
-        above = shared_tensors(_at_depth(band, depth), scop, budget)
+        above = shared_tensors(_at_depth(band, depth), scop, budget, x_member)
         depth = depth if set(above) >= set(copied) else n
         copied = above if depth < n else copied
     if not copied:

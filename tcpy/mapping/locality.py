@@ -58,6 +58,26 @@ def worst_stride(
     return worst
 
 
+def strided_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
+    """The tensors that some statement reads across memory along band member `member`
+    (`_stride` -2: the member's index in a subscript other than the last, or in the
+    last with a coefficient other than 1, as `I(n,c,2*h+kh,2*w+kw)` along `w`)."""
+    found = set()
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if position is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        var = stmt.dims[position]
+        for access in ast.walk(stmt.source(scop.cdef).rhs):
+            if (
+                isinstance(access, ast.Access)
+                and access.args
+                and _stride([_subscript(a) for a in access.args], var) < 0
+            ):
+                found.add(access.tensor)
+    return found
+
+
 def is_window_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
     """Whether band member `member` walks a window: a reduction index that some
     subscript adds to an output index (`kh` in a convolution's `I(n,c,h+kh,w+kw)`, or

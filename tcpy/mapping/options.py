@@ -177,7 +177,7 @@ class MappingOptions:
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
     """Copy the tiles of the operands a block reuses into shared memory, once per tile
-    of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.promotion.shared_tensors`)."""
+    of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.shared.shared_tensors`)."""
     use_private_memory: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )

@@ -151,10 +151,10 @@ def pack_operands(
         point = band.child(0)
         chosen = [
             t
-            for t in _candidates(point, scop)
+            for t in candidates(point, scop)
             if options.pack_operands or t in transposed or _pays(point, t, scop)
         ]
-        chosen = _within_budget(point, chosen, scop)
+        chosen = within_budget(point, chosen, scop)
         if not chosen:
             return band
         names = [f"{t}{TRANSPOSED}" if t in transposed else t for t in chosen]
@@ -198,7 +198,7 @@ def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     its outer loops when it has none), naming the temporaries that live and die in one
     iteration there: a softmax's `expDist` row is then written to and read from a
     buffer of the thread (`tcpy.codegen.pack`), in its cache, and never reaches
-    memory. A temporary qualifies when it is local to the nest (`_kernel_local`),
+    memory. A temporary qualifies when it is local to the nest (`kernel_local`),
     every read of it is affine and unconditional, each iteration reads only elements
     it wrote itself and writes no element another iteration writes, and its box fits
     the budget; not where a pack site is on the
@@ -213,7 +213,7 @@ def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
             return band
         accesses = scop.reads.union(scop.writes)
         local = [t for t in temporaries if _scratch_fits(node, t, scop)]
-        chosen = _within_budget(node, local, scop, accesses=accesses)
+        chosen = within_budget(node, local, scop, accesses=accesses)
         if not chosen:
             return band
         depth = node.get_tree_depth() - band.get_tree_depth()
@@ -261,7 +261,7 @@ def _row_body(band: isl.ScheduleNode) -> isl.ScheduleNode | None:
 def _scratch_fits(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether `tensor` can live in a buffer of each iteration of the loops above
     `node` (see `scratch_temporaries`)."""
-    if not _kernel_local(node, tensor, scop):
+    if not kernel_local(node, tensor, scop):
         return False
     for st in scop.cdef.statements:
         for access, guarded in guarded_accesses(st.rhs):
@@ -288,52 +288,7 @@ def _has_mark(node: isl.ScheduleNode, prefix: str) -> bool:
     return any(_has_mark(c, prefix) for c in schedule_children(node))
 
 
-# --- the GPU's shared memory ---------------------------------------------------------
-
-
-def shared_tensors(node: isl.ScheduleNode, scop: Scop, budget: int) -> list[str]:
-    """The tensors to copy into a block's shared memory at `node` (above the thread
-    filter of a tile: its footprint is the whole block's): those of 4-byte or wider
-    elements read affinely and not written below it whose elements several threads
-    or iterations below read (reuse of 2 or more), smallest box first, as long as the
-    boxes fit `budget` bytes together. Narrower elements are left in global memory:
-    threads copying neighbours would write to one 4-byte word of a bank."""
-    reused = [
-        t
-        for t in _candidates(node, scop)
-        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4 and reuse(node, t, scop) >= 2
-    ]
-    return _within_budget(node, reused, scop, budget)
-
-
-def row_tensors(
-    node: isl.ScheduleNode, scop: Scop, budget: int
-) -> tuple[list[str], list[str], bool]:
-    """At the block of a row kernel (`tcpy.mapping.rows`, above its thread filter):
-    the operands to copy into shared memory (read by several statements below, or
-    reused across the block's rows, as a layernorm's `g`), the temporaries to keep
-    there instead of in global memory (`scratch`), and whether every one wanted fits
-    `budget` bytes (smallest boxes first)."""
-    operands = [
-        t
-        for t in _candidates(node, scop, min_rank=1)
-        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
-        and (reuse(node, t, scop) >= 2 or _readers(node, t, scop) >= 2)
-    ]
-    local = [t for t in scop.cdef.tensors if _kernel_local(node, t.name, scop)]
-    wanted = operands + [t.name for t in local]
-    accesses = scop.reads.union(scop.writes)
-    chosen = _within_budget(node, wanted, scop, budget, accesses)
-    complete = len(chosen) == len(wanted)
-    return [t for t in operands if t in chosen], [t for t in chosen if t not in operands], complete
-
-
-def _readers(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
-    """How many statements below `node` read `tensor`."""
-    return sum(_subscript_indices(st, tensor) is not None for st in _statements(node, scop))
-
-
-def _kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
     definition that touches it runs there (a reduction's initialisation too), one of
     them writes it (with `=` or an initialised reduction), the others only read it,
@@ -345,7 +300,7 @@ def _kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     below = _statement_indices(node, scop)
     writers = [k for k, st in enumerate(cdef.statements) if st.tensor == tensor]
     readers = [
-        k for k, st in enumerate(cdef.statements) if _subscript_indices(st, tensor) is not None
+        k for k, st in enumerate(cdef.statements) if subscript_indices(st, tensor) is not None
     ]
     if len(writers) != 1 or not set(writers + readers) <= set(below):
         return False
@@ -373,25 +328,13 @@ def _space(scop: Scop, array: str) -> isl.Space:
     raise KeyError(array)
 
 
-def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
-    """Whether a statement below `node` reads a tensor at a subscript that is not
-    affine (a gather, as in an embedding lookup): such reads stay in global memory,
-    and usually dominate."""
-    return any(
-        linear_form(a) is None
-        for st in _statements(node, scop)
-        for access, _guarded in guarded_accesses(st.rhs)
-        for a in access.args
-    )
-
-
-def _candidates(node: isl.ScheduleNode, scop: Scop, min_rank: int = 2) -> list[str]:
+def candidates(node: isl.ScheduleNode, scop: Scop, min_rank: int = 2) -> list[str]:
     """The tensors of rank `min_rank` or more that the statements below `node` read and do not
     write, every read affine and unconditional (so each element read is in the box and
     in the tensor); none when a worksharing loop is below `node`."""
     if _has_parallel_mark(node):
         return []
-    statements = _statements(node, scop)
+    statements = statements_below(node, scop)
     written = {st.tensor for st in statements}  # an initialisation's is its reduction's
     reads: dict[str, bool] = {}
     for st in statements:
@@ -409,7 +352,7 @@ def _candidates(node: isl.ScheduleNode, scop: Scop, min_rank: int = 2) -> list[s
 def _pays(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether copying `tensor` at `node` pays: its elements are reused and its box
     is strided (a size known only at run time counts as large)."""
-    b = _box_at(node, tensor, scop)
+    b = box_at(node, tensor, scop)
     if b is None or reuse(node, tensor, scop) < MIN_REUSE:
         return False
     info = scop.cdef.tensor(tensor)
@@ -438,13 +381,13 @@ def _moves(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool
         stmt = scop.statement(name)
         if stmt.kind is not Kind.COMPUTE:
             continue
-        uses = _subscript_indices(stmt.source(scop.cdef), tensor)
+        uses = subscript_indices(stmt.source(scop.cdef), tensor)
         if uses is not None and (position is None or stmt.dims[position] in uses):
             return True
     return False
 
 
-def _within_budget(
+def within_budget(
     node: isl.ScheduleNode,
     tensors: list[str],
     scop: Scop,
@@ -455,7 +398,7 @@ def _within_budget(
     together, smallest first."""
     sized = []
     for t in tensors:
-        b = _box_at(node, t, scop, accesses)
+        b = box_at(node, t, scop, accesses)
         if b is not None:
             sized.append((b.elements * scop.cdef.tensor(t).scalar.dtype.itemsize, t))
     chosen, used = [], 0
@@ -466,7 +409,7 @@ def _within_budget(
     return sorted(chosen)
 
 
-def _box_at(
+def box_at(
     node: isl.ScheduleNode, tensor: str, scop: Scop, accesses: isl.UnionMap | None = None
 ) -> Box | None:
     prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
@@ -481,7 +424,7 @@ def _extent(scop: Scop, extent: Sym) -> int | None:
     return None if scop.sizes is None else extent.evaluate(scop.sizes)
 
 
-def _statements(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatement]:
+def statements_below(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatement]:
     """The TC statements with instances below `node` (computed or initialised)."""
     return [scop.cdef.statements[k] for k in _statement_indices(node, scop)]
 
@@ -493,7 +436,7 @@ def _statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
     return sorted({scop.statement(n).index for n in names})
 
 
-def _subscript_indices(st: CheckedStatement, tensor: str) -> set[str] | None:
+def subscript_indices(st: CheckedStatement, tensor: str) -> set[str] | None:
     """The indices the statement's accesses of `tensor` use; None when it reads none."""
     found = None
     for node in ast.walk(st.rhs):

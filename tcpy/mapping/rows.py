@@ -29,7 +29,7 @@ between rows. A statement with indices below the rows spreads its last one over 
 another statement as a parallel loop; a statement of the row alone runs in lane 0.
 The warp meets at a `__syncwarp()` after each statement, which orders its memory
 accesses for the next one. A temporary whose every use is in the kernel lives in
-shared memory (`scratch:`, `tcpy.mapping.promotion.row_tensors`), one slice per row;
+shared memory (`scratch:`, `tcpy.mapping.shared.row_tensors`), one slice per row;
 an operand several statements read, or the block's rows share, is copied in once
 (`shared:`); the rows a block runs halve until they fit.
 
@@ -43,6 +43,7 @@ nest is mapped as any other band (`tcpy.mapping.gpu`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
@@ -53,7 +54,7 @@ from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes, pin
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, shared_budget
 from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.promotion import row_tensors
+from tcpy.mapping.shared import block_traffic, row_tensors
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import multi_val, union_set_sets
 from tcpy.poly.schedule import identity_band, member_extent, member_variables
@@ -61,8 +62,14 @@ from tcpy.poly.scop import Kind, PolyStatement, Scop
 from tcpy.poly.transforms import insert_mark
 
 ROWS = 8
-"""The rows (warps) a block runs, halved while the grid would not fill the device or
-the block's shared memory would not fit."""
+"""The rows (warps) a block runs, halved while the grid would not fill the device
+(down to `_fewest_rows`) or the block's shared memory would not fit."""
+SHARED_OPERAND_SHARE = 0.25
+"""The most that the operands all rows of a block read (a layernorm's `g` and `b`,
+copied in once per block) may add to the traffic of the rows themselves: the rows
+a block runs stop halving to fill the device before the copies of those operands,
+one per block, would add more (a layernorm of rows as long as its `g` and `b` keeps
+4 rows a block: 1.25x the bytes it must move at most, against 2x with one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +117,8 @@ def map_rows(
     def tiles(rows: int) -> list[int]:
         return [1] * (n - 1) + [rows]
 
-    while not fixed and rows > 1 and count_blocks(extents, tiles(rows), members) < fill:
+    fewest = rows if fixed else _fewest_rows(node, scop, tiles)
+    while rows // 2 >= fewest and count_blocks(extents, tiles(rows), members) < fill:
         rows //= 2
     copied: list[str] = []
     scratch: list[str] = []
@@ -134,6 +142,24 @@ def map_rows(
         if tensors:
             point = insert_mark(point, f"{name}:{','.join(tensors)}").parent()
     return point.parent().parent(), tuple(grid), (WARP, rows)
+
+
+def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:
+    """The fewest rows (a power of two, at most `ROWS`) a block of the row band `band`
+    may run, tiled by `tiles(rows)`: with fewer, the global traffic of the operands
+    every row of the block reads, moved once per block, would exceed
+    `SHARED_OPERAND_SHARE` of the traffic of the block's rows (from the boxes of a
+    block of one row and of two: what grows with the rows, and what does not)."""
+    space = band.band_get_space()
+    one, two = (block_traffic(band.band_tile(multi_val(space, tiles(r))).child(0), scop)
+                for r in (1, 2))  # fmt: skip
+    if one is None or two is None or two <= one:
+        return 1
+    shared, per_row = 2 * one - two, two - one
+    rows = 1
+    while rows < ROWS and shared > SHARED_OPERAND_SHARE * rows * per_row:
+        rows *= 2
+    return rows
 
 
 def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | None:

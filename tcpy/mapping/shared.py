@@ -1,0 +1,149 @@
+"""Shared-memory promotion on the GPU: the tensors a block copies into its shared
+memory, for a tile of an ordinary nest (`shared_tensors`, the `shared:` mark of
+`tcpy.mapping.gpu`) and for the block of a row kernel (`row_tensors`,
+`tcpy.mapping.rows`), and the traffic a block's rows move (`block_traffic`).
+
+The footprint boxes and the reuse they are judged by are those of
+`tcpy.mapping.promotion`, the same analysis that packs tiles on the CPU: only the
+place of the copy differs (the block's shared memory, copied by all its threads and
+fenced by barriers, `tcpy.codegen.cuda`).
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.mapping.locality import strided_reads
+from tcpy.mapping.promotion import (
+    box,
+    box_at,
+    candidates,
+    kernel_local,
+    reuse,
+    statements_below,
+    subscript_indices,
+    within_budget,
+)
+from tcpy.parser.checked import Role
+from tcpy.parser.ranges import guarded_accesses, linear_form
+from tcpy.poly.isl_helpers import union_map_maps
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import is_band
+
+
+def shared_tensors(
+    node: isl.ScheduleNode, scop: Scop, budget: int, x_member: int | None = None
+) -> list[str]:
+    """The tensors to copy into a block's shared memory at `node` (above the thread
+    filter of a tile: its footprint is the whole block's): those of 4-byte or wider
+    elements read affinely and not written below it that are either reused inside
+    the tile or read uncoalesced, smallest box first, as long as the boxes fit
+    `budget` bytes together. Reused: some loop below leaves every access in place
+    (`reuse` of 2 or more), or the reads below outnumber the box's elements twice
+    over (`reads_per_element`: the overlapping windows of a convolution, which
+    neighbouring threads read again). Uncoalesced: band member `x_member` of the
+    point band below `node`, the one on threadIdx.x, strides across some read of it (a
+    strided convolution's or a pooling's `I(.., 2*w+kw)`), so a warp's reads span
+    twice the sectors they use; the copy reads the box's rows whole instead.
+    Narrower elements are left in global memory: threads copying neighbours would
+    write to one 4-byte word of a bank."""
+    strided = set() if x_member is None else strided_reads(_point_band(node), x_member, scop)
+    wanted = [
+        t
+        for t in candidates(node, scop)
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
+        and (t in strided or reuse(node, t, scop) >= 2 or reads_per_element(node, t, scop) >= 2)
+    ]
+    return within_budget(node, wanted, scop, budget)
+
+
+def reads_per_element(node: isl.ScheduleNode, tensor: str, scop: Scop) -> float:
+    """How often the statements below `node` read each element of the box of `tensor`
+    there, on average: their instances for one iteration of the loops above `node`
+    (the box of each statement's, an upper bound) times the reads of `tensor` each
+    makes, over the box's elements. 0 when a box is unknown."""
+    b = box_at(node, tensor, scop)
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    reads = 0
+    for instances in union_map_maps(prefix.reverse()):
+        stmt = scop.statement(instances.get_tuple_name(isl.dim_type.out))
+        if stmt.kind is not Kind.COMPUTE:
+            continue
+        source = stmt.source(scop.cdef)
+        count = sum(a.tensor == tensor for a, _guarded in guarded_accesses(source.rhs))
+        found = box(instances, stmt.name) if count else None
+        if count and found is None:
+            return 0
+        reads += count * (found.elements if found else 0)
+    return reads / b.elements if b is not None and b.elements else 0
+
+
+def _point_band(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The band of a tile's point loops below `node`: the first band along the first
+    children past a filter (the threads'), or the first band if none follows."""
+    passed, first = False, None
+    while node.n_children():
+        if is_band(node):
+            if passed:
+                return node
+            first = first or node
+        passed = passed or node.get_type() == isl.schedule_node_type.filter
+        node = node.child(0)
+    assert first is not None, "no band below a tile"
+    return first
+
+
+def row_tensors(
+    node: isl.ScheduleNode, scop: Scop, budget: int
+) -> tuple[list[str], list[str], bool]:
+    """At the block of a row kernel (`tcpy.mapping.rows`, above its thread filter):
+    the operands to copy into shared memory (read by several statements below, or
+    reused across the block's rows, as a layernorm's `g`), the temporaries to keep
+    there instead of in global memory (`scratch`), and whether every one wanted fits
+    `budget` bytes (smallest boxes first)."""
+    operands = [
+        t
+        for t in candidates(node, scop, min_rank=1)
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
+        and (reuse(node, t, scop) >= 2 or _readers(node, t, scop) >= 2)
+    ]
+    local = [t for t in scop.cdef.tensors if kernel_local(node, t.name, scop)]
+    wanted = operands + [t.name for t in local]
+    accesses = scop.reads.union(scop.writes)
+    chosen = within_budget(node, wanted, scop, budget, accesses)
+    complete = len(chosen) == len(wanted)
+    return [t for t in operands if t in chosen], [t for t in chosen if t not in operands], complete
+
+
+def block_traffic(node: isl.ScheduleNode, scop: Scop) -> int | None:
+    """The bytes of global memory a block moves at `node` (above its thread filter):
+    the boxes of every input and output the statements below access, each read or
+    written once (its temporaries are taken to stay on the chip); None when a box is
+    unknown."""
+    accesses = scop.reads.union(scop.writes)
+    total = 0
+    for t in scop.cdef.tensors:
+        if t.role is Role.TEMPORARY:
+            continue
+        b = box_at(node, t.name, scop, accesses)
+        if b is None:
+            return None
+        total += b.elements * t.scalar.dtype.itemsize
+    return total
+
+
+def _readers(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
+    """How many statements below `node` read `tensor`."""
+    return sum(subscript_indices(st, tensor) is not None for st in statements_below(node, scop))
+
+
+def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
+    """Whether a statement below `node` reads a tensor at a subscript that is not
+    affine (a gather, as in an embedding lookup): such reads stay in global memory,
+    and usually dominate."""
+    return any(
+        linear_form(a) is None
+        for st in statements_below(node, scop)
+        for access, _guarded in guarded_accesses(st.rhs)
+        for a in access.args
+    )
