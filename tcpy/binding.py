@@ -31,6 +31,7 @@ from tcpy.parser.checked import (
     TensorInfo,
 )
 from tcpy.parser.ranges import start_message
+from tcpy.runtime.streams import cai_stream
 
 _INT32_MAX = 2**31 - 1
 
@@ -38,12 +39,14 @@ _INT32_MAX = 2**31 - 1
 @dataclass(frozen=True, eq=False, slots=True)
 class DeviceInput:
     """An input that lives in GPU memory (PyTorch, CuPy, ...), seen through
-    `__cuda_array_interface__`: used where it is, without a copy."""
+    `__cuda_array_interface__`: used where it is, without a copy. `stream` is the one
+    its interface (version 3) asks a consumer to order after (`tcpy.runtime.streams`)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
     pointer: int
     owner: Any
+    stream: int | None = None
 
     @property
     def ndim(self) -> int:
@@ -65,7 +68,7 @@ def _device_input(info: TensorInfo, value: Any, what: str = "input") -> DeviceIn
                 f"{what} {info.name} is a strided view in GPU memory; pass a contiguous "
                 "tensor (for example x.contiguous())"
             )
-    return DeviceInput(shape, dtype, int(face["data"][0]), value)
+    return DeviceInput(shape, dtype, int(face["data"][0]), value, cai_stream(face))
 
 
 @dataclass(frozen=True, slots=True)

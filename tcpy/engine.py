@@ -56,7 +56,8 @@ class ExecutionEngine:
     `TCPY_CUDA_DEVICE`, else "h100"). Option of cuda only: `asynchronous` (default
     False) lets a call whose inputs and outputs are on the device return without
     waiting for its kernels; a failure it meets (an out-of-range gather, a division by
-    zero, a failed launch) is raised at the next call on the GPU or by `synchronize()`."""
+    zero, a failed launch) is raised at the next call on the GPU or by `synchronize()`.
+    A cuda call runs on the caller's current stream (`tcpy.runtime.streams`)."""
 
     def __init__(
         self,
@@ -81,9 +82,9 @@ class ExecutionEngine:
         self._setup(name, chosen)
 
     def synchronize(self) -> None:
-        """Wait for the GPU's calls that did not wait (`asynchronous`), and raise the
-        first failure among them. Nothing to do on other targets, or when none is
-        pending."""
+        """Wait for the GPU's calls that did not wait (`asynchronous`), synchronising
+        the streams they were queued on, and raise the first failure among them.
+        Nothing to do on other targets, or when none is pending."""
         if self.target != "cuda":
             return
         from tcpy.runtime import cuda as runtime

@@ -227,11 +227,14 @@ class GpuKernels:
     way back and the status word. Outputs and temporaries start at zero, except the
     tensors the kernels write whole before reading them (`written`), which are not
     filled (with `TCPY_POISON=1`, filled with all-ones bytes, so that an element the
-    kernels failed to write shows). The kernels are launched back to back; the call
-    synchronises once, after the last, and then checks the status word. With
-    `asynchronous`, a call whose outputs all stay on the device returns without
-    waiting: its status word is read at the next call on the GPU or at
-    `runtime.settle` (`ExecutionEngine.synchronize`), which raise its failure then."""
+    kernels failed to write shows). Every copy, memset and launch of a call is queued
+    on the caller's current stream (`runtime.streams.call_streams`), the kernels back
+    to back; the call synchronises that stream once, after the last, and then checks
+    the status word. With `asynchronous`, a call whose outputs all stay on the device
+    returns without waiting: its status word is read at the next call on the GPU or at
+    `runtime.settle` (`ExecutionEngine.synchronize`), which synchronise its stream and
+    raise its failure then; the memory it borrowed goes back to the pool pending on its
+    stream."""
 
     cdef: CheckedDef
     source: str
@@ -245,20 +248,37 @@ class GpuKernels:
     accepts_device_out: ClassVar[bool] = True
 
     def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
-        from tcpy.binding import DeviceInput
         from tcpy.runtime import cuda as runtime
-        from tcpy.runtime.status import check_status
+        from tcpy.runtime import streams
 
         drv = runtime.driver()
         runtime.settle(drv)  # an earlier call's failure is reported before this one runs
+        dests = out or (None,) * len(self.cdef.outputs)
+        # the caller's stream (and those of other libraries' arrays among the inputs)
+        ordered = streams.call_streams((*binding.arrays, *dests))
+        streams.enter(drv, ordered)
+        try:
+            return self._run(drv, binding, dests, ordered[0])
+        finally:
+            streams.leave(drv, ordered)
+
+    def _run(
+        self, drv: Any, binding: Binding, dests: tuple[Any, ...], stream: int
+    ) -> tuple[Any, ...]:
+        """The call's work, every operation queued on `stream` in order."""
+        from tcpy.binding import DeviceInput
+        from tcpy.runtime import cuda as runtime
+        from tcpy.runtime.status import check_status
+        from tcpy.runtime.streams import PER_THREAD
+
         memory = runtime.pool(drv)
         cdef = self.cdef
         borrowed: list[int] = []  # given back to the pool when the call ends
         handed: list[int] = []  # the caller's, unless the call fails
-        dests = out or (None,) * len(cdef.outputs)
+        pending: int | None = stream  # the stream whose queued work may use `borrowed`
 
         def borrow(nbytes: int) -> int:
-            borrowed.append(memory.acquire(nbytes))
+            borrowed.append(memory.acquire(nbytes, stream))
             return borrowed[-1]
 
         try:
@@ -268,7 +288,7 @@ class GpuKernels:
                     pointers.append(a.pointer)
                 else:
                     pointers.append(borrow(a.nbytes))
-                    drv.to_device(pointers[-1], a)
+                    drv.to_device(pointers[-1], a, stream)
             results = []
             tensors = (*cdef.outputs, *cdef.temporaries)
             for t, dest in zip(tensors, (*dests, *(None,) * len(cdef.temporaries)), strict=True):
@@ -282,36 +302,38 @@ class GpuKernels:
                 else:
                     pointer = borrow(nbytes)
                 if t.name not in self.written:
-                    drv.memset(pointer, 0, nbytes)
+                    drv.memset(pointer, 0, nbytes, stream)
                 elif knobs.poison_buffers():
-                    drv.memset(pointer, 0xFF, nbytes)
+                    drv.memset(pointer, 0xFF, nbytes, stream)
                 results.append((t, shape, pointer, dest))
                 pointers.append(pointer)
             status = borrow(4)
-            drv.memset(status, 0, 4)
+            drv.memset(status, 0, 4, stream)
             args = [("i64", binding.sizes[s]) for s in cdef.size_symbols]
             args += [("ptr", p) for p in pointers] + [("ptr", status)]
             for function, (grid, block) in zip(self.functions, self.launches, strict=True):
-                drv.launch(function, grid, block, args)
+                drv.launch(function, grid, block, args, stream)
             stays = all(dest is None or isinstance(dest, DeviceInput) for dest in dests)
-            if self.asynchronous and binding.on_device and stays:
-                runtime.defer(drv, borrowed.pop(), cdef.name)  # the status word, read later
+            # another thread could not synchronise this thread's per-thread stream
+            if self.asynchronous and binding.on_device and stays and stream != PER_THREAD:
+                runtime.defer(drv, borrowed.pop(), cdef.name, stream)  # read later
             else:
-                drv.synchronize()  # once per call: a failed launch raises here
+                runtime.wait(drv, stream)  # once per call: a failed launch raises here
+                pending = None
                 code = np.zeros(1, np.int32)
-                drv.to_host(code, status)
+                drv.to_host(code, status, stream)
                 check_status(int(code[0]))
-            outputs = self._collect(drv, binding, results)
+            outputs = self._collect(drv, binding, results, stream)
             handed.clear()
             return tuple(outputs)
         finally:
             for pointer in borrowed:
-                memory.release(pointer)
+                memory.release(pointer, pending)
             for pointer in handed:  # the call failed before handing them over
                 drv.free(pointer)
 
     @staticmethod
-    def _collect(drv: Any, binding: Binding, results: list[Any]) -> list[Any]:
+    def _collect(drv: Any, binding: Binding, results: list[Any], stream: int) -> list[Any]:
         """The outputs: the destinations given (a host one copied into), else new
         arrays on the device for device inputs, on the host for host inputs."""
         from tcpy.binding import DeviceInput
@@ -325,10 +347,10 @@ class GpuKernels:
                 continue
             elif dest is not None or not binding.on_device:
                 host = np.empty(shape, t.scalar.dtype) if dest is None else dest
-                drv.to_host(host, pointer)
+                drv.to_host(host, pointer, stream)
                 outputs.append(host)
             else:
-                outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv))
+                outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv, stream))
         return outputs
 
 

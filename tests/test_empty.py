@@ -364,11 +364,29 @@ def test_device_out_receives_an_empty_calls_results_without_a_gpu(
     got = engine.mm(DeviceVector(drv, _ones(2, 0)), _ones(0, 3), out=out)
     assert got is out
     host = np.empty((2, 3), np.float32)
-    drv.to_host(host, out.pointer)
+    drv.to_host(host, out.pointer, 0)
     np.testing.assert_array_equal(host, np.zeros((2, 3)))
     c = np.full((2, 3), 7, np.float32)  # a host out= from device inputs
     assert engine.mm(DeviceVector(drv, _ones(2, 0)), _ones(0, 3), out=c) is c
     np.testing.assert_array_equal(c, np.zeros((2, 3)))
+
+
+def test_an_empty_calls_copies_go_to_the_callers_stream(
+    gpu_engine: tuple[tcpy.ExecutionEngine, HostMemoryDriver],
+) -> None:
+    """The first device array's stream (A's), ordered against the other one's (B's), as
+    a kernel's work would be."""
+    engine, drv = gpu_engine
+    a, b = 0x5A000, 0x5B000
+    x = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=a)
+    y = DeviceVector(drv, _ones(0), stream=b)
+    drv.streams.clear()
+    o, _ = engine.split(x, y)
+    assert {stream for _, stream in drv.streams} == {a}
+    assert ("to_host", a) in drv.streams and ("to_device", a) in drv.streams
+    assert drv.orders == [(a, b), (b, a)]
+    assert o.stream == a
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])
 
 
 def _tuple(value: Any) -> tuple[Any, ...]:

@@ -5,11 +5,13 @@ Marked `gpu`: skipped cleanly on machines without one."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tcpy
+from tcpy.binding import bind
 from tcpy.runtime import cuda as runtime
 
 from corpus_cases import CASES, Case
@@ -58,11 +60,13 @@ def test_torch_tensors_stay_on_the_device(driver: str) -> None:
     engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
     A = torch.rand(33, 17, device="cuda")
     B = torch.rand(17, 9, device="cuda")
-    C = engine.mm(A, B)
-    assert isinstance(C, runtime.DeviceArray)
-    got = torch.as_tensor(C, device="cuda")
-    torch.testing.assert_close(got, A @ B, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(C.get(), (A @ B).cpu().numpy(), rtol=1e-4, atol=1e-4)
+    C = engine.mm(A, B)  # PyTorch in, PyTorch out, over tcpy's memory
+    assert isinstance(C, torch.Tensor) and C.is_cuda
+    torch.testing.assert_close(C, A @ B, rtol=1e-4, atol=1e-4)
+    compiled = engine.compile("mm", A, B)
+    D = compiled.run(bind(compiled.cdef, [A, B]))  # bare outputs: tcpy's device arrays
+    assert isinstance(D, runtime.DeviceArray)
+    np.testing.assert_allclose(D.get(), (A @ B).cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_the_device_profile_comes_from_the_driver(driver: str) -> None:
@@ -107,3 +111,73 @@ def test_an_asynchronous_gather_fault_is_raised_by_synchronize(driver: str) -> N
     engine.g(a, torch.tensor([0, 9], dtype=torch.int32, device="cuda"))
     with pytest.raises(tcpy.TCInputError, match="a call of g that did not wait failed"):
         engine.synchronize()
+
+
+def _torch_cuda() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    return torch
+
+
+AFFINE = "def affine(float(N) A) -> (O) { O(i) = A(i) * 2 + 1 }"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["waits", "asynchronous"])
+def test_a_call_on_a_torch_stream_runs_between_its_producer_and_its_consumer(
+    driver: str, asynchronous: bool
+) -> None:
+    """On a stream of PyTorch's own (non-blocking: no implicit order with the default
+    stream), the input is the end of a long chain of matmuls queued just before the
+    call, and the output is read by a kernel queued just after it: on any other stream
+    the call would read the input before it is written, or its reader the output."""
+    torch = _torch_cuda()
+    engine = tcpy.ExecutionEngine("cuda", asynchronous=asynchronous)
+    engine.define(AFFINE)
+    x = torch.rand(4096, 4096, device="cuda") / 4096
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = x
+        for _ in range(8):
+            y = y @ x + 1
+        a = y[-1]  # a row of the last product: written last
+        o = torch.as_tensor(engine.affine(a), device="cuda")
+        z = o * 3
+        given = torch.empty_like(a)
+        engine.affine(z, out=given)  # into an out= of the stream too
+        w = given - 1
+    side.synchronize()
+    engine.synchronize()
+    want = (a.cpu().numpy() * 2 + 1) * 3
+    np.testing.assert_allclose(z.cpu().numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(w.cpu().numpy(), want * 2, rtol=1e-5)
+
+
+def test_numpy_inputs_wait_for_nothing_on_a_torch_stream(driver: str) -> None:
+    """NumPy in, NumPy out, on the default stream, whatever PyTorch's current one is."""
+    torch = _torch_cuda()
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(AFFINE)
+    a = np.arange(1000, dtype=np.float32)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        np.testing.assert_array_equal(engine.affine(a), a * 2 + 1)
+
+
+def test_a_call_on_a_cupy_stream_runs_between_its_producer_and_its_consumer(
+    driver: str,
+) -> None:
+    cupy = pytest.importorskip("cupy")
+    engine = tcpy.ExecutionEngine("cuda", asynchronous=True)
+    engine.define(AFFINE)
+    x = cupy.random.rand(4096, 4096, dtype=cupy.float32) / 4096
+    cupy.cuda.Device().synchronize()
+    with cupy.cuda.Stream(non_blocking=True) as side:
+        y = x
+        for _ in range(8):
+            y = y @ x + 1
+        a = y[-1]
+        z = cupy.asarray(engine.affine(a)) * 3
+    side.synchronize()
+    engine.synchronize()
+    np.testing.assert_allclose(cupy.asnumpy(z), (cupy.asnumpy(a) * 2 + 1) * 3, rtol=1e-5)

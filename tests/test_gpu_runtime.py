@@ -15,13 +15,13 @@ import pytest
 from fake_gpu import DeviceVector, HostMemoryDriver
 
 import tcpy
-from tcpy.binding import bind
+from tcpy.binding import bind, bind_out
 from tcpy.errors import TCLaunchError
 from tcpy.kernels import GpuKernels
 from tcpy.parser import check_source
 from tcpy.poly.coverage import written_before_read
 from tcpy.poly.scop import build_scop
-from tcpy.runtime import cuda
+from tcpy.runtime import cuda, streams
 from tcpy.runtime.status import STATUS_INDEX_OUT_OF_RANGE, KernelFault
 
 SOURCE = """
@@ -49,10 +49,12 @@ def drv(monkeypatch: pytest.MonkeyPatch) -> HostMemoryDriver:
     return driver
 
 
-def _kernels(*functions: Callable[..., None], asynchronous: bool = False) -> tuple[GpuKernels, Any]:
+def _kernels(
+    *functions: Callable[..., None], asynchronous: bool = False, source: str = SOURCE
+) -> tuple[GpuKernels, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tcpy.TCWarning)
-        cdef = check_source(SOURCE)["scale"]
+        (cdef,) = check_source(source).values()
     written = written_before_read(build_scop(cdef, None))
     launches = [((1, 1, 1), (1, 1, 1))] * len(functions)
     options = tcpy.MappingOptions.cuda()
@@ -215,3 +217,179 @@ def test_asynchronous_is_an_option_of_the_cuda_target_only() -> None:
     with pytest.raises(tcpy.TCError, match="asynchronous is an option of the cuda target"):
         tcpy.ExecutionEngine("cpu", asynchronous=True)
     tcpy.ExecutionEngine("cpu").synchronize()  # nothing to wait for
+
+
+# Streams: every operation of a call on the caller's stream, one synchronisation of it.
+
+STREAM_A, STREAM_B = 0x5A000, 0x5B000
+
+
+def _operations(drv: HostMemoryDriver) -> set[str]:
+    return {operation for operation, _ in drv.streams}
+
+
+def test_a_call_runs_on_the_stream_its_inputs_interface_names(drv: HostMemoryDriver) -> None:
+    kernels, cdef = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    drv.streams.clear()
+    o, _ = kernels(bind(cdef, [a]))
+    assert _operations(drv) == {"memset", "launch", "synchronize", "to_host"}
+    assert {stream for _, stream in drv.streams} == {STREAM_A}
+    assert drv.streams.count(("synchronize", STREAM_A)) == 1 and not drv.orders
+    drv.streams.clear()
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])  # read back in the stream's order
+    assert drv.streams == [("to_host", STREAM_A)]
+    drv.streams.clear()
+    host_o, host_p = np.empty(3, np.float32), np.empty(3, np.float32)
+    kernels(bind(cdef, [a]), (host_o, host_p))  # host out=: copied back on the stream
+    assert ("to_host", STREAM_A) in drv.streams
+    assert {stream for _, stream in drv.streams} == {STREAM_A}
+
+
+def test_the_legacy_default_stream_of_the_interface_is_stream_0(drv: HostMemoryDriver) -> None:
+    kernels, cdef = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=1)
+    drv.streams.clear()
+    kernels(bind(cdef, [a]))
+    assert {stream for _, stream in drv.streams} == {0}
+
+
+def test_numpy_inputs_run_on_the_default_stream(drv: HostMemoryDriver) -> None:
+    kernels, cdef = _kernels(_scale)
+    kernels(bind(cdef, [np.ones(3, np.float32)]))
+    assert _operations(drv) == {"to_device", "memset", "launch", "synchronize", "to_host"}
+    assert {stream for _, stream in drv.streams} == {0}
+    assert drv.streams.count(("synchronize", 0)) == 1 and not drv.orders
+
+
+def test_an_interface_without_a_stream_needs_no_ordering(drv: HostMemoryDriver) -> None:
+    face = {"shape": (3,), "typestr": "<f4", "data": (1, False), "version": 3}
+    assert streams.cai_stream(face) is None
+    assert streams.cai_stream({**face, "stream": None}) is None
+    assert streams.cai_stream({**face, "version": 2, "stream": STREAM_A}) is None
+    assert streams.cai_stream({**face, "stream": 1}) == 0
+    assert streams.cai_stream({**face, "stream": 2}) == streams.PER_THREAD
+    assert streams.cai_stream({**face, "stream": STREAM_A}) == STREAM_A
+    kernels, cdef = _kernels(_scale)
+    kernels(bind(cdef, [DeviceVector(drv, np.ones(3, np.float32))]))
+    assert {stream for _, stream in drv.streams} == {0}
+
+
+def test_arrays_on_two_streams_run_on_the_first_ordered_against_the_other(
+    drv: HostMemoryDriver,
+) -> None:
+    """The input on A, an out= destination on B: the call runs on A after B's work so
+    far, and B's later work runs after the call's."""
+    kernels, cdef = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    binding = bind(cdef, [a])
+    o = DeviceVector(drv, np.zeros(3, np.float32), stream=STREAM_B)
+    p = DeviceVector(drv, np.zeros(3, np.float32), stream=STREAM_A)
+    drv.streams.clear()
+    kernels(binding, bind_out(cdef, binding, (o, p)))
+    assert {stream for _, stream in drv.streams} == {STREAM_A}
+    assert drv.orders == [(STREAM_A, STREAM_B), (STREAM_B, STREAM_A)]
+    np.testing.assert_array_equal(drv.view(o.pointer, 3), [0, 2, 4])
+
+
+def test_a_driver_with_a_stream_of_its_own_is_ordered_against_the_callers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pycuda queues on a stream of its own (`work_stream`): it waits for the caller's
+    stream before the call's work, and the caller's stream waits for it after."""
+    own = 0x7700
+    drv = HostMemoryDriver(own_stream=own)
+    monkeypatch.setattr(cuda, "driver", lambda: drv)
+    kernels, cdef = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    kernels(bind(cdef, [a]))
+    assert drv.orders == [(own, STREAM_A), (STREAM_A, own)]
+    asynchronous, _ = _kernels(_scale, asynchronous=True)
+    drv.orders.clear()
+    asynchronous(bind(cdef, [a]))  # returns before the kernels ran: ordered all the same
+    assert drv.orders == [(own, STREAM_A), (STREAM_A, own)]
+
+
+def test_the_asynchronous_mode_settles_the_streams_calls_were_queued_on(
+    drv: HostMemoryDriver,
+) -> None:
+    kernels, cdef = _kernels(_scale, asynchronous=True)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    b = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_B)
+    kernels(bind(cdef, [a]))
+    assert drv.syncs == 0
+    drv.streams.clear()
+    kernels(bind(cdef, [b]))  # settles A's call first, then queues on B
+    assert drv.streams[:2] == [("synchronize", STREAM_A), ("to_host", STREAM_A)]
+    assert {stream for _, stream in drv.streams[2:]} == {STREAM_B}
+    assert ("synchronize", STREAM_B) not in drv.streams
+    kernels(bind(cdef, [a]))  # B's call settled, then one on A pending
+    drv.streams.clear()
+    tcpy.ExecutionEngine("cuda", asynchronous=True).synchronize()
+    assert drv.streams == [("synchronize", STREAM_A), ("to_host", STREAM_A)]
+
+
+def test_a_call_on_the_per_thread_default_stream_waits_even_when_asynchronous(
+    drv: HostMemoryDriver,
+) -> None:
+    """Only the thread that queued it can name its per-thread default stream, and a
+    pending word may be read from another thread."""
+    kernels, cdef = _kernels(_scale, asynchronous=True)
+    kernels(bind(cdef, [DeviceVector(drv, np.ones(3, np.float32), stream=streams.PER_THREAD)]))
+    assert drv.streams.count(("synchronize", streams.PER_THREAD)) == 1
+
+
+TEMPORARY = """
+def twice(float(N) A) -> (O) {
+    T(i) = A(i) * 2
+    O(i) = T(i)
+}
+"""  # T is borrowed from the pool, even when A and O are the caller's device arrays
+
+
+def _twice(drv: HostMemoryDriver, args: list[int]) -> None:
+    n, a, o, t, _status = args
+    drv.view(t, n)[:] = drv.view(a, n) * 2
+    drv.view(o, n)[:] = drv.view(t, n)
+
+
+def test_a_block_given_back_pending_on_one_stream_waits_for_its_synchronisation(
+    drv: HostMemoryDriver,
+) -> None:
+    """An asynchronous call on A gives T's block back while its kernels may still run:
+    a request for A may have it (A's order puts it after them), one for B not until A
+    is synchronised."""
+    kernels, cdef = _kernels(_twice, asynchronous=True, source=TEMPORARY)
+    memory = cuda.pool(drv)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    o = kernels(bind(cdef, [a]))[0]
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])
+    (block,) = (p for (_, key), blocks in memory.idle.items() if key == STREAM_A for p in blocks)
+    other = memory.acquire(12, STREAM_B)
+    assert other != block
+    memory.release(other)
+    assert memory.acquire(12, STREAM_A) == block  # in A's order: no wait needed
+    memory.release(block, STREAM_A)
+    drv.streams.clear()
+    kernels(bind(cdef, [DeviceVector(drv, np.ones(3, np.float32), stream=STREAM_B)]))
+    first_on_b = next(k for k, (_, s) in enumerate(drv.streams) if s == STREAM_B)
+    assert ("synchronize", STREAM_A) in drv.streams[:first_on_b]  # settled before B had it
+    assert all(key != STREAM_A for _, key in memory.idle)
+
+
+def test_trimming_synchronises_the_streams_idle_blocks_are_pending_on() -> None:
+    drv = HostMemoryDriver()
+    memory = cuda.DevicePool(drv)  # type: ignore[arg-type]
+    kept, pending = memory.acquire(100), memory.acquire(100, STREAM_A)
+    memory.release(kept)
+    memory.release(pending, STREAM_A)
+    memory.trim()
+    assert drv.streams == [("synchronize", STREAM_A)]
+    assert drv.frees == 2 and memory.idle_bytes == 0 and not memory.sizes
+
+
+def test_a_block_beyond_the_idle_limit_is_freed_after_its_stream() -> None:
+    drv = HostMemoryDriver()
+    memory = cuda.DevicePool(drv, idle_limit=0)  # type: ignore[arg-type]
+    memory.release(memory.acquire(100, STREAM_A), STREAM_A)
+    assert drv.streams == [("synchronize", STREAM_A)] and drv.frees == 1

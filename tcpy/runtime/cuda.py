@@ -2,15 +2,32 @@
 
 `driver()` returns the pycuda implementation when pycuda is installed, else the one on
 `cuda.bindings.driver`; the rest of tcpy only sees the `Driver` interface: the device's
-name and compute capability, loading a cubin, device memory, copies, and launching a
-kernel with its grid, block and arguments. Every call is checked. Launches are queued
-on the default stream without waiting; `synchronize()`, once per call of a compiled
-def, raises a failure of any of them as a `TCLaunchError`.
+name and compute capability, loading a cubin, device memory, copies, memsets, and
+launching a kernel with its grid, block and arguments. Every call is checked.
 
-`pool(drv)` is the device memory a call borrows for what it does not hand to the
-caller (copies of host inputs, temporaries, host outputs on their way back, the status
-word): blocks a call gives back are kept for the next, so that a call reaches the
-driver's allocator only when it needs more than earlier calls returned.
+Streams. Every copy, memset and launch, and the synchronisation, takes the stream of
+the call it belongs to (`tcpy.runtime.streams.call_streams`: the caller's current
+PyTorch or CuPy stream, the one a `__cuda_array_interface__` names, else the default
+stream 0). Copies to the device and launches are queued without waiting; a copy to
+the host waits for its stream, since the caller reads the array next. A call
+synchronises its stream once, after its last kernel (`synchronize(stream)`,
+`cuStreamSynchronize`, not the whole context), where a failure of any of them is raised
+as a `TCLaunchError`.
+
+cuda.bindings queues everything on the caller's stream itself. pycuda cannot launch on
+a stream it did not create: it queues a call's work on a stream of its own, made to
+wait for the caller's stream at the start of the call and the caller's stream made to
+wait for it at the end (`streams.enter`, `streams.leave`), with events through libcuda
+(`streams.LibcudaEvents`). That costs two event records and two stream waits per call
+(a few microseconds, no host wait), and serialises the calls of every caller stream
+on pycuda's one stream.
+
+Asynchronous calls (`defer`) leave their status word pending on their stream; `settle`
+synchronises each stream with a pending word, reads the words and raises the first
+failure.
+
+Device memory a call borrows comes from `pool(drv)` (`tcpy.runtime.pool`), which hands a
+block still in use by queued work only to work on the same stream.
 """
 
 from __future__ import annotations
@@ -27,10 +44,17 @@ import numpy as np
 from tcpy import knobs
 from tcpy.errors import TCError, TCInputError, TCLaunchError
 from tcpy.mapping.device import DeviceProfile
+from tcpy.runtime.pool import POOL_IDLE_BYTES, DevicePool, pool
 from tcpy.runtime.status import check_status
+from tcpy.runtime.streams import DEFAULT, LibcudaEvents
+
+__all__ = ["POOL_IDLE_BYTES", "DeviceArray", "DevicePool", "Driver", "driver", "pool"]
 
 
 class Driver(Protocol):
+    """A driver layer. `stream` is a CUDA stream handle (0: the default stream); the
+    operations of a call for `stream` are queued on `work_stream(stream)`, in order."""
+
     name: str
 
     def device_name(self) -> str: ...
@@ -39,14 +63,28 @@ class Driver(Protocol):
     def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]: ...
     def alloc(self, nbytes: int) -> int: ...
     def free(self, pointer: int) -> None: ...
-    def to_device(self, pointer: int, array: np.ndarray) -> None: ...
-    def memset(self, pointer: int, value: int, nbytes: int) -> None: ...
-    def to_host(self, array: np.ndarray, pointer: int) -> None: ...
+    def to_device(self, pointer: int, array: np.ndarray, stream: int) -> None: ...
+    def memset(self, pointer: int, value: int, nbytes: int, stream: int) -> None: ...
+    def to_host(self, array: np.ndarray, pointer: int, stream: int) -> None:
+        """Copy, and wait for the stream: the array holds the data on return."""
+        ...
+
     def launch(
         self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-        args: Sequence[tuple[str, int]],
+        args: Sequence[tuple[str, int]], stream: int,
     ) -> None: ...  # fmt: skip
-    def synchronize(self) -> None: ...
+    def synchronize(self, stream: int) -> None:
+        """Wait for the work queued for `stream`; a failure of any of it raises."""
+        ...
+
+    def work_stream(self, stream: int) -> int:
+        """The stream the operations for `stream` are queued on."""
+        ...
+
+    def order(self, after: int, before: int) -> None:
+        """Make the work queued on `after` from now on run after the work queued on
+        `before` so far (on the GPU: the host does not wait)."""
+        ...
 
 
 # The driver's device attributes (`CU_DEVICE_ATTRIBUTE_<name>`) each profile field reads.
@@ -111,6 +149,8 @@ class _PyCuda:
         self.device = cuda.Device(0)
         self.context = self.device.retain_primary_context()
         self.context.push()
+        self.stream = cuda.Stream()  # where all of tcpy's work goes (see the module's doc)
+        self.events = LibcudaEvents()
 
     def device_name(self) -> str:
         return str(self.device.name())
@@ -138,27 +178,37 @@ class _PyCuda:
         if allocation is not None:
             allocation.free()
 
-    def to_device(self, pointer: int, array: np.ndarray) -> None:
-        self.cuda.memcpy_htod(pointer, array)
+    # The caller's `stream` is not used by the operations: they go to `self.stream`,
+    # which `streams.enter` and `streams.leave` order against it.
 
-    def memset(self, pointer: int, value: int, nbytes: int) -> None:
-        self.cuda.memset_d8(pointer, value, nbytes)
+    def to_device(self, pointer: int, array: np.ndarray, stream: int) -> None:
+        self.cuda.memcpy_htod_async(pointer, array, self.stream)  # pageable: staged at once
 
-    def to_host(self, array: np.ndarray, pointer: int) -> None:
-        self.cuda.memcpy_dtoh(array, pointer)
+    def memset(self, pointer: int, value: int, nbytes: int, stream: int) -> None:
+        self.cuda.memset_d8_async(pointer, value, nbytes, self.stream)
 
-    def launch(self, function: Any, grid: Any, block: Any, args: Any) -> None:
+    def to_host(self, array: np.ndarray, pointer: int, stream: int) -> None:
+        self.cuda.memcpy_dtoh_async(array, pointer, self.stream)
+        self.synchronize(stream)
+
+    def launch(self, function: Any, grid: Any, block: Any, args: Any, stream: int) -> None:
         values = [np.int64(v) if kind == "i64" else np.uintp(v) for kind, v in args]
         try:
-            function(*values, grid=grid, block=block)
+            function(*values, grid=grid, block=block, stream=self.stream)
         except self.cuda.Error as e:
             raise TCLaunchError(f"the kernel launch failed: {e}") from None
 
-    def synchronize(self) -> None:
+    def synchronize(self, stream: int) -> None:
         try:
-            self.cuda.Context.synchronize()
+            self.stream.synchronize()
         except self.cuda.Error as e:
             raise TCLaunchError(f"the kernel failed while running: {e}") from None
+
+    def work_stream(self, stream: int) -> int:
+        return int(self.stream.handle)
+
+    def order(self, after: int, before: int) -> None:
+        self.events.order(after, before)
 
 
 class _Bindings:
@@ -173,6 +223,7 @@ class _Bindings:
         self.context = self._check(cu.cuDevicePrimaryCtxRetain(self.device), "retain context")
         self._check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         self._modules: list[Any] = []
+        self._event_lock = threading.Lock()
 
     def _check(self, result: Any, what: str) -> Any:
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -206,144 +257,97 @@ class _Bindings:
     def free(self, pointer: int) -> None:
         self._check(self.cu.cuMemFree(pointer), "cuMemFree")
 
-    def to_device(self, pointer: int, array: np.ndarray) -> None:
-        self._check(self.cu.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
+    def to_device(self, pointer: int, array: np.ndarray, stream: int) -> None:
+        # from pageable memory the bytes are staged before the call returns, so the
+        # array may go at once
+        copy = self.cu.cuMemcpyHtoDAsync(pointer, array.ctypes.data, array.nbytes, stream)
+        self._check(copy, "copy in")
 
-    def memset(self, pointer: int, value: int, nbytes: int) -> None:
-        self._check(self.cu.cuMemsetD8(pointer, value, nbytes), "cuMemsetD8")
+    def memset(self, pointer: int, value: int, nbytes: int, stream: int) -> None:
+        self._check(self.cu.cuMemsetD8Async(pointer, value, nbytes, stream), "cuMemsetD8Async")
 
-    def to_host(self, array: np.ndarray, pointer: int) -> None:
-        self._check(self.cu.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
+    def to_host(self, array: np.ndarray, pointer: int, stream: int) -> None:
+        copy = self.cu.cuMemcpyDtoHAsync(array.ctypes.data, pointer, array.nbytes, stream)
+        self._check(copy, "copy out")
+        self.synchronize(stream)
 
-    def launch(self, function: Any, grid: Any, block: Any, args: Any) -> None:
+    def launch(self, function: Any, grid: Any, block: Any, args: Any, stream: int) -> None:
         values = [ctypes.c_int64(v) if kind == "i64" else ctypes.c_void_p(v) for kind, v in args]
         pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         self._check(
-            self.cu.cuLaunchKernel(function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0),
+            self.cu.cuLaunchKernel(
+                function, *grid, *block, 0, stream, ctypes.addressof(pointers), 0
+            ),
             "cuLaunchKernel",
         )
 
-    def synchronize(self) -> None:
-        err = self.cu.cuCtxSynchronize()
+    def synchronize(self, stream: int) -> None:
+        err = self.cu.cuStreamSynchronize(stream)
         if int(err[0] if isinstance(err, tuple) else err) != 0:
             raise TCLaunchError(f"the kernel failed while running: {err}")
 
+    def work_stream(self, stream: int) -> int:
+        return stream
 
-POOL_IDLE_BYTES = 1 << 30
-"""The most device memory the pool keeps idle between calls; beyond it, blocks given
-back go back to the driver."""
+    def order(self, after: int, before: int) -> None:
+        with self._event_lock:  # a record and its wait together (see LibcudaEvents)
+            self._check(self.cu.cuEventRecord(self._event, before), "cuEventRecord")
+            self._check(self.cu.cuStreamWaitEvent(after, self._event, 0), "cuStreamWaitEvent")
 
-
-class DevicePool:
-    """Device memory borrowed for the length of a call and given back (`acquire`,
-    `release`). A block is allocated at a rounded size (512 bytes at least, else a
-    multiple of an eighth of the power of two below: at most 12.5% more than asked), kept,
-    once given back, for the next request of that rounded size. Reuse is safe without
-    waiting for the GPU: every copy and launch of tcpy's goes to the same stream, in
-    order. An allocation the driver refuses is retried once after the idle blocks are
-    freed (`trim`)."""
-
-    def __init__(self, drv: Driver, idle_limit: int = POOL_IDLE_BYTES) -> None:
-        self.drv = drv
-        self.idle_limit = idle_limit
-        self.idle: dict[int, list[int]] = {}  # rounded size -> blocks not in use
-        self.idle_bytes = 0
-        self.sizes: dict[int, int] = {}  # every block the pool allocated -> its size
-        self.lock = threading.Lock()
-
-    @staticmethod
-    def rounded(nbytes: int) -> int:
-        if nbytes <= 512:
-            return 512
-        step = 1 << (nbytes - 1).bit_length() - 4  # an eighth of the power of two below
-        return -(-nbytes // step) * step
-
-    def acquire(self, nbytes: int) -> int:
-        size = self.rounded(nbytes)
-        with self.lock:
-            blocks = self.idle.get(size)
-            if blocks:
-                self.idle_bytes -= size
-                return blocks.pop()
-        try:
-            pointer = self.drv.alloc(size)
-        except Exception:  # out of memory, maybe only for want of the idle blocks
-            self.trim()
-            pointer = self.drv.alloc(size)
-        with self.lock:
-            self.sizes[pointer] = size
-        return pointer
-
-    def release(self, pointer: int) -> None:
-        with self.lock:
-            size = self.sizes[pointer]
-            if self.idle_bytes + size > self.idle_limit:
-                del self.sizes[pointer]
-                self.drv.free(pointer)
-                return
-            self.idle.setdefault(size, []).append(pointer)
-            self.idle_bytes += size
-
-    def trim(self) -> None:
-        """Give every idle block back to the driver."""
-        with self.lock:
-            for blocks in self.idle.values():
-                for pointer in blocks:
-                    del self.sizes[pointer]
-                    self.drv.free(pointer)
-            self.idle.clear()
-            self.idle_bytes = 0
+    @functools.cached_property
+    def _event(self) -> Any:
+        flags = self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return self._check(self.cu.cuEventCreate(flags), "cuEventCreate")
 
 
-_pools: dict[int, DevicePool] = {}
-_pools_lock = threading.Lock()
-
-
-def pool(drv: Driver) -> DevicePool:
-    """The memory pool of driver `drv` (one per driver, for the process)."""
-    with _pools_lock:
-        found = _pools.get(id(drv))
-        if found is None or found.drv is not drv:
-            found = _pools[id(drv)] = DevicePool(drv)
-        return found
-
-
-# per driver: the driver, and the status words not yet read with their defs' names
-_pending: dict[int, tuple[Driver, list[tuple[int, str]]]] = {}
+# per driver: the driver, and the status words not yet read, each with its def's name
+# and the stream its call was queued on
+_pending: dict[int, tuple[Driver, list[tuple[int, str, int]]]] = {}
 _pending_lock = threading.Lock()
 
 
-def defer(drv: Driver, status: int, name: str) -> None:
+def defer(drv: Driver, status: int, name: str, stream: int) -> None:
     """Leave the status word `status` (a block of `pool(drv)`) of a call of def `name`
-    that did not wait for its kernels, to be read by the next `settle`."""
+    that did not wait for its kernels, queued on `stream`, to be read by the next
+    `settle`."""
     with _pending_lock:
         owner, waiting = _pending.get(id(drv), (drv, []))
         if owner is not drv:  # a driver gone, whose id was reused
             waiting = []
-        waiting.append((status, name))
+        waiting.append((status, name, stream))
         _pending[id(drv)] = (drv, waiting)
+
+
+def wait(drv: Driver, stream: int) -> None:
+    """Wait for the work queued for `stream` (a failure of it raises a TCLaunchError);
+    the pool's blocks pending on it are then free for every stream."""
+    drv.synchronize(stream)
+    pool(drv).settled(stream)
 
 
 def settle(drv: Driver) -> None:
     """Wait for the calls that did not wait for their kernels (an asynchronous
-    engine's), read their status words and give them back to the pool; raise the first
-    failure among them, naming its def. Nothing to do (and no synchronisation) when
-    there are none."""
+    engine's), synchronising each stream they were queued on, read their status words
+    and give them back to the pool; raise the first failure among them, naming its
+    def. Nothing to do (and no synchronisation) when there are none."""
     with _pending_lock:
         owner, waiting = _pending.pop(id(drv), (drv, []))
     if owner is not drv or not waiting:
         return
     memory = pool(drv)
     failure: TCError | None = None
-    try:
-        drv.synchronize()
-    except TCLaunchError as e:
-        failure = TCLaunchError(f"a call of {waiting[0][1]} that did not wait failed: {e}")
-    for status, name in waiting:
+    for stream in dict.fromkeys(s for _, _, s in waiting):
+        try:
+            wait(drv, stream)
+        except TCLaunchError as e:
+            name = next(n for _, n, s in waiting if s == stream)
+            failure = TCLaunchError(f"a call of {name} that did not wait failed: {e}")
+            break
+    for status, name, stream in waiting:
         code = np.zeros(1, np.int32)
         if failure is None:
-            drv.to_host(code, status)
-        memory.release(status)
+            drv.to_host(code, status, stream)
+        memory.release(status, None if failure is None else stream)
         if failure is None and code[0]:
             try:
                 check_status(int(code[0]))
@@ -358,13 +362,19 @@ class DeviceArray:
     """An array in GPU memory that tcpy allocated (the outputs of a call whose inputs
     were device arrays). It exposes `__cuda_array_interface__`, so PyTorch
     (`torch.as_tensor`) and CuPy (`cupy.asarray`) take it without a copy; `get()`
-    copies it to a NumPy array. The memory is freed with the object."""
+    copies it to a NumPy array. The memory is freed with the object. Its contents are
+    ready in the order of `stream`, the stream of the call that made it (the caller's
+    current one): work queued there after the call, and `get()`, see them."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver):
+    def __init__(
+        self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver,
+        stream: int = DEFAULT,
+    ) -> None:  # fmt: skip
         self.shape = shape
         self.dtype = np.dtype(dtype)
         self.ndim = len(shape)
         self.pointer = pointer
+        self.stream = stream
         self._driver = drv
 
     @property
@@ -379,7 +389,7 @@ class DeviceArray:
 
     def get(self) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
-        self._driver.to_host(out, self.pointer)
+        self._driver.to_host(out, self.pointer, self.stream)
         return out
 
     def __del__(self) -> None:

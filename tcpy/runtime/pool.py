@@ -1,0 +1,131 @@
+"""The device memory a call borrows for what it does not hand to the caller (copies of
+host inputs, temporaries, host outputs on their way back, the status word): blocks a
+call gives back are kept for the next, so that a call reaches the driver's allocator
+only when it needs more than earlier calls returned. One pool per driver (`pool`)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Hashable
+from typing import Protocol
+
+from tcpy.errors import TCLaunchError
+from tcpy.runtime.streams import PER_THREAD, stream_key
+
+POOL_IDLE_BYTES = 1 << 30
+"""The most device memory the pool keeps idle between calls; beyond it, blocks given
+back go back to the driver."""
+
+
+class Memory(Protocol):
+    def alloc(self, nbytes: int) -> int: ...
+    def free(self, pointer: int) -> None: ...
+    def synchronize(self, stream: int) -> None: ...
+
+
+class DevicePool:
+    """Device memory borrowed for the length of a call and given back (`acquire`,
+    `release`). A block is allocated at a rounded size (512 bytes at least, else a
+    multiple of an eighth of the power of two below: at most 12.5% more than asked), kept,
+    once given back, for the next request of that rounded size.
+
+    Reuse must not race with the GPU. A block given back after its call synchronised
+    its stream is free for any stream. One given back while work queued on a stream
+    may still use it (an asynchronous call's, a failed call's) is pending on that
+    stream: it is handed only to requests for the same stream, whose work runs after
+    the earlier work in the stream's order, until `settled(stream)` (called once the
+    stream was synchronised) frees it for every stream. An allocation the driver
+    refuses is retried once after the idle blocks are freed (`trim`), pending ones
+    after their streams are synchronised."""
+
+    def __init__(self, drv: Memory, idle_limit: int = POOL_IDLE_BYTES) -> None:
+        self.drv = drv
+        self.idle_limit = idle_limit
+        # (rounded size, stream key of the pending stream or None) -> blocks not in use
+        self.idle: dict[tuple[int, Hashable], list[int]] = {}
+        self.idle_bytes = 0
+        self.sizes: dict[int, int] = {}  # every block the pool allocated -> its size
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        if nbytes <= 512:
+            return 512
+        step = 1 << (nbytes - 1).bit_length() - 4  # an eighth of the power of two below
+        return -(-nbytes // step) * step
+
+    def acquire(self, nbytes: int, stream: int = 0) -> int:
+        """A block of at least `nbytes` for work queued on `stream`."""
+        size = self.rounded(nbytes)
+        with self.lock:
+            # a block pending on this stream first, keeping the free ones for others
+            for key in ((size, stream_key(stream)), (size, None)):
+                blocks = self.idle.get(key)
+                if blocks:
+                    self.idle_bytes -= size
+                    return blocks.pop()
+        try:
+            pointer = self.drv.alloc(size)
+        except Exception:  # out of memory, maybe only for want of the idle blocks
+            self.trim()
+            pointer = self.drv.alloc(size)
+        with self.lock:
+            self.sizes[pointer] = size
+        return pointer
+
+    def release(self, pointer: int, pending: int | None = None) -> None:
+        """Take back a block; `pending`: the stream whose queued work may still use it
+        (None: no work on the GPU does)."""
+        with self.lock:
+            size = self.sizes[pointer]
+            if self.idle_bytes + size <= self.idle_limit:
+                key = None if pending is None else stream_key(pending)
+                self.idle.setdefault((size, key), []).append(pointer)
+                self.idle_bytes += size
+                return
+            del self.sizes[pointer]
+        if pending is not None:
+            # a failed synchronisation leaves the context unusable, and the call
+            # giving the block back reports its own failure
+            with contextlib.suppress(TCLaunchError):
+                self.drv.synchronize(pending)
+        self.drv.free(pointer)
+
+    def settled(self, stream: int) -> None:
+        """`stream` was synchronised: its pending blocks are free for every stream."""
+        key = stream_key(stream)
+        with self.lock:
+            for size, pending in [k for k in self.idle if k[1] == key]:
+                self.idle.setdefault((size, None), []).extend(self.idle.pop((size, pending)))
+
+    def trim(self) -> None:
+        """Give every idle block back to the driver, after synchronising the streams
+        blocks are pending on (but another thread's per-thread default stream, which
+        only that thread can name)."""
+        with self.lock:
+            pending = {key for _, key in self.idle if key is not None}
+        for key in pending:
+            stream = key if isinstance(key, int) else PER_THREAD
+            if stream_key(stream) == key:
+                self.drv.synchronize(stream)
+                self.settled(stream)
+        with self.lock:
+            for size, key in [k for k in self.idle if k[1] is None]:
+                for pointer in self.idle.pop((size, key)):
+                    del self.sizes[pointer]
+                    self.idle_bytes -= size
+                    self.drv.free(pointer)
+
+
+_pools: dict[int, DevicePool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool(drv: Memory) -> DevicePool:
+    """The memory pool of driver `drv` (one per driver, for the process)."""
+    with _pools_lock:
+        found = _pools.get(id(drv))
+        if found is None or found.drv is not drv:
+            found = _pools[id(drv)] = DevicePool(drv)
+        return found
