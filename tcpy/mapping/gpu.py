@@ -38,15 +38,16 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK, PRIVATE_MARK, SHARED_MARK
+from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.locality import stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.placement import copy_into_shared, hold_registers
 from tcpy.mapping.rows import map_rows
-from tcpy.mapping.shared import gathers, shared_tensors
+from tcpy.mapping.shared import gathers
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
@@ -285,77 +286,13 @@ def _tile_and_bind(
         node = point.parent()  # the tile band
         first = prefix + (split is not None)  # the members of the tile band on the grid
         if bind and shared:
-            node, copied = _copy_into_shared(node, scop, options, device, first, on_threads[0])
+            budget = shared_budget(options, device)
+            node, copied = copy_into_shared(node, scop, options, budget, first, on_threads[0])
         if bind and options.use_private_memory and lanes is None:
-            depth = _depth(options.private_depth, first, n)
-            node = _mark(node, depth, PRIVATE_MARK) if depth < n else node
+            node = hold_registers(node, options.private_depth, first)
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
     return node, tuple(grid), tuple(block), copied
-
-
-def _copy_into_shared(
-    band: isl.ScheduleNode,
-    scop: Scop,
-    options: MappingOptions,
-    device: DeviceProfile,
-    first: int,
-    x_member: int,
-) -> tuple[isl.ScheduleNode, list[str]]:
-    """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
-    below the first `shared_depth` members of the tile `band` (0: below them all, a
-    copy per tile of the reduction; a depth among the grid's `first` members is
-    theirs). A copy above a reduction's tile loops holds its whole extent: where the
-    operands copied per tile do not all fit the budget there, the copies stay per
-    tile. `x_member`: the member on threadIdx.x. Returns the node at the band's
-    position and the tensors copied."""
-    n = band.band_n_member()
-    budget = shared_budget(options, device)
-    copied = shared_tensors(_at_depth(band, n), scop, budget, x_member)
-    depth = _depth(options.shared_depth, first, n, default=n)
-    if depth < n:
-        above = shared_tensors(_at_depth(band, depth), scop, budget, x_member)
-        depth = depth if set(above) >= set(copied) else n
-        copied = above if depth < n else copied
-    if not copied:
-        return band, []
-    return _mark(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied
-
-
-def _depth(asked: int, first: int, n: int, default: int | None = None) -> int:
-    """A depth of `shared_depth` or `private_depth` in a tile band of `n` members whose
-    `first` are on the grid: 0 is `default` (else `first`); others are clamped."""
-    if not asked:
-        return first if default is None else default
-    return min(max(asked, first), n)
-
-
-def _at_depth(top: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:
-    """The node below the first `depth` members of the bands from `top` down (the tile
-    band, split there if needed, and the marks already in it): a mark placed there
-    runs once per iteration of those members. At `depth` 0, `top`; beyond them all,
-    the node that follows them (the thread filter)."""
-    node = top
-    while True:
-        if is_band(node):
-            if depth == 0:
-                return node
-            if depth < node.band_n_member():
-                return node.band_split(depth).child(0)
-            depth -= node.band_n_member()
-        elif node.get_type() != isl.schedule_node_type.mark or depth == 0:
-            return node
-        node = node.child(0)
-
-
-def _mark(top: isl.ScheduleNode, depth: int, name: str) -> isl.ScheduleNode:
-    """Insert mark `name` at `_at_depth(top, depth)`, above a mark already there;
-    returns the node at `top`'s position."""
-    level = top.get_tree_depth()
-    node = insert_mark(_at_depth(top, depth), name)
-    while node.get_tree_depth() > level:
-        node = node.parent()
-    return node
 
 
 WHOLE = 1 << 30

@@ -1,0 +1,99 @@
+"""Where a GPU kernel's tile band gets its copies into shared memory and its
+threads' register tiles: marks placed at a depth of the band (its members on the grid
+first, then the reduction's tile loops), the band split there (`shared_depth`,
+`private_depth`). A mark runs once per iteration of the members above it: a copy made
+above a reduction's tile loops holds the operands over all of them, a register tile
+loaded above them is held across them (`tcpy.codegen.thread_tile.print_held_tile`).
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.codegen.loops import PRIVATE_MARK, SHARED_MARK
+from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.shared import shared_tensors
+from tcpy.poly.scop import Scop
+from tcpy.poly.transforms import insert_mark, is_band
+
+
+def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
+    """Mark where a thread's register tile is loaded and stored (`PRIVATE_MARK`):
+    below the first `depth` members of the tile `band` (0: its `first`, those on the
+    grid). None below them all: the tile is then loaded and stored within each tile,
+    where the thread computes it. Returns the node at the band's position."""
+    n = _members(band)
+    depth = depth_in_band(depth, first, n)
+    return mark_at(band, depth, PRIVATE_MARK) if depth < n else band
+
+
+def copy_into_shared(
+    band: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    budget: int,
+    first: int,
+    x_member: int,
+) -> tuple[isl.ScheduleNode, list[str]]:
+    """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
+    below the first `shared_depth` members of the tile `band` (0: below them all, a
+    copy per tile of the reduction; a depth among the grid's `first` members is
+    theirs). A copy above a reduction's tile loops holds its whole extent: where the
+    operands copied per tile do not all fit `budget` bytes there, the copies stay per
+    tile. `x_member`: the member on threadIdx.x. Returns the node at the band's
+    position and the tensors copied."""
+    n = _members(band)
+    copied = shared_tensors(_at_depth(band, n), scop, budget, x_member)
+    depth = depth_in_band(options.shared_depth, first, n, default=n)
+    if depth < n:
+        above = shared_tensors(_at_depth(band, depth), scop, budget, x_member)
+        depth = depth if set(above) >= set(copied) else n
+        copied = above if depth < n else copied
+    if not copied:
+        return band, []
+    return mark_at(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied
+
+
+def depth_in_band(asked: int, first: int, n: int, default: int | None = None) -> int:
+    """A depth of `shared_depth` or `private_depth` in a tile band of `n` members whose
+    `first` are on the grid: 0 is `default` (else `first`); others are clamped."""
+    if not asked:
+        return first if default is None else default
+    return min(max(asked, first), n)
+
+
+def _members(top: isl.ScheduleNode) -> int:
+    """The members of the tile band from `top` down (split, with marks between)."""
+    n, node = 0, top
+    while is_band(node) or node.get_type() == isl.schedule_node_type.mark:
+        n += node.band_n_member() if is_band(node) else 0
+        node = node.child(0)
+    return n
+
+
+def _at_depth(top: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:
+    """The node below the first `depth` members of the bands from `top` down (the tile
+    band, split there if needed, and the marks already in it): a mark placed there
+    runs once per iteration of those members. At `depth` 0, `top`; beyond them all,
+    the node that follows them (the thread filter)."""
+    node = top
+    while True:
+        if is_band(node):
+            if depth == 0:
+                return node
+            if depth < node.band_n_member():
+                return node.band_split(depth).child(0)
+            depth -= node.band_n_member()
+        elif node.get_type() != isl.schedule_node_type.mark or depth == 0:
+            return node
+        node = node.child(0)
+
+
+def mark_at(top: isl.ScheduleNode, depth: int, name: str) -> isl.ScheduleNode:
+    """Insert mark `name` at `_at_depth(top, depth)`, above a mark already there;
+    returns the node at `top`'s position."""
+    level = top.get_tree_depth()
+    node = insert_mark(_at_depth(top, depth), name)
+    while node.get_tree_depth() > level:
+        node = node.parent()
+    return node
