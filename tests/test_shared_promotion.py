@@ -83,8 +83,8 @@ def test_a_pooling_window_is_copied_with_vector_loads() -> None:
     (x,) = _inputs(1, (2, 4, 32, 32))
     _, source, launches = _profiled(MAXPOOL, x)
     assert _copied(source) == ["I"] and "TC_LDV(float4, t_I," in source
-    for launch in launches:
-        assert profile.efficiency(launch) >= 0.8, launch
+    for launch in launches:  # rows of 32 floats, read whole: every sector used up
+        assert profile.efficiency(launch) == 1.0, launch
 
 
 def test_overlapping_windows_are_reuse() -> None:
@@ -133,6 +133,7 @@ def test_layernorm_keeps_the_rows_that_share_its_operands_in_one_block() -> None
     assert tuple(launch["block"]) == (32, 4, 1) and tuple(launch["grid"]) == (16, 1, 1)
     requested = launch["global_load_bytes"] + launch["global_store_bytes"]
     minimum = profile.minimum_bytes((x, g, b), (got,))
+    assert requested == x.nbytes + got.nbytes + 16 * (g.nbytes + b.nbytes)  # 16 blocks
     assert requested <= (1 + SHARED_OPERAND_SHARE) * minimum
     assert profile.moved_bytes(launch) == requested
 

@@ -125,7 +125,8 @@ class _CudaPrinter(_Printer):
     def for_(
         self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
     ) -> None:
-        header = self.loop_header(node).text
+        loop = self.loop_header(node)
+        header = loop.text
         if self.sunk and _has_shared_mark(node) and "threadIdx" in header:
             raise InternalError("a loop whose bounds depend on the thread around a shared copy")
         self.divergent += "threadIdx.x" in header
@@ -138,7 +139,7 @@ class _CudaPrinter(_Printer):
             print_thread_tile(self, jam, depth)
         else:
             if held is not None and held.tile is None:
-                held.iterators.append(self.loop_header(node).iterator)
+                held.iterators.append(loop.iterator)
             super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
 

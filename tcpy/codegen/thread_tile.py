@@ -257,7 +257,6 @@ class Held:
 
     iterators: list[str]
     tile: ThreadTile | None = None
-    refused: bool = False
 
 
 def holds(printer: _CudaPrinter, node: isl.AstNode) -> bool:
@@ -297,7 +296,7 @@ def may_hold(held: Held, tile: ThreadTile) -> bool:
 def print_held_tile(
     printer: _CudaPrinter, inner: isl.AstNode, depth: int, marks: tuple[str, ...]
 ) -> None:
-    """The code under a `private` mark (`tcpy.mapping.gpu`): when it is one chain of
+    """The code under a `private` mark (`tcpy.mapping.placement`): when it is one chain of
     loops (a reduction's tile loops, around its copies into shared memory) down to a
     thread tile (`holds`), the tile's register array is declared here, loaded where
     the tile's nest first runs, kept across the chain's loops and stored after them,
