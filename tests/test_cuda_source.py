@@ -131,22 +131,25 @@ def test_shared_memory_tiles_of_a_matmul() -> None:
     update = lowered.mapping.kernels[1]
     assert (update.grid, update.block) == ((3, 4), (32, 8))
     text = lowered.source.split("tc_kernel_1")[1]
-    assert "__shared__ float tc_shared0[2080];" in text  # A: 32 x (64 + 1)
-    assert "__shared__ float tc_shared1[2112];" in text  # B: 64 x (32 + 1)
+    assert "__shared__ __align__(16) float tc_shared0[2080];" in text  # A: 32 x (64 + 1)
+    assert "__shared__ __align__(16) float tc_shared1[2112];" in text  # B: 64 x (32 + 1)
     assert text.count("__syncthreads();") == 2
     assert "TC_LD(t_A" not in text.split("__syncthreads();")[2]  # reads after the copy
     assert "TC_SLD(tc_shared0" in text and "TC_SLD(tc_shared1" in text
 
 
 @pytest.mark.parametrize(
-    ("register_tile", "tile", "outputs"), [((), (32, 32), 4), ((8, 2), (64, 64), 16)]
+    ("register_tile", "tile", "outputs", "runs"),
+    [((), (32, 32), 4, 1), ((8, 2), (64, 64), 16, 2), ((2, 4), (16, 128), 8, 4)],
 )
 def test_a_threads_outputs_stay_in_registers_across_the_reduction(
-    register_tile: tuple[int, ...], tile: tuple[int, int], outputs: int
+    register_tile: tuple[int, ...], tile: tuple[int, int], outputs: int, runs: int
 ) -> None:
     """With use_private_memory (the CUDA default) each thread's outputs live in a
     register array across k, every step of which combines all of them; register_tile
-    gives how many it computes along y and x (the block's tile is 32x8 times that)."""
+    gives how many it computes along y and x (the block's tile is 32x8 times that).
+    Two or four along x are adjacent (`runs`): loaded, stored and read from B's copy
+    as one float2 or float4."""
     source, entry, _ = GOLDENS["matmul"]
     options = MappingOptions.cuda().replace(register_tile=register_tile)
     lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 128}, options)
@@ -154,10 +157,17 @@ def test_a_threads_outputs_stay_in_registers_across_the_reduction(
     assert update.block == (32, 8)
     assert update.grid == (128 // tile[1], 128 // tile[0])
     text = lowered.source.split("tc_kernel_1")[1]
+    assert update.runs == runs
     assert f"float tc_acc[{outputs}];" in text
-    assert text.count(f"for (int tc_j = 0; tc_j < {outputs}; tc_j++) {{") == 3
-    after = text.split("__syncthreads();")[2].replace("if (!tc_held)", "")
-    assert "if (" not in after.replace("if (tc_held)", "")  # the block divides the tile
+    loads_and_stores = f"for (int tc_q = 0; tc_q < {outputs}; tc_q += {runs}) {{"
+    assert text.count(loads_and_stores) == (2 if runs > 1 else 0)
+    assert text.count(f"for (int tc_j = 0; tc_j < {outputs}; tc_j++) {{") == (1 if runs > 1 else 3)
+    if runs > 1:
+        vector = f"float{runs}"
+        assert f"TC_LDV({vector}, t_C" in text and f"TC_STV({vector}, t_C" in text
+        assert f"TC_SLDV({vector}, tc_shared1" in text
+    after = text.split("__syncthreads();")[2]
+    assert re.search(r"if \(c\d", after) is None  # the block divides the tile: no guard
     plain = _lower(source, entry, {"M": 128, "K": 256, "N": 128},
                    options.replace(use_private_memory=False)).source  # fmt: skip
     assert "tc_acc[" not in plain
@@ -180,7 +190,8 @@ def test_the_default_thread_tile_is_larger_where_the_grid_still_fills_the_device
 def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
     """In NVRTC's PTX, a 32x32 tile's shared loads per FMA go from 2 (each output
     loads both operands) to 1.25 (4 rows of A, one value of B shared by them) and, with
-    a thread tile of 8x2, to 0.625."""
+    a thread tile of 8x2, to 0.5625: 8 values of A and B's two adjacent values, one
+    float2, per 16 FMAs."""
     source, entry, _ = GOLDENS["matmul"]
     sizes = {"M": 1024, "K": 1024, "N": 1024}
     ratios = []
@@ -190,8 +201,9 @@ def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
         )
         ptx = nvrtc.compile_ptx(_lower(source, entry, sizes, options).source, "compute_90")
         update = ptx.split(".entry tc_kernel_1")[1]
-        ratios.append(update.count("ld.shared.f32") / update.count("fma.rn.f32"))
-    assert ratios == [2.0, 1.25, 0.625]
+        ratios.append(update.count("ld.shared.") / update.count("fma.rn.f32"))
+    assert update.count("ld.shared.v2.f32") == 1
+    assert ratios == [2.0, 1.25, 0.5625]
 
 
 def test_shared_memory_tiles_with_a_three_dimensional_block() -> None:

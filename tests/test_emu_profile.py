@@ -180,6 +180,39 @@ def test_a_threads_outputs_are_held_in_registers_across_the_tiles_of_k(k: int) -
     assert c_bytes == {0: 64 * 64 * 4, 3: 4 * 64 * 64 * 4}
 
 
+@pytest.mark.parametrize(
+    ("register_tile", "runs", "requests"), [((8, 2), 2, 768), ((2, 4), 4, 832)]
+)
+def test_a_threads_adjacent_outputs_move_as_vectors(
+    register_tile: tuple[int, int], runs: int, requests: int
+) -> None:
+    """With a register tile of 2 or 4 outputs per thread along x, each thread's are
+    adjacent: C is loaded and stored, and B read from shared memory, a float2 or float4
+    at a time. At 128x128x64 every warp request then moves 32 vectors: C's 64 KB each
+    way in 256-byte (float2) or 512-byte (float4) requests, plus the float4 copies of
+    the tiles of A and B (64x64 and 64x64 per block of 64x64 outputs, 16x64 and 64x128
+    per block of 16x128: 256 and 576 requests of 512 bytes). Without `vectorize` the
+    outputs are strided by the block and every access is scalar. Where the tiles do not
+    divide N (130), the outputs stay strided. Right in every case, under the checks."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((128, 64)).astype(np.float32)
+    for n, vectorize, expected in ((128, True, runs), (128, False, 1), (130, True, 1)):
+        b = rng.standard_normal((64, n)).astype(np.float32)
+        options = MappingOptions.cuda().replace(register_tile=register_tile, vectorize=vectorize)
+        kernel = engine.compile("mm", a, b, options=options)
+        np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        assert (f"TC_STV(float{runs}, t_C" in kernel.source) == (expected > 1)
+        update = kernel.profile(a, b)[1]
+        assert update["bank_conflicts"] == 0
+        if n == 128:
+            moved = update["global_load_bytes"] + update["global_store_bytes"]
+            assert update["global_sectors"] == moved // 32
+        if vectorize and n == 128:
+            assert update["global_requests"] == requests
+
+
 def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
     """A 64x64 matmul over k = 96 copies A's and B's tiles once per 64 values of k (2
     tiles, 2 barriers each) by default; at shared_depth 2 (below the grid's two

@@ -264,6 +264,17 @@ __device__ void shared_bounds(long long defect, long long n, const float *A, flo
   TC_ST(O, GID) = TC_SLD(tile, defect ? TID + 1 : (TID + 1) % 64);
 }
 
+/* O[t] = tile[2t] + tile[2t + 1] by float2 reads of a block's tile, for its first 31
+   threads (0 for the others); when defective the pairs start one float later, off
+   the 8-byte alignment of a float2 */
+__device__ void misaligned_shared_pairs(long long defect, long long n, const float *A, float *O) {
+  __shared__ __align__(16) float tile[64];
+  TC_SST(tile, TID) = TC_LD(A, GID);
+  __syncthreads();
+  float2 v = TID < 31 ? TC_SLDV(float2, tile, 2 * TID + defect) : make_float2(0.0f, 0.0f);
+  TC_ST(O, GID) = v.x + v.y;
+}
+
 /* reverses each block through dynamic shared memory: reads one past it when defective */
 __device__ void dynamic_reverse(long long defect, long long n, const float *A, float *O) {
   TC_DYNAMIC_SHARED(float, smem);
@@ -325,6 +336,12 @@ def _upper_doubled_reversed(rows: np.ndarray) -> np.ndarray:
 def _even_from_odd(rows: np.ndarray) -> np.ndarray:
     rows[:, 0::2] = rows[:, 1::2]
     return rows
+
+
+def _pair_sums(rows: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(rows)
+    out[:, :31] = rows[:, 0:62:2] + rows[:, 1:62:2]
+    return out
 
 
 def _with_unwritten(values: np.ndarray, size: int, at: int) -> np.ndarray:
@@ -417,6 +434,12 @@ DEFECTS = [
         128,
         lambda a: a[0:126:2] + a[1:127:2],
         ("misaligned 8-byte access to input", "index 1"),
+    ),
+    Defect(
+        "misaligned_shared_pairs",
+        128,
+        lambda a: _per_block(a, _pair_sums),
+        ("misaligned 8-byte access to shared tile", "index 1"),
     ),
     Defect(
         "mask_excludes_caller",

@@ -73,9 +73,9 @@ _ATOMIC_FUNCTIONS = {
 # Global and shared accesses go through these macros: plain indexing here (NVRTC); the
 # emulator's header defines hooks in their place for its checking and counting build.
 # TC_LD/TC_ST: a global load/store (TC_ST is an lvalue), TC_LDG through the read-only
-# cache, TC_LDV a vector load (`TC_LDV(float4, a, i)`), TC_AT the address of an atomic;
-# TC_SLD/TC_SST/TC_SAT the same on a shared array; TC_DYNAMIC_SHARED declares the
-# dynamic shared memory.
+# cache, TC_LDV/TC_STV a vector load/store (`TC_LDV(float4, a, i)`), TC_AT the address
+# of an atomic; TC_SLD/TC_SLDV/TC_SST/TC_SAT the same on a shared array;
+# TC_DYNAMIC_SHARED declares the dynamic shared memory.
 ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 #define TC_ACCESS_MACROS
 #define TC_LD(a, i) ((a)[i])
@@ -83,7 +83,9 @@ ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 #define TC_ST(a, i) ((a)[i])
 #define TC_AT(a, i) (&(a)[i])
 #define TC_LDV(T, a, i) (*reinterpret_cast<const T *>(&(a)[i]))
+#define TC_STV(T, a, i) (*reinterpret_cast<T *>(&(a)[i]))
 #define TC_SLD(s, i) ((s)[i])
+#define TC_SLDV(T, s, i) (*reinterpret_cast<const T *>(&(s)[i]))
 #define TC_SST(s, i) ((s)[i])
 #define TC_SAT(s, i) (&(s)[i])
 #endif
@@ -205,9 +207,8 @@ class _CudaPrinter(_Printer):
         makes the copy visible; every thread of the block reaches both, as the mark
         sits above the thread filter. Each thread copies every `threads`-th element,
         so consecutive threads read consecutive elements (coalesced); only the part of
-        a box inside the tensor is copied (it holds every element read). Rows of 32
-        elements or more get one element of padding, so that threads walking a column
-        of the tile hit distinct banks."""
+        a box inside the tensor is copied (it holds every element read). Rows get the
+        length of `_row_length`."""
         assert self.kernel is not None
         threads = max(1, self.kernel.threads)
         self.emit(depth, "{")
@@ -216,9 +217,9 @@ class _CudaPrinter(_Printer):
         for b in boxes:
             buffer = f"tc_shared{self.copies}"
             self.copies += 1
-            padded = (*b.sizes[:-1], b.sizes[-1] + (b.sizes[-1] >= WARP))
+            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs))
             ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
-            self.emit(depth + 1, f"__shared__ {ctype} {buffer}[{math.prod(padded)}];")
+            self.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
             copy = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), padded)
             self._cooperative_copy(depth + 1, b, copy, threads)
             copies[b.tensor] = copy
@@ -377,6 +378,17 @@ class _CudaPrinter(_Printer):
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         return []
+
+
+def _row_length(elements: int, runs: int) -> int:
+    """The length of a row of a tile of `elements` in shared memory: one more for
+    rows of 32 elements or more, so that threads walking a column of the tile hit
+    distinct banks; where threads read runs of adjacent elements (`Kernel.runs`),
+    which the mapping gives only where no thread walks a column, a multiple of 4
+    instead, so that every run starts on a vector."""
+    if runs > 1:
+        return -(-elements // VECTOR_LANES) * VECTOR_LANES
+    return elements + (elements >= WARP)
 
 
 VECTOR_LANES = 4

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 import islpy as isl
 
+from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import StatementParts
 from tcpy.codegen.loops import FOR, IF, SHARED_MARK, Header
+from tcpy.codegen.naming import tensor_name
 from tcpy.mapping.gpu import Kernel
 
 if TYPE_CHECKING:
@@ -44,7 +46,11 @@ class ThreadTile:
 
 
 def strided_loop(loop: Header, kernel: Kernel | None) -> Strided | None:
-    """`loop` as a loop strided by the block, when it is one of constant bounds."""
+    """`loop` as a loop strided by the block, when it is one of constant bounds, or
+    as a thread's run of adjacent values in a kernel that has them (`Kernel.runs`:
+    `c = 2 * threadIdx.x; c <= 2 * threadIdx.x + 1`, `_run_loop`)."""
+    if kernel is not None and kernel.runs > 1 and "threadIdx.x" in loop.init:
+        return _run_loop(loop, kernel.runs)
     first = re.fullmatch(r"\((?:long long|int)\)threadIdx\.([xyz])", loop.init)
     # a constant bound, or the least of one and another (the last, partial tile)
     bound = re.fullmatch(rf"{loop.iterator} (<=?) (\d+)", loop.cond) or re.match(
@@ -63,31 +69,129 @@ def strided_loop(loop: Header, kernel: Kernel | None) -> Strided | None:
     return Strided(loop, loop.init, step, trips, whole)
 
 
+def _run_loop(loop: Header, runs: int) -> Strided | None:
+    """`loop` as a thread's whole run of `runs` adjacent values from `runs *
+    threadIdx.x` (the mapping gives runs only where the tiles divide the loop);
+    None for any other loop."""
+    start = rf"\(?{runs} \* \((?:long long|int)\)threadIdx\.x\)?"
+    last = rf"\({start} \+ {runs - 1}\)"
+    if loop.inc != "1" or not re.fullmatch(start, loop.init):
+        return None
+    if not re.fullmatch(rf"{loop.iterator} <= {last}", loop.cond):
+        return None
+    first = loop.init if loop.init.startswith("(") else f"({loop.init})"
+    return Strided(loop, first, 1, runs, True)
+
+
 _LOAD = re.compile(r"\bTC_(?:SLD|LDG|LD)\(")
 
 
-def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], str]:
+def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], list[str], str]:
     """The loads of a step of `tile`'s reduction that no output of the thread's changes
-    (B's value at k, shared by a column of outputs), and the step reading them from
-    locals `tc_o<k>` loaded once per step instead. Only where every output of the tile
-    runs the step unconditionally: a load under `?:`, `&&` or `||`, or in a thread that
-    lacks some outputs, may not be made where it was not."""
+    (B's value at k, shared by a column of outputs), those only the thread's run
+    changes (`run_of`: B's values at k along the run, read as one vector), and the step
+    reading them from locals `tc_o<k>` and `tc_r<k>[...]` loaded once per step
+    instead. Only where every output of the tile runs the step unconditionally: a
+    load under `?:`, `&&` or `||`, or in a thread that lacks some outputs, may not be
+    made where it was not."""
     if not all(s.whole for s in tile.strided) or re.search(r"\?|&&|\|\|", step):
-        return [], step
+        return [], [], step
+    run = run_of(tile)
     names = [s.loop.iterator for s in tile.strided]
     reads: list[str] = []
+    along: list[str] = []
     for match in _LOAD.finditer(step):
         end, level = match.end(), 1
         while level:
             level += (step[end] == "(") - (step[end] == ")")
             end += 1
         read = step[match.start() : end]
-        inside = any(read in r for r in reads)  # a gather's index, read with it
-        if not inside and not any(re.search(rf"\b{n}\b", read) for n in names):
+        if any(read in r for r in reads + along):  # a gather's index, read with it
+            continue
+        used = [n for n in names if re.search(rf"\b{n}\b", read)]
+        if not used:
             reads.append(read)
+        elif run is not None and used == [run.loop.iterator] and _ACCESS.fullmatch(read):
+            along.append(read)
     for k, read in enumerate(reads):
         step = step.replace(read, f"tc_o{k}")
-    return reads, step
+    for k, read in enumerate(along):
+        step = step.replace(read, f"tc_r{k}[tc_j % {run.trips if run else 1}]")
+    return reads, along, step
+
+
+_ACCESS = re.compile(r"(TC_SLD|TC_LDG|TC_LD|TC_ST)\((\w+), (.*)\)")
+"""A load or store macro of an array at an index (matched whole)."""
+_VECTORS = {"float": "float", "int": "int"}
+"""The C types a run is moved as one vector of (`float2`, `float4`, `int2`, `int4`)."""
+
+
+def run_of(tile: ThreadTile) -> Strided | None:
+    """The thread's run of adjacent outputs (`Kernel.runs`), when it is the tile's
+    innermost loop and whole: each output's element then follows the one before."""
+    last = tile.strided[-1]
+    return last if last.step == 1 and last.trips in (2, 4) and last.whole else None
+
+
+def _array_type(printer: _CudaPrinter, array: str) -> str | None:
+    """The C type of the elements of `array`: a tensor's, or that of a copy of one."""
+    for t in printer.scop.cdef.tensors:
+        copy = printer.bodies.copies.get(t.name)
+        if array == tensor_name(t.name) or (copy is not None and copy.buffer == array):
+            return CUDA.ctype(t.scalar)
+    return None
+
+
+def _run_access(
+    printer: _CudaPrinter, run: Strided, access: str, at: int, apart: str
+) -> tuple[str, str, str] | None:
+    """For the load or store `access` of one element of a run (its index changing with
+    `run`'s loop only), declares `tc_a`, the element's index at the run's first value,
+    and returns the vector type, the C condition under which the run's elements are
+    adjacent from `tc_a` on and aligned to that vector (checked at run time: the
+    tensor's address and row length are known only then), and the macro moving it.
+    `apart`: the name of the run's last element's index. None when the array's
+    elements have no vector type."""
+    found = _ACCESS.fullmatch(access)
+    ctype = _array_type(printer, found.group(2)) if found else None
+    if found is None or ctype not in _VECTORS or "TC_" in found.group(3):
+        return None
+    macro, array, index = found.groups()
+    vector = f"{_VECTORS[ctype]}{run.trips}"
+    i = run.loop.iterator
+    printer.emit(at, f"int tc_a, {apart};")
+    printer.emit(at, f"{{ const int {i} = {run.first}; tc_a = {index}; }}")
+    printer.emit(at, f"{{ const int {i} = {run.first} + {run.trips - 1}; {apart} = {index}; }}")
+    adjacent = f"{apart} - tc_a == {run.trips - 1}"
+    if macro == "TC_SLD":  # a shared array starts on 16 bytes (`__align__(16)`)
+        aligned = f"(tc_a & {run.trips - 1}) == 0"
+    else:
+        aligned = f"((unsigned long long)&{array}[tc_a] & {run.trips * 4 - 1}) == 0"
+    moved = {"TC_SLD": "TC_SLDV", "TC_ST": "TC_STV"}.get(macro, "TC_LDV")
+    return vector, f"{adjacent} && {aligned}", f"{moved}({vector}, {array}, tc_a)"
+
+
+def _read_runs(printer: _CudaPrinter, run: Strided, reads: list[str], at: int) -> None:
+    """Declares `tc_r<k>`, the values of each read of `reads` along the thread's run:
+    one vector load where they are adjacent and aligned, else one load each."""
+    lanes = "xyzw"[: run.trips]
+    for k, read in enumerate(reads):
+        ctype = _array_type(printer, _ACCESS.fullmatch(read).group(2))  # type: ignore[union-attr]
+        printer.emit(at, f"{ctype} tc_r{k}[{run.trips}];")
+        printer.emit(at, "{")
+        found = _run_access(printer, run, read, at + 1, "tc_b")
+        if found is not None:
+            vector, condition, load = found
+            printer.emit(at + 1, f"if ({condition}) {{")
+            printer.emit(at + 2, f"const {vector} tc_v = {load};")
+            printer.emit(at + 2, " ".join(f"tc_r{k}[{n}] = tc_v.{c};" for n, c in enumerate(lanes)))
+            printer.emit(at + 1, "} else {")
+        for n in range(run.trips):
+            value = f"const int {run.loop.iterator} = {run.first} + {n};"
+            printer.emit(at + 1 + (found is not None), f"{{ {value} tc_r{k}[{n}] = {read}; }}")
+        if found is not None:
+            printer.emit(at + 1, "}")
+        printer.emit(at, "}")
 
 
 def _alone_in_some(name: str, names: list[str], subscripts: list[str]) -> bool:
@@ -198,24 +302,27 @@ def print_thread_tile(
     printer.emit(depth, f"if ({' && '.join(f'({f})' for f in firsts)}) {{" if firsts else "{")
     if held:
         printer.emit(depth + 1, "if (!tc_held) {")
-        each_output(printer, tile, f"tc_acc[tc_j] = {parts.current};", depth + 2)
+        move_outputs(printer, tile, depth + 2, store=False)
         printer.emit(depth + 2, "tc_held = true;")
         printer.emit(depth + 1, "}")
     else:
         printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
-        each_output(printer, tile, f"tc_acc[tc_j] = {parts.current};", depth + 1)
+        move_outputs(printer, tile, depth + 1, store=False)
     for k, loop in enumerate(tile.reductions):
         printer.emit(depth + 1 + k, loop.text)
     at = depth + 1 + len(tile.reductions)
     step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
-    shared, step = _shared_reads(step, tile)
+    shared, along, step = _shared_reads(step, tile)
     for k, read in enumerate(shared):
         printer.emit(at, f"const auto tc_o{k} = {read};")
+    run = run_of(tile)
+    if along and run is not None:
+        _read_runs(printer, run, along, at)
     each_output(printer, tile, step, at)
     for k in reversed(range(len(tile.reductions))):
         printer.emit(depth + 1 + k, "}")
     if not held:
-        each_output(printer, tile, _store(tile), depth + 1)
+        move_outputs(printer, tile, depth + 1, store=True)
     printer.emit(depth, "}")
 
 
@@ -232,21 +339,63 @@ def each_output(printer: _CudaPrinter, tile: ThreadTile, line: str, at: int) -> 
     declared (an unrolled loop)."""
     printer.emit(at, "#pragma unroll")
     printer.emit(at, f"for (int tc_j = 0; tc_j < {tile_size(tile)}; tc_j++) {{")
-    inner = 1
-    for s in reversed(tile.strided):
-        if len(tile.strided) == 1:
-            j = "tc_j"
-        else:
-            j = f"tc_j / {inner} % {s.trips}" if inner > 1 else f"tc_j % {s.trips}"
-        printer.emit(
-            at + 1,
-            f"const {printer.dialect.index_type} {s.loop.iterator} = {s.first} + ({j}) * {s.step};",
-        )
-        inner *= s.trips
+    _declare(printer, tile.strided, "tc_j", 1, at + 1)
     guards = [s.loop.cond for s in tile.strided if not s.whole]
     if guards:
         line = f"if ({' && '.join(guards)}) {line}"
     printer.emit(at + 1, line)
+    printer.emit(at, "}")
+
+
+def _declare(
+    printer: _CudaPrinter, strided: tuple[Strided, ...], j: str, inner: int, at: int
+) -> None:
+    """The indices of `strided` loops at output `j` of a tile (the last varying
+    fastest, after `inner` outputs of loops inside them)."""
+    for s in reversed(strided):
+        if len(strided) == 1 and inner == 1:
+            at_j = j
+        else:
+            at_j = f"{j} / {inner} % {s.trips}" if inner > 1 else f"{j} % {s.trips}"
+        index = f"{s.first} + ({at_j}) * {s.step}"
+        printer.emit(at, f"const {printer.dialect.index_type} {s.loop.iterator} = {index};")
+        inner *= s.trips
+
+
+def move_outputs(printer: _CudaPrinter, tile: ThreadTile, at: int, store: bool) -> None:
+    """Loads every output of `tile` into `tc_acc` (or, with `store`, stores them): a
+    run of the thread's (`run_of`) at a time as one vector where its elements are
+    adjacent and aligned, else one at a time."""
+    parts, run = tile.parts, run_of(tile)
+    line = _store(tile) if store else f"tc_acc[tc_j] = {parts.current};"
+    access = parts.target if store else parts.current
+    if run is None or not all(s.whole for s in tile.strided) or not _ACCESS.fullmatch(access):
+        each_output(printer, tile, line, at)
+        return
+    printer.emit(at, "#pragma unroll")
+    printer.emit(at, f"for (int tc_q = 0; tc_q < {tile_size(tile)}; tc_q += {run.trips}) {{")
+    _declare(printer, tile.strided[:-1], "tc_q", run.trips, at + 1)
+    found = _run_access(printer, run, access, at + 1, "tc_b")
+    lanes = "xyzw"[: run.trips]
+    if found is not None:
+        vector, condition, moved = found
+        printer.emit(at + 1, f"if ({condition}) {{")
+        if store:
+            values = ", ".join(parts.store(f"tc_acc[tc_q + {n}]") for n in range(run.trips))
+            printer.emit(at + 2, f"{moved} = make_{vector}({values});")
+        else:
+            printer.emit(at + 2, f"const {vector} tc_v = {moved};")
+            printer.emit(
+                at + 2, " ".join(f"tc_acc[tc_q + {n}] = tc_v.{c};" for n, c in enumerate(lanes))
+            )
+        printer.emit(at + 1, "} else {")
+    for n in range(run.trips):
+        value = f"const int {run.loop.iterator} = {run.first} + {n};"
+        printer.emit(
+            at + 1 + (found is not None), f"{{ {value} const int tc_j = tc_q + {n}; {line} }}"
+        )
+    if found is not None:
+        printer.emit(at + 1, "}")
     printer.emit(at, "}")
 
 
@@ -316,6 +465,6 @@ def print_held_tile(
     declare = [f"{tile.parts.compute} tc_acc[{tile_size(tile)}];", "bool tc_held = false;"]
     printer.lines[start:start] = ["  " * depth + "{"] + ["  " * (depth + 1) + d for d in declare]
     printer.emit(depth + 1, "if (tc_held) {")
-    each_output(printer, tile, _store(tile), depth + 2)
+    move_outputs(printer, tile, depth + 2, store=True)
     printer.emit(depth + 1, "}")
     printer.emit(depth, "}")

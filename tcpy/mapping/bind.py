@@ -19,10 +19,16 @@ UNKNOWN_GRID = (256, 32, 8)  # blocks per dimension when the loop extents are no
 
 
 def bind_members(
-    node: isl.ScheduleNode, members: list[int], sizes: list[int], params: tuple[str, ...]
+    node: isl.ScheduleNode,
+    members: list[int],
+    sizes: list[int],
+    params: tuple[str, ...],
+    runs: tuple[int, ...] = (),
 ) -> isl.ScheduleNode:
     """Insert above band `node` the filter `member_j mod sizes[j] = params[j]`; returns
-    the band node (now below the filter)."""
+    the band node (now below the filter). With `runs[j]` > 1, runs of that many
+    consecutive values go to each index instead (`floor(member_j / runs[j]) mod
+    sizes[j] = params[j]`): a thread's values along the member are then adjacent."""
     if not members:
         return node
     ctx = node.get_ctx()
@@ -30,7 +36,10 @@ def bind_members(
     exprs = isl.UnionPwAffList.alloc(ctx, len(members))
     ids = isl.IdList.alloc(ctx, len(members))
     for j, member in enumerate(members):
-        upa = mupa.get_union_pw_aff(member).mod_val(isl.Val.int_from_si(ctx, sizes[j]))
+        upa = mupa.get_union_pw_aff(member)
+        if j < len(runs) and runs[j] > 1:
+            upa = upa.scale_down_val(isl.Val.int_from_si(ctx, runs[j])).floor()
+        upa = upa.mod_val(isl.Val.int_from_si(ctx, sizes[j]))
         exprs = exprs.add(upa)
         # parameters must be read from text: an isl.Id made in Python is another id
         ids = ids.add(isl.Id.read_from_str(ctx, params[j]))

@@ -43,9 +43,9 @@ from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
-from tcpy.mapping.locality import stride_score, worst_stride
+from tcpy.mapping.locality import runs_along, stride_score, worst_stride
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.mapping.placement import copy_into_shared, hold_registers
+from tcpy.mapping.placement import copy_into_shared, hold_registers, thread_runs
 from tcpy.mapping.rows import map_rows
 from tcpy.mapping.shared import gathers
 from tcpy.parser import ast
@@ -68,8 +68,10 @@ threads computing 32x16)."""
 LARGE_THREAD_TILE = (8, 2)
 """With shared memory, where the grid still fills the device with it: the outputs
 each thread computes along y and x (32x8 threads, 64x64 outputs; the tiles of A and B
-take 33 KB at the reduction tile of 64). NVRTC's PTX then loads 0.625 shared values per
-FMA, against 1.25 at 4x1 (not yet timed on a GPU; the tuner searches `register_tile`)."""
+take 32 KB at the reduction tile of 64; a thread's two outputs along x adjacent,
+`Kernel.runs`). NVRTC's PTX then makes 0.5625 shared loads per FMA (8 of A, one float2
+of B per 16), against 1.25 at 4x1 (not yet timed on a GPU; the tuner searches
+`register_tile`)."""
 SHARED_REDUCTION_TILE = 64
 """With shared memory: the tile of the first reduction member, along which a block
 copies its operands' tiles (a matmul's 32x64 and 64x32: 16 KB; each output is loaded
@@ -95,6 +97,7 @@ class Kernel:
     domain: isl.UnionSet  # the statement instances this kernel runs
     grid: tuple[int, ...]  # blocks along x, y, then the dimensions folded into z
     block: tuple[int, ...]  # threads along x, y, z
+    runs: int = 1  # adjacent outputs a thread computes along x (1: strided by the block)
 
     @property
     def threads(self) -> int:
@@ -182,9 +185,10 @@ def _map_nests(
     domain = node.get_domain()
     grid: tuple[int, ...] = ()
     block: tuple[int, ...] = ()
+    runs = 1
     if is_band(node):
-        node, grid, block = _map_band(node, scop, options, device, bind)
-    kernels.append(Kernel(len(kernels), domain, grid, block))
+        node, grid, block, runs = _map_band(node, scop, options, device, bind)
+    kernels.append(Kernel(len(kernels), domain, grid, block, runs))
     return node
 
 
@@ -194,14 +198,14 @@ def _map_band(
     options: MappingOptions,
     device: DeviceProfile,
     bind: bool,
-) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]]:
+) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], int]:
     """Map the outermost band of a nest: choose the lane reduction, the order of the
     grid's members, shared-memory tiles (only where an operand's tile is copied) or a
     split reduction, then tile and bind. Returns the node at the band's position, the
-    grid and the block."""
+    grid, the block and the runs of `Kernel.runs`."""
     rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind)
     if rows is not None:
-        return rows
+        return (*rows, 1)
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
@@ -210,7 +214,7 @@ def _map_band(
         prefix = min(prefix, 1)
     lanes = _lane_member(node, scop, options, prefix) if permutable else None
     if prefix == 0 and lanes is None:
-        return node, (), ()  # no parallel loop: the nest runs in one thread
+        return node, (), (), 1  # no parallel loop: the nest runs in one thread
     mapped = min(prefix, len(options.map_to_blocks) or len(BLOCK_PARAMS))
     if permutable and (prefix > 1 or lanes is not None):
         order = _grid_order(node, scop, prefix, mapped) if prefix > 1 else list(range(prefix))
@@ -226,16 +230,16 @@ def _map_band(
         bound = _tile_and_bind(node, scop, *chosen, shared=True, bind=True)
         shared = bool(bound[3])
         if shared and bind:  # the trial is the mapping
-            return bound[:3]
+            return bound[0], bound[1], bound[2], bound[4]
     split = None
     splittable = prefix < n and not shared and lanes is None and permutable
     if splittable and _atomic_reduction(node, scop, options):
         grid = _tile_and_bind(node, scop, *chosen, shared=False, bind=False)[1]
         split = _split(math.prod(grid), member_extent(node, prefix), device)
-    node, grid, block, _ = _tile_and_bind(
+    node, grid, block, _, runs = _tile_and_bind(
         node, scop, *chosen, shared=shared, bind=bind, split=split
     )
-    return node, grid, block
+    return node, grid, block, runs
 
 
 def _tile_and_bind(
@@ -249,13 +253,14 @@ def _tile_and_bind(
     shared: bool,
     bind: bool,
     split: int | None = None,
-) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], list[str]]:
+) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], list[str], int]:
     """Tile the band (the sizes of `_Sizes.choose`) and, with `bind`, bind `members`
     to the grid and the point loops to the threads, with the lane-reduction and
     shared-memory marks. With `split` (a chunk size), the first reduction member is
     tiled by it and its tiles go on the grid too, after `members`: blocks combine
     their partial results with atomics (`ATOMIC_MARK`). Returns the node at the
-    band's position, the grid, the block and the tensors copied into shared memory."""
+    band's position, the grid, the block, the tensors copied into shared memory and
+    the adjacent outputs each thread computes along x (`placement.thread_runs`)."""
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     extents = [member_extent(node, m) for m in members]
@@ -266,6 +271,8 @@ def _tile_and_bind(
     )
     on_grid = members if split is None else [*members, prefix]
     copied: list[str] = []
+    runs = 1
+    read_along_x = runs_along(node, members[0], scop) if shared and lanes is None else None
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
         grid = grid_sizes(options, [member_extent(node, m) for m in on_grid])
@@ -276,9 +283,15 @@ def _tile_and_bind(
         node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
     if block:
         point = node.child(0)
+        budget = shared_budget(options, device)
+        if read_along_x is not None and sizes is not None:
+            tile_x = sizes.tile[members[0]]
+            runs = thread_runs(
+                point, scop, options, budget, read_along_x, block[0], tile_x, extents[0]
+            )
         if bind:
             on_threads = ([lanes] if lanes is not None else []) + members
-            point = bind_members(point, on_threads[: len(block)], block, THREAD_PARAMS)
+            point = bind_members(point, on_threads[: len(block)], block, THREAD_PARAMS, (runs,))
             if lanes is not None or split is not None:
                 mark = LANES_MARK if lanes is not None else ATOMIC_MARK
                 point = insert_mark(point, mark).parent()
@@ -286,13 +299,12 @@ def _tile_and_bind(
         node = point.parent()  # the tile band
         first = prefix + (split is not None)  # the members of the tile band on the grid
         if bind and shared:
-            budget = shared_budget(options, device)
             node, copied = copy_into_shared(node, scop, options, budget, first, on_threads[0])
         if bind and options.use_private_memory and lanes is None:
             node = hold_registers(node, options.private_depth, first)
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
-    return node, tuple(grid), tuple(block), copied
+    return node, tuple(grid), tuple(block), copied, runs
 
 
 WHOLE = 1 << 30

@@ -78,6 +78,41 @@ def strided_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
     return found
 
 
+def runs_along(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str] | None:
+    """The tensors read along band member `member` when every access of every
+    statement below either stays put along it or walks it in its last subscript with
+    coefficient 1 and no reduction index there (`C(m,n)`, `B(k,n)` along `n`), so
+    that each thread may take a run of consecutive values of the member and access
+    them as one vector at a place that does not move with the reduction; None
+    otherwise (a stride, a window, a member that combines indices)."""
+    read: set[str] = set()
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if position is None or stmt.kind is not Kind.COMPUTE:
+            return None
+        st = stmt.source(scop.cdef)
+        var = stmt.dims[position]
+        tensors = [st.tensor] + [
+            a.tensor for a in ast.walk(st.rhs) if isinstance(a, ast.Access) and a.args
+        ]
+        accesses = zip(tensors, _accesses(scop, stmt_name), strict=True)
+        for k, (tensor, subscripts) in enumerate(accesses):
+            stride = _stride(subscripts, var)
+            last = subscripts[-1] if subscripts else None
+            if stride < 0 or (
+                stride
+                and not (
+                    isinstance(last, Linear)
+                    and last.coeff(var) == 1
+                    and not any(last.coeff(r) for r in st.reduction_indices)
+                )
+            ):
+                return None
+            if stride and k:  # not the statement's own element
+                read.add(tensor)
+    return read
+
+
 def is_window_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
     """Whether band member `member` walks a window: a reduction index that some
     subscript adds to an output index (`kh` in a convolution's `I(n,c,h+kh,w+kw)`, or

@@ -228,7 +228,10 @@ class MappingOptions:
     """Use the machine's vectors. `cpu`: mark the innermost loop `omp simd` when its
     iterations are independent. `cuda`: copy a float32 or int32 tile whose rows are
     whole 16-byte vectors into shared memory with vector loads (`float4`), where at
-    run time its rows start on one, element by element elsewhere."""
+    run time its rows start on one, element by element elsewhere; and where a thread
+    computes 2 or 4 outputs along x (`register_tile`, `use_private_memory`), make
+    them adjacent, loaded, stored and read from shared memory as one `float2` or
+    `float4` where the accesses allow (`tcpy.mapping.placement.thread_runs`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The

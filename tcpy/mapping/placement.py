@@ -16,6 +16,9 @@ from tcpy.mapping.shared import shared_tensors
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import insert_mark, is_band
 
+VECTOR_RUNS = (2, 4)
+"""The runs of adjacent outputs a thread may take along x: a `float2` or a `float4`."""
+
 
 def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
     """Mark where a thread's register tile is loaded and stored (`PRIVATE_MARK`):
@@ -52,6 +55,33 @@ def copy_into_shared(
     if not copied:
         return band, []
     return mark_at(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied
+
+
+def thread_runs(
+    point: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    budget: int,
+    read: set[str],
+    threads: int,
+    tile: int,
+    extent: int | None,
+) -> int:
+    """How many adjacent outputs along threadIdx.x's member each thread of a tile
+    computes (`Kernel.runs`): with `vectorize` and `use_private_memory`, where the
+    tile along the member is 2 or 4 times the threads (a register tile) and the
+    tensors `read` along it (`locality.runs_along`) are all copied into shared
+    memory at `point` (the tile's point band), a thread's run is then loaded, stored
+    and read from shared memory as one vector (`tcpy.codegen.thread_tile`), where the
+    tiles divide the member's `extent` (a partial tile, or a size known only at the
+    call, moves its runs one element at a time). Else 1: its outputs are strided by
+    the block, so that scalar accesses of a warp stay adjacent."""
+    run = tile // threads if threads and tile % threads == 0 else 1
+    if run not in VECTOR_RUNS or not (options.vectorize and options.use_private_memory):
+        return 1
+    if extent is None or extent % tile:
+        return 1
+    return run if read <= set(shared_tensors(point, scop, budget)) else 1
 
 
 def depth_in_band(asked: int, first: int, n: int, default: int | None = None) -> int:

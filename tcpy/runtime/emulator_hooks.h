@@ -179,6 +179,14 @@ static T *shared_access(T *base, long long n, const char *name, long long index,
       out_of_bounds("shared", name, index, n);
       return (T *)w.sink;
     }
+    if ((unsigned long long)(const void *)(base + index) % (unsigned long long)bytes) {
+      char at[96], message[512];
+      where(at, sizeof at, w.current);
+      snprintf(message, sizeof message, "%s: misaligned %lld-byte access to shared %s at index %lld, by %s",
+               L.kernel, bytes, name, index, at);
+      fail_here(message);
+      return (T *)w.sink;
+    }
     check_race(name, base + index, bytes, kind);
     if (w.aborted) return (T *)w.sink;
   }
@@ -228,7 +236,9 @@ static void order_lanes(Worker &w, int warp, const int *lanes, int n) {
 #define TC_ST(a, i) (*tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::STORE, __COUNTER__))
 #define TC_AT(a, i) (tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::ATOMIC, 0))
 #define TC_LDV(T, a, i) (*(const T *)tc_emu::global_access((a), (long long)(i), (long long)sizeof(T), tc_emu::LOAD, __COUNTER__))
+#define TC_STV(T, a, i) (*(T *)tc_emu::global_access((a), (long long)(i), (long long)sizeof(T), tc_emu::STORE, __COUNTER__))
 #define TC_SLD(s, i) (*tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::LOAD, __COUNTER__))
+#define TC_SLDV(T, s, i) (*(const T *)tc_emu::shared((s), #s, (long long)(i), (long long)sizeof(T), tc_emu::LOAD, __COUNTER__))
 #define TC_SST(s, i) (*tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::STORE, __COUNTER__))
 #define TC_SAT(s, i) (tc_emu::shared((s), #s, (long long)(i), (long long)sizeof((s)[0]), tc_emu::ATOMIC, 0))
 #endif

@@ -8,7 +8,9 @@
 #define TC_ST(a, i) ((a)[i])
 #define TC_AT(a, i) (&(a)[i])
 #define TC_LDV(T, a, i) (*reinterpret_cast<const T *>(&(a)[i]))
+#define TC_STV(T, a, i) (*reinterpret_cast<T *>(&(a)[i]))
 #define TC_SLD(s, i) ((s)[i])
+#define TC_SLDV(T, s, i) (*reinterpret_cast<const T *>(&(s)[i]))
 #define TC_SST(s, i) ((s)[i])
 #define TC_SAT(s, i) (&(s)[i])
 #endif
@@ -48,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
   /* C(m,n) +=! A(m,k) * B(k,n) */
   {
     __syncthreads();
-    __shared__ float tc_shared0[1568];
+    __shared__ __align__(16) float tc_shared0[1568];
     const int tc_shared0_o0 = 32 * (int)blockIdx.y;
     const int tc_shared0_o1 = 0;
     if ((tc_shared0_o1) % 4 == 0 && e_A_1 % 4 == 0 && ((unsigned long long)t_A & 15) == 0) {
@@ -78,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
         }
       }
     }
-    __shared__ float tc_shared1[1584];
+    __shared__ __align__(16) float tc_shared1[1584];
     const int tc_shared1_o0 = 0;
     const int tc_shared1_o1 = 32 * (int)blockIdx.x;
     if ((tc_shared1_o1) % 4 == 0 && e_B_1 % 4 == 0 && ((unsigned long long)t_B & 15) == 0) {

@@ -13,7 +13,9 @@
 #define TC_ST(a, i) ((a)[i])
 #define TC_AT(a, i) (&(a)[i])
 #define TC_LDV(T, a, i) (*reinterpret_cast<const T *>(&(a)[i]))
+#define TC_STV(T, a, i) (*reinterpret_cast<T *>(&(a)[i]))
 #define TC_SLD(s, i) ((s)[i])
+#define TC_SLDV(T, s, i) (*reinterpret_cast<const T *>(&(s)[i]))
 #define TC_SST(s, i) ((s)[i])
 #define TC_SAT(s, i) (&(s)[i])
 #endif
@@ -47,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
   /* O(n, d) = expDist(n, d) / expSum(n) */
   {
     __syncthreads();
-    __shared__ float tc_shared0[41];
+    __shared__ __align__(16) float tc_shared0[41];
     const int tc_shared0_o0 = (int)blockIdx.x;
     const int tc_shared0_o1 = 0;
     if ((tc_shared0_o1) % 4 == 0 && e_I_1 % 4 == 0 && ((unsigned long long)t_I & 15) == 0) {
