@@ -592,3 +592,37 @@ def test_a_temporary_initialised_in_another_nest_is_not_kept_in_a_buffer(target:
         got, want = run_both(SPLIT_INITIALISATION, "f", (b, v), target, opts)
         assert want[1][0] == 2**31 - 2
         assert_same(got, want)
+
+
+# --- a register block's partial run, vectorised by GCC behind an overlap check ---------
+
+TWO_MATMULS = """
+def two_matmul(float(M, K) A, float(K, N) B, float(M, L) C, float(L, N) D) -> (O) {
+    O(m, n) +=! A(m, k) * B(k, n)
+    O(m, n) += C(m, l) * D(l, n)
+}
+"""  # found by the drawn options of test_cpu: O's last column took C @ D twice
+
+
+def test_a_register_blocks_partial_run_is_computed_once() -> None:
+    """Register blocks of 2 along n = 9: the second statement's run over a block is
+    bounded by `c8 <= 2 - (c4 + 6) / 5`. GCC 12.2 at -O3 -march=native (Rocket Lake
+    tuning) vectorised that loop behind a check that O and D do not overlap and
+    computed the last column twice; `runtime.cpu.GCC_FLAGS` keeps it from vectorising
+    behind such checks. Whole blocks and partial ones, at several n."""
+    rng = np.random.default_rng(0)
+    opts = options(
+        outer_schedule_fusion=Fusion.MIN,
+        intra_tile_schedule_fusion=Fusion.MAX,
+        positive_orthant=False,
+        fix_parameters_before_scheduling=True,
+        register_tile=(2,),
+        pack_operands=None,
+        parallel=False,
+        vectorize=False,
+    )
+    for n in (9, 13, 35):
+        a, b = rng.standard_normal((8, 10), np.float32), rng.standard_normal((10, n), np.float32)
+        c, d = rng.standard_normal((8, 6), np.float32), rng.standard_normal((6, n), np.float32)
+        got, want = run_both(TWO_MATMULS, "two_matmul", (a, b, c, d), "cpu", opts)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)

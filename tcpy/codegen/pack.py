@@ -125,6 +125,8 @@ def _transposing_copy(
     p.emit(depth, f"for (int64_t tc_b = {lo}1; tc_b < {hi}1; tc_b += {block}) {{")
     p.emit(depth + 1, f"const int64_t tc_e = tc_b + {block} < {hi}1 ? tc_b + {block} : {hi}1;")
     p.emit(depth + 1, f"for (int64_t {i0} = {lo}0; {i0} < {hi}0; {i0}++) {{")
+    if p.options.vectorize:  # distinct elements of the buffer: no check of overlap needed
+        p.emit(depth + 2, "#pragma omp simd")
     p.emit(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
     p.emit(depth + 3, assignment)
     p.emit(depth + 2, "}")
