@@ -213,6 +213,39 @@ def test_a_threads_adjacent_outputs_move_as_vectors(
             assert update["global_requests"] == requests
 
 
+def test_the_channel_tile_shrinks_until_a_convolutions_input_fits_shared_memory() -> None:
+    """A 3x3 convolution's input box spans every channel of the reduction's tile and
+    the windows of the block's 16x32 outputs: 16 channels of 18x34 floats (39 KB, 35
+    floats a row in the copy) fit 48 KB, not 12,000 bytes. There the channel tile
+    halves until they do (4 channels: 2,520 floats, 4 tiles of 2 barriers per block),
+    and each block still reads its input box, weights and outputs once; where even 4
+    channels do not fit (1,000 bytes) the input is read from global memory, 9 times
+    per element. Right every time, under the checks."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define(
+        "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
+        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
+    )
+    rng = np.random.default_rng(5)
+    i = rng.standard_normal((1, 16, 18, 34)).astype(np.float32)
+    k = rng.standard_normal((2, 16, 3, 3)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(i, (3, 3), axis=(2, 3))
+    expected = np.einsum("nchwij,fcij->nfhw", windows, k)
+    once = 2 * (i.nbytes + k[0].nbytes + 4 * 16 * 32)  # 2 blocks, one filter each
+    for limit, floats, barriers in ((0, 16 * 18 * 35, 4), (12000, 4 * 18 * 35, 16)):
+        options = MappingOptions.cuda().replace(max_shared_memory=limit)
+        kernel = engine.compile("conv", i, k, options=options)
+        np.testing.assert_allclose(kernel(i, k), expected, rtol=1e-4, atol=1e-4)
+        assert f"__shared__ __align__(16) float tc_shared0[{floats}];" in kernel.source
+        update = kernel.profile(i, k)[1]
+        assert (update["global_load_bytes"], update["barriers"]) == (once, barriers)
+    kernel = engine.compile(
+        "conv", i, k, options=MappingOptions.cuda().replace(max_shared_memory=1000)
+    )
+    np.testing.assert_allclose(kernel(i, k), expected, rtol=1e-4, atol=1e-4)
+    assert kernel.profile(i, k)[1]["global_load_bytes"] > 7 * once
+
+
 def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
     """A 64x64 matmul over k = 96 copies A's and B's tiles once per 64 values of k (2
     tiles, 2 barriers each) by default; at shared_depth 2 (below the grid's two

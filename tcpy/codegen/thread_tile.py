@@ -122,7 +122,7 @@ def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], list[str], st
 
 _ACCESS = re.compile(r"(TC_SLD|TC_LDG|TC_LD|TC_ST)\((\w+), (.*)\)")
 """A load or store macro of an array at an index (matched whole)."""
-_VECTORS = {"float": "float", "int": "int"}
+_VECTOR_ELEMENTS = ("float", "int")
 """The C types a run is moved as one vector of (`float2`, `float4`, `int2`, `int4`)."""
 
 
@@ -143,26 +143,26 @@ def _array_type(printer: _CudaPrinter, array: str) -> str | None:
 
 
 def _run_access(
-    printer: _CudaPrinter, run: Strided, access: str, at: int, apart: str
+    printer: _CudaPrinter, run: Strided, access: str, at: int
 ) -> tuple[str, str, str] | None:
     """For the load or store `access` of one element of a run (its index changing with
     `run`'s loop only), declares `tc_a`, the element's index at the run's first value,
-    and returns the vector type, the C condition under which the run's elements are
-    adjacent from `tc_a` on and aligned to that vector (checked at run time: the
-    tensor's address and row length are known only then), and the macro moving it.
-    `apart`: the name of the run's last element's index. None when the array's
-    elements have no vector type."""
+    and `tc_b`, its last element's, and returns the vector type, the C condition
+    under which the run's elements are adjacent from `tc_a` on and aligned to that
+    vector (checked at run time: the tensor's address and row length are known only
+    then), and the macro moving it. None when the array's elements have no vector
+    type."""
     found = _ACCESS.fullmatch(access)
     ctype = _array_type(printer, found.group(2)) if found else None
-    if found is None or ctype not in _VECTORS or "TC_" in found.group(3):
+    if found is None or ctype not in _VECTOR_ELEMENTS or "TC_" in found.group(3):
         return None
     macro, array, index = found.groups()
-    vector = f"{_VECTORS[ctype]}{run.trips}"
+    vector = f"{ctype}{run.trips}"
     i = run.loop.iterator
-    printer.emit(at, f"int tc_a, {apart};")
+    printer.emit(at, "int tc_a, tc_b;")
     printer.emit(at, f"{{ const int {i} = {run.first}; tc_a = {index}; }}")
-    printer.emit(at, f"{{ const int {i} = {run.first} + {run.trips - 1}; {apart} = {index}; }}")
-    adjacent = f"{apart} - tc_a == {run.trips - 1}"
+    printer.emit(at, f"{{ const int {i} = {run.first} + {run.trips - 1}; tc_b = {index}; }}")
+    adjacent = f"tc_b - tc_a == {run.trips - 1}"
     if macro == "TC_SLD":  # a shared array starts on 16 bytes (`__align__(16)`)
         aligned = f"(tc_a & {run.trips - 1}) == 0"
     else:
@@ -176,10 +176,11 @@ def _read_runs(printer: _CudaPrinter, run: Strided, reads: list[str], at: int) -
     one vector load where they are adjacent and aligned, else one load each."""
     lanes = "xyzw"[: run.trips]
     for k, read in enumerate(reads):
-        ctype = _array_type(printer, _ACCESS.fullmatch(read).group(2))  # type: ignore[union-attr]
-        printer.emit(at, f"{ctype} tc_r{k}[{run.trips}];")
+        access = _ACCESS.fullmatch(read)
+        assert access is not None  # `_shared_reads` takes no other read along a run
+        printer.emit(at, f"{_array_type(printer, access.group(2))} tc_r{k}[{run.trips}];")
         printer.emit(at, "{")
-        found = _run_access(printer, run, read, at + 1, "tc_b")
+        found = _run_access(printer, run, read, at + 1)
         if found is not None:
             vector, condition, load = found
             printer.emit(at + 1, f"if ({condition}) {{")
@@ -375,7 +376,7 @@ def move_outputs(printer: _CudaPrinter, tile: ThreadTile, at: int, store: bool) 
     printer.emit(at, "#pragma unroll")
     printer.emit(at, f"for (int tc_q = 0; tc_q < {tile_size(tile)}; tc_q += {run.trips}) {{")
     _declare(printer, tile.strided[:-1], "tc_q", run.trips, at + 1)
-    found = _run_access(printer, run, access, at + 1, "tc_b")
+    found = _run_access(printer, run, access, at + 1)
     lanes = "xyzw"[: run.trips]
     if found is not None:
         vector, condition, moved = found

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import islpy as isl
 
@@ -87,6 +88,8 @@ ATOMICS = {
 }  # fmt: skip
 """The reductions and element types CUDA has a native atomic for (`atomicAdd`,
 `atomicMax`, `atomicMin`): float max and min have none, and would lose NaN."""
+SMALLEST_REDUCTION_TILE = 4
+"""The smallest tile of the first reduction member `_fit_shared` tries."""
 MIN_CHUNK = 64
 """The fewest values of a reduction a block runs when the reduction is split."""
 
@@ -222,24 +225,61 @@ def _map_band(
         node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
         lanes = None if lanes is None else n - 1
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
-    chosen = (options, device, prefix, members, lanes)
+    chosen: _Chosen = (options, device, prefix, members, lanes)
     shared = options.use_shared_memory and lanes is None and permutable and prefix < n
     if shared and gathers(node, scop):
         shared = False  # the gathered reads dominate; the grid's parallelism counts more
+    reduction_tile = SHARED_REDUCTION_TILE
     if shared:  # tiles for shared memory only where some operand's tile is copied
-        bound = _tile_and_bind(node, scop, *chosen, shared=True, bind=True)
-        shared = bool(bound[3])
+        trial, reduction_tile = _fit_shared(node, scop, chosen, member_extent(node, prefix))
+        shared = bool(trial.copied)
         if shared and bind:  # the trial is the mapping
-            return bound[0], bound[1], bound[2], bound[4]
+            return trial.node, trial.grid, trial.block, trial.runs
     split = None
     splittable = prefix < n and not shared and lanes is None and permutable
     if splittable and _atomic_reduction(node, scop, options):
-        grid = _tile_and_bind(node, scop, *chosen, shared=False, bind=False)[1]
+        grid = _tile_and_bind(node, scop, *chosen, shared=False, bind=False).grid
         split = _split(math.prod(grid), member_extent(node, prefix), device)
-    node, grid, block, _, runs = _tile_and_bind(
-        node, scop, *chosen, shared=shared, bind=bind, split=split
+    bound = _tile_and_bind(
+        node, scop, *chosen, shared=shared, bind=bind, split=split, reduction_tile=reduction_tile
     )
-    return node, grid, block, runs
+    return bound.node, bound.grid, bound.block, bound.runs
+
+
+class _Bound(NamedTuple):
+    node: isl.ScheduleNode  # at the band's position
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    copied: list[str]  # the tensors copied into shared memory
+    runs: int  # `Kernel.runs`
+    complete: bool  # every tensor worth copying is (`placement.copy_into_shared`)
+
+
+_Chosen = tuple[MappingOptions, DeviceProfile, int, list[int], int | None]
+"""The options, the device, the parallel members, those on the grid, the lane member."""
+
+
+def _fit_shared(
+    node: isl.ScheduleNode, scop: Scop, chosen: _Chosen, extent: int | None
+) -> tuple[_Bound, int]:
+    """Shared-memory tiles, the first reduction member's tile (of `extent` values)
+    `SHARED_REDUCTION_TILE` and halved, while that shortens it, down to
+    `SMALLEST_REDUCTION_TILE`, as long as some operand worth copying does not fit the
+    budget with the others (a convolution's input at 32 channels: its box spans the
+    tile's channels and the windows of the block's outputs). Returns the trial that
+    copies the most operands, the larger tile among equals, and its reduction tile."""
+    tiles = [SHARED_REDUCTION_TILE]
+    while tiles[-1] > SMALLEST_REDUCTION_TILE:
+        tiles.append(tiles[-1] // 2)
+    best: tuple[_Bound, int] | None = None
+    for tile in [tiles[0], *(t for t in tiles[1:] if extent is None or t < extent)]:
+        trial = _tile_and_bind(node, scop, *chosen, shared=True, bind=True, reduction_tile=tile)
+        if best is None or len(trial.copied) > len(best[0].copied):
+            best = (trial, tile)
+        if trial.complete:
+            break
+    assert best is not None
+    return best
 
 
 def _tile_and_bind(
@@ -253,25 +293,27 @@ def _tile_and_bind(
     shared: bool,
     bind: bool,
     split: int | None = None,
-) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...], list[str], int]:
+    reduction_tile: int = SHARED_REDUCTION_TILE,
+) -> _Bound:
     """Tile the band (the sizes of `_Sizes.choose`) and, with `bind`, bind `members`
     to the grid and the point loops to the threads, with the lane-reduction and
     shared-memory marks. With `split` (a chunk size), the first reduction member is
     tiled by it and its tiles go on the grid too, after `members`: blocks combine
-    their partial results with atomics (`ATOMIC_MARK`). Returns the node at the
-    band's position, the grid, the block, the tensors copied into shared memory and
-    the adjacent outputs each thread computes along x (`placement.thread_runs`)."""
+    their partial results with atomics (`ATOMIC_MARK`). With `shared`, the first
+    reduction member's tile is `reduction_tile`."""
     n = node.band_n_member()
     permutable = bool(node.band_get_permutable())
     extents = [member_extent(node, m) for m in members]
     sizes = (
-        _Sizes.choose(options, n, prefix, members, extents, device, lanes, shared, split)
+        _Sizes.choose(
+            options, n, prefix, members, extents, device, lanes, shared, split, reduction_tile
+        )
         if permutable
         else None
     )
     on_grid = members if split is None else [*members, prefix]
     copied: list[str] = []
-    runs = 1
+    runs, complete = 1, True
     read_along_x = runs_along(node, members[0], scop) if shared and lanes is None else None
     if sizes is not None and any(sizes.tile):
         node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
@@ -299,12 +341,14 @@ def _tile_and_bind(
         node = point.parent()  # the tile band
         first = prefix + (split is not None)  # the members of the tile band on the grid
         if bind and shared:
-            node, copied = copy_into_shared(node, scop, options, budget, first, on_threads[0])
+            node, copied, complete = copy_into_shared(
+                node, scop, options, budget, first, on_threads[0]
+            )
         if bind and options.use_private_memory and lanes is None:
             node = hold_registers(node, options.private_depth, first)
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
-    return node, tuple(grid), tuple(block), copied, runs
+    return _Bound(node, tuple(grid), tuple(block), copied, runs, complete)
 
 
 WHOLE = 1 << 30
@@ -330,6 +374,7 @@ class _Sizes:
         lanes: int | None = None,
         shared: bool = False,
         split: int | None = None,
+        reduction_tile: int = SHARED_REDUCTION_TILE,
     ) -> _Sizes:
         """The options' sizes where they give them. Else each thread computes one
         element of its tile: the tile of a member on threads is the block's size
@@ -343,7 +388,8 @@ class _Sizes:
         the block along y (a thread computes several elements, strided by the block;
         the block's y halves down to `SHARED_ROWS`, and only when that fills the
         device: otherwise the larger tile's reuse is worth more) and the first
-        reduction member is tiled by `SHARED_REDUCTION_TILE`: the copy is made once
+        reduction member is tiled by `reduction_tile` (`SHARED_REDUCTION_TILE`, or
+        less where the copies would not fit, `_fit_shared`): the copy is made once
         per tile of it, for the whole block. With `split`, the first reduction
         member's tile is that chunk."""
         threads = min(len(members) + (lanes is not None), len(options.map_to_threads) or 2)
@@ -362,7 +408,7 @@ class _Sizes:
                 if on_threads[j] != lanes:
                     tile[on_threads[j]] = _shared_tile(j, size, per_thread) if shared else size
             if shared:
-                tile[prefix] = SHARED_REDUCTION_TILE
+                tile[prefix] = reduction_tile
             if split:
                 tile[prefix] = split
             return tile

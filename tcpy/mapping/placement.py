@@ -12,7 +12,8 @@ import islpy as isl
 
 from tcpy.codegen.loops import PRIVATE_MARK, SHARED_MARK
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.shared import shared_tensors
+from tcpy.mapping.promotion import within_budget
+from tcpy.mapping.shared import shared_tensors, worth_sharing
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import insert_mark, is_band
 
@@ -37,24 +38,27 @@ def copy_into_shared(
     budget: int,
     first: int,
     x_member: int,
-) -> tuple[isl.ScheduleNode, list[str]]:
+) -> tuple[isl.ScheduleNode, list[str], bool]:
     """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
     below the first `shared_depth` members of the tile `band` (0: below them all, a
     copy per tile of the reduction; a depth among the grid's `first` members is
     theirs). A copy above a reduction's tile loops holds its whole extent: where the
     operands copied per tile do not all fit `budget` bytes there, the copies stay per
     tile. `x_member`: the member on threadIdx.x. Returns the node at the band's
-    position and the tensors copied."""
+    position, the tensors copied and whether every tensor worth copying per tile
+    (`shared.worth_sharing`) fits the budget."""
     n = _members(band)
-    copied = shared_tensors(_at_depth(band, n), scop, budget, x_member)
+    wanted = worth_sharing(_at_depth(band, n), scop, x_member)
+    copied = within_budget(_at_depth(band, n), wanted, scop, budget)
+    complete = len(copied) == len(wanted)
     depth = depth_in_band(options.shared_depth, first, n, default=n)
     if depth < n:
         above = shared_tensors(_at_depth(band, depth), scop, budget, x_member)
         depth = depth if set(above) >= set(copied) else n
         copied = above if depth < n else copied
     if not copied:
-        return band, []
-    return mark_at(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied
+        return band, [], complete
+    return mark_at(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied, complete
 
 
 def thread_runs(

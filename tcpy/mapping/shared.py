@@ -47,14 +47,18 @@ def shared_tensors(
     twice the sectors they use; the copy reads the box's rows whole instead.
     Narrower elements are left in global memory: threads copying neighbours would
     write to one 4-byte word of a bank."""
+    return within_budget(node, worth_sharing(node, scop, x_member), scop, budget)
+
+
+def worth_sharing(node: isl.ScheduleNode, scop: Scop, x_member: int | None = None) -> list[str]:
+    """The tensors `shared_tensors` copies at `node` when the budget allows them all."""
     strided = set() if x_member is None else strided_reads(_point_band(node), x_member, scop)
-    wanted = [
+    return [
         t
         for t in candidates(node, scop)
         if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
         and (t in strided or reuse(node, t, scop) >= 2 or reads_per_element(node, t, scop) >= 2)
     ]
-    return within_budget(node, wanted, scop, budget)
 
 
 def reads_per_element(node: isl.ScheduleNode, tensor: str, scop: Scop) -> float:
