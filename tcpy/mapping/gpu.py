@@ -256,7 +256,8 @@ class _Bound(NamedTuple):
 
 
 _Chosen = tuple[MappingOptions, DeviceProfile, int, list[int], int | None]
-"""The options, the device, the parallel members, those on the grid, the lane member."""
+"""What `_map_band` chose for `_tile_and_bind`: the options, the device, how many of
+the band's members are parallel, those on the grid, the lane member."""
 
 
 def _fit_shared(
