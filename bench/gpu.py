@@ -2,7 +2,11 @@
 `torch.compile`, in the same run, on the same GPU.
 
     python bench/gpu.py [--reps 50] [--only matmul,softmax] [--out bench/results]
+                        [--suite-sizes] [--no-torch-compile]
     python bench/gpu.py --emulate    # no GPU: the emulator's traffic profile instead
+
+The kernels run at `bench.suite.GPU_SIZES` (matmul 4096 cubed, row-wise kernels of
+128 MB), sizes that fill the GPU; `--suite-sizes` takes the CPU suite's instead.
 
 For each kernel and each option set (the `naive` preset and the CUDA default): the
 time of a launch (inputs already on the device, CUDA events around the call), GFLOP/s
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -28,7 +33,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel, torch_peer
+from bench.suite import SUITE, Kernel, at_gpu_size, torch_peer
+
+# at most this long is spent timing one function (at least 3 repetitions)
+TIMING_BUDGET_MS = 1000.0
 
 
 def _torch():  # type: ignore[no-untyped-def]
@@ -40,10 +48,16 @@ def _torch():  # type: ignore[no-untyped-def]
 
 
 def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    """Median milliseconds of `fn` on the GPU, by CUDA events."""
+    """Median milliseconds of `fn` on the GPU, by CUDA events: `reps` repetitions, fewer
+    where they would take longer than TIMING_BUDGET_MS."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    once_ms = (time.perf_counter() - start) * 1e3
+    reps = max(3, min(reps, int(TIMING_BUDGET_MS / max(once_ms, 1e-3))))
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,30 +77,73 @@ def copy_bandwidth(torch) -> float:  # type: ignore[no-untyped-def]
     return 2 * x.numel() / (ms * 1e-3) / 1e9
 
 
-def measure(torch, kernel: Kernel, reps: int) -> dict[str, object]:
+def _device_ms(torch, fn, reps: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Milliseconds of GPU work per call of `fn`, and kernels per call: what PyTorch's
+    profiler (CUPTI) saw run on the device (kernels, copies, fills), summed over the
+    calls, whichever API launched it. The call's host time is left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        total_us = sum(e.device_time_total for e in events)
+        kernels = sum(1 for e in events if not e.name.lower().startswith(("memcpy", "memset")))
+    except Exception as e:  # a profiler that cannot run here: no device times
+        print(f"the profiler failed: {e!r}", file=sys.stderr)
+        return math.nan, math.nan
+    if not events:
+        print("the profiler saw no device work", file=sys.stderr)
+        return math.nan, math.nan
+    return total_us / reps / 1e3, kernels / reps
+
+
+def _profiled_reps(ms: float) -> int:
+    """Calls to profile: about 300 ms of them, between 3 and 50."""
+    return max(3, min(50, int(300 / max(ms, 1e-3))))
+
+
+def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """One kernel: PyTorch eager (and torch.compile), then tcpy with the naive preset
+    and with the CUDA target's default options for the def (what a call uses). Each is
+    timed twice: the call as a user sees it (CUDA events around it: the host's work
+    included) and its device work alone (`_device_ms`)."""
     rng = np.random.default_rng(0)
     host = kernel.inputs(rng, kernel.sizes)
     device = [torch.as_tensor(x, device="cuda") for x in host]
     peer = torch_peer(torch, kernel)
     eager_ms = _time(torch, lambda: peer(*device), reps)
-    try:
-        compiled_peer = torch.compile(peer)
-        compiled_ms = _time(torch, lambda: compiled_peer(*device), reps)
-    except Exception as e:  # torch.compile may be unavailable on the machine
-        compiled_ms, compiled_error = None, str(e).splitlines()[0]
-    else:
-        compiled_error = None
+    eager_device_ms, eager_kernels = _device_ms(
+        torch, lambda: peer(*device), _profiled_reps(eager_ms)
+    )
+    compiled_ms, compiled_error = None, "not asked for (--no-torch-compile)"
+    if torch_compile:
+        try:
+            compiled_peer = torch.compile(peer)
+            compiled_ms = _time(torch, lambda: compiled_peer(*device), reps)
+        except Exception as e:  # torch.compile may be unavailable on the machine
+            compiled_error = str(e).splitlines()[0]
+        else:
+            compiled_error = None
     row: dict[str, object] = {
         "kernel": kernel.name,
         "sizes": kernel.sizes,
+        "flops": kernel.flops(kernel.sizes),
+        "min_bytes": kernel.bytes(kernel.sizes),
         "torch_eager_ms": round(eager_ms, 4),
+        "torch_eager_device_ms": round(eager_device_ms, 4),
+        "torch_eager_kernels": eager_kernels,
         "torch_compile_ms": round(compiled_ms, 4) if compiled_ms else None,
         "torch_compile_error": compiled_error,
     }
-    for label, options in (("naive", tcpy.MappingOptions.naive()),
-                           ("cuda", tcpy.MappingOptions.cuda())):  # fmt: skip
-        engine = tcpy.ExecutionEngine("cuda")
-        engine.define(kernel.tc)
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(kernel.tc)
+    presets = {"naive": tcpy.MappingOptions.naive(), "cuda": engine.default_options(kernel.entry)}
+    for label, options in presets.items():
         try:
             start = time.perf_counter()
             compiled = engine.compile(kernel.entry, *device, options=options)
@@ -101,14 +158,18 @@ def measure(torch, kernel: Kernel, reps: int) -> dict[str, object]:
                 for g, w in zip(outputs, want, strict=True)
             )  # fmt: skip
             ms = _time(torch, lambda: compiled(*device), reps)  # noqa: B023
+            device_ms, kernels = _device_ms(torch, lambda: compiled(*device), _profiled_reps(ms))  # noqa: B023
         except tcpy.TCError as e:
             row[label] = {"error": str(e).splitlines()[0]}
             continue
         row[label] = {
             "ms": round(ms, 4),
-            "gflops": round(kernel.flops(kernel.sizes) / (ms * 1e-3) / 1e9, 2),
-            "gbps": round(kernel.bytes(kernel.sizes) / (ms * 1e-3) / 1e9, 2),
+            "device_ms": round(device_ms, 4),
+            "kernels": kernels,
+            "gflops": round(kernel.flops(kernel.sizes) / (device_ms * 1e-3) / 1e9, 2),
+            "gbps": round(kernel.bytes(kernel.sizes) / (device_ms * 1e-3) / 1e9, 2),
             "vs_torch_eager": round(eager_ms / ms, 3),
+            "device_vs_torch_eager": round(eager_device_ms / device_ms, 3),
             "vs_torch_compile": round(compiled_ms / ms, 3) if compiled_ms else None,
             "compile_s": round(compile_s, 3),
             "max_rel_error": error,
@@ -122,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--suite-sizes",
+        action="store_true",
+        help="the CPU suite's sizes instead of bench.suite.GPU_SIZES",
+    )
+    parser.add_argument("--no-torch-compile", action="store_true",
+                        help="time PyTorch eager alone (torch.compile's first call of "
+                        "each kernel takes seconds)")  # fmt: skip
     parser.add_argument("--emulate", action="store_true",
                         help="no GPU needed: the emulator's traffic profile of every kernel "
                         "at the suite's reduced sizes (bench/emu_profile.py)")  # fmt: skip
@@ -137,28 +206,40 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     os.environ.setdefault("TCPY_CACHE_DIR", tempfile.mkdtemp(prefix="tcpy-bench-"))
     wanted = set(filter(None, args.only.split(",")))
-    rows = []
+    bandwidth = copy_bandwidth(torch)
+    print(f"{torch.cuda.get_device_name(0)}: copy {bandwidth:.0f} GB/s", flush=True)
+    rows: list[dict[str, object]] = []
     for kernel in SUITE:
         if wanted and kernel.name not in wanted:
             continue
-        row = measure(torch, kernel, args.reps)
+        sized = kernel if args.suite_sizes else at_gpu_size(kernel)
+        row = measure(torch, sized, args.reps, not args.no_torch_compile)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        _write(args, torch, rows, bandwidth)
+    return 0
+
+
+def _write(
+    args: argparse.Namespace, torch, rows: list[dict[str, object]], bandwidth: float
+) -> None:  # type: ignore[no-untyped-def]
+    """The results so far, as JSON (rewritten after each kernel: a run cut short keeps
+    what it measured)."""
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cuda",
         "gpu": torch.cuda.get_device_name(0),
-        "copy_bandwidth_gbps": round(copy_bandwidth(torch), 1),
+        "copy_bandwidth_gbps": round(bandwidth, 1),
         "torch": torch.__version__,
         "tf32": False,
         "reps": args.reps,
+        "sizes": "suite" if args.suite_sizes else "gpu",
         "kernels": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"gpu-{result['date']}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}")
-    return 0
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ refused: tcpy kernels have no backward.
 Outputs. The first input that is a PyTorch tensor or a CuPy array decides the kind
 of the outputs: PyTorch in gives PyTorch out, on the device the outputs are on
 (`torch.from_numpy` on the host, `torch.as_tensor` on the GPU: no copy either way);
-CuPy gives CuPy. NumPy arrays, Python scalars and other DLPack producers give NumPy
+CuPy gives CuPy. Outputs on the GPU come from that library's caching allocator
+(`new_device_outputs`). NumPy arrays, Python scalars and other DLPack producers give NumPy
 arrays (or, for GPU inputs of another kind, `DeviceArray`s, which every GPU library
 takes without a copy).
 """
@@ -152,6 +153,40 @@ class _Capsule:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._device
+
+
+def new_device_outputs(
+    kind: Kind, inputs: tuple[Any, ...], specs: list[tuple[tuple[int, ...], np.dtype]]
+) -> tuple[Any, ...] | None:
+    """Empty outputs of `specs` (shape, dtype) for a call on the GPU whose inputs are of
+    library `kind`, from that library's caching allocator, on the device of its first
+    GPU input: a call then asks the driver for no memory, and the library reuses the
+    memory in the order of its current stream, the stream the call's work is queued on.
+    None where the library has no GPU input among `inputs` (the runtime then allocates
+    `DeviceArray`s)."""
+    if kind is Kind.TORCH:
+        import torch
+
+        for value in inputs:
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                return tuple(
+                    torch.empty(shape, dtype=_torch_dtype(dtype), device=value.device)
+                    for shape, dtype in specs
+                )
+    elif kind is Kind.CUPY:
+        import cupy
+
+        for value in inputs:
+            if isinstance(value, cupy.ndarray):
+                with value.device:
+                    return tuple(cupy.empty(shape, dtype) for shape, dtype in specs)
+    return None
+
+
+def _torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def wrap(outputs: tuple[Any, ...], kind: Kind) -> tuple[Any, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tcpy import targets
-from tcpy.arrays import Kind, kind_of, wrap
+from tcpy.arrays import Kind, kind_of, new_device_outputs, wrap
 from tcpy.binding import (
     Binding,
     DeviceInput,
@@ -129,6 +129,10 @@ class Compiled:
         try:
             if out is None:
                 kind = kind_of(inputs)
+                made = self._library_outputs(binding, inputs, kind)
+                if made is not None:  # written in place, as out= would be
+                    kernel(binding, tuple(map(_device_destination, made)))
+                    return _single(made, None)
                 outputs = kernel(binding)
                 return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
             dests = bind_out(self.cdef, binding, out)
@@ -148,6 +152,18 @@ class Compiled:
             raise self.cdef.located(explained(self.cdef, binding, e)) from None
         except TCError as e:
             raise self.cdef.located(e) from None
+
+    def _library_outputs(
+        self, binding: Binding, inputs: tuple[Any, ...], kind: Kind
+    ) -> tuple[Any, ...] | None:
+        """New outputs from the caching allocator of the inputs' library, for a call on
+        the GPU with PyTorch or CuPy inputs (`arrays.new_device_outputs`); else None."""
+        if kind is Kind.NUMPY or binding.empty or not binding.on_device:
+            return None
+        if not getattr(self._kernel, "accepts_device_out", False):
+            return None
+        specs = [(binding.shape_of(t), t.scalar.dtype) for t in self.cdef.outputs]
+        return new_device_outputs(kind, inputs, specs)
 
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
@@ -202,6 +218,12 @@ def plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
             return None
         signature.append((a.shape, a.dtype))
     return tuple(signature)
+
+
+def _device_destination(array: Any) -> DeviceInput:
+    """A new GPU array of the caller's library as the destination of an output."""
+    face = array.__cuda_array_interface__
+    return DeviceInput(tuple(face["shape"]), np.dtype(face["typestr"]), face["data"][0], array)
 
 
 def _tuple(out: Any) -> tuple[Any, ...]:

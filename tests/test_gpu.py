@@ -69,6 +69,31 @@ def test_torch_tensors_stay_on_the_device(driver: str) -> None:
     np.testing.assert_allclose(D.get(), (A @ B).cpu().numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_torch_outputs_come_from_torchs_caching_allocator(
+    driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the pool holds the status word, a call on PyTorch tensors asks the driver
+    for no memory: its output is a tensor from PyTorch's own allocator."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(AFFINE)
+    x = torch.rand(1000, device="cuda")
+    torch.testing.assert_close(engine.affine(x), x * 2 + 1)
+
+    def refuse(nbytes: int) -> int:
+        raise AssertionError(f"the driver was asked for {nbytes} bytes")
+
+    monkeypatch.setattr(runtime.driver(), "alloc", refuse)
+    before = torch.cuda.memory_allocated()
+    y = engine.affine(x)
+    assert torch.cuda.memory_allocated() >= before + y.numel() * 4
+    torch.testing.assert_close(y, x * 2 + 1)
+    z = engine.compile("affine", x)(x)  # a compiled kernel's call too
+    torch.testing.assert_close(z, x * 2 + 1)
+
+
 def test_the_device_profile_comes_from_the_driver(driver: str) -> None:
     drv = runtime.driver()
     profile = runtime.device_profile(drv)

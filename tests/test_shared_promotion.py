@@ -58,7 +58,7 @@ def _profiled(source: str, *inputs: np.ndarray):  # type: ignore[no-untyped-def]
 
 def _copied(source: str) -> list[str]:
     """The tensors the kernels copy into shared memory, in the order copied."""
-    return re.findall(r"TC_SST\(tc_shared\d+, .*\) = TC_LD\(t_(\w+),", source)
+    return re.findall(r"tc_v\[tc_u\] = TC_LD\(t_(\w+),", source)
 
 
 def _inputs(seed: int, *shapes: tuple[int, ...]) -> list[np.ndarray]:

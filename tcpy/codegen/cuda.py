@@ -265,49 +265,79 @@ class _CudaPrinter(_Printer):
     def _copy_loop(
         self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, vector: str | None
     ) -> None:
-        n = len(b.sizes)
+        """Each thread loads `COPY_BATCH` elements (or vectors) of the box, a block's
+        threads apart, into registers, then stores them: that many loads in flight."""
         lanes = VECTOR_LANES if vector else 1
         sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]  # in vectors along the last
-        pragma = ["#pragma unroll"] if self.options.unroll_copy_shared else []
-        for line in pragma:
-            self.emit(depth, line)
-        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
         total = math.prod(sizes)
-        self.emit(depth, f"for (int tc_e = {tid}; tc_e < {total}; tc_e += {threads}) {{")
+        batch = max(1, min(COPY_BATCH, -(-total // threads)))
+        if self.options.unroll_copy_shared:
+            self.emit(depth, "#pragma unroll")
+        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
+        step = threads * batch
+        self.emit(depth, f"for (int tc_e0 = {tid}; tc_e0 < {total}; tc_e0 += {step}) {{")
+        ctype = vector or CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
+        self.emit(depth + 1, f"{ctype} tc_v[{batch}];")
+        for storing in (False, True):
+            self.emit(depth + 1, "#pragma unroll")
+            self.emit(depth + 1, f"for (int tc_u = 0; tc_u < {batch}; tc_u++) {{")
+            self._copy_element(depth + 2, b, copy, sizes, threads, vector, storing)
+            self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+
+    def _copy_element(
+        self,
+        depth: int,
+        b: PackedBox,
+        copy: LocalCopy,
+        sizes: list[int],
+        threads: int,
+        vector: str | None,
+        storing: bool,
+    ) -> None:
+        """Element `tc_e0 + tc_u * threads` of a copy: its load into `tc_v[tc_u]`, or
+        (`storing`) its store from there into the shared buffer."""
+        n = len(b.sizes)
+        lanes = VECTOR_LANES if vector else 1
+        self.emit(depth, f"const int tc_e = tc_e0 + tc_u * {threads};")
         local: list[str] = []
-        inside: list[str] = []
+        inside = [f"tc_e < {math.prod(sizes)}"]
         rest = "tc_e"
         for d in reversed(range(n)):
             i = f"tc_i{d}"
             scaled = f" * {lanes}" if d == n - 1 and lanes > 1 else ""
-            self.emit(depth + 1, f"const int {i} = {rest} % {sizes[d]}{scaled};")
+            self.emit(depth, f"const int {i} = {rest} % {sizes[d]}{scaled};")
             rest = f"{rest} / {sizes[d]}"
             local.insert(0, i)
             at = f"{copy.offsets[d]} + {i}"
-            inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
-        source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
-        extents = [extent_name(b.tensor, d) for d in range(n)]
+            inside.insert(1, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
         target = flat_index(self.dialect, local, [str(s) for s in copy.sizes])
-        index = flat_index(self.dialect, source, extents)
-        self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
-        if vector is None:
-            value = CUDA.load.format(array=tensor_name(b.tensor), index=index)
-            self.emit(depth + 2, f"TC_SST({copy.buffer}, {target}) = {value};")
+        self.emit(depth, f"if ({' && '.join(inside)}) {{")
+        if not storing:
+            source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
+            extents = [extent_name(b.tensor, d) for d in range(n)]
+            index = flat_index(self.dialect, source, extents)
+            load = (
+                CUDA.load.format(array=tensor_name(b.tensor), index=index)
+                if vector is None
+                else f"TC_LDV({vector}, {tensor_name(b.tensor)}, {index})"
+            )
+            self.emit(depth + 1, f"tc_v[tc_u] = {load};")
+        elif vector is None:
+            self.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = tc_v[tc_u];")
         else:
             # a vector lies inside the tensor or outside it whole: it starts on a
             # multiple of the lanes, as the tensor's rows end on one. Its elements are
             # stored in an order rotated by the lane and the word it starts at, so
             # that each of the four stores of a warp hits 32 distinct banks (stored
             # in order, lanes four words apart would share them)
-            load = f"TC_LDV({vector}, {tensor_name(b.tensor)}, {index})"
-            self.emit(depth + 2, f"const {vector} tc_v = {load};")
-            self.emit(depth + 2, f"const int tc_w = {target};")
-            self.emit(depth + 2, "const int tc_r = (tc_e >> 3) - tc_w;")
-            pick = "tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w"
+            self.emit(depth + 1, f"const {vector} tc_x = tc_v[tc_u];")
+            self.emit(depth + 1, f"const int tc_w = {target};")
+            self.emit(depth + 1, "const int tc_r = (tc_e >> 3) - tc_w;")
+            pick = "tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w"
             for k in range(lanes):
-                self.emit(depth + 2, f"{{ const int tc_c = ({k} + tc_r) & 3;")
-                self.emit(depth + 3, f"TC_SST({copy.buffer}, tc_w + tc_c) = {pick}; }}")
-        self.emit(depth + 1, "}")
+                self.emit(depth + 1, f"{{ const int tc_c = ({k} + tc_r) & 3;")
+                self.emit(depth + 2, f"TC_SST({copy.buffer}, tc_w + tc_c) = {pick}; }}")
         self.emit(depth, "}")
 
     def partial_reduction(
@@ -392,6 +422,10 @@ def _row_length(elements: int, runs: int) -> int:
 
 
 VECTOR_LANES = 4
+COPY_BATCH = 4
+"""The elements (or vectors) each thread of a cooperative copy loads before storing
+them. One at a time, each load waited for the store of the one before, which waits
+for its load: a single load in flight per thread."""
 _VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
 """The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
 

@@ -374,6 +374,12 @@ def reuse(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
     return best
 
 
+def stays_along(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool:
+    """Whether every access of `tensor` stays put along band member `member`, a member
+    that runs some statement."""
+    return bool(member_variables(band, member)) and not _moves(band, member, tensor, scop)
+
+
 def _moves(band: isl.ScheduleNode, member: int, tensor: str, scop: Scop) -> bool:
     """Whether some statement's access of `tensor` changes along band member `member`
     (a member that combines indices counts as changing it)."""

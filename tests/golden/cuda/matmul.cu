@@ -54,29 +54,57 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
     const int tc_shared0_o0 = 32 * (int)blockIdx.y;
     const int tc_shared0_o1 = 0;
     if ((tc_shared0_o1) % 4 == 0 && e_A_1 % 4 == 0 && ((unsigned long long)t_A & 15) == 0) {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 384; tc_e += 256) {
-        const int tc_i1 = tc_e % 12 * 4;
-        const int tc_i0 = tc_e / 12 % 32;
-        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
-          const float4 tc_v = TC_LDV(float4, t_A, ((int)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
-          const int tc_w = ((int)(tc_i0) * 49 + (tc_i1));
-          const int tc_r = (tc_e >> 3) - tc_w;
-          { const int tc_c = (0 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (1 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (2 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (3 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 384; tc_e0 += 512) {
+        float4 tc_v[2];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 12 * 4;
+          const int tc_i0 = tc_e / 12 % 32;
+          if (tc_e < 384 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
+            tc_v[tc_u] = TC_LDV(float4, t_A, ((int)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 12 * 4;
+          const int tc_i0 = tc_e / 12 % 32;
+          if (tc_e < 384 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
+            const float4 tc_x = tc_v[tc_u];
+            const int tc_w = ((int)(tc_i0) * 49 + (tc_i1));
+            const int tc_r = (tc_e >> 3) - tc_w;
+            { const int tc_c = (0 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (1 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (2 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (3 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+          }
         }
       }
     } else {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
-        const int tc_i1 = tc_e % 48;
-        const int tc_i0 = tc_e / 48 % 32;
-        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
-          TC_SST(tc_shared0, ((int)(tc_i0) * 49 + (tc_i1))) = TC_LD(t_A, ((int)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 1536; tc_e0 += 1024) {
+        float tc_v[4];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 4; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 48;
+          const int tc_i0 = tc_e / 48 % 32;
+          if (tc_e < 1536 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
+            tc_v[tc_u] = TC_LD(t_A, ((int)(tc_shared0_o0 + tc_i0) * e_A_1 + (tc_shared0_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 4; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 48;
+          const int tc_i0 = tc_e / 48 % 32;
+          if (tc_e < 1536 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
+            TC_SST(tc_shared0, ((int)(tc_i0) * 49 + (tc_i1))) = tc_v[tc_u];
+          }
         }
       }
     }
@@ -84,29 +112,57 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
     const int tc_shared1_o0 = 0;
     const int tc_shared1_o1 = 32 * (int)blockIdx.x;
     if ((tc_shared1_o1) % 4 == 0 && e_B_1 % 4 == 0 && ((unsigned long long)t_B & 15) == 0) {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 384; tc_e += 256) {
-        const int tc_i1 = tc_e % 8 * 4;
-        const int tc_i0 = tc_e / 8 % 48;
-        if (tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
-          const float4 tc_v = TC_LDV(float4, t_B, ((int)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
-          const int tc_w = ((int)(tc_i0) * 33 + (tc_i1));
-          const int tc_r = (tc_e >> 3) - tc_w;
-          { const int tc_c = (0 + tc_r) & 3;
-            TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (1 + tc_r) & 3;
-            TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (2 + tc_r) & 3;
-            TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (3 + tc_r) & 3;
-            TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 384; tc_e0 += 512) {
+        float4 tc_v[2];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 8 * 4;
+          const int tc_i0 = tc_e / 8 % 48;
+          if (tc_e < 384 && tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
+            tc_v[tc_u] = TC_LDV(float4, t_B, ((int)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 8 * 4;
+          const int tc_i0 = tc_e / 8 % 48;
+          if (tc_e < 384 && tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
+            const float4 tc_x = tc_v[tc_u];
+            const int tc_w = ((int)(tc_i0) * 33 + (tc_i1));
+            const int tc_r = (tc_e >> 3) - tc_w;
+            { const int tc_c = (0 + tc_r) & 3;
+              TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (1 + tc_r) & 3;
+              TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (2 + tc_r) & 3;
+              TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (3 + tc_r) & 3;
+              TC_SST(tc_shared1, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+          }
         }
       }
     } else {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 1536; tc_e += 256) {
-        const int tc_i1 = tc_e % 32;
-        const int tc_i0 = tc_e / 32 % 48;
-        if (tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
-          TC_SST(tc_shared1, ((int)(tc_i0) * 33 + (tc_i1))) = TC_LD(t_B, ((int)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 1536; tc_e0 += 1024) {
+        float tc_v[4];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 4; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 32;
+          const int tc_i0 = tc_e / 32 % 48;
+          if (tc_e < 1536 && tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
+            tc_v[tc_u] = TC_LD(t_B, ((int)(tc_shared1_o0 + tc_i0) * e_B_1 + (tc_shared1_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 4; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 256;
+          const int tc_i1 = tc_e % 32;
+          const int tc_i0 = tc_e / 32 % 48;
+          if (tc_e < 1536 && tc_shared1_o0 + tc_i0 >= 0 && tc_shared1_o0 + tc_i0 < e_B_0 && tc_shared1_o1 + tc_i1 >= 0 && tc_shared1_o1 + tc_i1 < e_B_1) {
+            TC_SST(tc_shared1, ((int)(tc_i0) * 33 + (tc_i1))) = tc_v[tc_u];
+          }
         }
       }
     }

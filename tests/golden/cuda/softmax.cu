@@ -53,29 +53,57 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
     const int tc_shared0_o0 = (int)blockIdx.x;
     const int tc_shared0_o1 = 0;
     if ((tc_shared0_o1) % 4 == 0 && e_I_1 % 4 == 0 && ((unsigned long long)t_I & 15) == 0) {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 10; tc_e += 32) {
-        const int tc_i1 = tc_e % 10 * 4;
-        const int tc_i0 = tc_e / 10 % 1;
-        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
-          const float4 tc_v = TC_LDV(float4, t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
-          const int tc_w = ((int)(tc_i0) * 41 + (tc_i1));
-          const int tc_r = (tc_e >> 3) - tc_w;
-          { const int tc_c = (0 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (1 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (2 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
-          { const int tc_c = (3 + tc_r) & 3;
-            TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_v.x : tc_c == 1 ? tc_v.y : tc_c == 2 ? tc_v.z : tc_v.w; }
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 10; tc_e0 += 32) {
+        float4 tc_v[1];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 1; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 32;
+          const int tc_i1 = tc_e % 10 * 4;
+          const int tc_i0 = tc_e / 10 % 1;
+          if (tc_e < 10 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+            tc_v[tc_u] = TC_LDV(float4, t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 1; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 32;
+          const int tc_i1 = tc_e % 10 * 4;
+          const int tc_i0 = tc_e / 10 % 1;
+          if (tc_e < 10 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+            const float4 tc_x = tc_v[tc_u];
+            const int tc_w = ((int)(tc_i0) * 41 + (tc_i1));
+            const int tc_r = (tc_e >> 3) - tc_w;
+            { const int tc_c = (0 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (1 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (2 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+            { const int tc_c = (3 + tc_r) & 3;
+              TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
+          }
         }
       }
     } else {
-      for (int tc_e = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e < 40; tc_e += 32) {
-        const int tc_i1 = tc_e % 40;
-        const int tc_i0 = tc_e / 40 % 1;
-        if (tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
-          TC_SST(tc_shared0, ((int)(tc_i0) * 41 + (tc_i1))) = TC_LD(t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+      for (int tc_e0 = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); tc_e0 < 40; tc_e0 += 64) {
+        float tc_v[2];
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 32;
+          const int tc_i1 = tc_e % 40;
+          const int tc_i0 = tc_e / 40 % 1;
+          if (tc_e < 40 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+            tc_v[tc_u] = TC_LD(t_I, ((int)(tc_shared0_o0 + tc_i0) * e_I_1 + (tc_shared0_o1 + tc_i1)));
+          }
+        }
+        #pragma unroll
+        for (int tc_u = 0; tc_u < 2; tc_u++) {
+          const int tc_e = tc_e0 + tc_u * 32;
+          const int tc_i1 = tc_e % 40;
+          const int tc_i0 = tc_e / 40 % 1;
+          if (tc_e < 40 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_I_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_I_1) {
+            TC_SST(tc_shared0, ((int)(tc_i0) * 41 + (tc_i1))) = tc_v[tc_u];
+          }
         }
       }
     }
