@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
-# with both driver layers, then `bench/gpu.py`. Run from the repository's root.
+# with both driver layers, `bench/gpu.py` and `bench/gpu_variants.py`. Run from the
+# repository's root.
 #
 #   bench/gpu_check.sh [tests|bench|all] [extra pytest -k expression]
 #
@@ -53,6 +54,9 @@ if [ "$what" != tests ]; then
     timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" ${BENCH_ARGS:-} \
         > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
+    timeout "${VARIANT_SECONDS:-90}" python3 bench/gpu_variants.py --out "$OUT" \
+        > "$OUT/variants.log" 2>&1
+    echo "variants: rc=$?"; tail -n 1 "$OUT/variants.log"
 fi
 if [ "$what" != bench ]; then
     wait "$builder" 2>/dev/null

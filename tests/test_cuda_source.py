@@ -173,12 +173,12 @@ def test_a_threads_outputs_stay_in_registers_across_the_reduction(
     assert "tc_acc[" not in plain
 
 
-@pytest.mark.parametrize(("n", "grid", "outputs"), [(1024, (32, 32), 4), (2048, (32, 32), 16)])
+@pytest.mark.parametrize(("n", "grid", "outputs"), [(1024, (32, 32), 4), (2048, (16, 32), 32)])
 def test_the_default_thread_tile_is_larger_where_the_grid_still_fills_the_device(
     n: int, grid: tuple[int, int], outputs: int
 ) -> None:
-    """64x64 tiles of 8x2 outputs per thread where they still give the H100 two blocks
-    per SM (2048^2: 1024 blocks); at 1024^2 they would give 256, fewer than its 264, and
+    """64x128 tiles of 8x4 outputs per thread where they still give the H100 two blocks
+    per SM (2048^2: 512 blocks); at 1024^2 they would give 128, fewer than its 264, and
     the tiles stay 32x32, 4 outputs per thread."""
     source, entry, _ = GOLDENS["matmul"]
     lowered = _lower(source, entry, {"M": n, "K": 256, "N": n}, MappingOptions.cuda())

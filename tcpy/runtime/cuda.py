@@ -32,6 +32,7 @@ block still in use by queued work only to work on the same stream.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -138,6 +139,12 @@ def _driver(choice: str | None) -> Driver:
     raise TCLaunchError("no CUDA GPU could be used: " + "; ".join(errors))
 
 
+def _pop_quietly(context: Any) -> None:
+    # raises where it is not this thread's current context: nothing to pop here
+    with contextlib.suppress(Exception):
+        context.pop()
+
+
 class _PyCuda:
     name = "pycuda"
 
@@ -149,6 +156,8 @@ class _PyCuda:
         self.device = cuda.Device(0)
         self.context = self.device.retain_primary_context()
         self.context.push()
+        # popped before pycuda's own cleanup, which reports a context left on the stack
+        atexit.register(_pop_quietly, self.context)
         self.stream = cuda.Stream()  # where all of tcpy's work goes (see the module's doc)
         self.events = LibcudaEvents()
 
