@@ -222,7 +222,7 @@ def _map_band(
     prefix = next((k for k in range(n) if not coincident[k]), n)
     if not permutable:
         prefix = min(prefix, 1)
-    lanes = _lane_member(node, scop, options, prefix) if permutable else None
+    lanes = _lane_member(node, scop, options, prefix, device) if permutable else None
     if prefix == 0 and lanes is None:
         return node, (), (), 1  # no parallel loop: the nest runs in one thread
     mapped = min(prefix, len(options.map_to_blocks) or len(BLOCK_PARAMS))
@@ -470,7 +470,7 @@ class _Sizes:
 
 
 def _lane_member(
-    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, prefix: int
+    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, prefix: int, device: DeviceProfile
 ) -> int | None:
     """The reduction member of a permutable band to spread over the lanes of a warp
     (each lane reduces every 32nd value into a register, the warp then combines its
@@ -488,7 +488,12 @@ def _lane_member(
     found = _reduction_statement(node, scop)
     if found is None or found[1].compute not in SHUFFLED:
         return None
-    if options.use_shared_memory and prefix >= 2 and _operands_reused(node, scop, prefix):
+    if (
+        options.use_shared_memory
+        and prefix >= 2
+        and _operands_reused(node, scop, prefix)
+        and _shared_tiles_fill(node, prefix, device)
+    ):
         return None  # a contraction (A * B^T): tiles in shared memory reuse its operands
     if any(worst_stride(node, m, scop) == 2 for m in range(prefix)):
         return None
@@ -509,6 +514,14 @@ def _operands_reused(node: isl.ScheduleNode, scop: Scop, prefix: int) -> bool:
     return bool(tensors) and all(
         any(stays_along(node, m, t, scop) for m in range(prefix)) for t in tensors
     )
+
+
+def _shared_tiles_fill(node: isl.ScheduleNode, prefix: int, device: DeviceProfile) -> bool:
+    """Whether the band's parallel members make enough of the narrowest shared-memory
+    tiles (32x16 outputs) to give the device `FILL_WAVES` blocks per SM: where they
+    do not, a warp per output keeps more of it busy."""
+    outputs = math.prod(member_extent(node, m) or 1 << 20 for m in range(prefix))
+    return outputs // (SHARED_TILE * SHARED_ROWS * 4) >= FILL_WAVES * device.sms
 
 
 def _reduction_statement(
