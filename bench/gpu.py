@@ -47,6 +47,17 @@ def _torch():  # type: ignore[no-untyped-def]
     return torch
 
 
+def gpu_torch():  # type: ignore[no-untyped-def]
+    """PyTorch, with TF32 off, where it sees a CUDA device (tcpy's kernels then cached
+    in a fresh folder unless TCPY_CACHE_DIR names one); else None, said on stderr."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing measured", file=sys.stderr)
+        return None
+    os.environ.setdefault("TCPY_CACHE_DIR", tempfile.mkdtemp(prefix="tcpy-bench-"))
+    return torch
+
+
 def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     """Median milliseconds of `fn` on the GPU, by CUDA events: `reps` repetitions, fewer
     where they would take longer than TIMING_BUDGET_MS."""
@@ -200,11 +211,9 @@ def main(argv: list[str] | None = None) -> int:
 
         only = ["--only", args.only] if args.only else []
         return emu_profile.main([*only, "--out", str(args.out)])
-    torch = _torch()
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    torch = gpu_torch()
+    if torch is None:
         return 1
-    os.environ.setdefault("TCPY_CACHE_DIR", tempfile.mkdtemp(prefix="tcpy-bench-"))
     wanted = set(filter(None, args.only.split(",")))
     bandwidth = copy_bandwidth(torch)
     print(f"{torch.cuda.get_device_name(0)}: copy {bandwidth:.0f} GB/s", flush=True)

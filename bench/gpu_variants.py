@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.gpu import _device_ms, _profiled_reps, _time, _torch
+from bench.gpu import _device_ms, _profiled_reps, _time, gpu_torch
 from bench.suite import SUITE, at_gpu_size, torch_peer
 
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -86,11 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
-    torch = _torch()
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    torch = gpu_torch()
+    if torch is None:
         return 1
-    os.environ.setdefault("TCPY_CACHE_DIR", tempfile.mkdtemp(prefix="tcpy-bench-"))
     wanted = set(filter(None, args.only.split(",")))
     rows = []
     for name, variants in VARIANTS.items():
