@@ -151,3 +151,23 @@ def test_a_softmax_with_no_shared_operand_still_fills_the_device_row_by_row() ->
     (launch,) = launches
     assert tuple(launch["block"]) == (32, 1, 1) and tuple(launch["grid"]) == (64, 1, 1)
     assert launch["global_load_bytes"] + launch["global_store_bytes"] == 2 * x.nbytes
+
+
+def test_an_unrolled_copy_loads_four_vectors_per_thread_before_storing_them() -> None:
+    """The rows softmax copies into shared memory: with `unroll_copy_shared` (the
+    default) each thread loads 4 vectors into registers, then stores them, 4 loads in
+    flight; without, one at a time. The same bytes, requests and results either way."""
+    x = np.random.default_rng(7).standard_normal((16, 512)).astype(np.float32)
+    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    emu.define(SOFTMAX)
+    want = tcpy.ExecutionEngine("reference")
+    want.define(SOFTMAX)
+    profiles = []
+    for unroll, batch in ((True, 4), (False, 1)):
+        options = emu.default_options("softmax").replace(unroll_copy_shared=unroll)
+        compiled = emu.compile("softmax", x, options=options)
+        assert f"float4 tc_v[{batch}];" in compiled.source
+        np.testing.assert_allclose(compiled(x), want.softmax(x), rtol=1e-5, atol=1e-6)
+        (launch,) = compiled.profile(x)
+        profiles.append((launch["global_load_bytes"], launch["global_requests"]))
+    assert profiles[0] == profiles[1]

@@ -266,13 +266,13 @@ class _CudaPrinter(_Printer):
         self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, vector: str | None
     ) -> None:
         """Each thread loads `COPY_BATCH` elements (or vectors) of the box, a block's
-        threads apart, into registers, then stores them: that many loads in flight."""
+        threads apart, into registers, then stores them: that many loads in flight
+        (one with `unroll_copy_shared=False`)."""
         lanes = VECTOR_LANES if vector else 1
         sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]  # in vectors along the last
         total = math.prod(sizes)
-        batch = max(1, min(COPY_BATCH, -(-total // threads)))
-        if self.options.unroll_copy_shared:
-            self.emit(depth, "#pragma unroll")
+        wanted = COPY_BATCH if self.options.unroll_copy_shared else 1
+        batch = max(1, min(wanted, -(-total // threads)))
         tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
         step = threads * batch
         self.emit(depth, f"for (int tc_e0 = {tid}; tc_e0 < {total}; tc_e0 += {step}) {{")
@@ -424,8 +424,8 @@ def _row_length(elements: int, runs: int) -> int:
 VECTOR_LANES = 4
 COPY_BATCH = 4
 """The elements (or vectors) each thread of a cooperative copy loads before storing
-them. One at a time, each load waited for the store of the one before, which waits
-for its load: a single load in flight per thread."""
+them (`unroll_copy_shared`). One at a time, each load waits for the store of the one
+before, which waits for its load: a single load in flight per thread."""
 _VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
 """The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
 
