@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,7 @@ def new_device_outputs(
     return None
 
 
+@functools.cache
 def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 

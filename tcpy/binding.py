@@ -53,7 +53,7 @@ class DeviceInput:
         return len(self.shape)
 
 
-def _device_input(info: TensorInfo, value: Any, what: str = "input") -> DeviceInput:
+def device_input(info: TensorInfo, value: Any, what: str = "input") -> DeviceInput:
     face = value.__cuda_array_interface__
     shape = tuple(int(d) for d in face["shape"])
     dtype = np.dtype(face["typestr"])
@@ -141,7 +141,7 @@ def _as_array(info: TensorInfo, value: Any) -> np.ndarray | DeviceInput:
         check_no_grad(info.name, value)
         array = host_view(info.name, value, info.scalar.dtype)
         if hasattr(array, "__cuda_array_interface__"):
-            device = _device_input(info, array)
+            device = device_input(info, array)
             _check_kind(info, device.dtype, device.ndim, device.shape, value)
             return device
     _check_kind(info, array.dtype, array.ndim, array.shape, value)
@@ -209,7 +209,7 @@ def _destination(info: TensorInfo, binding: Binding, value: Any) -> np.ndarray |
     shape = binding.shape_of(info)
     dest: np.ndarray | DeviceInput
     if hasattr(value_view, "__cuda_array_interface__"):
-        dest = _device_input(info, value_view, "out")
+        dest = device_input(info, value_view, "out")
         dtype, ok = dest.dtype, True
     else:
         dest = value_view

@@ -22,6 +22,7 @@ from tcpy.binding import (
     DeviceInput,
     bind,
     bind_out,
+    device_input,
     generic_signature_key,
     overlaps_inputs,
     signature_key,
@@ -131,7 +132,8 @@ class Compiled:
                 kind = kind_of(inputs)
                 made = self._library_outputs(binding, inputs, kind)
                 if made is not None:  # written in place, as out= would be
-                    kernel(binding, tuple(map(_device_destination, made)))
+                    infos = self.cdef.outputs
+                    kernel(binding, tuple(map(device_input, infos, made, ("out",) * len(made))))
                     return _single(made, None)
                 outputs = kernel(binding)
                 return _single(outputs if kind is Kind.NUMPY else wrap(outputs, kind), None)
@@ -218,12 +220,6 @@ def plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
             return None
         signature.append((a.shape, a.dtype))
     return tuple(signature)
-
-
-def _device_destination(array: Any) -> DeviceInput:
-    """A new GPU array of the caller's library as the destination of an output."""
-    face = array.__cuda_array_interface__
-    return DeviceInput(tuple(face["shape"]), np.dtype(face["typestr"]), face["data"][0], array)
 
 
 def _tuple(out: Any) -> tuple[Any, ...]:

@@ -368,7 +368,7 @@ def reuse(node: isl.ScheduleNode, tensor: str, scop: Scop) -> int:
     best = 1
     for band in _bands_below(node):
         for k in range(band.band_n_member()):
-            if member_variables(band, k) and not _moves(band, k, tensor, scop):
+            if stays_along(band, k, tensor, scop):
                 extent = member_extent(band, k)
                 best = max(best, MIN_REUSE if extent is None else extent)
     return best
