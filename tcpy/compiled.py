@@ -28,7 +28,7 @@ from tcpy.binding import (
     signature_key,
 )
 from tcpy.errors import TCError, TCInputError, TCWarning
-from tcpy.kernels import Kernel
+from tcpy.kernels import Iterations, Kernel
 from tcpy.parser import CheckedDef
 from tcpy.runtime.empty import EmptyCall
 from tcpy.runtime.status import KernelFault, explained
@@ -183,6 +183,22 @@ class Compiled:
             raise TCError("profiles are counted by the emulator: compile on the cuda-emu target")
         try:
             return list(profile(binding))
+        except TCError as e:
+            raise self.cdef.located(e) from None
+
+    def iterations(self, *inputs: Any) -> Iterations:
+        """Run once with a counting build of this kernel (on `cpu` and `cuda-emu`; built
+        on first use, and cached) and return what it executed: the iterations of each
+        of its loops, against the statement instances the def holds at these sizes and
+        the GPU threads launched (`Iterations.runaway`: far more loop iterations than
+        work, the symptom of a loop bounded by something no domain reaches). The
+        outputs of that run are dropped; the kernel's own calls are not counted."""
+        binding = self._bind(inputs)
+        count = getattr(self._kernel, "iterations", None)
+        if count is None:
+            raise TCError("loops are counted on the cpu and cuda-emu targets")
+        try:
+            return count(binding)
         except TCError as e:
             raise self.cdef.located(e) from None
 

@@ -42,7 +42,18 @@ def render_caret(source: str, span: Span) -> str:
     text = lines[span.line - 1].expandtabs(1)
     width = span.end_column - span.column if span.end_line == span.line else 1
     width = max(1, min(width, len(text) - span.column + 2))
-    return f"{text}\n{' ' * (span.column - 1)}{'^' * width}"
+    column = span.column
+    if len(text) > CARET_LINE:  # a window of a long line around the caret
+        start = max(0, column - 1 - CARET_LINE // 2)
+        end = start + CARET_LINE
+        text = ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+        column -= start - (3 if start else 0)
+        width = min(width, CARET_LINE)
+    return f"{text}\n{' ' * (column - 1)}{'^' * width}"
+
+
+CARET_LINE = 2000
+"""The most of a source line an error shows: a longer one is cut around the caret."""
 
 
 def located(message: str, span: Span | None, source: str | None, filename: str | None) -> str:

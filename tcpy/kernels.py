@@ -5,6 +5,7 @@ the GPU). `tcpy.targets` builds them; `tcpy.compiled` calls them."""
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,8 +18,10 @@ from tcpy.binding import Binding, empty_at
 from tcpy.errors import TCError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, Role, TensorInfo
+from tcpy.poly.scop import instances
 from tcpy.reference import interpreter
 from tcpy.runtime.empty import EmptyCall
+from tcpy.runtime.loop_counts import LoopCounters
 
 # The destinations of `out=`, one per output, or None: new arrays.
 Outputs = tuple[Any, ...] | None
@@ -53,6 +56,45 @@ class Kernel(Protocol):
 
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+RUNAWAY_FACTOR = 16
+"""A counting run is a runaway when its loops iterate more than this many times the
+statement instances and GPU threads of the call..."""
+RUNAWAY_FLOOR = 10**6
+"""... and more than this many times in all (a tiny def's loop overheads are not)."""
+
+
+@dataclass(frozen=True)
+class Iterations:
+    """What a counting run of a compiled def executed (`Compiled.iterations`).
+
+    `loops`: the iterations of each counted loop, in the order the loops are printed
+    (`tcpy.codegen.loops.COUNT_LOOP`); `instances`: the statement instances of the def
+    at the call's sizes (the work its domains hold); `threads`: the GPU threads its
+    launches ran (0 on the CPU); `stopped`: the run passed `limit()` and was stopped
+    there (the counts are then those up to the stop)."""
+
+    loops: tuple[int, ...]
+    instances: int
+    threads: int = 0
+    stopped: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.loops)
+
+    @staticmethod
+    def limit(instances: int, threads: int) -> int:
+        """The iterations beyond which loops run far more than the work of the def:
+        `RUNAWAY_FACTOR` times its instances and threads, and at least `RUNAWAY_FLOOR`
+        (a tiny def's loop overheads are no runaway)."""
+        return max(RUNAWAY_FACTOR * (instances + threads), RUNAWAY_FLOOR)
+
+    @property
+    def runaway(self) -> bool:
+        """Whether the loops ran past `limit()`: a loop bounded by something no
+        domain reaches (a tile size meant to be out of reach, say)."""
+        return self.stopped or self.total > self.limit(self.instances, self.threads)
 
 
 @dataclass(frozen=True)
@@ -93,6 +135,8 @@ class HostKernel:
     written: frozenset[str] = frozenset()
     generic: bool = False
     cache_key: str = ""
+    # the counting build of the same kernel, when this is not one (`iterations`)
+    counting: Callable[[], HostKernel] | None = field(default=None, compare=False, repr=False)
     _scratch: threading.local = field(
         default_factory=threading.local, init=False, compare=False, repr=False
     )
@@ -110,6 +154,30 @@ class HostKernel:
         sizes, buffers, outputs = self._buffers(binding, shapes, out)
         self.run(sizes, buffers)
         return outputs
+
+    def iterations(self, binding: Binding) -> Iterations:
+        """Run once with the counting build (this kernel's, or `counting`'s) and return
+        what its loops executed."""
+        counters: LoopCounters | None = getattr(self.run, "counters", None)
+        if counters is None:
+            if self.counting is None:
+                raise TCError("this kernel has no counting build")
+            return self.counting().iterations(binding)
+        shapes = self._shapes_at(binding)
+        if shapes is None:  # an empty call runs nothing
+            return Iterations((0,) * counters.n, 0)
+        sizes, buffers, _ = self._buffers(binding, shapes)
+        work = instances(self.cdef, binding.sizes)
+        threads = sum(math.prod(g) * math.prod(b) for g, b in getattr(self.run, "launches", ()))
+        with counters.lock:
+            counters.reset(Iterations.limit(work, threads))
+            try:
+                self.run(sizes, buffers)
+            except TCError:
+                if not counters.stopped:
+                    raise  # a stopped run leaves values half computed: not an error
+            loops, stopped = counters.read(), counters.stopped
+        return Iterations(loops, work, threads, stopped)
 
     def _shapes_at(self, binding: Binding) -> list[tuple[int, ...]] | None:
         """The shapes of the outputs and temporaries at the call's sizes; None where the

@@ -25,6 +25,8 @@
   isl analyses stop after two and a half times that).
 - `TCPY_LOG`: `debug`, `info`, `warning` or `error`: log the `tcpy` loggers at that
   level on stderr (`tcpy.log`; default: no handler, as for any library).
+- `TCPY_MAX_SOURCE_MB`: the largest TC source tcpy reads, in megabytes of 10^6 bytes
+  (default 1); a larger one is refused at once.
 - `TCPY_POISON=1`: fill the buffers a kernel writes whole with all-ones bytes instead
   of leaving them as allocated, so that an element left unwritten shows (the tests and
   the fuzzer set it).
@@ -70,6 +72,27 @@ def cache_max_bytes() -> int:
         raise TCError(
             f"TCPY_CACHE_MAX_MB={value!r}: the cache size cap must be a number of "
             "megabytes, 0 or more (0 or unset: no cap)"
+        )
+    return int(megabytes * 1e6)
+
+
+MAX_SOURCE_KNOB = "TCPY_MAX_SOURCE_MB"
+
+
+def max_source_bytes() -> int:
+    """The largest TC source read, in bytes (`TCPY_MAX_SOURCE_MB`, default 1 MB). A
+    value that is not a positive number is an error."""
+    value = os.environ.get(MAX_SOURCE_KNOB, "").strip()
+    if not value:
+        return 1_000_000
+    try:
+        megabytes = float(value)
+    except ValueError:
+        megabytes = math.nan
+    if not math.isfinite(megabytes) or megabytes <= 0:
+        raise TCError(
+            f"{MAX_SOURCE_KNOB}={value!r}: the source size limit must be a positive number "
+            "of megabytes"
         )
     return int(megabytes * 1e6)
 

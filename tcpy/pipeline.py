@@ -52,7 +52,9 @@ def lower_to_c(
     sizes: Mapping[str, int],
     options: MappingOptions,
     check: bool | None = None,
+    count_loops: bool = False,
 ) -> Lowered:
+    """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`)."""
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
     analysis = _analyse(cdef, sizes, options, check)
@@ -78,6 +80,7 @@ def lower_to_c(
         source = print_c(
             scop, ast, options, fixed,
             vector_math=runtime.vector_math(), vector_bytes=runtime.vector_bytes(),
+            count_loops=count_loops,
         )  # fmt: skip
     return Lowered(
         cdef, options, scop, deps, schedule, ast, source,
@@ -103,8 +106,10 @@ def lower_to_cuda(
     options: MappingOptions,
     check: bool | None = None,
     device: DeviceProfile | None = None,
+    count_loops: bool = False,
 ) -> LoweredCuda:
-    """`device`: the GPU's profile (default: `tcpy.mapping.device.default_profile()`)."""
+    """`device`: the GPU's profile (default: `tcpy.mapping.device.default_profile()`);
+    `count_loops`: print a counting build, for the emulator (`Compiled.iterations`)."""
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
     analysis = _analyse(cdef, sizes, options, check)
@@ -127,7 +132,7 @@ def lower_to_cuda(
         )
     # 6. The CUDA printer: one __global__ function per kernel.
     with log.stage("print"):
-        source = print_cuda(scop, mapping, list(asts), options, fixed)
+        source = print_cuda(scop, mapping, list(asts), options, fixed, count_loops)
     return LoweredCuda(
         cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced
     )

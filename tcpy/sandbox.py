@@ -10,9 +10,12 @@ hang (the isl scheduler), raise an error, or compute a wrong result. They share:
   even when its worker dies or has to be killed;
 - `Replay`, a JSON record of one failing run that `replay` re-runs in-process.
 
-A task reports a wrong result by raising `WrongResult`, and a case that is itself
-invalid (the front end or the reference rejects the program, so it says nothing about
-the compiler) by raising `InvalidCase`; every other exception is classified by its type.
+A task reports a wrong result by raising `WrongResult`, loops that ran far more than
+the work of the def by raising `Runaway`, and a case that is itself invalid (the front
+end or the reference rejects the program, so it says nothing about the compiler) by
+raising `InvalidCase`; every other exception is classified by its type. A task may
+say when its compilation is over and its kernel runs (`phase("run")`): the run then
+has a timeout of its own (`run_timeout`), apart from the compilation's.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class Failure(enum.Enum):
     HANG = "hang"  # the task ran past its timeout; its worker was killed
     WRONG_RESULT = "wrong_result"  # outputs differ from the reference
     INTERNAL_ERROR = "internal_error"  # an exception that is not a TCError escaped
+    RUNAWAY = "runaway"  # the loops ran far more iterations than the def holds work
+
+
+class Runaway(Exception):
+    """Raised by a task whose kernel's loops ran far more iterations than the def's
+    statement instances and threads (`tcpy.kernels.Iterations.runaway`), whatever
+    the time they took."""
 
 
 class WrongResult(Exception):
@@ -84,6 +94,8 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
         return ended(None, str(e), invalid=True)
     except WrongResult as e:
         return ended(Failure.WRONG_RESULT, str(e))
+    except Runaway as e:
+        return ended(Failure.RUNAWAY, str(e))
     except TCError as e:
         return ended(Failure.COMPILE_ERROR, f"{type(e).__name__}: {e}")
     except Exception:
@@ -92,6 +104,23 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
 
 
 # --- worker processes -------------------------------------------------------------------
+
+
+_PARENT: Connection | None = None  # in a worker: the pipe to the parent
+
+
+RUN = "run"
+"""The phase of a task that runs what it compiled (`phase`)."""
+COMPILE = "compile"
+"""The phase of a task that compiles (where every task starts)."""
+
+
+def phase(name: str) -> None:
+    """Tell the parent the task enters phase `name`: from `RUN` on, the task has the
+    pool's `run_timeout` left; from `COMPILE` on, the task's timeout again.
+    Nothing in a process that is not a worker."""
+    if _PARENT is not None:
+        _PARENT.send(("phase", name))
 
 
 def _worker_main(conn: Connection, env: Mapping[str, str]) -> None:
@@ -108,6 +137,8 @@ STARTUP_SECONDS = 120.0  # for a worker to start and import tcpy, on a loaded ma
 def _serve(conn: Connection) -> None:
     """Say `READY`, then serve tasks. A parent that closed the pipe (it timed the task
     out, or finished) ends the worker quietly."""
+    global _PARENT
+    _PARENT = conn
     try:
         conn.send(READY)
     except ConnectionError:
@@ -170,6 +201,8 @@ class _Worker:
     conn: Connection
     task: int | None = None  # index of the task it runs
     deadline: float = 0.0
+    running: bool = False  # the task said it runs what it compiled (`phase`)
+    timeout: float = 0.0  # the task's timeout
 
 
 class _Pool:
@@ -240,13 +273,16 @@ def run_tasks(
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
     context: str | None = None,
+    run_timeout: float | None = None,
 ) -> Iterator[tuple[int, Outcome]]:
     """Run `fn(*args)` for every args of `tasks` on `jobs` worker processes (default:
     the CPU count), yielding `(index, outcome)` as tasks finish, in any order.
 
     `fn` must be a module-level function (it is pickled by name). A task that runs past
-    `timeout` seconds is a `HANG` and one whose worker dies is a `CRASH`; either way
-    the worker is replaced and the remaining tasks go on. `env` is set in each worker.
+    `timeout` seconds, or past `run_timeout` seconds once it said it runs what it
+    compiled (`phase(RUN)`), is a `HANG`, and one whose worker dies is a `CRASH`;
+    either way the worker is replaced and the remaining tasks go on. `env` is set in
+    each worker.
 
     `context` is a multiprocessing start method; by default each worker is a fresh
     interpreter (`_Interpreter` says why).
@@ -264,7 +300,7 @@ def run_tasks(
                 if w.task is None:
                     continue
                 index = w.task
-                result = _collect(w, ready)
+                result = _collect(w, ready, run_timeout)
                 if result is None:
                     continue
                 if result.failure in (Failure.CRASH, Failure.HANG):
@@ -286,11 +322,17 @@ class Sandbox:
     def __init__(self, env: Mapping[str, str] | None = None, context: str | None = None) -> None:
         self._pool = _Pool(1, env or {}, context)
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float = 60.0) -> Outcome:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        timeout: float = 60.0,
+        run_timeout: float | None = None,
+    ) -> Outcome:
         w = self._pool.workers[0]
         _assign(w, fn, iter([(0, args)]), timeout)
         while True:
-            result = _collect(w, wait([w.conn], timeout=_time_left([w])))
+            result = _collect(w, wait([w.conn], timeout=_time_left([w])), run_timeout)
             if result is not None:
                 break
         if result.failure in (Failure.CRASH, Failure.HANG):
@@ -321,7 +363,8 @@ def _assign(
     except StopIteration:
         return 0
     w.conn.send((fn, args))
-    w.task, w.deadline = index, time.monotonic() + timeout
+    w.task, w.deadline, w.running = index, time.monotonic() + timeout, False
+    w.timeout = timeout
     return 1
 
 
@@ -330,18 +373,26 @@ def _time_left(workers: list[_Worker]) -> float:
     return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
 
 
-def _collect(w: _Worker, ready: list[Any]) -> Outcome | None:
-    """The outcome of `w`'s task if it ended (or must be ended now), else None."""
+def _collect(w: _Worker, ready: list[Any], run_timeout: float | None = None) -> Outcome | None:
+    """The outcome of `w`'s task if it ended (or must be ended now), else None. A
+    `phase` message from the task moves its deadline: `run_timeout` from now, when it
+    starts running what it compiled."""
     if w.conn in ready:
         try:
-            outcome: Outcome = w.conn.recv()
-            return outcome
+            message = w.conn.recv()
         except (EOFError, OSError):
             w.process.join(timeout=5)
             code = w.process.exitcode
             return Outcome(Failure.CRASH, f"the worker died (exit code {code})")
+        if isinstance(message, Outcome):
+            return message
+        if message == ("phase", RUN) and run_timeout is not None:
+            w.deadline, w.running = time.monotonic() + run_timeout, True
+        elif message == ("phase", COMPILE) and w.running:
+            w.deadline, w.running = time.monotonic() + w.timeout, False
     if time.monotonic() >= w.deadline:
-        return Outcome(Failure.HANG, "the task ran past its timeout; the worker was killed")
+        what = "its run ran past the run timeout" if w.running else "the task ran past its timeout"
+        return Outcome(Failure.HANG, f"{what}; the worker was killed")
     return None
 
 
@@ -431,7 +482,9 @@ def check_against_reference(
 ) -> dict[str, float]:
     """Compile `entry` of `source` for `target` with `options` (a `to_dict()`; None for
     the target's default), run it and the reference on the same inputs, and raise
-    `WrongResult` if they differ. Returns `{"compile_seconds": ...}`."""
+    `WrongResult` if they differ; on `COUNTED_TARGETS`, run it again in a counting
+    build and raise `Runaway` if its loops ran far more than the work of the def.
+    Returns `{"compile_seconds": ...}`."""
     import warnings
 
     import tcpy
@@ -451,11 +504,32 @@ def check_against_reference(
         start = time.perf_counter()
         kernel = engine.compile(entry, *args, options=opts)
         seconds = time.perf_counter() - start
+        phase(RUN)
         got = kernel(*args)
-    difference = same_outputs(got, want)
-    if difference is not None:
-        raise WrongResult(difference)
+        difference = same_outputs(got, want)
+        if difference is not None:
+            raise WrongResult(difference)
+        if target in COUNTED_TARGETS:
+            phase(COMPILE)  # the counting build; its run stops itself at its limit
+            counted = kernel.iterations(*args)
+            if counted.runaway:
+                raise Runaway(_runaway(counted))
     return {"compile_seconds": seconds}
+
+
+COUNTED_TARGETS = ("cpu", "cuda-emu")
+"""The targets whose kernels `check_against_reference` also runs in a counting build."""
+
+
+def _runaway(counted: Any) -> str:
+    """What a runaway's counting run (`tcpy.kernels.Iterations`) saw."""
+    worst = max(range(len(counted.loops)), key=lambda k: counted.loops[k])
+    ran = "stopped after" if counted.stopped else "ran"
+    return (
+        f"the loops {ran} {counted.total} iterations, against {counted.instances} statement "
+        f"instances and {counted.threads} threads; loop {worst} (counted in source order) "
+        f"ran {counted.loops[worst]}"
+    )
 
 
 def define_only(source: str) -> str:

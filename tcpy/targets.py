@@ -15,6 +15,7 @@ end and the call-time checks; they differ in their mapping, printer and runtime.
 from __future__ import annotations
 
 import abc
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,19 @@ class Cpu(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
+        kernel = self._prepare(cdef, binding, options, session, count_loops=False)
+        return replace(kernel, counting=_once(
+            lambda: self._prepare(cdef, binding, options, session, count_loops=True)
+        ))  # fmt: skip
+
+    def _prepare(
+        self,
+        cdef: CheckedDef,
+        binding: Binding,
+        options: MappingOptions,
+        session: Session,
+        count_loops: bool,
+    ) -> HostKernel:
         from tcpy.pipeline import lower_to_c
         from tcpy.runtime import cpu as runtime
 
@@ -114,7 +128,7 @@ class Cpu(Target):
         generic = not options.fix_parameters_before_scheduling
 
         def build(directory: Path) -> dict[str, Any]:
-            lowered = lower_to_c(cdef, binding.sizes, options)
+            lowered = lower_to_c(cdef, binding.sizes, options, count_loops=count_loops)
             (directory / "kernel.c").write_text(lowered.source)
             with log.stage("cc"):
                 runtime.build(directory / "kernel.c", directory / "kernel.so")
@@ -123,7 +137,7 @@ class Cpu(Target):
                 record["cache"] = False  # fell back to these sizes: not for every shape
             return record
 
-        def load(directory: Path) -> Kernel:
+        def load(directory: Path) -> HostKernel:
             kernel = runtime.CpuKernel(directory / "kernel.so", threads)
             source = (directory / "kernel.c").read_text()
             built, written = _read_record(directory)
@@ -132,10 +146,10 @@ class Cpu(Target):
                 generic=not built.fix_parameters_before_scheduling,
             )  # fmt: skip
 
+        toolchain = runtime.compiler_identity() + (COUNTING if count_loops else "")
         return _compiled(
             self.name, cdef, binding, options, session, build,
-            device=runtime.device_identity(), toolchain=runtime.compiler_identity(), load=load,
-            generic=generic,
+            device=runtime.device_identity(), toolchain=toolchain, load=load, generic=generic,
         )  # fmt: skip
 
 
@@ -168,11 +182,11 @@ class CudaEmu(Target):
     ) -> Kernel:
         check = knobs.emu_check() if self.check is None else self.check
         kernel = self._prepare(cdef, binding, options, session, instrumented=check)
+        counting = _once(lambda: self._prepare(cdef, binding, options, session, False, True))
         if check:
-            return kernel
-        return replace(
-            kernel, twin=lambda: self._prepare(cdef, binding, options, session, instrumented=True)
-        )
+            return replace(kernel, counting=counting)
+        twin = _once(lambda: self._prepare(cdef, binding, options, session, instrumented=True))
+        return replace(kernel, twin=twin, counting=counting)
 
     def _prepare(
         self,
@@ -181,6 +195,7 @@ class CudaEmu(Target):
         options: MappingOptions,
         session: Session,
         instrumented: bool,
+        count_loops: bool = False,
     ) -> EmulatedKernel:
         from tcpy.codegen.c import buffer_order
         from tcpy.codegen.cuda import kernel_parameters
@@ -190,7 +205,9 @@ class CudaEmu(Target):
         profile = self.profile()
 
         def build(directory: Path) -> dict[str, Any]:
-            lowered = lower_to_cuda(cdef, binding.sizes, options, device=profile)
+            lowered = lower_to_cuda(
+                cdef, binding.sizes, options, device=profile, count_loops=count_loops
+            )
             (directory / "kernel.cu").write_text(lowered.source)
             params = kernel_parameters(lowered.scop)
             launchers = "".join(
@@ -212,10 +229,22 @@ class CudaEmu(Target):
             source = (directory / "kernel.cu").read_text()
             return EmulatedKernel(cdef, source, kernels, *_read_record(directory))
 
+        toolchain = emulator.compiler_identity(instrumented) + (COUNTING if count_loops else "")
         return _compiled(
             self.name, cdef, binding, options, session, build,
-            device=self.device(), toolchain=emulator.compiler_identity(instrumented), load=load,
+            device=self.device(), toolchain=toolchain, load=load,
         )  # fmt: skip
+
+
+COUNTING = " count-loops"
+"""Appended to the toolchain of a counting build's cache key (`Compiled.iterations`)."""
+
+Built = TypeVar("Built")
+
+
+def _once(make: Callable[[], Built]) -> Callable[[], Built]:
+    """`make`, called at most once: the first call's result is kept."""
+    return functools.cache(make)
 
 
 # The files each target's kernel is loaded from: a cache entry holds exactly these.

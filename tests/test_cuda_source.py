@@ -85,7 +85,7 @@ def test_mapping_puts_the_unit_stride_loop_on_threadidx_x() -> None:
     assert product.block == (32, 1) and product.grid == (3, 64)
     text = lowered.source.split("tc_kernel_1")[1]
     # n (the last subscript of C and B) is the thread x loop: coalesced accesses
-    assert "TC_LD(t_B, ((int)(c5) * e_B_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)))" in text
+    assert "TC_LD(t_B, ((int)(c4) * e_B_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)))" in text
     assert "tc_acc = tc_acc + " in text  # the reduction runs innermost, in a register
 
 

@@ -3,6 +3,7 @@ and a fragment of the message. Each case names the rule it breaks."""
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import warnings
 
@@ -560,3 +561,61 @@ def test_guarded_read_that_narrows_a_range_warns() -> None:
         warnings.simplefilter("error")
         fixed = source.replace("w in 0:W", "w in 0:W, kh in 0:KH, kw in 0:KW")
         tcpy.ExecutionEngine().define(fixed)
+
+
+# --- the whole source, before parsing ------------------------------------------------
+
+ONE = "def f(float(N) A) -> (B) { B(i) = A(i) }\n"
+
+
+def test_a_source_over_the_size_limit_is_refused_before_parsing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule: a TC source is at most `TCPY_MAX_SOURCE_MB` megabytes (1 by default).
+    The error points at the first character past the limit, and the parser never
+    runs (a 2 MB source took 28 s to reach its first error through it)."""
+    parse_module = importlib.import_module("tcpy.parser.parse")
+
+    def no_parser() -> None:
+        raise AssertionError("the parser ran")
+
+    monkeypatch.setattr(parse_module, "_parser", no_parser)
+    big = ONE + "# " + "x" * 1_200_000 + "\n" + ONE.replace("f", "g")
+    with pytest.raises(TCSyntaxError, match="over the limit of 1,000,000") as e:
+        tcpy.ExecutionEngine("reference").define(big)
+    assert e.value.line == 2 and e.value.column == 1_000_000 - len(ONE) + 1
+    assert "TCPY_MAX_SOURCE_MB" in str(e.value)
+    assert len(str(e.value)) < 5000  # the long line is cut around the caret
+    monkeypatch.setenv("TCPY_MAX_SOURCE_MB", "0.00003")  # 30 bytes
+    with pytest.raises(TCSyntaxError, match="41 bytes, over the limit of 30") as e:
+        tcpy.ExecutionEngine("reference").define(ONE)
+    assert (e.value.line, e.value.column) == (1, 31)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "nan"])
+def test_the_source_limit_must_be_a_positive_number(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("TCPY_MAX_SOURCE_MB", value)
+    with pytest.raises(TCError, match="positive number of megabytes"):
+        tcpy.ExecutionEngine("reference").define(ONE)
+
+
+def test_a_duplicate_def_is_found_before_any_def_is_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule: def names are unique in a source. A scan of the defs' headers finds
+    the second `f` (not one in a comment, nor one inside a body, where it is no
+    def) before the parser reads the broken statement after it."""
+    parse_module = importlib.import_module("tcpy.parser.parse")
+    monkeypatch.setattr(parse_module, "_parser", lambda: pytest.fail("the parser ran"))
+    source = "# def f\n" + ONE + "def g(float(N) A) -> (B) {\n B(i) = A(i) }\n" + ONE + "+++"
+    with pytest.raises(TCSemanticError, match="def f is defined twice") as e:
+        tcpy.ExecutionEngine("reference").define(source)
+    assert (e.value.line, e.value.column) == (5, 5)
+
+
+def test_a_def_keyword_inside_a_body_is_left_to_the_parser() -> None:
+    source = ONE + "def g(float(N) A) -> (B) { def f }\n"
+    with pytest.raises(TCSyntaxError):
+        tcpy.ExecutionEngine("reference").define(source)

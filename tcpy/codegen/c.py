@@ -43,6 +43,7 @@ from tcpy.codegen.exprs import (
 )
 from tcpy.codegen.loops import (
     COLLAPSE_MARK,
+    COUNT_LOOP,
     FOR,
     IF,
     PARALLEL_MARK,
@@ -50,6 +51,7 @@ from tcpy.codegen.loops import (
     SIMD_MARK,
     Header,
     contains_for,
+    loop_count_declarations,
     loop_marks,
     register_sizes,
     user_statements,
@@ -84,6 +86,8 @@ class _Printer:
     dialect: Dialect = C
     helpers: Helpers = field(default_factory=Helpers)
     lines: list[str] = field(default_factory=list)
+    count_loops: bool = False  # a counting build: a counter per loop (`COUNT_LOOP`)
+    counted: int = 0  # the loops counted so far, across the kernels of a source
 
     def __post_init__(self) -> None:
         self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers)
@@ -95,6 +99,14 @@ class _Printer:
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
+
+    def open_loop(self, depth: int, header: str) -> None:
+        """A loop's header (`for (...) {`) and, in a counting build, the count of its
+        iterations as the first statement of its body."""
+        self.emit(depth, header)
+        if self.count_loops:
+            self.emit(depth + 1, f"{COUNT_LOOP}({self.counted});")
+            self.counted += 1
 
     # --- nodes ------------------------------------------------------------------
     def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
@@ -135,14 +147,15 @@ class _Printer:
             self.promoted(accumulator, loop, depth)
             return
         start = len(self.lines)
-        self.emit(depth, header)
         inner = self.collapsed(body, iterator, marks) if shared is not None else None
-        if inner is not None:
-            self.emit(depth, inner.text)
+        if inner is not None:  # the two loops share out as one: nothing between them
+            self.emit(depth, header)
+            self.open_loop(depth, inner.text)
             self.node(body.for_get_body(), depth + 1, marks)
             self.emit(depth, "}")
             shared = f" collapse(2){shared}"
         else:
+            self.open_loop(depth, header)
             self.node(body, depth + 1, marks)
         self.emit(depth, "}")
         innermost = not contains_for(body)
@@ -273,7 +286,7 @@ class _Printer:
             result = f"(tc_nan ? ({parts.compute})NAN : tc_acc)"
         for pragma in pragmas:
             self.emit(depth + 1, pragma)
-        self.emit(depth + 1, header)
+        self.open_loop(depth + 1, header)
         self.emit(depth + 2, parts.wrap(f"tc_acc = {parts.combine('tc_acc')};"))
         if flag:
             self.emit(depth + 2, "tc_nan |= tc_acc != tc_acc;")
@@ -314,7 +327,7 @@ class _Printer:
         word = re.compile(rf"\b{loop.iterator}\b")
         last = word.sub(f"(tc_r + {lanes - 1})", loop.cond)
         self.emit(depth, f"{index} tc_r = {loop.init};")
-        self.emit(depth, f"for (; {last}; tc_r += {lanes}) {{")
+        self.open_loop(depth, f"for (; {last}; tc_r += {lanes}) {{")
         self.emit(depth + 1, "#pragma omp simd")
         self.emit(depth + 1, f"for (int tc_l = 0; tc_l < {lanes}; tc_l++) {{")
         step = parts.wrap(f"tc_lane[tc_l] = {parts.combine('tc_lane[tc_l]')};")
@@ -441,11 +454,13 @@ def print_c(
     sizes: Mapping[str, int] | None,
     vector_math: bool = False,
     vector_bytes: int = 16,
+    count_loops: bool = False,
 ) -> str:
     """The C translation unit of a kernel; with `sizes`, the sizes are constants; with
     `vector_math`, the math functions libmvec vectorises are declared `simd`;
-    `vector_bytes` is the width of the vectors the compiler uses."""
-    printer = _Printer(scop, ast, options)
+    `vector_bytes` is the width of the vectors the compiler uses; `count_loops`: a
+    counting build (`tcpy.codegen.loops.COUNT_LOOP`)."""
+    printer = _Printer(scop, ast, options, count_loops=count_loops)
     printer.vector_bytes = vector_bytes
     cdef = scop.cdef
     body: list[str] = []
@@ -491,6 +506,7 @@ def print_c(
         *(["#include <stdlib.h>"] if arena else []),
         *(["int omp_get_thread_num(void);"] if arena and region else []),
         _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
+        *([loop_count_declarations(printer.counted)] if count_loops else []),
         "",
         helper_source(printer.helpers),
         "",

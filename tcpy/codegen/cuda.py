@@ -44,6 +44,7 @@ from tcpy.codegen.loops import (
     ROWS_MARK,
     SCRATCH_MARK,
     SHARED_MARK,
+    loop_count_declarations,
 )
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.codegen.thread_tile import (
@@ -275,7 +276,7 @@ class _CudaPrinter(_Printer):
         batch = max(1, min(wanted, -(-total // threads)))
         tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
         step = threads * batch
-        self.emit(depth, f"for (int tc_e0 = {tid}; tc_e0 < {total}; tc_e0 += {step}) {{")
+        self.open_loop(depth, f"for (int tc_e0 = {tid}; tc_e0 < {total}; tc_e0 += {step}) {{")
         ctype = vector or CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
         self.emit(depth + 1, f"{ctype} tc_v[{batch}];")
         for storing in (False, True):
@@ -456,7 +457,11 @@ def print_cuda(
     asts: list[Ast],
     options: MappingOptions,
     sizes: Mapping[str, int] | None,
+    count_loops: bool = False,
 ) -> str:
+    """The CUDA translation unit of a mapped definition; with `sizes`, the sizes are
+    constants; `count_loops`: a counting build, for the emulator only
+    (`tcpy.codegen.loops.COUNT_LOOP`)."""
     cdef = scop.cdef
     for t in cdef.tensors:
         if t.scalar is ScalarType.FLOAT16:
@@ -470,8 +475,10 @@ def print_cuda(
     index = dialect.index_type
     kernels: list[str] = []
     helpers = None
+    counted = 0
     for kernel, ast in zip(mapping.kernels, asts, strict=True):
-        printer = _CudaPrinter(scop, ast, options, dialect=dialect)
+        printer = _CudaPrinter(scop, ast, options, dialect=dialect, count_loops=count_loops)
+        printer.counted = counted
         if helpers is not None:
             printer.helpers = helpers
         printer.bodies = BodyPrinter(cdef, dialect, printer.helpers, readonly, hoist_loads=True)
@@ -487,6 +494,7 @@ def print_cuda(
             for d, extent in enumerate(cdef.tensor(name).shape):
                 printer.emit(1, f"const {index} {extent_name(name, d)} = {sym_expr(extent)};")
         printer.top_level(1)
+        counted = printer.counted
         bounds = max(1, kernel.threads)
         signature = ", ".join(kernel_parameters(scop, narrow))
         kernels.append(
@@ -504,6 +512,7 @@ def print_cuda(
         *(f"/*   {line.replace('*/', '* /')} */" for line in _def_text(cdef).splitlines()),
         "",
         ACCESS_MACROS,
+        *([loop_count_declarations(counted, cxx=True)] if count_loops else []),
         helper_source(helpers, dialect) if helpers is not None else "",
     ]
     return "\n".join([*header, *kernels, ""])

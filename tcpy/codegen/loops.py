@@ -39,6 +39,45 @@ ROWS_MARK = "warp_rows"
 order over each row, meeting at `__syncwarp()` between them."""
 
 
+COUNT_LOOP = "TC_COUNT_LOOP"
+"""In a counting build (`count_loops`), the first statement of the body of every loop
+whose trip count the data or the sizes decide: it adds one to that loop's counter.
+Loops of a constant trip count the printers make themselves (a warp's shuffles, a
+register tile's outputs, a copy's batch) are not counted. Once all loops together
+pass the run's limit (`LOOP_LIMIT`) the run is stopped: every counted loop skips the
+rest of its iterations (`continue` in C, where OpenMP forbids leaving a worksharing
+or simd loop; `break` in the emulator's C++), so that a runaway ends in moments."""
+LOOP_COUNTS = "tc_loop_counts"
+"""The counters of a counting build: a 64-bit integer per counted loop, in the order
+the loops are printed (`tcpy.runtime.loop_counts` reads them)."""
+LOOP_COUNT_N = "tc_loop_count_n"
+"""The number of counters of a counting build (an `int`)."""
+LOOP_LIMIT = "tc_loop_limit"
+"""The iterations after which a counting run stops (a `long long`, set before a run)."""
+LOOP_STOPPED = "tc_loop_stopped"
+"""Set (an `int`) when a counting run passed its limit and stopped."""
+
+
+def loop_count_declarations(n: int, cxx: bool = False) -> str:
+    """The counters and the counting macro of a counting build of `n` loops, for C or
+    (`cxx`) for the emulator's C++; relaxed atomics, as the loops run on many threads.
+    Not for NVRTC: only host builds count."""
+    counters = (
+        f"long long {LOOP_COUNTS}[{max(1, n)}]; int {LOOP_COUNT_N} = {n}; "
+        f"long long {LOOP_LIMIT}; long long tc_loop_total; int {LOOP_STOPPED};"
+    )
+    declared = f'extern "C" {{ {counters} }}' if cxx else counters
+    return f"""{declared}
+static inline int tc_count_loop(int k) {{
+  if (__atomic_load_n(&{LOOP_STOPPED}, __ATOMIC_RELAXED)) return 1;
+  __atomic_fetch_add(&{LOOP_COUNTS}[k], 1, __ATOMIC_RELAXED);
+  if (__atomic_add_fetch(&tc_loop_total, 1, __ATOMIC_RELAXED) <= {LOOP_LIMIT}) return 0;
+  __atomic_store_n(&{LOOP_STOPPED}, 1, __ATOMIC_RELAXED);
+  return 1;
+}}
+#define {COUNT_LOOP}(k) if (tc_count_loop(k)) {"break" if cxx else "continue"}"""
+
+
 @dataclass(frozen=True)
 class Header:
     """A printed `for` loop: its parts and its header line."""

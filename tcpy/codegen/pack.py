@@ -103,7 +103,7 @@ def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
         if d == n - 1 and p.options.vectorize:
             p.emit(depth + d, "#pragma omp simd")
         bounds = f"{i} = {copy.buffer}_l{d}; {i} < {copy.buffer}_u{d}"
-        p.emit(depth + d, f"for (int64_t {bounds}; {i}++) {{")
+        p.open_loop(depth + d, f"for (int64_t {bounds}; {i}++) {{")
     p.emit(depth + n, assignment)
     for d in reversed(range(n)):
         p.emit(depth + d, "}")
@@ -122,12 +122,12 @@ def _transposing_copy(
     TRANSPOSE_BLOCK along the tensor's rows, each copied row after row."""
     i0, i1, lo, hi = local[0], local[1], f"{copy.buffer}_l", f"{copy.buffer}_u"
     block = TRANSPOSE_BLOCK
-    p.emit(depth, f"for (int64_t tc_b = {lo}1; tc_b < {hi}1; tc_b += {block}) {{")
+    p.open_loop(depth, f"for (int64_t tc_b = {lo}1; tc_b < {hi}1; tc_b += {block}) {{")
     p.emit(depth + 1, f"const int64_t tc_e = tc_b + {block} < {hi}1 ? tc_b + {block} : {hi}1;")
-    p.emit(depth + 1, f"for (int64_t {i0} = {lo}0; {i0} < {hi}0; {i0}++) {{")
+    p.open_loop(depth + 1, f"for (int64_t {i0} = {lo}0; {i0} < {hi}0; {i0}++) {{")
     if p.options.vectorize:  # distinct elements of the buffer: no check of overlap needed
         p.emit(depth + 2, "#pragma omp simd")
-    p.emit(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
+    p.open_loop(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
     p.emit(depth + 3, assignment)
     p.emit(depth + 2, "}")
     p.emit(depth + 1, "}")

@@ -61,7 +61,7 @@ def _replicated(
         if PARALLEL_MARK in loop_marks(marks, iterator):
             p.for_(node, depth, marks, shared=end)
             return
-        p.emit(depth, p.loop_header(node).text)
+        p.open_loop(depth, p.loop_header(node).text)
         _replicated(p, node.for_get_body(), depth + 1, marks, "")
         p.emit(depth, "}")
     elif kind == isl.ast_node_type.block:

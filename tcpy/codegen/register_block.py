@@ -153,7 +153,7 @@ def _nest(p: _Printer, depth: int, levels: list[tuple[list[str], str]], body: li
     for k, (pragmas, header) in enumerate(levels):
         for pragma in pragmas:
             p.emit(depth + k, pragma)
-        p.emit(depth + k, header)
+        p.open_loop(depth + k, header)
     for line in body:
         p.emit(depth + len(levels), line)
     for k in reversed(range(len(levels))):

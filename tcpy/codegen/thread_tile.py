@@ -310,7 +310,7 @@ def print_thread_tile(
         printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
         move_outputs(printer, tile, depth + 1, store=False)
     for k, loop in enumerate(tile.reductions):
-        printer.emit(depth + 1 + k, loop.text)
+        printer.open_loop(depth + 1 + k, loop.text)
     at = depth + 1 + len(tile.reductions)
     step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
     shared, along, step = _shared_reads(step, tile)

@@ -15,7 +15,11 @@ timed one at a time by a single worker, with nothing else of the session running
 keeps two tuning sessions (or two Dask workers on one machine) from timing at once.
 Timing is a warm-up run, then the median of `runs` runs; a candidate whose first run
 is 100 times slower than the best so far, or whose second is 5 times slower, is pruned
-after those runs (TC's thresholds): its median is still an honest upper bound.
+after those runs (TC's thresholds): its median is still an honest upper bound. So a
+candidate whose loops run away (far more iterations than the def holds work, the
+fuzzer's `runaway` class) needs no counting build here: it is far slower than the
+starting options, which the first generation always holds, and is pruned, or fails
+its timeout.
 
 When the search ends, its best few candidates and the best starting options are timed
 again side by side (`time_side_by_side`: the candidates take turns within each round),

@@ -9,6 +9,7 @@ the loop extents, within CUDA's limits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import islpy as isl
 
@@ -73,10 +74,10 @@ def grid_sizes(options: MappingOptions, extents: list[int | None]) -> list[int]:
     return grid
 
 
-def count_blocks(extents: list[int | None], tile: list[int], members: list[int]) -> int:
+def count_blocks(extents: list[int | None], tile: Sequence[int | None], members: list[int]) -> int:
     """How many blocks tiles of these sizes make (a loop of unknown extent counts as
-    large)."""
+    large; a tile of 0 or None, an untiled member, as one)."""
     total = 1
     for e, m in zip(extents, members, strict=True):
-        total *= -(-e // max(tile[m], 1)) if e is not None else 1 << 20
+        total *= -(-e // max(tile[m] or 1, 1)) if e is not None else 1 << 20
     return total

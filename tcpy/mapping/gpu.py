@@ -41,6 +41,7 @@ import islpy as isl
 
 from tcpy.codegen.loops import ATOMIC_MARK, LANES_MARK
 from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
+from tcpy.errors import InternalError
 from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.cpu import contraction
 from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, default_profile, shared_budget
@@ -52,10 +53,10 @@ from tcpy.mapping.rows import map_rows
 from tcpy.mapping.shared import gathers
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef
-from tcpy.poly.isl_helpers import multi_val, read_set, union_set_sets
+from tcpy.poly.isl_helpers import read_set, union_set_sets
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Kind, Scop
-from tcpy.poly.transforms import insert_mark, is_band, permute_band
+from tcpy.poly.transforms import insert_mark, is_band, permute_band, tile_leading_members
 from tcpy.types import ScalarType
 
 DEFAULT_BLOCK = (32, 8, 1)
@@ -327,8 +328,11 @@ def _tile_and_bind(
     copied: list[str] = []
     runs, complete = 1, True
     read_along_x = runs_along(node, members[0], scop) if shared and lanes is None else None
-    if sizes is not None and any(sizes.tile):
-        node = node.band_tile(multi_val(node.band_get_space(), [t or 1 for t in sizes.tile]))
+    leading: list[int] = []  # the sizes of the members tiled (none: no tile band)
+    if sizes is not None and (any(sizes.tile) or lanes is not None):
+        leading = sizes.leading()
+        if leading:
+            node = tile_leading_members(node, leading)
         grid = grid_sizes(options, [member_extent(node, m) for m in on_grid])
         block = sizes.block
     else:  # untiled: the loops themselves on blocks, one thread each
@@ -336,10 +340,10 @@ def _tile_and_bind(
     if bind:
         node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
     if block:
-        point = node.child(0)
+        point = node.child(0) if leading else node  # the band of the members on threads
         budget = shared_budget(options, device)
         if read_along_x is not None and sizes is not None:
-            tile_x = sizes.tile[members[0]]
+            tile_x = sizes.tile[members[0]] or 1
             runs = thread_runs(
                 point, scop, options, budget, read_along_x, block[0], tile_x, extents[0]
             )
@@ -350,7 +354,7 @@ def _tile_and_bind(
                 mark = LANES_MARK if lanes is not None else ATOMIC_MARK
                 point = insert_mark(point, mark).parent()
             point = point.parent()  # the thread filter
-        node = point.parent()  # the tile band
+        node = point.parent() if leading else point  # the tile band, if any
         first = prefix + (split is not None)  # the members of the tile band on the grid
         if bind and shared:
             node, copied, complete = copy_into_shared(
@@ -363,17 +367,23 @@ def _tile_and_bind(
     return _Bound(node, tuple(grid), tuple(block), copied, runs, complete)
 
 
-WHOLE = 1 << 30
-"""A tile size no loop reaches: the loop stays whole inside the point band."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Sizes:
-    """The tile sizes of a band (member by member) and the block (threads along x, y,
-    z) of the members mapped to threads."""
+    """The tile sizes of a band (member by member; 0: not tiled, the loop whole in the
+    tile band; None: not tiled, the loop whole in the point band, and so are the
+    members after it) and the block (threads along x, y, z) of the members mapped to
+    threads."""
 
-    tile: list[int]
+    tile: list[int | None]
     block: list[int]
+
+    def leading(self) -> list[int]:
+        """The sizes of the members tiled (`tile_leading_members`): those before the
+        first None, a 0 as 1 (the tile loop is the whole loop)."""
+        n = self.tile.index(None) if None in self.tile else len(self.tile)
+        if any(t is not None for t in self.tile[n:]):
+            raise InternalError(f"members left whole before tiled ones: {self.tile}")
+        return [t or 1 for t in self.tile[:n] if t is not None]
 
     @staticmethod
     def choose(
@@ -412,10 +422,10 @@ class _Sizes:
 
         def tiles(
             block: list[int], per_thread: tuple[int, ...] = options.register_tile
-        ) -> list[int]:
+        ) -> list[int | None]:
             if options.tile:
                 return [options.tile[k] if k < len(options.tile) else 0 for k in range(n)]
-            tile = [1 if k < prefix else WHOLE for k in range(n)]
+            tile: list[int | None] = [1 if k < prefix else None for k in range(n)]
             for j, size in enumerate(block):
                 if on_threads[j] != lanes:
                     tile[on_threads[j]] = _shared_tile(j, size, per_thread) if shared else size
@@ -433,8 +443,8 @@ class _Sizes:
             tile = tiles(block, per_thread)
             out = []
             for j, size in enumerate(block):
-                point = tile[on_threads[j]] or 1
-                e = shape[j]
+                point, e = tile[on_threads[j]], shape[j]
+                point = size if point is None else point or 1  # a whole loop: its extent
                 out.append(max(1, min(size, point, e if e is not None else point)))
             return out
 
@@ -455,8 +465,8 @@ class _Sizes:
         if chosen and not shared and lanes is None and prefix == n and block:
             coarse = tiles(block)
             x = on_threads[0]
-            coarse[x] *= ELEMENTS_PER_THREAD
-            if (extents[members.index(x)] or 0) >= coarse[x] and count_blocks(
+            coarse[x] = along_x = (coarse[x] or 1) * ELEMENTS_PER_THREAD
+            if (extents[members.index(x)] or 0) >= along_x and count_blocks(
                 extents, coarse, members
             ) * math.prod(block) >= FILL_WAVES * device.resident_threads:
                 return _Sizes(coarse, block)

@@ -11,6 +11,8 @@ and sema. A hint whose fix is not accepted is not given.
 from __future__ import annotations
 
 import contextvars
+import functools
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,10 +28,14 @@ _checking: contextvars.ContextVar[bool] = contextvars.ContextVar("checking_fix",
 
 def offset(source: str, line: int, column: int) -> int:
     """The index in `source` of 1-based `line` and `column`."""
-    start = 0
-    for _ in range(line - 1):
-        start = source.index("\n", start) + 1
-    return start + column - 1
+    return line_starts(source)[line - 1] + column - 1
+
+
+@functools.lru_cache(maxsize=8)
+def line_starts(source: str) -> tuple[int, ...]:
+    """The index in `source` where each line starts (found once per source: the
+    checks of a large source ask for many positions)."""
+    return (0, *(m.end() for m in re.finditer("\n", source)))
 
 
 def text(source: str, span: Span) -> str:

@@ -10,6 +10,7 @@ passes after the parser.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -19,7 +20,8 @@ import numpy as np
 from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from tcpy.errors import Span, TCSyntaxError
+from tcpy import knobs
+from tcpy.errors import Span, TCError, TCSemanticError, TCSyntaxError
 from tcpy.parser import ast
 from tcpy.parser.builtins import BUILTINS
 from tcpy.types import TYPE_KEYWORDS, ScalarType
@@ -39,14 +41,19 @@ def _parser() -> lark.Lark:
 
 
 def parse(source: str, filename: str | None = None) -> ast.Program:
-    """Parse TC source into a `Program`; raises `TCSyntaxError` with a caret."""
+    """Parse TC source into a `Program`; raises `TCSyntaxError` with a caret. What can
+    be told of the whole source without parsing it is checked first, in moments
+    whatever its size: its size (`knobs.max_source_bytes`), its nesting, and that no
+    two defs share a name."""
     try:
+        _check_size(source)
         _check_nesting(source)
+        _check_unique_defs(source)
         tree = _parser().parse(source)
         defs = tuple(_Builder(source).tc_def(d) for d in _kids(tree))
     except UnexpectedInput as e:
         raise _syntax_error(e, source).with_source(source, filename) from None
-    except TCSyntaxError as e:
+    except TCError as e:
         raise e.with_source(source, filename) from None
     return ast.Program(defs, source)
 
@@ -227,6 +234,50 @@ class _Builder:
                 _tok_span(tok),
             )
         return value
+
+
+# --- the whole source, before parsing --------------------------------------------
+
+
+def _check_size(source: str) -> None:
+    """Refuse a source over the size limit at once: lark's parser reads about 100 KB
+    a second here, and a TC program is a few kilobytes."""
+    limit = knobs.max_source_bytes()
+    if len(source) <= limit and len(source.encode(errors="replace")) <= limit:
+        return
+    at = min(len(source), limit)
+    line = source.count("\n", 0, at) + 1
+    column = at - (source.rfind("\n", 0, at) + 1) + 1
+    raise TCSyntaxError(
+        f"the source is {len(source.encode(errors='replace')):,} bytes, over the limit of "
+        f"{limit:,} ({knobs.MAX_SOURCE_KNOB}); TC programs are a few kilobytes",
+        Span(line, column, line, column + 1),
+    )
+
+
+_TOP_LEVEL = re.compile(r"#[^\n]*|[{}]|\bdef\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _check_unique_defs(source: str) -> None:
+    """The second def of a name, found by a scan of the defs' headers (outside braces
+    and comments), reported before any def is parsed."""
+    seen: set[str] = set()
+    depth = 0
+    for m in _TOP_LEVEL.finditer(source):
+        token = m.group(0)
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth = max(0, depth - 1)
+        elif m.group(1) is not None and depth == 0 and m.group(1) not in KEYWORDS:
+            name = m.group(1)
+            if name in seen:
+                start = m.start(1)
+                line = source.count("\n", 0, start) + 1
+                column = start - (source.rfind("\n", 0, start) + 1) + 1
+                span = Span(line, column, line, column + len(name))
+                raise TCSemanticError(f"def {name} is defined twice in this source", span)
+            seen.add(name)
 
 
 # --- nesting ------------------------------------------------------------------------

@@ -549,11 +549,8 @@ def _names(e: ast.Expr) -> Iterator[tuple[str, Span]]:
 
 
 def _statement_text(source: str, span: Span) -> str:
-    lines = source.splitlines()[span.line - 1 : span.end_line]
-    if not lines:
-        return ""
-    if len(lines) == 1:
-        return lines[0][span.column - 1 : span.end_column - 1].strip()
-    lines[0] = lines[0][span.column - 1 :]
-    lines[-1] = lines[-1][: span.end_column - 1]
-    return " ".join(line.strip() for line in lines)
+    """The statement's text on one line."""
+    text = source[fixes.offset(source, span.line, span.column) : fixes.offset(
+        source, span.end_line, span.end_column
+    )]  # fmt: skip
+    return " ".join(line.strip() for line in text.splitlines())

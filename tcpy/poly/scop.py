@@ -197,3 +197,11 @@ def _context_constraints(cdef: CheckedDef) -> str:
 def _order(pos: int, s: PolyStatement, depth: int) -> str:
     dims = [index_name(d) for d in s.dims] + ["0"] * (depth - len(s.dims))
     return f"{_tuple(s.name, s.dims)} -> [{', '.join([str(pos), *dims])}]"
+
+
+def instances(cdef: CheckedDef, sizes: Mapping[str, int]) -> int:
+    """How many statement instances `cdef` runs at `sizes` (an initialisation's
+    included): the work its iteration domains hold."""
+    scop = build_scop(cdef, sizes)
+    with isl_errors(f"counting the statement instances of {cdef.name}"):
+        return sum(s.domain.count_val().to_python() for s in scop.statements)

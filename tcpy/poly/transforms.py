@@ -61,6 +61,39 @@ def tile_band(node: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNod
     return node.band_tile(multi_val(node.band_get_space(), values))
 
 
+def tile_leading_members(node: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
+    """Tile the first `len(sizes)` members of a permutable band by `sizes` (each at
+    least 1); the members after them are not tiled and stay whole in the point band.
+    Returns the tile band (`len(sizes)` members); the point band, of all the band's
+    members, is its child. Both keep the band's coincidence flags and permutability.
+    (Tiling such a member by a size no loop should reach instead is unsafe: a
+    size-generic schedule that shifts a statement by a size makes the AST generator
+    enumerate the whole sentinel range.)"""
+    n, t = node.band_n_member(), len(sizes)
+    if t == 0 or t > n or min(sizes) < 1 or not node.band_get_permutable():
+        raise InternalError(f"tile_leading_members: {sizes} for a band of {n} members")
+    if t < n:
+        node = node.band_split(t)
+    node = node.band_tile(multi_val(node.band_get_space(), sizes))
+    if t < n:
+        node = _join_child_band(node.child(0)).parent()
+    return node
+
+
+def _join_child_band(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Band `node` and the band that is its only child as one permutable band (the
+    caller knows the two are permutable together); returns the joined band."""
+    child = node.child(0)
+    merged = node.band_get_partial_schedule().flat_range_product(child.band_get_partial_schedule())
+    flags = [node.band_member_get_coincident(k) for k in range(node.band_n_member())]
+    flags += [child.band_member_get_coincident(k) for k in range(child.band_n_member())]
+    node = child.delete().parent().delete().insert_partial_schedule(merged)
+    node = node.band_set_permutable(1)
+    for k, flag in enumerate(flags):
+        node = node.band_member_set_coincident(k, flag)
+    return node
+
+
 def tile_outermost_bands(schedule: isl.Schedule, sizes: tuple[int, ...]) -> isl.Schedule:
     """Tile the outermost band of every loop nest (contract: permutable bands only;
     the tile band keeps the band's coincidence flags, the point band is permutable)."""
@@ -169,12 +202,7 @@ def merge_child_bands(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.Schedul
         )
         if not _forward_in_every_member(node, merged, deps):
             break
-        flags = [node.band_member_get_coincident(k) for k in range(node.band_n_member())]
-        flags += [child.band_member_get_coincident(k) for k in range(child.band_n_member())]
-        node = child.delete().parent().delete().insert_partial_schedule(merged)
-        node = node.band_set_permutable(1)
-        for k, flag in enumerate(flags):
-            node = node.band_member_set_coincident(k, flag)
+        node = _join_child_band(node)
     return node
 
 

@@ -31,6 +31,7 @@ from tcpy.codegen.c import CONSERVATIVE_MACRO, KERNEL_SYMBOL
 from tcpy.errors import TCCompileError, TCLaunchError, TCWarning
 from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES
 from tcpy.runtime import toolchain
+from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
 
 FLAGS = (
@@ -192,6 +193,7 @@ class CpuKernel:
         self._fn = fn
         self.path = library_path
         self.threads = threads
+        self.counters = loop_counters(self._lib)  # a counting build's (`Compiled.iterations`)
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)

@@ -47,6 +47,7 @@ from tcpy.codegen.c_helpers import math_helpers
 from tcpy.errors import TCCompileError, TCEmulationError, TCLaunchError
 from tcpy.parser.builtins import BUILTINS
 from tcpy.runtime import toolchain
+from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
 
 FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC", "-std=gnu++17", "-w")
@@ -206,6 +207,7 @@ class EmulatedKernels:
             fn.restype = ctypes.c_int
             self._functions.append(fn)
         self._lock = threading.Lock()  # a launch sets the library's globals (gridDim, ...)
+        self.counters = loop_counters(self._lib)  # a counting build's (`Compiled.iterations`)
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         self._run(sizes, buffers, count=False)

@@ -11,11 +11,12 @@ The exit status is 1 when any failure was found.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from tcpy.sandbox import Replay, replay
-from tools.fuzz.run import fuzz, fuzz_frontend, shrink_file
+from tools.fuzz.run import RUN_TIMEOUT, WORKER_ENV, fuzz, fuzz_frontend, shrink_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.mutate:
         summary = fuzz_frontend(a.n, a.seed, a.jobs, min(a.timeout, 20.0), a.out)
     else:
-        summary = fuzz(a.target, a.n, a.seed, a.jobs, a.timeout, a.out, a.shrink_seconds)
+        summary = fuzz(a.target, a.n, a.seed, a.jobs, a.timeout, a.out, a.shrink_seconds,
+                       run_timeout=a.run_timeout)  # fmt: skip
     for path in summary.saved:
         print(f"saved {path}")
     print(summary.line())
@@ -51,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPUs)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take")
+    p.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT,
+                   help="seconds a pair's kernel may run once compiled")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("fuzz-failures"))
     p.add_argument("--shrink-seconds", type=float, default=60.0,
                    help="time to shrink each new failure (0: do not shrink)")  # fmt: skip
@@ -59,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _replay(path: Path) -> int:
+    os.environ.update(WORKER_ENV)  # as the fuzzer's workers ran it
     r = Replay.load(path)
     print(r.source)
     print(f"sizes={r.sizes} target={r.target} recorded={r.failure}")

@@ -45,7 +45,7 @@ from tools.fuzz.program import (
     subscript_vars,
 )
 
-SIZES = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33)
+SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 16, 17, 31, 32, 33, 37)
 PLAIN = {
     "size": ["N", "M", "K", "L", "P", "Q", "R", "S"],
     "tensor": ["A", "B", "C", "X", "Y", "Z", "T", "U", "V", "O", "LUT", "acc", "tmp"],

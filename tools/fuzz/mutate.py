@@ -104,8 +104,36 @@ def seed_sources() -> list[str]:
     return [p.read_text() for p in paths]
 
 
+AMPLIFIED = 0.02
+"""The share of mutations that also repeat a span of the source many times (`amplify`)."""
+
+
+def amplify(text: str, rng: random.Random) -> str:
+    """`text` with a span repeated many times: to some tens of kilobytes (a large
+    source the front end must still read), or past the source size limit of 1 MB
+    (refused at once), the span being the whole source (its defs defined again), a
+    def, or any few characters."""
+    if not text:
+        return text
+    defs = [m.start() for m in re.finditer(r"\bdef\b", text)] + [len(text)]
+    match rng.choice(("whole", "def", "span")):
+        case "whole":
+            a, b = 0, len(text)
+        case "def" if len(defs) > 1:
+            k = rng.randrange(len(defs) - 1)
+            a, b = defs[k], defs[k + 1]
+        case _:
+            a = rng.randrange(len(text))
+            b = rng.randint(a + 1, min(len(text), a + 200))
+    size = rng.choice((rng.randint(10_000, 64_000), rng.randint(1_000_001, 4_000_000)))
+    times = max(1, size // max(1, b - a))
+    return text[:b] + text[a:b] * times + text[b:]
+
+
 def mutate(text: str, rng: random.Random) -> str:
-    """`text` after one to four random edits."""
+    """`text` after one to four random edits (and, once in a while, `amplify`)."""
+    if rng.random() < AMPLIFIED:
+        text = amplify(text, rng)
     for _ in range(rng.randint(1, 4)):
         if not text:
             break

@@ -45,6 +45,11 @@ WORKER_ENV = {
 }
 
 
+RUN_TIMEOUT = 10.0
+"""Seconds a pair's kernel may run once compiled (the compile has the pair's timeout):
+at the fuzzer's sizes any kernel runs in well under a second, unless it runs away."""
+
+
 def pair_seed(seed: int, i: int) -> int:
     return seed * 1_000_003 + i
 
@@ -75,10 +80,12 @@ class Summary:
     rejects: int = 0
     slowest: float = 0.0
     slowest_pair: int | None = None  # index of the pair with the slowest compile
+    longest: float = 0.0  # the longest a case took, compile and runs and all
     saved: list[Path] = field(default_factory=list)
 
     def add(self, outcome: Outcome, index: int | None = None) -> None:
         self.pairs += 1
+        self.longest = max(self.longest, outcome.seconds)
         if outcome.invalid:
             self.rejects += 1
         elif outcome.failure is not None:
@@ -95,8 +102,9 @@ class Summary:
         errors = ",".join(f"{k}:{v}" for k, v in sorted(self.tc_errors.items())) or "0"
         return (
             f"pairs={self.pairs} mismatches={f['wrong_result']} escapes={f['internal_error']} "
-            f"crashes={f['crash']} hangs={f['hang']} tc_errors={errors} "
-            f"generator_rejects={self.rejects} slowest_compile={self.slowest:.2f}s"
+            f"crashes={f['crash']} hangs={f['hang']} runaways={f['runaway']} "
+            f"tc_errors={errors} generator_rejects={self.rejects} "
+            f"slowest_compile={self.slowest:.2f}s slowest_case={self.longest:.2f}s"
         )
 
 
@@ -126,10 +134,12 @@ def fuzz(
     out: Path | None = Path("fuzz-failures"),
     shrink_seconds: float = 60.0,
     log: Any = sys.stderr,
+    run_timeout: float = RUN_TIMEOUT,
 ) -> Summary:
     """Run `n` pairs on `target`; save and shrink the failures under `out`. A failure
     is saved as soon as it is found, so a run that is stopped keeps what it found;
-    shrinking waits for the end."""
+    shrinking waits for the end. A pair has `timeout` seconds to compile and
+    `run_timeout` to run its kernel after that."""
     summary = Summary()
     pairs = [make_pair(pair_seed(seed, i), target) for i in range(n)]
     start, last = time.monotonic(), time.monotonic()
@@ -137,7 +147,7 @@ def fuzz(
     with private_cache():
         env = {**WORKER_ENV, "TCPY_CACHE_DIR": os.environ["TCPY_CACHE_DIR"]}
         for i, outcome in run_tasks(replay_task, [p.args() for p in pairs], jobs=jobs,
-                                    timeout=timeout, env=env):  # fmt: skip
+                                    timeout=timeout, env=env, run_timeout=run_timeout):  # fmt: skip
             summary.add(outcome, i)
             if outcome.failure is not None and out is not None:
                 r = dataclasses.replace(
@@ -162,7 +172,9 @@ def fuzz(
                 slowest.save(out / f"{target}-slowest-compile.json")
             if shrink_seconds > 0:
                 for path in failed:
-                    summary.saved.append(shrink_file(path, shrink_seconds, timeout, env))
+                    summary.saved.append(
+                        shrink_file(path, shrink_seconds, timeout, env, run_timeout)
+                    )
     return summary
 
 
@@ -179,17 +191,21 @@ def signature(outcome: Outcome) -> tuple[str, str]:
 
 
 def shrink_file(
-    path: Path, seconds: float, timeout: float = 60.0, env: dict[str, str] | None = None
+    path: Path,
+    seconds: float,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    run_timeout: float = RUN_TIMEOUT,
 ) -> Path:
     """Shrink the replay at `path`; writes and returns `<name>.min.json` beside it."""
     original = Replay.load(path)
     with Sandbox(env={**WORKER_ENV, **(env or {})}) as sb:
-        want = signature(sb.run(replay_task, original.args(), timeout))
+        want = signature(sb.run(replay_task, original.args(), timeout, run_timeout))
         if want == ("", ""):
             raise SystemExit(f"{path} does not fail any more")
 
         def fails(r: Replay) -> bool:
-            return signature(sb.run(replay_task, r.args(), timeout)) == want
+            return signature(sb.run(replay_task, r.args(), timeout, run_timeout)) == want
 
         smallest = _shrink(original, fails, seconds)
     out = path.with_name(path.name.removesuffix(".json") + ".min.json")

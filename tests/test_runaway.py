@@ -1,0 +1,171 @@
+"""Runaway loops: kernels whose loops run far more iterations than the work their
+statements hold, measured by counting builds (`Compiled.iterations`), and the mapping
+defect that first made one (a member left whole by tiling it with a size meant to be
+out of reach, which a size-generic schedule reached).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy import kernels
+from tcpy.mapping.options import MappingOptions
+from tcpy.sandbox import RUN, Failure, Runaway, Sandbox, phase, run_tasks
+
+COUNTED = ("cpu", "cuda-emu")
+
+# Found by the differential fuzzer on cuda-emu: the second statement's member, shifted
+# by H in a size-generic schedule, reached the sentinel tile 2**30, and every thread
+# ran a loop of 2**30 iterations (right, after 28 to 53 s).
+SHIFTED = """
+def f(float(H, 2) A, float(H) lo, double scale, float32(2, 2) Mat) -> (Y1) {
+    Y1(i, k) +=! A(i, j) * Mat(j, k)
+    Y1(i, k) = fmax(Y1(i, k), 0.0)
+}
+"""
+SHIFTED_OPTIONS = {
+    "outer_schedule_fusion": "Preserve3Coincident", "positive_orthant": True,
+    "fix_parameters_before_scheduling": False, "tile": [], "unroll": 8,
+    "interchange": [3, 1, 4, 0, 2], "map_to_threads": [4, 128, 1],
+    "use_shared_memory": False, "unroll_copy_shared": False, "max_shared_memory": 49152,
+    "shared_depth": 3, "vectorize": False, "threads": 3,
+}  # fmt: skip
+
+
+def _shifted_inputs(h: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    rng = np.random.default_rng(h)
+    a = rng.standard_normal((h, 2)).astype(np.float32)
+    lo = rng.standard_normal(h).astype(np.float32)
+    mat = rng.standard_normal((2, 2)).astype(np.float32)
+    return a, lo, 0.5, mat
+
+
+@pytest.mark.parametrize("target", COUNTED)
+@pytest.mark.parametrize("h", [9, 1, 2, 31])
+def test_a_shifted_size_generic_member_is_not_tiled_by_a_size_out_of_reach(
+    target: str, h: int
+) -> None:
+    """The program and options the fuzzer found, right and with loops that run about
+    as often as the def has statement instances (before the fix: a counting run
+    stopped past its limit of 10^6 iterations on cuda-emu)."""
+    engine = tcpy.ExecutionEngine(target)
+    engine.define(SHIFTED)
+    inputs = _shifted_inputs(h)
+    kernel = engine.compile("f", *inputs, options=MappingOptions.from_dict(SHIFTED_OPTIONS))
+    a, _, _, mat = inputs
+    np.testing.assert_allclose(kernel(*inputs), np.maximum(a @ mat, 0), rtol=1e-5)
+    counted = kernel.iterations(*inputs)
+    assert counted.instances == 3 * h * 2 + h * 2  # init, the sum over j, the fmax
+    assert not counted.stopped and not counted.runaway
+    assert counted.total <= 4 * counted.instances + counted.threads
+    assert "1073741823" not in kernel.source and "1073741824" not in kernel.source
+
+
+ELEMENTWISE = "def f(float(N) A) -> (B) { B(i) = A(i) * 2.0 }"
+
+
+def test_a_counting_build_counts_each_loop_once_per_iteration() -> None:
+    """A loop over 37 elements tiled by 8 counts 5 tiles and 37 points, and a
+    matmul's loops (tiles of 1: no point loops) count M, M*N and M*N*K."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(ELEMENTWISE)
+    plain = MappingOptions(tile=(8,), vectorize=False, parallel=False, unroll=1)
+    a = np.arange(37, dtype=np.float32)
+    counted = engine.compile("f", a, options=plain).iterations(a)
+    assert counted.loops == (5, 37) and counted.instances == 37 and counted.threads == 0
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    a, b = np.ones((5, 7), np.float32), np.ones((7, 3), np.float32)
+    ones = plain.replace(tile=(1, 1, 1), register_tile=(1, 1))
+    counted = engine.compile("mm", a, b, options=ones).iterations(a, b)
+    assert sorted(counted.loops) == [5, 15, 105]
+    assert counted.instances == 15 + 105
+
+
+def test_an_emulated_kernel_counts_its_threads_and_their_loops() -> None:
+    """On cuda-emu every thread runs its own loops: the launch's threads are counted
+    beside the iterations, and a thread that has no element iterates no loop."""
+    engine = tcpy.ExecutionEngine("cuda-emu")
+    engine.define(ELEMENTWISE)
+    a = np.arange(100, dtype=np.float32)
+    options = MappingOptions.cuda().replace(map_to_threads=(32,), map_to_blocks=(2,))
+    counted = engine.compile("f", a, options=options).iterations(a)
+    assert counted.threads == 64 and counted.instances == 100
+    assert counted.total >= 100 // 32  # the grid-stride loops of the blocks
+    assert not counted.runaway
+
+
+def test_the_kernels_own_calls_are_not_counted_and_stay_what_they_were() -> None:
+    """`iterations` runs a counting build beside the kernel: the kernel's source has
+    no counter, and its results do not change."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(ELEMENTWISE)
+    a = np.arange(10, dtype=np.float32)
+    kernel = engine.compile("f", a)
+    kernel.iterations(a)
+    assert "TC_COUNT_LOOP" not in kernel.source
+    np.testing.assert_array_equal(kernel(a), 2 * a)
+
+
+@pytest.mark.parametrize("target", COUNTED)
+def test_a_counting_run_stops_at_its_limit(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a limit below the work (here: none), the run stops at once, whatever its
+    loops would still do, and says so: a runaway ends in moments instead of running
+    its loops out."""
+    monkeypatch.setattr(kernels, "RUNAWAY_FACTOR", 0)
+    monkeypatch.setattr(kernels, "RUNAWAY_FLOOR", 0)
+    engine = tcpy.ExecutionEngine(target)
+    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    a, b = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
+    counted = engine.compile("mm", a, b).iterations(a, b)
+    assert counted.stopped and counted.runaway
+    assert counted.total < counted.instances  # stopped long before the work was done
+
+
+def test_runaway_is_more_than_16_times_the_work_and_a_million_iterations() -> None:
+    work = kernels.Iterations((1_900_000,), instances=100_000, threads=20_000)
+    assert not work.runaway  # 1.9e6 <= 16 * 120,000
+    assert kernels.Iterations((2_000_000,), instances=100_000, threads=0).runaway
+    assert not kernels.Iterations((900_000,), instances=10, threads=0).runaway  # < 10^6
+
+
+def test_loops_are_counted_on_host_targets_only() -> None:
+    engine = tcpy.ExecutionEngine("reference")
+    engine.define(ELEMENTWISE)
+    a = np.ones(3, np.float32)
+    with pytest.raises(tcpy.TCError, match="cpu and cuda-emu"):
+        engine.compile("f", a).iterations(a)
+
+
+# --- the sandbox's classes: runaway, and the run's own timeout ---------------------
+
+
+def runs_away() -> None:
+    raise Runaway("the loops ran 2e9 iterations")
+
+
+def compiles_then_runs(compile_seconds: float, run_seconds: float) -> str:
+    time.sleep(compile_seconds)
+    phase(RUN)
+    time.sleep(run_seconds)
+    return "done"
+
+
+def test_a_runaway_is_a_failure_class_of_its_own() -> None:
+    [(_, outcome)] = list(run_tasks(runs_away, [()], jobs=1, timeout=5))
+    assert outcome.failure is Failure.RUNAWAY and "2e9" in outcome.detail
+
+
+def test_a_run_has_its_own_timeout_after_its_compile() -> None:
+    """A compile may take longer than the run timeout; a run that takes longer than
+    it is a hang, though the task's timeout is far from over."""
+    with Sandbox() as sb:
+        slow_compile = sb.run(compiles_then_runs, (2.0, 0.0), timeout=60, run_timeout=1)
+        assert slow_compile.failure is None and slow_compile.value == "done"
+        start = time.monotonic()
+        slow_run = sb.run(compiles_then_runs, (0.0, 60.0), timeout=60, run_timeout=1)
+        assert slow_run.failure is Failure.HANG and "run timeout" in slow_run.detail
+        assert time.monotonic() - start < 30
