@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 from bench.suite import SUITE, Kernel, reduced
-from tcpy.mapping.device import DeviceProfile, default_profile, named
-from tcpy.mapping.gpu import FILL_WAVES, cuda_defaults
+from tcpy.mapping.gpu import cuda_defaults
+from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
+from tcpy.mapping.gpu.sizes import FILL_WAVES
 from tcpy.pipeline import lower_to_cuda
 from tcpy.runtime import profile
 

@@ -1,5 +1,5 @@
 # ruff: noqa: E741  (tensor names as in the TC)
-"""The benchmark suite of DESIGN.md: each kernel as TC, its NumPy peer, its inputs,
+"""The benchmark suite (bench/README.md): each kernel as TC, its NumPy peer, its inputs,
 and the work it does (floating-point operations, and the fewest bytes it must move).
 
 Shared by `bench/cpu.py` (against NumPy and PyTorch eager) and `bench/gpu.py` (against

@@ -97,9 +97,10 @@ def versus_random(kernel: Kernel, config: tcpy.TunerConfig, seeds: int) -> dict[
     """The genetic search and random search at the same trial budget, per seed, with
     one evaluator (candidates compiled, checked and timed the same way)."""
     from tcpy.binding import bind
-    from tcpy.genetic.evaluate import Evaluator, save_problem
+    from tcpy.genetic.evaluate import Evaluator
     from tcpy.genetic.search import random_search, search
     from tcpy.genetic.space import build_space
+    from tcpy.genetic.tasks import save_problem
 
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
@@ -113,7 +114,9 @@ def versus_random(kernel: Kernel, config: tcpy.TunerConfig, seeds: int) -> dict[
     want = _outputs(reference.run(kernel.entry, *inputs))
     rows = []
     with tempfile.TemporaryDirectory(prefix="tcpy-versus-") as scratch:
-        problem = save_problem(Path(scratch), cdef.source, kernel.entry, "cpu", inputs, want)
+        problem = save_problem(
+            Path(scratch), cdef.source, kernel.entry, "cpu", inputs, want, tcpy.ExecutionEngine
+        )
         for seed in range(seeds):
             cfg = tcpy.TunerConfig(**{**_fields(config), "seed": seed, "patience": 0})
             evaluator = Evaluator(problem, cfg, Path(scratch) / f"cache{seed}", Path(scratch))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tcpy import __version__, commands, targets
-from tcpy.cache_cli import add_cache_commands, cache_command
+from tcpy.cache.cli import add_cache_commands, cache_command
 from tcpy.errors import TCError
 from tcpy.mapping.options import PRESETS
 

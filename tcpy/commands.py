@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tcpy import targets
-from tcpy.codegen.naming import user_text
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCCompileError, TCError, TCMappingError, TCWarning, located
 from tcpy.inputs import random_inputs, resolve_sizes
 from tcpy.mapping.options import PRESETS, MappingOptions
+from tcpy.naming import user_text
 from tcpy.parser import CheckedDef
 
 if TYPE_CHECKING:

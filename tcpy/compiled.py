@@ -4,13 +4,15 @@
 mapping options it was built with, `.cache_key` its disk-cache entry. A call checks its
 inputs (or, with `unchecked=True`, nothing), runs the kernel and returns the outputs in
 the library of the inputs. It pickles as what rebuilds it (the target, the def's source
-and the options), and is loaded again from the disk cache in the receiving process.
+and the options, for a function of the engine that made it: this module never imports
+the engine), and is loaded again from the disk cache in the receiving process.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,11 +29,25 @@ from tcpy.binding import (
     overlaps_inputs,
     signature_key,
 )
-from tcpy.errors import TCError, TCInputError, TCWarning
+from tcpy.empty import EmptyCall
+from tcpy.errors import TCError, TCInputError
 from tcpy.kernels import Iterations, Kernel
 from tcpy.parser import CheckedDef
-from tcpy.runtime.empty import EmptyCall
-from tcpy.runtime.status import KernelFault, explained
+from tcpy.reference import interpreter
+from tcpy.runtime.status import KernelFault
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a kernel came from, as its pickle carries it: the engine's target, by name
+    and as the instance with its options, and `rebuild`, a module-level function of
+    the engine's (pickled by its name) that makes the kernel again in another process:
+    `rebuild(target_name, target, source, filename, name, options, inputs)`, where
+    `inputs` are the `(shape, dtype)` of each input it was compiled at."""
+
+    target_name: str
+    target: targets.Target
+    rebuild: Callable[..., Compiled]
 
 
 class Compiled:
@@ -47,10 +63,10 @@ class Compiled:
         kernel: Kernel,
         signature: Any,
         sizes: Mapping[str, int],
-        target: tuple[str, targets.Target] | None = None,
+        origin: Origin | None = None,
     ) -> None:
         self.cdef = cdef
-        self._target = target  # the engine's target (name, instance), to rebuild it
+        self._origin = origin  # how to rebuild it; None: it cannot be pickled
         self.options = kernel.options
         self._kernel = kernel
         self._signature = signature
@@ -68,17 +84,17 @@ class Compiled:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as what rebuilds it: the target, the def and the options, with the
-        shapes and dtypes of the call it was compiled at; the receiving process loads
-        the kernel from the disk cache, or compiles it where the cache lacks it."""
-        if self._target is None:
+        shapes and dtypes of the call it was compiled at, for its origin's `rebuild`;
+        the receiving process loads the kernel from the disk cache, or compiles it where
+        the cache lacks it."""
+        origin = self._origin
+        if origin is None:
             raise TypeError("this kernel was not made by an engine, and cannot be pickled")
         dtypes = [dtype for _, dtype in self._signature]
         shapes = [tuple(d.evaluate(self._sizes) for d in t.shape) for t in self.cdef.inputs]
         where = (self.cdef.source, self.cdef.filename, self.cdef.name)
-        return (
-            _rebuilt,
-            (*self._target, *where, self.options, list(zip(shapes, dtypes, strict=True))),
-        )
+        inputs = list(zip(shapes, dtypes, strict=True))
+        return (origin.rebuild, (origin.target_name, origin.target, *where, self.options, inputs))
 
     @property
     def source(self) -> str:
@@ -263,22 +279,22 @@ def signature_of(kernel: Kernel, binding: Binding) -> tuple[Any, ...]:
     return generic_signature_key(arrays) if kernel.generic else signature_key(arrays)
 
 
-def _rebuilt(
-    target_name: str,
-    target: targets.Target,
-    source: str,
-    filename: str | None,
-    name: str,
-    options: Any,
-    inputs: list[tuple[tuple[int, ...], np.dtype]],
-) -> Compiled:
-    """A pickled `Compiled` again: its def defined on a new engine of its target, and
-    compiled for inputs of the shapes and dtypes it was compiled for."""
-    from tcpy.engine import ExecutionEngine
+EXPLAIN_POINTS = 1 << 26
+"""The most statement instances `explained` interprets (a few seconds of NumPy at
+most); a larger call keeps the kernel's own message."""
 
-    engine = ExecutionEngine.__new__(ExecutionEngine)
-    engine._setup(target_name, target)
-    with warnings.catch_warnings():  # shown when the def was first defined
-        warnings.simplefilter("ignore", TCWarning)
-        engine.define(source, filename)
-    return engine.compile(name, *(np.zeros(s, d) for s, d in inputs), options=options)
+
+def explained(cdef: CheckedDef, binding: Binding, fault: KernelFault) -> TCError:
+    """The error the reference interpreter raises on the call that made a compiled
+    kernel fault; the fault itself, with a hint, when the inputs are in GPU memory, the
+    call is too large to interpret quickly, or the interpreter finds nothing."""
+    points = sum(
+        math.prod(max(hi - lo, 0) for lo, hi in binding.ranges(st).values())
+        for st in cdef.statements
+    )
+    if points <= EXPLAIN_POINTS and not any(isinstance(a, DeviceInput) for a in binding.arrays):
+        try:
+            interpreter.run(cdef, binding)
+        except TCError as e:
+            return e
+    return KernelFault(f"{fault}; the reference target names the index values")

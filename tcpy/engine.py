@@ -14,10 +14,13 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tcpy import log, targets
 from tcpy.binding import (
@@ -26,16 +29,15 @@ from tcpy.binding import (
     generic_signature_key,
     signature_key,
 )
-from tcpy.cache import tcpy_version
-from tcpy.compiled import Compiled, plain_signature, signature_of
+from tcpy.cache import TunedStore, tcpy_version, tuned_key
+from tcpy.compiled import Compiled, Origin, plain_signature, signature_of
+from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCInputError, TCWarning, warn
-from tcpy.genetic.store import TunedStore, tuned_key
 from tcpy.kernels import Kernel
-from tcpy.mapping.device import named
+from tcpy.mapping.gpu.device import named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.printer import canonical
-from tcpy.runtime.empty import EmptyCall
 
 if TYPE_CHECKING:  # the tuner and its libraries load when a session starts
     from tcpy.genetic.tuner import TunerConfig, TuneResult
@@ -52,7 +54,7 @@ class ExecutionEngine:
     emulated on the CPU) or `"reference"` (the NumPy interpreter). Options of cuda-emu
     only: `emu_check` (default `TCPY_EMU_CHECK=1`) checks every emulated launch for
     out-of-bounds accesses, shared-memory races and divergent barriers; `device` names
-    the GPU the kernels are mapped for (`tcpy.mapping.device.PROFILES`; default
+    the GPU the kernels are mapped for (`tcpy.mapping.gpu.device.PROFILES`; default
     `TCPY_CUDA_DEVICE`, else "h100"). Option of cuda only: `asynchronous` (default
     False) lets a call whose inputs and outputs are on the device return without
     waiting for its kernels; a failure it meets (an out-of-range gather, a division by
@@ -80,6 +82,15 @@ class ExecutionEngine:
         if asynchronous:
             chosen = targets.Cuda(asynchronous=True)
         self._setup(name, chosen)
+
+    @classmethod
+    def for_target(cls, name: str, target: targets.Target) -> ExecutionEngine:
+        """An engine with no defs on `target`: the target instance of an engine of the
+        target `name`, as that engine made it (with its options, such as `emu_check` or
+        `asynchronous`). What `rebuilt_kernel` rebuilds a pickled kernel on."""
+        engine = cls.__new__(cls)
+        engine._setup(name, target)
+        return engine
 
     def synchronize(self) -> None:
         """Wait for the GPU's calls that did not wait (`asynchronous`), synchronising
@@ -201,7 +212,7 @@ class ExecutionEngine:
             start = MappingOptions.resolve(
                 starting_options, lambda: self._target.default_options(cdef)
             )
-        return tune(self, entry, inputs, config, start)
+        return tune(self, entry, inputs, config, start, engine_class=ExecutionEngine)
 
     def tuned_options(self, entry: str, *inputs: Any) -> MappingOptions | None:
         """The stored tuned options of `entry` for these shapes on this target and
@@ -319,9 +330,8 @@ class ExecutionEngine:
                 kernel = self._kernel(cdef, binding, signature, options)
         except TCError as e:
             raise cdef.located(e) from None
-        compiled = Compiled(
-            cdef, kernel, signature_of(kernel, binding), binding.sizes, (self.target, self._target)
-        )
+        origin = Origin(self.target, self._target, rebuilt_kernel)
+        compiled = Compiled(cdef, kernel, signature_of(kernel, binding), binding.sizes, origin)
         plain = plain_signature(inputs)
         fast = given is None or isinstance(given, MappingOptions)
         if plain is not None and fast and not binding.empty:
@@ -440,6 +450,24 @@ class ExecutionEngine:
         self._setup(state["target"], state["_target"])
         for source, filename in state["sources"]:
             self.define(source, filename)
+
+
+def rebuilt_kernel(
+    target_name: str,
+    target: targets.Target,
+    source: str,
+    filename: str | None,
+    name: str,
+    options: MappingOptions,
+    inputs: list[tuple[tuple[int, ...], np.dtype]],
+) -> Compiled:
+    """A pickled `Compiled` again (its `Origin.rebuild`): its def defined on a new engine
+    of its target, and compiled for inputs of the shapes and dtypes it was compiled for."""
+    engine = ExecutionEngine.for_target(target_name, target)
+    with warnings.catch_warnings():  # shown when the def was first defined
+        warnings.simplefilter("ignore", TCWarning)
+        engine.define(source, filename)
+    return engine.compile(name, *(np.zeros(s, d) for s, d in inputs), options=options)
 
 
 _KNOWN_CALLS = 4096  # the calls remembered for the fast path, per engine

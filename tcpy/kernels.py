@@ -15,12 +15,12 @@ import numpy as np
 
 from tcpy import knobs
 from tcpy.binding import Binding, empty_at
+from tcpy.empty import EmptyCall
 from tcpy.errors import TCError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, Role, TensorInfo
 from tcpy.poly.scop import instances
 from tcpy.reference import interpreter
-from tcpy.runtime.empty import EmptyCall
 from tcpy.runtime.loop_counts import LoopCounters
 
 # The destinations of `out=`, one per output, or None: new arrays.

@@ -10,7 +10,7 @@
   divergent barriers), with the emulator's instrumented build.
 - `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
   pycuda when installed, else cuda.bindings).
-- `TCPY_CUDA_DEVICE`: the device profile (`tcpy.mapping.device`) that `cuda-emu`
+- `TCPY_CUDA_DEVICE`: the device profile (`tcpy.mapping.gpu.device`) that `cuda-emu`
   maps for, and `cuda` when no GPU is present (default `h100`).
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present
   (default: the device profile's).

@@ -19,10 +19,10 @@ from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import print_c
 from tcpy.codegen.cuda import print_cuda
 from tcpy.mapping.cpu import map_to_cpu
-from tcpy.mapping.device import DeviceProfile
+from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
+from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.promotion import without_scratch
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.analysis import Analysis, analyse
 from tcpy.poly.dependences import Dependences
@@ -108,7 +108,7 @@ def lower_to_cuda(
     device: DeviceProfile | None = None,
     count_loops: bool = False,
 ) -> LoweredCuda:
-    """`device`: the GPU's profile (default: `tcpy.mapping.device.default_profile()`);
+    """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`)."""
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tcpy import cache, knobs, log
 from tcpy.binding import Binding
-from tcpy.cache import DiskCache, cache_key
+from tcpy.cache import DiskCache, cache_key, enforce_cap
 from tcpy.errors import TCError
 from tcpy.kernels import (
     EmulatedKernel,
@@ -35,7 +35,7 @@ from tcpy.kernels import (
     NoGpu,
     ReferenceKernel,
 )
-from tcpy.mapping.device import DeviceProfile, default_profile, named
+from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import summary
@@ -419,4 +419,4 @@ def open_disk_cache() -> DiskCache | None:
     off, or unusable (warned)."""
     root = knobs.cache_dir()
     cap = knobs.cache_max_bytes()  # read even when the cache is off: a typo is reported
-    return DiskCache.open(root, cap) if root is not None else None
+    return DiskCache.open(root, cap, enforce_cap) if root is not None else None

@@ -1,4 +1,4 @@
-"""Scalar types of TC and the promotion rules of TC_LANGUAGE.md.
+"""Scalar types of TC and the promotion rules of docs/language.md ("Types").
 
 `ScalarType` is the closed set of element types. `promote` is the one place that
 decides the type of mixed arithmetic; `assignable` says whether a value of one type

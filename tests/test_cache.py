@@ -25,11 +25,12 @@ from tcpy.errors import TCWarning
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 
-MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+from programs import MATMUL
+
 SIG = [((4, 5), np.dtype(np.float32)), ((5, 6), np.dtype(np.float32))]
 
 
-def _key(source: str = MM, signature=SIG, options=None, target="cpu", device="d", tools="t"):  # type: ignore[no-untyped-def]
+def _key(source: str = MATMUL, signature=SIG, options=None, target="cpu", device="d", tools="t"):  # type: ignore[no-untyped-def]
     (cdef,) = check_source(source).values()
     options = options or MappingOptions.cpu()
     return cache_key(cdef, signature, options.to_json(), target, device, tools)
@@ -45,9 +46,9 @@ def test_key_ignores_formatting_comments_and_the_def_name() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"source": MM.replace("+=!", "max=!")},
-        {"source": MM.replace("float(K,N) B", "double(K,N) B")},
-        {"source": MM.replace("A(m,k) * B(k,n)", "A(m,k) + B(k,n)")},
+        {"source": MATMUL.replace("+=!", "max=!")},
+        {"source": MATMUL.replace("float(K,N) B", "double(K,N) B")},
+        {"source": MATMUL.replace("A(m,k) * B(k,n)", "A(m,k) + B(k,n)")},
         {"signature": [((4, 5), np.dtype(np.float32)), ((5, 7), np.dtype(np.float32))]},
         {"options": MappingOptions.cpu().replace(unroll=2)},
         {"target": "cuda-emu"},
@@ -68,11 +69,11 @@ def test_second_engine_loads_from_disk(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     A, B = _inputs()
     first = tcpy.ExecutionEngine("cpu")
-    first.define(MM)
+    first.define(MATMUL)
     first.mm(A, B)
     assert first.stats.compiles == 1
     second = tcpy.ExecutionEngine("cpu")
-    second.define(MM)
+    second.define(MATMUL)
     np.testing.assert_allclose(second.mm(A, B), A @ B, rtol=1e-5)
     assert (second.stats.compiles, second.stats.disk_hits) == (0, 1)
     second.mm(A, B)
@@ -143,14 +144,14 @@ def test_damaged_entry_is_rebuilt(
     (entry,) = _entries(tmp_path)
     _damage(entry, damage)
     again = tcpy.ExecutionEngine("cpu")
-    again.define(MM)
+    again.define(MATMUL)
     np.testing.assert_allclose(again.mm(A, B), A @ B, rtol=1e-5)
     assert (again.stats.compiles, again.stats.disk_hits) == (1, 0)
     assert not entry.is_symlink() and stat.S_IMODE(entry.stat().st_mode) == 0o700
     meta = json.loads((entry / "meta.json").read_text())
     assert set(meta["files"]) == {"kernel.c", "kernel.so", "built.json"}
     later = tcpy.ExecutionEngine("cpu")  # and the rebuilt entry serves the next engine
-    later.define(MM)
+    later.define(MATMUL)
     later.compile("mm", A, B)
     assert (later.stats.compiles, later.stats.disk_hits) == (0, 1)
 
@@ -168,7 +169,7 @@ def test_library_that_does_not_load_is_rebuilt(
     digest = hashlib.sha256(b"not a library").hexdigest()
     _rewrite_meta(entry, files={**meta["files"], "kernel.so": digest})
     again = tcpy.ExecutionEngine("cpu")
-    again.define(MM)
+    again.define(MATMUL)
     np.testing.assert_allclose(again.mm(A, B), A @ B, rtol=1e-5)
     assert (again.stats.compiles, again.stats.disk_hits) == (1, 0)
     assert (entry / "kernel.so").read_bytes() != b"not a library"
@@ -182,7 +183,7 @@ def test_cache_directories_are_private(tmp_path: Path, monkeypatch: pytest.Monke
     root = tmp_path / "cache"
     monkeypatch.setenv("TCPY_CACHE_DIR", str(root))
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(MM)
+    engine.define(MATMUL)
     engine.mm(*_inputs())
     (entry,) = _entries(root)
     for path in (root, root / "v1", root / "v1" / "tmp", entry.parent, entry):
@@ -195,7 +196,7 @@ def _compile_twice() -> tuple[tcpy.ExecutionEngine, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine = tcpy.ExecutionEngine("cpu")
-        engine.define(MM)
+        engine.define(MATMUL)
         for n in (3, 5):  # the shapes of `_prefill`
             A, B = np.ones((n, 5), np.float32), np.full((5, n), 2, np.float32)
             np.testing.assert_allclose(engine.mm(A, B), A @ B)
@@ -350,7 +351,7 @@ def test_cache_that_turns_read_only_builds_in_temporary_directories(
     root = unprivileged / "cache"
     monkeypatch.setenv("TCPY_CACHE_DIR", str(root))
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(MM)
+    engine.define(MATMUL)
     A, B = _inputs()
     engine.mm(A, B)  # cached
     for path in (root / "v1" / "tmp", root / "v1"):
@@ -373,7 +374,7 @@ def test_cache_off_leaves_no_temporary_directories(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TCPY_CACHE_DIR", "off")
     engine = tcpy.ExecutionEngine(target)
-    engine.define(MM)
+    engine.define(MATMUL)
     kernels = []
     for n in (3, 5, 8):
         A, B = np.ones((n, 5), np.float32), np.ones((5, 6), np.float32)
@@ -399,7 +400,7 @@ def test_process_without_cache_leaves_no_temporary_directories(tmp_path: Path) -
     )
     env = {**os.environ, "TCPY_CACHE_DIR": "off", "TMPDIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-c", script, MM], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script, MATMUL], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert list(tmp_path.glob("tcpy-*")) == []
@@ -408,7 +409,7 @@ def test_process_without_cache_leaves_no_temporary_directories(tmp_path: Path) -
 def test_disk_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TCPY_CACHE_DIR", "off")
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(MM)
+    engine.define(MATMUL)
     A, B = _inputs()
     np.testing.assert_allclose(engine.mm(A, B), A @ B, rtol=1e-5)
     assert engine.stats.compiles == 1
@@ -435,7 +436,7 @@ SCRIPT = textwrap.dedent(
 def _process(cache: Path, shapes: str = "3,5,8") -> subprocess.Popen[str]:
     env = {**os.environ, "TCPY_CACHE_DIR": str(cache)}
     return subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, MM, shapes], env=env, stdout=subprocess.PIPE,
+        [sys.executable, "-c", SCRIPT, MATMUL, shapes], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

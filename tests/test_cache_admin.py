@@ -13,11 +13,9 @@ import numpy as np
 import pytest
 
 import tcpy
-from tcpy import cache_admin
-from tcpy.cache import DiskCache, tcpy_version
+from tcpy.cache import DiskCache, TunedStore, admin, tcpy_version
 from tcpy.cli import main
 from tcpy.errors import TCError
-from tcpy.genetic.store import TunedStore
 from tcpy.mapping.options import MappingOptions
 
 ADD = "def add(float(N) A) -> (B) { B(i) = A(i) + 1 }"
@@ -104,8 +102,8 @@ def test_entry_without_the_new_fields_still_loads(root: Path) -> None:
     _rewrite_meta(entry, drop=("tcpy", "def", "target", "device", "inputs"))
     engine = _compile(3)
     assert (engine.stats.compiles, engine.stats.disk_hits) == (0, 1)
-    info = cache_admin.info(root)
-    assert [(g.version, g.count) for g in info.groups] == [(cache_admin.UNKNOWN, 1)]
+    info = admin.info(root)
+    assert [(g.version, g.count) for g in info.groups] == [(admin.UNKNOWN, 1)]
 
 
 # --- info ---------------------------------------------------------------------------------
@@ -121,12 +119,12 @@ def test_info_counts_entries_and_bytes_by_version(
     tuned = _tuned(root, "k" * 64, tcpy_version())
     sizes = {n: _du(e) for n, e in entries.items()}
 
-    info = cache_admin.info(root)
+    info = admin.info(root)
     assert (info.root, info.count, info.size) == (root, 3, sum(sizes.values()))
     assert [(g.version, g.count, g.size) for g in info.groups] == [
         (tcpy_version(), 1, sizes[3]),
         ("0ld0ld0ld0ld0ld0", 1, sizes[4]),
-        (cache_admin.UNKNOWN, 1, sizes[5]),
+        (admin.UNKNOWN, 1, sizes[5]),
     ]
     assert (info.tuned_count, info.tuned_size) == (1, tuned.stat().st_size)
 
@@ -280,7 +278,7 @@ def test_a_lookup_stamps_the_entrys_last_use(root: Path) -> None:
     _used(entry, 40 * DAY)
     assert _compile(3).stats.disk_hits == 1
     assert (entry / "meta.json").stat().st_mtime > time.time() - 3600
-    cache_admin.prune(root, older_than=30 * DAY)
+    admin.prune(root, older_than=30 * DAY)
     assert _all_entries(root) == [entry]
 
 
@@ -297,10 +295,10 @@ def test_a_bad_age_is_a_clear_error(
 
 
 def test_ages() -> None:
-    assert cache_admin.parse_age("30d") == 30 * DAY
-    assert cache_admin.parse_age("12h") == 12 * 3600
-    assert cache_admin.parse_age("1.5w") == 10.5 * DAY
-    assert cache_admin.parse_age("90m") == 90 * 60
+    assert admin.parse_age("30d") == 30 * DAY
+    assert admin.parse_age("12h") == 12 * 3600
+    assert admin.parse_age("1.5w") == 10.5 * DAY
+    assert admin.parse_age("90m") == 90 * 60
 
 
 def test_prune_needs_a_reason(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,12 +15,13 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
 
-from differential import CORPUS
+from differential import CORPUS, engines
 from golden_util import check_golden
+from programs import LAYERNORM, MATMUL, renamed
 
 GOLDENS = {
     "matmul": (
-        "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        renamed(MATMUL, "matmul"),
         {"M": 64, "K": 48, "N": 80},
         MappingOptions.cpu().replace(register_tile=(4, 16)),  # not the machine's choice
     ),
@@ -30,7 +31,7 @@ GOLDENS = {
             expDist(n, d) = exp(I(n, d) - maxVal(n))
             expSum(n) +=! expDist(n, d)
             O(n, d) = expDist(n, d) / expSum(n)
-        }""",
+        }""",  # as written: the golden shows the source text, indentation and all
         {"N": 16, "D": 40},
         MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.PRESERVE3_COINCIDENT),
     ),
@@ -162,9 +163,7 @@ def test_row_temporaries_match_the_reference(name: str, sizes: tuple[int, int]) 
     if name == "gather":
         inputs.append(rng.integers(0, n, n).astype(np.int32))
     options = MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.MAX)
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     got = engine.run("f", *inputs, options=options)
     np.testing.assert_allclose(got, reference.run("f", *inputs), rtol=1e-5, atol=1e-5)
     text = engine.compile("f", *inputs, options=options)._kernel.source
@@ -189,9 +188,7 @@ def test_a_temporary_initialised_for_every_row_at_once_stays_in_memory() -> None
     rng = np.random.default_rng(7)
     X = rng.uniform(-3.0, 3.0, (16, 10)).astype(np.float32)
     label = rng.integers(0, 10, 16).astype(np.int32)
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     text = engine.compile("cross_entropy", X, label, options=options)._kernel.source
     assert "if (c0 == 0)" in text  # the schedule that exposed it
     assert "t_mx[" in text and "t_lse[" in text
@@ -211,9 +208,7 @@ def test_a_size_generic_contraction_shares_rows_and_columns_among_the_threads() 
     loop would have one iteration for a batch of 256 but for the columns it shares out
     with it."""
     options = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(MLP)
-    reference.define(MLP)
+    engine, reference = engines("cpu", MLP)
     rng = np.random.default_rng(3)
     for b, k, n in [(1, 1, 1), (5, 7, 9), (300, 40, 260)]:
         x = rng.standard_normal((b, k)).astype(np.float32)
@@ -255,9 +250,7 @@ def test_a_row_split_into_pieces_shares_its_temporaries(
         build = pipeline.build_ast
         monkeypatch.setattr(pipeline, "build_ast", lambda *a, grouped=False: build(*a))
     source = (CORPUS / "softmax.tc").read_text()
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     x = np.random.default_rng(3).standard_normal((8, 33)).astype(np.float32)
     kernel = engine.compile("softmax", x, options=SERIAL_ROWS)
     assert ("t_maxVal[" in kernel.source) is not grouped
@@ -271,9 +264,7 @@ def test_a_read_of_a_tensor_the_loop_writes_stays_in_the_loop() -> None:
     options = MappingOptions.cpu().replace(outer_schedule_fusion=Fusion.MAX)
     text = _lower(source, {"N": 4, "M": 8}, options).source
     assert "tc_h" not in text
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     a = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     for got, want in zip(engine.run("f", a, options=options), reference.run("f", a), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -281,14 +272,7 @@ def test_a_read_of_a_tensor_the_loop_writes_stays_in_the_loop() -> None:
 
 PIPELINES = {
     "softmax": (GOLDENS["softmax"][0], Fusion.MAX),
-    "layernorm": (
-        """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
-            mean(n) +=! X(n, d) / D
-            var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
-            O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
-        }""",
-        Fusion.MAX,
-    ),
+    "layernorm": (LAYERNORM, Fusion.MAX),
     "matmul": (GOLDENS["matmul"][0], Fusion.MIN),
     "mlp": (
         """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
@@ -317,9 +301,7 @@ def test_a_guarded_read_stays_under_its_guard() -> None:
     rng = np.random.default_rng(0)
     i = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     got = engine.run("conv", i, w, options=options)
     np.testing.assert_allclose(got, reference.run("conv", i, w), rtol=1e-5, atol=1e-5)
 

@@ -6,9 +6,6 @@ sizes, OpenMP on or off)."""
 
 from __future__ import annotations
 
-import warnings
-from functools import cache
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,31 +15,13 @@ import tcpy
 from tcpy.mapping.options import Fusion, MappingOptions
 
 from corpus_cases import CASES, Case
-from differential import CORPUS, as_tuple, check_outputs, corpus_params, make_inputs
-
-
-@cache
-def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
-    cpu, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    source = (CORPUS / file).read_text()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        cpu.define(source)
-        reference.define(source)
-    return cpu, reference
-
-
-def differential(case: Case, sizes: dict[str, int], options: MappingOptions | None) -> None:
-    inputs = make_inputs(case, sizes)
-    cpu, reference = _engines(case.file)
-    want = as_tuple(reference.run(case.entry, *inputs))
-    got = as_tuple(cpu.run(case.entry, *inputs, options=options))
-    check_outputs(case, got, want, f" on cpu with {options}")
+from differential import check_corpus_case, corpus_params, engines
+from programs import GATHER
 
 
 @pytest.mark.parametrize(("case", "sizes"), corpus_params())
 def test_corpus_cpu_default_options(case: Case, sizes: dict[str, int]) -> None:
-    differential(case, sizes, None)
+    check_corpus_case("cpu", case, sizes, None)
 
 
 options_strategy = st.builds(
@@ -66,7 +45,7 @@ options_strategy = st.builds(
 @given(options=options_strategy, which=st.integers(0, 2))
 def test_corpus_cpu_drawn_options(case: Case, options: MappingOptions, which: int) -> None:
     size_sets = (case.sizes, *case.odd_sizes)
-    differential(case, size_sets[which % len(size_sets)], options)
+    check_corpus_case("cpu", case, size_sets[which % len(size_sets)], options)
 
 
 def test_default_target() -> None:
@@ -94,11 +73,11 @@ def test_gather_out_of_range_on_cpu() -> None:
 def test_a_fault_too_large_to_explain_keeps_the_kernels_message(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tcpy.runtime import status
+    from tcpy import compiled
 
-    monkeypatch.setattr(status, "EXPLAIN_POINTS", 3)
+    monkeypatch.setattr(compiled, "EXPLAIN_POINTS", 3)
     e = tcpy.ExecutionEngine("cpu")
-    e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    e.define(GATHER)
     with pytest.raises(tcpy.TCInputError, match=r"outside its extent.*reference target names"):
         e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
 
@@ -144,9 +123,7 @@ def test_kernels_built_at_each_vector_width_match_the_reference(vector_width, bi
     rng = np.random.default_rng(int(bits))
     a = rng.standard_normal((37, 300)).astype(np.float32)
     b = rng.standard_normal((300, 70)).astype(np.float32)
-    engine, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    engine.define(source)
-    reference.define(source)
+    engine, reference = engines("cpu", source)
     for got, want in zip(engine.f(a, b), reference.f(a, b), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 

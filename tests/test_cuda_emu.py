@@ -7,9 +7,6 @@ over thread tiles of every shape, fixed or parametric sizes."""
 
 from __future__ import annotations
 
-import warnings
-from functools import cache
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,31 +16,13 @@ import tcpy
 from tcpy.mapping.options import Fusion, MappingOptions
 
 from corpus_cases import CASES, Case
-from differential import CORPUS, as_tuple, check_outputs, corpus_params, make_inputs
-
-
-@cache
-def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
-    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
-    source = (CORPUS / file).read_text()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        emu.define(source)
-        reference.define(source)
-    return emu, reference
-
-
-def differential(case: Case, sizes: dict[str, int], options: MappingOptions | None) -> None:
-    inputs = make_inputs(case, sizes)
-    emu, reference = _engines(case.file)
-    want = as_tuple(reference.run(case.entry, *inputs))
-    got = as_tuple(emu.run(case.entry, *inputs, options=options))
-    check_outputs(case, got, want, f" on cuda-emu with {options}")
+from differential import CORPUS, check_corpus_case, corpus_params, engines
+from programs import BATCH_MATMUL, CONV, GATHER, MATMUL, renamed
 
 
 @pytest.mark.parametrize(("case", "sizes"), corpus_params())
 def test_corpus_cuda_emu_default_options(case: Case, sizes: dict[str, int]) -> None:
-    differential(case, sizes, None)
+    check_corpus_case("cuda-emu", case, sizes, None)
 
 
 # Grids and blocks both smaller and larger than the loops they run; kept moderate, since
@@ -74,12 +53,12 @@ options_strategy = st.builds(
 @given(options=options_strategy, which=st.integers(0, 2))
 def test_corpus_cuda_emu_drawn_options(case: Case, options: MappingOptions, which: int) -> None:
     size_sets = (case.sizes, *case.odd_sizes)
-    differential(case, size_sets[which % len(size_sets)], options)
+    check_corpus_case("cuda-emu", case, size_sets[which % len(size_sets)], options)
 
 
 THREAD_TILES = {
-    "matmul": "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
-    "batched": "def f(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }",
+    "matmul": renamed(MATMUL, "f"),
+    "batched": renamed(BATCH_MATMUL, "f"),
     "max": "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) max=! A(m,k) + B(k,n) }",
     "integers": "def f(int32(M,K) A, int32(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
 }
@@ -104,9 +83,7 @@ def test_a_threads_outputs_in_registers_match_the_reference(
         inputs = [rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n))]
     if name == "max":
         inputs[0][3, 5] = np.nan
-    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
-    emu.define(THREAD_TILES[name])
-    reference.define(THREAD_TILES[name])
+    emu, reference = engines("cuda-emu", THREAD_TILES[name])
     options = MappingOptions.cuda().replace(register_tile=register_tile)
     compiled = emu.compile("f", *inputs, options=options)
     assert "tc_acc[" in compiled._kernel.source
@@ -116,7 +93,7 @@ def test_a_threads_outputs_in_registers_match_the_reference(
 
 def test_gather_out_of_range_on_cuda_emu() -> None:
     e = tcpy.ExecutionEngine("cuda-emu")
-    e.define("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    e.define(GATHER)
     with pytest.raises(tcpy.TCInputError, match="T is read at index 3 of its dimension 0"):
         e.g(np.ones((3, 2), np.float32), np.array([0, 3], np.int32))
 
@@ -148,7 +125,7 @@ def test_dependences_across_threads_are_kernel_boundaries(fusion: Fusion) -> Non
 
 def test_fused_statements_share_their_thread() -> None:
     """Statements fused under one mapped band depend on each other only within an
-    element, so without the lanes of a row kernel (`tcpy.mapping.rows`) one kernel
+    element, so without the lanes of a row kernel (`tcpy.mapping.gpu.rows`) one kernel
     runs them, each row in one thread, without barriers."""
     from tcpy.parser import check_source
     from tcpy.pipeline import lower_to_cuda
@@ -167,7 +144,9 @@ def test_fused_statements_share_their_thread() -> None:
 def test_corpus_cuda_emu_naive_preset(case: Case) -> None:
     """The naive preset (parametric sizes, Preserve3Coincident fusion, 32x8 threads), its
     grid cut to 32x32 blocks: the emulator runs every block, busy or idle."""
-    differential(case, case.sizes, MappingOptions.naive().replace(map_to_blocks=(32, 32)))
+    check_corpus_case(
+        "cuda-emu", case, case.sizes, MappingOptions.naive().replace(map_to_blocks=(32, 32))
+    )
 
 
 def test_emulator_runs_synchronising_kernels_block_by_block(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -204,17 +183,11 @@ def test_a_convolutions_outputs_stay_in_registers_across_its_three_reduction_loo
 ) -> None:
     """A convolution's thread keeps its outputs across c, kh and kw (three reduction
     loops), combining each in the order it was: the results are the reference's."""
-    source = (
-        "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
-        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
-    )
     n, c, h, w, f = sizes
     rng = np.random.default_rng(h * w)
     image = rng.standard_normal((n, c, h, w)).astype(np.float32)
     filters = rng.standard_normal((f, c, 3, 3)).astype(np.float32)
-    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
-    emu.define(source)
-    reference.define(source)
+    emu, reference = engines("cuda-emu", CONV)
     compiled = emu.compile("conv", image, filters)
     # 16 output rows over 8 threads along y: 2 outputs each; 8 rows: one each
     assert ("tc_acc[" in compiled._kernel.source) == (h - 2 > 8)

@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 
-from tcpy.mapping.device import DeviceProfile, named
 from tcpy.mapping.gpu import cuda_defaults
+from tcpy.mapping.gpu.device import DeviceProfile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
@@ -18,6 +18,7 @@ from tcpy.runtime import nvrtc
 from corpus_cases import CASES, Case
 from differential import CORPUS
 from golden_util import check_golden
+from programs import BATCH_MATMUL, CONV, MATMUL, renamed
 
 PLAIN = MappingOptions.cuda().replace(use_shared_memory=False)
 """The CUDA default without shared memory: one element per thread, blocks narrowed
@@ -51,7 +52,7 @@ def test_corpus_compiles_with_nvrtc(case: Case) -> None:
 
 GOLDENS = {
     "matmul": (
-        "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        renamed(MATMUL, "matmul"),
         "matmul",
         {"M": 64, "K": 48, "N": 80},
     ),
@@ -109,10 +110,8 @@ def test_the_device_profile_sizes_the_grid() -> None:
 
 
 def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
-    source = "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) " \
-             "{ O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"  # fmt: skip
     sizes = {"N": 8, "C": 3, "H": 34, "W": 66, "F": 5, "KH": 3, "KW": 3}
-    lowered = _lower(source, "conv", sizes, PLAIN)
+    lowered = _lower(CONV, "conv", sizes, PLAIN)
     update = lowered.mapping.kernels[1]
     # w (64 outputs, unit stride) on x, h (32) on y, then f and n folded into z
     assert update.block == (32, 8) and update.grid == (2, 4, 5, 8)
@@ -209,9 +208,8 @@ def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
 def test_shared_memory_tiles_with_a_three_dimensional_block() -> None:
     """A block the options give along x, y and z (found by the fuzzer): the z member
     keeps one element per thread."""
-    source = "def bmm(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }"
     options = MappingOptions.cuda().replace(map_to_threads=(8, 32, 4))
-    lowered = _lower(source, "bmm", {"B": 4, "M": 5, "K": 7, "N": 9}, options)
+    lowered = _lower(BATCH_MATMUL, "bmm", {"B": 4, "M": 5, "K": 7, "N": 9}, options)
     assert lowered.mapping.kernels[1].block == (8, 5, 4)
     assert "__shared__" in lowered.source
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import tcpy
-from tcpy.mapping import device
+from tcpy.mapping.gpu import device
 
-MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+from programs import MATMUL
 
 
 def test_named_profiles_and_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,6 @@ range empty for every size is still refused at `define`."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,10 @@ import pytest
 from fake_gpu import DeviceVector, HostMemoryDriver
 
 import tcpy
-from tcpy.runtime import cuda, empty
+from tcpy import empty
+from tcpy.runtime import cuda
+
+from differential import defined
 
 SOURCE = """
 def mm(float(M,K) A, float(K,N) B) -> (C) {
@@ -69,11 +71,7 @@ def engine(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tcpy.ExecutionEngine:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
-    engine = tcpy.ExecutionEngine(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)  # reductions without `!`
-        engine.define(SOURCE)
-    return engine
+    return defined(request.param, SOURCE, quiet=True)  # reductions without `!` warn
 
 
 def _ones(*shape: int) -> np.ndarray:
@@ -262,10 +260,7 @@ def test_every_target_agrees_with_the_reference(
         rng.integers(-3, 4, shape).astype(info.scalar.dtype)
         for info, shape in zip(cdef.inputs, shapes, strict=True)
     ]
-    reference = tcpy.ExecutionEngine("reference")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        reference.define(SOURCE)
+    reference = defined("reference", SOURCE, quiet=True)
     got, want = getattr(engine, entry)(*inputs), getattr(reference, entry)(*inputs)
     for g, w in zip(_tuple(got), _tuple(want), strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
@@ -335,11 +330,7 @@ def gpu_engine(
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     drv = HostMemoryDriver()
     monkeypatch.setattr(empty, "_driver", lambda: drv)
-    engine = tcpy.ExecutionEngine("cuda")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        engine.define(SOURCE)
-    return engine, drv
+    return defined("cuda", SOURCE, quiet=True), drv
 
 
 def test_device_inputs_give_device_outputs_without_a_gpu(

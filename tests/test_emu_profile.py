@@ -16,6 +16,8 @@ from tcpy.cli import main
 from tcpy.mapping.options import MappingOptions
 from tcpy.runtime import profile
 
+from programs import CONV, MATMUL
+
 COPY = """
 def copy(float(N,M) I) -> (O) {
     O(i,j) = I(i,j)
@@ -116,7 +118,7 @@ def test_a_threads_outputs_in_registers_read_the_shared_operands_they_share_once
     memory for each of its 4 outputs and each k (2 x 4 x 64^3 / 4 reads), or, with its
     outputs in registers, B's value once for all 4 (5 reads for 4 outputs)."""
     engine = tcpy.ExecutionEngine("cuda-emu")
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     a = np.ones((64, 64), np.float32)
     shared = {}
     for private in (False, True):
@@ -135,7 +137,7 @@ def test_shared_copies_read_16_byte_vectors_where_the_rows_start_on_one() -> Non
     16 bytes; the profile copies its inputs to aligned buffers, a call does not) or
     rows of 45 elements are copied element by element, and still right."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     rng = np.random.default_rng(0)
     buffer = rng.standard_normal(64 * 64 + 1).astype(np.float32)
     aligned, shifted = buffer[:-1].reshape(64, 64), buffer[1:].reshape(64, 64)
@@ -164,7 +166,7 @@ def test_a_threads_outputs_are_held_in_registers_across_the_tiles_of_k(k: int) -
     each way, or that times the tiles (4, the last one partial at k = 200). Right
     either way, under the emulator's checks."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     rng = np.random.default_rng(2)
     a = rng.standard_normal((64, k)).astype(np.float32)
     b = rng.standard_normal((k, 64)).astype(np.float32)
@@ -195,7 +197,7 @@ def test_a_threads_adjacent_outputs_move_as_vectors(
     outputs are strided by the block and every access is scalar. Where the tiles do not
     divide N (130), the outputs stay strided. Right in every case, under the checks."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((128, 64)).astype(np.float32)
     for n, vectorize, expected in ((128, True, runs), (128, False, 1), (130, True, 1)):
@@ -222,10 +224,7 @@ def test_the_channel_tile_shrinks_until_a_convolutions_input_fits_shared_memory(
     channels do not fit (1,000 bytes) the input is read from global memory, 9 times
     per element. Right every time, under the checks."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    engine.define(
-        "def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
-        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
-    )
+    engine.define(CONV)
     rng = np.random.default_rng(5)
     i = rng.standard_normal((1, 16, 18, 34)).astype(np.float32)
     k = rng.standard_normal((2, 16, 3, 3)).astype(np.float32)
@@ -252,7 +251,7 @@ def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
     members) once for all of k (32x96 and 96x32 floats: 2 barriers). Where those do not
     all fit max_shared_memory (20000 bytes: A's alone would), the copies stay per tile."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((64, 96)).astype(np.float32)
     b = rng.standard_normal((96, 64)).astype(np.float32)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import tcpy
-from tcpy.sandbox import Failure, Replay, Sandbox, WrongResult, replay, run_tasks
+from tcpy.fuzz_tasks import replay
+from tcpy.sandbox import Failure, Replay, Sandbox, WrongResult, run_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -138,8 +139,7 @@ def test_options_are_valid_and_cover_every_field() -> None:
         for name, value in sample_options(rng).to_dict().items():
             seen.setdefault(name, set()).add(repr(value))
     varied = {n for n, values in seen.items() if len(values) > 1}
-    refused = {"use_private_memory"}
-    assert varied == set(seen) - refused
+    assert varied == set(seen)
     assert max(sample_options(rng).unroll for _ in range(200)) < 65535
 
 

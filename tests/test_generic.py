@@ -7,17 +7,18 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tcpy
+from tcpy.mapping.cpu.registers import ROWS, WIDE_ROWS
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.registers import ROWS, WIDE_ROWS
 from tcpy.runtime import cpu
 
-CORPUS = Path(__file__).parent / "corpus"
+from differential import CORPUS, defined, engines
+from programs import CONV, MATMUL, renamed
+
 GENERIC = MappingOptions.cpu().replace(fix_parameters_before_scheduling=False)
 
 Inputs = Callable[[np.random.Generator, int], tuple[np.ndarray, ...]]
@@ -31,7 +32,7 @@ def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
 # and none is a multiple of the tiles or register blocks.
 PROGRAMS: dict[str, tuple[str, Inputs]] = {
     "matmul": (
-        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        renamed(MATMUL, "f"),
         lambda r, s: (_f32(r, 13 * s, 7 * s + 2), _f32(r, 7 * s + 2, 37 * s - 1)),
     ),
     "softmax": (  # the corpus's: two temporaries, reductions and a broadcast
@@ -50,14 +51,6 @@ PROGRAMS: dict[str, tuple[str, Inputs]] = {
 }
 
 
-def _engine(target: str, text: str) -> tcpy.ExecutionEngine:
-    engine = tcpy.ExecutionEngine(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        engine.define(text)
-    return engine
-
-
 def _outputs(value: object) -> tuple[np.ndarray, ...]:
     return value if isinstance(value, tuple) else (value,)  # type: ignore[return-value]
 
@@ -68,7 +61,7 @@ def test_one_generic_kernel_serves_every_shape(
 ) -> None:
     text, inputs = PROGRAMS[name]
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
-    engine, reference = _engine("cpu", text), _engine("reference", text)
+    engine, reference = engines("cpu", text, quiet=True)
     rng = np.random.default_rng(0)
     for scale in (2, 1, 3):
         args = inputs(rng, scale)
@@ -82,7 +75,7 @@ def test_one_generic_kernel_serves_every_shape(
     assert "tc_sizes[" in compiled.source
 
     # a new process finds it on disk for a shape it never saw
-    fresh = _engine("cpu", text)
+    fresh = defined("cpu", text, quiet=True)
     args = inputs(rng, 4)
     got = _outputs(fresh.f(*args, options=GENERIC))
     assert (fresh.stats.compiles, fresh.stats.disk_hits) == (0, 1)
@@ -93,7 +86,7 @@ def test_one_generic_kernel_serves_every_shape(
 def test_fixed_sizes_compile_per_shape(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))  # no kernel of an earlier run
     text, inputs = PROGRAMS["matmul"]
-    engine = _engine("cpu", text)
+    engine = defined("cpu", text, quiet=True)
     rng = np.random.default_rng(1)
     fixed = MappingOptions.cpu()
     compiled = engine.compile("f", *inputs(rng, 1), options=fixed)
@@ -112,7 +105,7 @@ def test_a_kernel_that_fell_back_to_the_call_sizes_is_not_reused_for_others(
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     text, inputs = PROGRAMS["strided_conv"]
     monkeypatch.setenv("TCPY_ISL_SECONDS", "0.000001")
-    engine = _engine("cpu", text)
+    engine = defined("cpu", text, quiet=True)
     rng = np.random.default_rng(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tcpy.TCWarning)
@@ -122,7 +115,10 @@ def test_a_kernel_that_fell_back_to_the_call_sizes_is_not_reused_for_others(
             assert not compiled.generic
             assert compiled.options.fix_parameters_before_scheduling
             np.testing.assert_allclose(
-                compiled(*args), _engine("reference", text).f(*args), rtol=2e-5, atol=2e-5
+                compiled(*args),
+                defined("reference", text, quiet=True).f(*args),
+                rtol=2e-5,
+                atol=2e-5,
             )
     assert engine.stats.compiles == 2
 
@@ -132,7 +128,7 @@ def test_a_generic_register_block_has_a_constant_bounded_copy_for_full_blocks() 
     lies inside the domain runs a copy with constant bounds (unrolled, in registers),
     and only the blocks at the edges keep isl's bounds."""
     text, inputs = PROGRAMS["matmul"]
-    engine = _engine("cpu", text)
+    engine = defined("cpu", text, quiet=True)
     source = engine.compile("f", *inputs(np.random.default_rng(3), 2), options=GENERIC).source
     block = source[source.index("float tc_reg") - 200 :]
     last = (WIDE_ROWS if cpu.vector_bytes() >= 64 else ROWS) - 1  # the block's last row
@@ -145,11 +141,8 @@ def test_a_generic_convolution_blocks_its_filters_and_leaves_its_window_whole() 
     """With the sizes unknown, `kh` and `kw` (added to `h` and `w` in a subscript) are
     taken as a short window: not the vector loop, not tiled, and no copy is made
     inside them; the register block runs filters x image columns."""
-    text = (
-        "def f(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
-        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
-    )
-    engine, reference = _engine("cpu", text), _engine("reference", text)
+    text = renamed(CONV, "f")
+    engine, reference = engines("cpu", text, quiet=True)
     rng = np.random.default_rng(5)
     inputs = (_f32(rng, 2, 5, 12, 40), _f32(rng, 9, 5, 3, 3))
     kernel = engine.compile("f", *inputs, options=GENERIC)

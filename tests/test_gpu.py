@@ -4,7 +4,6 @@ Marked `gpu`: skipped cleanly on machines without one."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,8 @@ from tcpy.binding import bind
 from tcpy.runtime import cuda as runtime
 
 from corpus_cases import CASES, Case
-from differential import CORPUS, as_tuple, check_outputs, make_inputs
+from differential import as_tuple, check_outputs, corpus_engines, make_inputs
+from programs import MATMUL
 
 pytestmark = pytest.mark.gpu
 
@@ -32,19 +32,9 @@ def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-def _engines(file: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
-    gpu, reference = tcpy.ExecutionEngine("cuda"), tcpy.ExecutionEngine("reference")
-    source = (CORPUS / file).read_text()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        gpu.define(source)
-        reference.define(source)
-    return gpu, reference
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_corpus_on_gpu(case: Case, driver: str) -> None:
-    gpu, reference = _engines(case.file)
+    gpu, reference = corpus_engines("cuda", case.file)
     for sizes in (case.sizes, *case.odd_sizes):
         inputs = make_inputs(case, sizes)
         want = as_tuple(reference.run(case.entry, *inputs))
@@ -57,7 +47,7 @@ def test_torch_tensors_stay_on_the_device(driver: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("PyTorch has no CUDA device")
     engine = tcpy.ExecutionEngine("cuda")
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     A = torch.rand(33, 17, device="cuda")
     B = torch.rand(17, 9, device="cuda")
     C = engine.mm(A, B)  # PyTorch in, PyTorch out, over tcpy's memory

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tcpy
-from tcpy.mapping import device as devices
-from tcpy.mapping.device import DeviceProfile
-from tcpy.mapping.gpu import MIN_CHUNK
+from tcpy.mapping.gpu import device as devices
+from tcpy.mapping.gpu.device import DeviceProfile
+from tcpy.mapping.gpu.sizes import MIN_CHUNK
+
+from differential import run_against_reference
 
 SMALL = DeviceProfile("small", "sm_90", 2, 1024, 256, 8, 48 * 1024, 96 * 1024, 65536, 65536)
 
@@ -27,12 +28,9 @@ def _small_profile(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(source: str, *inputs: np.ndarray, device: str = "small"):  # type: ignore[no-untyped-def]
-    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True, device=device)
-    reference = tcpy.ExecutionEngine("reference")
-    (entry,) = emu.define(source)
-    reference.define(source)
-    compiled = emu.compile(entry, *inputs)
-    got, want = compiled(*inputs), reference.run(entry, *inputs)
+    compiled, got, want = run_against_reference(
+        "cuda-emu", source, *inputs, emu_check=True, device=device
+    )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     return compiled
 

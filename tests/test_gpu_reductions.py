@@ -11,18 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tcpy
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
 
+from differential import run_against_reference
+
 
 def _run(source: str, *inputs: np.ndarray, options: MappingOptions | None = None):  # type: ignore[no-untyped-def]
-    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
-    (entry,) = emu.define(source)
-    reference.define(source)
-    compiled = emu.compile(entry, *inputs, options=options)
-    return compiled(*inputs), reference.run(entry, *inputs), compiled.source
+    compiled, got, want = run_against_reference("cuda-emu", source, *inputs, options=options)
+    return got, want, compiled.source
 
 
 def _lanes(source: str) -> bool:

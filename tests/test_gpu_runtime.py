@@ -16,13 +16,14 @@ from fake_gpu import DeviceVector, HostMemoryDriver
 
 import tcpy
 from tcpy.binding import bind, bind_out
+from tcpy.codegen.status import STATUS_INDEX_OUT_OF_RANGE
 from tcpy.errors import TCLaunchError
 from tcpy.kernels import GpuKernels
 from tcpy.parser import check_source
 from tcpy.poly.coverage import written_before_read
 from tcpy.poly.scop import build_scop
 from tcpy.runtime import cuda, streams
-from tcpy.runtime.status import STATUS_INDEX_OUT_OF_RANGE, KernelFault
+from tcpy.runtime.status import KernelFault
 
 SOURCE = """
 def scale(float(N) A) -> (O, P) {

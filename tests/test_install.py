@@ -3,6 +3,7 @@ running kernels need, and the package carries its typing marker."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,21 @@ def test_package_data_and_metadata() -> None:
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False
     ).stdout
     assert "egg-info" not in tracked
+
+
+def test_every_package_of_the_tree_is_in_the_wheel() -> None:
+    """The packages setuptools finds by the project's configuration are exactly the
+    folders of `tcpy/` that hold Python modules (a package listed by hand would leave a
+    new one out of a wheel install, silently)."""
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = pytest.importorskip("setuptools")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    find = project["tool"]["setuptools"]["packages"]["find"]
+    found = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
+    folders = {
+        ".".join(Path(top).relative_to(ROOT).parts)
+        for top, _, files in os.walk(ROOT / "tcpy", followlinks=True)  # tcpy/grammar
+        if any(f.endswith(".py") for f in files) and "__pycache__" not in top
+    }
+    assert found == folders
+    assert {"tcpy.mapping.gpu", "tcpy.mapping.cpu", "tcpy.cache", "tcpy.grammar"} <= found

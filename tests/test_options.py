@@ -15,6 +15,8 @@ from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
 from tcpy.poly.schedule import bands, member_variables
 
+from programs import MATMUL
+
 PRESETS = ["naive", "pointwise", "mlp", "conv", "cpu"]
 
 
@@ -88,9 +90,6 @@ def test_options_are_frozen() -> None:
         MappingOptions().unroll = 2  # type: ignore[misc]
 
 
-MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
-
-
 def _innermost_variable(lowered) -> str:  # type: ignore[no-untyped-def]
     """The index of the matmul statement that its innermost loop walks."""
     inner = [b for b in bands(lowered.schedule) if "S0" in member_variables(b, 0)][-1]
@@ -103,12 +102,12 @@ def _innermost_variable(lowered) -> str:  # type: ignore[no-untyped-def]
     [((), "n"), ((0, 1, 2), "k"), ((2, 0, 1), "n"), ((1, 2, 0), "m")],
 )
 def test_interchange_orders_the_point_loops(interchange: tuple[int, ...], innermost: str) -> None:
-    (cdef,) = check_source(MM).values()
+    (cdef,) = check_source(MATMUL).values()
     options = MappingOptions.cpu().replace(tile=(8, 8, 8), interchange=interchange)
     lowered = lower_to_c(cdef, {"M": 32, "K": 32, "N": 32}, options, check=True)
     assert _innermost_variable(lowered) == innermost
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(MM)
+    engine.define(MATMUL)
     A = np.random.default_rng(0).random((32, 32), dtype=np.float32)
     np.testing.assert_allclose(engine.mm(A, A, options=options), A @ A, rtol=1e-5)
 
@@ -116,9 +115,30 @@ def test_interchange_orders_the_point_loops(interchange: tuple[int, ...], innerm
 def test_the_threads_option_does_not_change_the_code() -> None:
     """The thread count is chosen at each call (`tests/test_threads.py`), so kernels that
     differ only in it are one source and one build."""
-    (cdef,) = check_source(MM).values()
+    (cdef,) = check_source(MATMUL).values()
     sizes = {"M": 64, "K": 64, "N": 64}
     cpu = MappingOptions.cpu()
     sources = {lower_to_c(cdef, sizes, cpu.replace(threads=t)).source for t in (0, 3)}
     assert len(sources) == 1
     assert "#pragma omp parallel num_threads(tc_threads)" in sources.pop()
+
+
+@pytest.mark.parametrize("name", ["tile_imperfectly_nested", "match_library_calls"])
+def test_a_removed_field_is_ignored_with_a_warning(name: str) -> None:
+    """Old options files, stored tuning records and fuzz replays may name fields that
+    nothing read and that are gone: they load, with a warning naming the field."""
+    old = {**MappingOptions(unroll=4).to_dict(), name: True}
+    with pytest.warns(tcpy.TCWarning, match=f"{name}' no longer exists"):
+        assert MappingOptions.from_dict(old) == MappingOptions(unroll=4)
+    with pytest.warns(tcpy.TCWarning, match=name):
+        assert MappingOptions().layered({name: False, "unroll": 2}).unroll == 2
+    with pytest.raises(TCMappingError, match="unknown mapping option"):
+        MappingOptions.from_dict({"tile_imperfect": True})
+
+
+def test_intra_tile_fusion_is_tuned_only_where_it_is_read() -> None:
+    """The GPU mapping picks a tile's point loops itself: the gene is the CPU's."""
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(MappingOptions)}["intra_tile_schedule_fusion"]
+    assert field.metadata["tuning"].targets == ("cpu",)

@@ -19,13 +19,8 @@ from tcpy.poly.schedule import bands, isl_schedule, original_order
 from tcpy.poly.scop import Kind, build_scop
 from tcpy.poly.transforms import permute_band, tile_band, verify
 
-MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
-SOFTMAX = """def softmax(float(N, D) I) -> (O) {
-    maxVal(n) max=! I(n, d)
-    expDist(n, d) = exp(I(n, d) - maxVal(n))
-    expSum(n) +=! expDist(n, d)
-    O(n, d) = expDist(n, d) / expSum(n)
-}"""
+from programs import GATHER, MATMUL, SOFTMAX
+
 MLP = """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
     O(b, n) +=! I(b, k) * W(n, k)
     O(b, n) = O(b, n) + bias(n)
@@ -63,7 +58,7 @@ def test_matmul_domains_and_accesses() -> None:
 
 
 def test_gather_access_covers_the_whole_dimension() -> None:
-    scop = _scop("def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
+    scop = _scop(GATHER)
     expected = isl.UnionMap(
         "[s_E, s_D, s_B] -> { S0[b, d] -> t_T[o, d] : 0 <= o < s_E; S0[b, d] -> t_I[b] }",
         context=scop.ctx,

@@ -9,14 +9,17 @@ import re
 import islpy as isl
 import numpy as np
 import pytest
-from test_registers import CONTRACTIONS, _engines, _inputs
+from test_registers import CONTRACTIONS, _inputs
 
+from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
 from tcpy.errors import TCLaunchError, TCMappingError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import Box, box, footprint, run_stride
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
-from tcpy.runtime.status import STATUS_OUT_OF_MEMORY, check_status
+from tcpy.runtime.status import check_status
+
+from differential import engines
 
 MATMUL = CONTRACTIONS["matmul"][0]
 
@@ -117,7 +120,7 @@ def _tree(parallel_above: bool) -> str:
 def test_no_copy_above_a_worksharing_loop() -> None:
     """Each thread copies into its own buffer: a copy above the loop the threads share
     would leave the others reading what one thread copied."""
-    from tcpy.mapping.promotion import pack_operands
+    from tcpy.mapping.cpu.packing import pack_operands
 
     source = "def f(float(N,K) A) -> (S) { S(n,k) = 2 * A(n,k) }"
     scop = _lower(source, {"N": 64, "K": 64}).scop
@@ -170,7 +173,7 @@ TILES = [(), (8, 16, 4), (5, 7, 3), (32, 32, 32)]
 @pytest.mark.parametrize("name", sorted(CONTRACTIONS))
 def test_packed_contractions_compute_the_reference(name: str, tile: tuple[int, ...]) -> None:
     source, size_sets = CONTRACTIONS[name]
-    cpu, reference = _engines(source)
+    cpu, reference = engines("cpu", source, quiet=True)
     for k, sizes in enumerate(size_sets):
         inputs = _inputs(cpu, sizes, seed=k)
         want = reference.run("f", *inputs)
@@ -184,7 +187,7 @@ def test_packed_contractions_compute_the_reference(name: str, tile: tuple[int, .
 
 def test_packed_large_matmul_computes_the_reference() -> None:
     """At a size the default packs (rows of 4 KB), with edges on every side."""
-    cpu, reference = _engines(MATMUL)
+    cpu, reference = engines("cpu", MATMUL, quiet=True)
     sizes = {"M": 67, "K": 1030, "N": 1025}
     assert _pack_marks(MATMUL, sizes) == ["pack:A,B"]
     a, b = _inputs(cpu, sizes, seed=5)
@@ -192,7 +195,7 @@ def test_packed_large_matmul_computes_the_reference() -> None:
 
 
 def test_nan_reaches_the_output_through_a_packed_tile() -> None:
-    cpu, _ = _engines(MATMUL)
+    cpu, _ = engines("cpu", MATMUL, quiet=True)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((9, 33)).astype(np.float32)
     b = rng.standard_normal((33, 17)).astype(np.float32)
@@ -206,7 +209,7 @@ def test_nan_reaches_the_output_through_a_packed_tile() -> None:
 
 
 def test_packed_kernels_serve_every_shape_when_generic() -> None:
-    cpu, reference = _engines(MATMUL)
+    cpu, reference = engines("cpu", MATMUL, quiet=True)
     options = MappingOptions.cpu().replace(
         pack_operands=True, fix_parameters_before_scheduling=False
     )
@@ -221,7 +224,7 @@ def test_packed_kernels_serve_every_shape_when_generic() -> None:
 def test_a_copy_inside_the_innermost_tile_loop_is_not_hoisted() -> None:
     """With tiles of one iteration the copy loops are the only loops inside the last
     tile loop; the reads they make change with it and must stay inside."""
-    cpu, reference = _engines(MATMUL)
+    cpu, reference = engines("cpu", MATMUL, quiet=True)
     sizes = {"M": 4, "K": 16, "N": 12}
     a, b = _inputs(cpu, sizes, seed=2)
     for parallel in (False, True):
@@ -252,7 +255,7 @@ def test_a_footprint_isl_cannot_bound_is_not_packed() -> None:
         register_tile=(16,),
         vectorize=False,
     )
-    cpu, reference = _engines(source)
+    cpu, reference = engines("cpu", source, quiet=True)
     rng = np.random.default_rng(0)
     o = rng.standard_normal((17, 5, 31)).astype(np.float32)
     for got, want in zip(cpu.run("f", o, options=options), reference.run("f", o), strict=True):
@@ -301,7 +304,7 @@ def test_a_transposed_copy_that_cannot_be_placed_leaves_the_nest_as_it_was(
     sizes = {"M": 70, "K": 600, "N": 300}
     marks = _pack_marks(DOT_ROWS, sizes, tile=tile)
     assert any("B^T" in m for m in marks) is (tile == ())
-    cpu, reference = _engines(DOT_ROWS)
+    cpu, reference = engines("cpu", DOT_ROWS, quiet=True)
     inputs = _inputs(cpu, sizes, seed=len(tile))
     options = MappingOptions.cpu().replace(tile=tile)
     got = cpu.run("f", *inputs, options=options)

@@ -1,4 +1,4 @@
-"""Range inference: the examples of TC_LANGUAGE.md with exact expected bounds, the
+"""Range inference: the examples of docs/language.md with exact expected bounds, the
 bounds proofs, and goldens of the inferred ranges of every corpus program."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from tcpy.parser import check_source
 from tcpy.parser.printer import summary
 from tcpy.parser.symbolic import Sym, sym_min
 
+from differential import CORPUS
 from golden_util import check_golden
+from programs import CONV
 
 N, H, W, KH, KW, P, Q, M = (Sym.of(s) for s in ("N", "H", "W", "KH", "KW", "P", "Q", "M"))
 ZERO = Sym()
-
-CORPUS = Path(__file__).parent / "corpus"
 
 
 def _ranges(source: str) -> dict[str, tuple[Sym, Sym]]:
@@ -33,10 +33,7 @@ def test_transpose_swaps_the_shape() -> None:
 
 
 def test_convolution_shrinks_by_the_kernel() -> None:
-    r = _ranges(
-        "def c(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {"
-        " O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw) }"
-    )
+    r = _ranges(CONV)
     assert r["h"] == (ZERO, H - KH + 1)
     assert r["w"] == (ZERO, W - KW + 1)
     assert r["kh"] == (ZERO, KH)

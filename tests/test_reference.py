@@ -3,8 +3,6 @@ C integer arithmetic, lazy operands, identities, statement order, types, chunkin
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -14,12 +12,13 @@ from tcpy.parser import ast
 from tcpy.reference import interpreter
 from tcpy.types import ScalarType
 
+from differential import define_quietly
+from programs import GATHER, MATMUL
+
 
 def run(source: str, *args: object) -> object:
     e = tcpy.ExecutionEngine("reference")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        (name, *_) = e.define(source)
+    (name, *_) = define_quietly(e, source)
     return e.run(name, *args)
 
 
@@ -51,10 +50,9 @@ def test_ternary_guards_division_and_reads() -> None:
 
 
 def test_gather_out_of_range_names_the_indices() -> None:
-    src = "def g(float(E, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }"
     t = np.zeros((3, 2), np.float32)
     with pytest.raises(TCInputError, match=r"index 3 of its dimension 0, outside 0:3, at b=1, d=0"):
-        run(src, t, np.array([0, 3], np.int32))
+        run(GATHER, t, np.array([0, 3], np.int32))
 
 
 @pytest.mark.parametrize(
@@ -210,7 +208,7 @@ def test_chunked_reduction_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     a = rng.standard_normal((7, 33)).astype(np.float32)
     b = rng.standard_normal((33, 5)).astype(np.float32)
     monkeypatch.setattr(interpreter, "CHUNK_ELEMENTS", 40)
-    c = run("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }", a, b)
+    c = run(MATMUL, a, b)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
 
 

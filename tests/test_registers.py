@@ -1,4 +1,4 @@
-"""Register blocking of reductions (`tcpy.mapping.registers`, and the blocks the C
+"""Register blocking of reductions (`tcpy.mapping.cpu.registers`, and the blocks the C
 printer keeps in a local array): which nests are blocked, what is printed, and the
 results against the `reference` target for block sizes that do and do not divide
 the loops, on the contractions of the suite, with NaN and infinities in the inputs."""
@@ -6,7 +6,6 @@ the loops, on the contractions of the suite, with NaN and infinities in the inpu
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -16,13 +15,16 @@ from tcpy.errors import TCMappingError
 from tcpy.genetic.space import build_space, repair
 from tcpy.mapping.options import MappingOptions
 
+from differential import engines
+from programs import BATCH_MATMUL, MATMUL, renamed
+
 CONTRACTIONS = {
     "matmul": (
-        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }",
+        renamed(MATMUL, "f"),
         [{"M": 64, "K": 48, "N": 80}, {"M": 37, "K": 11, "N": 53}],
     ),
     "batch_matmul": (
-        "def f(float(B,M,K) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,m,k) * Y(b,k,n) }",
+        renamed(BATCH_MATMUL, "f"),
         [{"B": 3, "M": 16, "K": 9, "N": 32}, {"B": 2, "M": 7, "K": 5, "N": 19}],
     ),
     "conv2d": (
@@ -58,15 +60,6 @@ CONTRACTIONS = {
 BLOCKS = [(), (0,), (1,), (4, 8), (3, 5), (8, 16), (2, 2, 4)]
 
 
-def _engines(source: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
-    cpu, reference = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        cpu.define(source)
-        reference.define(source)
-    return cpu, reference
-
-
 def _inputs(engine: tcpy.ExecutionEngine, sizes: dict[str, int], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
@@ -83,7 +76,7 @@ def _inputs(engine: tcpy.ExecutionEngine, sizes: dict[str, int], seed: int) -> l
 @pytest.mark.parametrize("name", sorted(CONTRACTIONS))
 def test_blocked_contractions_compute_the_reference(name: str, block: tuple[int, ...]) -> None:
     source, size_sets = CONTRACTIONS[name]
-    cpu, reference = _engines(source)
+    cpu, reference = engines("cpu", source, quiet=True)
     options = MappingOptions.cpu().replace(register_tile=block)
     for seed, sizes in enumerate(size_sets):
         inputs = _inputs(cpu, sizes, seed)
@@ -95,7 +88,7 @@ def test_blocked_contractions_compute_the_reference(name: str, block: tuple[int,
 
 
 def _source(source: str, sizes: dict[str, int], **options: object) -> str:
-    cpu, _ = _engines(source)
+    cpu, _ = engines("cpu", source, quiet=True)
     options_ = MappingOptions.cpu().replace(**options)
     return cpu.compile("f", *_inputs(cpu, sizes, 0), options=options_).source
 
@@ -156,7 +149,7 @@ def test_blocking_off_and_unblocked_reductions() -> None:
 @pytest.mark.parametrize("block", [(), (4, 8), (3, 5)], ids=str)
 def test_nan_and_infinities_propagate_through_a_block(form: str, block: tuple[int, ...]) -> None:
     source, (sizes, _) = CONTRACTIONS[form]
-    cpu, reference = _engines(source)
+    cpu, reference = engines("cpu", source, quiet=True)
     a, b = _inputs(cpu, sizes, 1)
     if form == "dot_rows":
         b = np.ascontiguousarray(np.resize(b, (sizes["K"], 80)).T)  # B(n, k) as B(k, n).T
@@ -190,7 +183,7 @@ def test_register_tile_is_validated() -> None:
 
 def test_the_tuner_searches_register_blocks() -> None:
     source, (sizes, _) = CONTRACTIONS["matmul"]
-    cpu, _ = _engines(source)
+    cpu, _ = engines("cpu", source, quiet=True)
     space = build_space(cpu.checked("f"), sizes, "cpu", MappingOptions.cpu())
     genes = [g for g in space.genes if g.name == "register_tile"]
     assert len(genes) == 2 and 8 in genes[1].alleles and 0 in genes[1].alleles

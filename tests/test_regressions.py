@@ -15,13 +15,16 @@ import numpy as np
 import pytest
 
 import tcpy
-from tcpy.codegen.c import unroll_factor
+from tcpy.codegen.printer import unroll_factor
 from tcpy.errors import InternalError
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.poly.dependences import compute_dependences, violations
 from tcpy.poly.scop import build_scop
 from tcpy.poly.transforms import verify
+
+from differential import as_tuple, defined, engines
+from programs import MATMUL, SOFTMAX
 
 COMPILED = ("cpu", "cuda-emu")
 
@@ -48,14 +51,9 @@ def run_both(
     source: str, entry: str, inputs: tuple[np.ndarray, ...], target: str, opts: MappingOptions
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The outputs of `entry` on `target` with `opts`, and on `reference`."""
-    got_engine, want_engine = tcpy.ExecutionEngine(target), tcpy.ExecutionEngine("reference")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        got_engine.define(source)
-        want_engine.define(source)
+    got_engine, want_engine = engines(target, source, quiet=True)
     got = got_engine.run(entry, *inputs, options=opts)
     want = want_engine.run(entry, *inputs)
-    as_tuple = lambda x: x if isinstance(x, tuple) else (x,)  # noqa: E731
     return as_tuple(got), as_tuple(want)
 
 
@@ -279,18 +277,12 @@ def test_a_scheduler_past_its_deadline_is_stopped(
     monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # the warning comes with the compile
     v = np.arange(64, dtype=np.float32).reshape(2, 32)
     opts = options(outer_schedule_fusion=Fusion.MAX, fix_parameters_before_scheduling=True)
-    engine = tcpy.ExecutionEngine(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        engine.define(LONG_SCHEDULE)
+    engine = defined(target, LONG_SCHEDULE, quiet=True)
     with pytest.warns(tcpy.TCWarning, match=r"Max fusion abandoned: isl ran past 1 s"):
         compiled = engine.compile("k0", v, options=opts)
     assert compiled.options.outer_schedule_fusion is Fusion.MIN
     assert compiled.options.fix_parameters_before_scheduling
-    reference = tcpy.ExecutionEngine("reference")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        reference.define(LONG_SCHEDULE)
+    reference = defined("reference", LONG_SCHEDULE, quiet=True)
     assert_same((compiled(v),), (reference.k0(v),))
 
 
@@ -394,15 +386,11 @@ def test_a_heavy_loop_body_is_not_unrolled_as_far_as_asked() -> None:
         outer_schedule_fusion=Fusion.MAX,
         allow_skewing=True,
         tile=(3, 33, 3, 33, 8),
-        tile_imperfectly_nested=True,
         unroll=64,
         interchange=(0, 3, 2, 1),
         threads=4,
     )
-    engine = tcpy.ExecutionEngine("cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tcpy.TCWarning)
-        engine.define(HEAVY_BODY)
+    engine = defined("cpu", HEAVY_BODY, quiet=True)
     source = engine.compile("f", tmp, c, options=opts).source
     factors = [int(f) for f in re.findall(r"#pragma GCC unroll (\d+)", source)]
     assert factors and max(factors) < 64
@@ -483,15 +471,6 @@ def f(float(S) T, float acc, int32(S, S) B) -> (X, LUT) {
 }
 """  # noqa: E501  (found by the fuzzer: isl's dataflow ran past its limit at fixed sizes)
 
-SOFTMAX = """
-def softmax(float(N, D) I) -> (O) {
-    maxVal(n) max=! I(n, d)
-    expDist(n, d) = exp(I(n, d) - maxVal(n))
-    expSum(n) +=! expDist(n, d)
-    O(n, d) = expDist(n, d) / expSum(n)
-}
-"""
-
 
 @pytest.mark.parametrize("target", COMPILED)
 @pytest.mark.parametrize("program", ["gathers", "softmax", "matmul"])
@@ -519,7 +498,7 @@ def test_dependences_over_approximated_when_isl_runs_out_even_at_fixed_sizes(
         source, entry = SOFTMAX, "softmax"
         inputs = (rng.standard_normal((5, 9)).astype(np.float32),)
     else:
-        source, entry = MM_SOURCE, "mm"
+        source, entry = MATMUL, "mm"
         inputs = (rng.standard_normal((6, 5)).astype(np.float32),
                   rng.standard_normal((5, 7)).astype(np.float32))  # fmt: skip
     for fixed in (True, False):
@@ -528,9 +507,6 @@ def test_dependences_over_approximated_when_isl_runs_out_even_at_fixed_sizes(
             got, want = run_both(source, entry, inputs, target, opts)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-
-
-MM_SOURCE = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 
 
 # --- an accumulator's load and store where its reduction loop runs no iteration --------

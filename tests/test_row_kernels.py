@@ -1,4 +1,4 @@
-"""Row kernels on `cuda-emu` (`tcpy.mapping.rows`), with the emulator's race and
+"""Row kernels on `cuda-emu` (`tcpy.mapping.gpu.rows`), with the emulator's race and
 bounds checks on, against `reference`: a pipeline fused over its rows runs in one
 kernel, one warp per row, its temporaries in shared memory. Rows the block does not
 divide, rows shorter and longer than the lanes, two row indices, each reduction
@@ -11,7 +11,6 @@ import re
 
 import numpy as np
 import pytest
-from test_poly import SOFTMAX  # with `expDist`, a temporary of the row's size
 
 import tcpy
 from tcpy.mapping.gpu import cuda_defaults
@@ -19,21 +18,15 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
 
-LAYERNORM = """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
-    mean(n) +=! X(n, d) / D
-    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
-    O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
-}"""
+from differential import run_against_reference
+from programs import LAYERNORM, SOFTMAX  # SOFTMAX: `expDist`, a row-sized temporary
 
 
 def _run(source: str, *inputs: np.ndarray, options: MappingOptions | None = None):  # type: ignore[no-untyped-def]
-    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    reference = tcpy.ExecutionEngine("reference")
-    (entry,) = emu.define(source)
-    reference.define(source)
-    compiled = emu.compile(entry, *inputs, options=options)
-    got = compiled(*inputs)
-    return got, reference.run(entry, *inputs), compiled.source
+    compiled, got, want = run_against_reference(
+        "cuda-emu", source, *inputs, options=options, emu_check=True
+    )
+    return got, want, compiled.source
 
 
 def _kernels(source: str) -> int:

@@ -16,6 +16,8 @@ from tcpy import kernels
 from tcpy.mapping.options import MappingOptions
 from tcpy.sandbox import RUN, Failure, Runaway, Sandbox, phase, run_tasks
 
+from programs import MATMUL
+
 COUNTED = ("cpu", "cuda-emu")
 
 # Found by the differential fuzzer on cuda-emu: the second statement's member, shifted
@@ -77,7 +79,7 @@ def test_a_counting_build_counts_each_loop_once_per_iteration() -> None:
     a = np.arange(37, dtype=np.float32)
     counted = engine.compile("f", a, options=plain).iterations(a)
     assert counted.loops == (5, 37) and counted.instances == 37 and counted.threads == 0
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     a, b = np.ones((5, 7), np.float32), np.ones((7, 3), np.float32)
     ones = plain.replace(tile=(1, 1, 1), register_tile=(1, 1))
     counted = engine.compile("mm", a, b, options=ones).iterations(a, b)
@@ -118,7 +120,7 @@ def test_a_counting_run_stops_at_its_limit(target: str, monkeypatch: pytest.Monk
     monkeypatch.setattr(kernels, "RUNAWAY_FACTOR", 0)
     monkeypatch.setattr(kernels, "RUNAWAY_FLOOR", 0)
     engine = tcpy.ExecutionEngine(target)
-    engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    engine.define(MATMUL)
     a, b = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
     counted = engine.compile("mm", a, b).iterations(a, b)
     assert counted.stopped and counted.runaway
@@ -169,3 +171,66 @@ def test_a_run_has_its_own_timeout_after_its_compile() -> None:
         slow_run = sb.run(compiles_then_runs, (0.0, 60.0), timeout=60, run_timeout=1)
         assert slow_run.failure is Failure.HANG and "run timeout" in slow_run.detail
         assert time.monotonic() - start < 30
+
+
+# --- found by the fuzzer's runaway class and its first campaign ------------------------
+
+DIAGONAL = """
+def f(float(L, L) LUT, float(L, L) C, float(L, L) Z, float(L, L, L) X) -> (U) {
+    tmp(n, m) min=! min(max(max(((-2.0) - n), (C(m, c) + LUT(c, c))), (-9.0)), 9.0) where n in 0:L-1
+    U(k, b) *=! min(max(C(k, b), (-2.0)), 2.0)
+}
+"""
+DIAGONAL_OPTIONS = {
+    "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Preserve3Coincident",
+    "allow_skewing": True, "positive_orthant": True, "fix_parameters_before_scheduling": False,
+    "tile": [], "unroll": 8, "interchange": [], "register_tile": [5, 2], "pack_operands": True,
+    "map_to_blocks": [2], "map_to_threads": [2], "reduce_across_threads": True,
+    "split_reductions": False, "use_shared_memory": True, "use_private_memory": False,
+    "unroll_copy_shared": False, "max_shared_memory": 0, "use_readonly_cache": False,
+    "shared_depth": 0, "private_depth": 2, "parallel": True, "vectorize": False, "threads": 4,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("target", COUNTED)
+def test_a_diagonal_is_not_copied_as_its_whole_box(target: str) -> None:
+    """`LUT(c, c)` reads 37 elements of a 37 x 37 box (64 x 64 a tile on cuda-emu):
+    copied into shared memory whole at each tile, its copy ran 17 times the work of
+    the def. A footprint on a slice of fewer dimensions than its box is not copied
+    (`promotion.box`); the def is right and its loops run about its work."""
+    from tcpy.fuzz_tasks import check_against_reference
+
+    check_against_reference(DIAGONAL, "f", {"L": 37}, 4001012415, DIAGONAL_OPTIONS, target)
+    engine = tcpy.ExecutionEngine(target)
+    engine.define(DIAGONAL)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in ((37, 37),) * 3 + ((37,) * 3,)]
+    kernel = engine.compile("f", *inputs, options=MappingOptions.from_dict(DIAGONAL_OPTIONS))
+    counted = kernel.iterations(*inputs)
+    assert counted.total < 4 * (counted.instances + counted.threads)
+    assert "tc_shared1[4160]" not in kernel.source  # LUT's 64 x 64 box
+
+
+def test_a_thread_guard_with_an_else_branch_around_a_shared_copy() -> None:
+    """isl put a guard on thread indices with an `else` above a shared-memory copy (an
+    internal error): each branch now runs with the guard sunk into its copies, the
+    `else` under the guard negated, every thread reaching every barrier."""
+    from tcpy.fuzz_tasks import check_against_reference
+
+    source = (
+        "def f(float(R, R) U, float(R, R) O, float(L) B, float(L, L) tmp) -> (T, LUT, A) {\n"
+        "    T(j) = (U(j, j) + tmp(j, j))\n"
+        "    T(i25) += O(i26, i25 + i27) where i27 in 0:3\n"
+        "    LUT(i29) min=! min(max(T(i30), (-8.0)), 8.0) where i29 in 0:R\n"
+        "    A +=! min(max(R, (-100)), 100)\n"
+        "}\n"
+    )
+    options = {
+        **DIAGONAL_OPTIONS, "outer_schedule_fusion": "Preserve3Coincident",
+        "positive_orthant": False, "tile": [16], "unroll": 2, "interchange": [0, 1],
+        "register_tile": [0, 0, 3], "pack_operands": None, "map_to_threads": [],
+        "unroll_copy_shared": True, "shared_depth": 3, "private_depth": 3, "parallel": False,
+        "threads": 3,
+    }  # fmt: skip
+    sizes = {"R": 7, "L": 1}
+    check_against_reference(source, "f", sizes, 4001012747, options, "cuda-emu", "exact-nan")

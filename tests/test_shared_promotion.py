@@ -1,4 +1,4 @@
-"""Which tensors a CUDA block copies into shared memory (`tcpy.mapping.shared`), and
+"""Which tensors a CUDA block copies into shared memory (`tcpy.mapping.gpu.shared`), and
 what the emulator's counters show of it: a tensor reused inside a tile (by a loop
 that leaves it in place, or by overlapping windows) or read with a stride by a warp
 is copied in with coalesced rows; a row kernel's blocks keep enough rows that the
@@ -14,45 +14,29 @@ import numpy as np
 
 import tcpy
 from tcpy.mapping.gpu import cuda_defaults
+from tcpy.mapping.gpu.rows import SHARED_OPERAND_SHARE
 from tcpy.mapping.locality import strided_reads
-from tcpy.mapping.rows import SHARED_OPERAND_SHARE
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_cuda
 from tcpy.poly.schedule import bands
 from tcpy.runtime import profile
 
-CONV = """def conv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {
-    O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * K(f,c,kh,kw)
-}"""
+from differential import engines, run_against_reference
+from programs import CONV, LAYERNORM, SOFTMAX
+
 STRIDED_CONV = """def sconv(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {
     O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * K(f,c,kh,kw)
 }"""
 MAXPOOL = """def maxpool(float(N,C,H,W) I) -> (O) {
     O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:2, kw in 0:2
 }"""
-LAYERNORM = """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
-    mean(n) +=! X(n, d) / D
-    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
-    O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
-}"""
-SOFTMAX = """def softmax(float(N, D) I) -> (O) {
-    maxVal(n) max=! I(n, d)
-    expDist(n, d) = exp(I(n, d) - maxVal(n))
-    expSum(n) +=! expDist(n, d)
-    O(n, d) = expDist(n, d) / expSum(n)
-}"""
 
 
 def _profiled(source: str, *inputs: np.ndarray):  # type: ignore[no-untyped-def]
     """The emulated kernel's outputs (checked against the reference), its source and
     its profile."""
-    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    reference = tcpy.ExecutionEngine("reference")
-    (entry,) = emu.define(source)
-    reference.define(source)
-    compiled = emu.compile(entry, *inputs)
-    got = compiled(*inputs)
-    np.testing.assert_allclose(got, reference.run(entry, *inputs), rtol=1e-4, atol=1e-5)
+    compiled, got, want = run_against_reference("cuda-emu", source, *inputs, emu_check=True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     return got, compiled.source, compiled.profile(*inputs)
 
 
@@ -158,10 +142,7 @@ def test_an_unrolled_copy_loads_four_vectors_per_thread_before_storing_them() ->
     default) each thread loads 4 vectors into registers, then stores them, 4 loads in
     flight; without, one at a time. The same bytes, requests and results either way."""
     x = np.random.default_rng(7).standard_normal((16, 512)).astype(np.float32)
-    emu = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
-    emu.define(SOFTMAX)
-    want = tcpy.ExecutionEngine("reference")
-    want.define(SOFTMAX)
+    emu, want = engines("cuda-emu", SOFTMAX, emu_check=True)
     profiles = []
     for unroll, batch in ((True, 4), (False, 1)):
         options = emu.default_options("softmax").replace(unroll_copy_shared=unroll)

@@ -20,6 +20,8 @@ from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
 from tcpy.runtime import cpu
 
+from programs import MATMUL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -101,7 +103,7 @@ def test_a_bad_thread_count_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, va
 
 # Run in a fresh process: the threads OpenMP starts stay in its pool, and the test counts
 # the process's threads (libgomp grows the pool to the largest region it has run).
-_COUNT_THREADS = """
+_COUNT_THREADS = f"""
 import os
 import numpy as np
 import tcpy
@@ -110,7 +112,7 @@ def threads():
     return len(os.listdir("/proc/self/task"))
 
 engine = tcpy.ExecutionEngine("cpu")
-engine.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+engine.define({MATMUL!r})
 a = np.ones((256, 256), np.float32)
 engine.mm(a, a)  # built, and run on the 2 threads of TCPY_NUM_THREADS
 base = threads()

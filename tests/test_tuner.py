@@ -16,20 +16,22 @@ import pytest
 
 import tcpy
 from tcpy.genetic import evaluate as evaluation
-from tcpy.genetic.evaluate import Evaluator, save_problem
+from tcpy.genetic.evaluate import Evaluator
 from tcpy.genetic.search import Measured, SearchResult, random_search, search
 from tcpy.genetic.space import AUTO, MAX_THREADS, WARP, build_space
+from tcpy.genetic.tasks import load_data, save_problem
 from tcpy.genetic.tuner import settle
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.sandbox import Failure
 
-MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+from programs import MATMUL
+
 SIZES = {"M": 96, "K": 40, "N": 64}
 
 
 def _space(target: str, preset: MappingOptions):  # type: ignore[no-untyped-def]
-    (cdef,) = check_source(MM).values()
+    (cdef,) = check_source(MATMUL).values()
     return build_space(cdef, SIZES, target, preset)
 
 
@@ -171,7 +173,7 @@ def problem(tmp_path: Path):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(0)
     a = rng.standard_normal((24, 16)).astype(np.float32)
     b = rng.standard_normal((16, 8)).astype(np.float32)
-    return save_problem(tmp_path, MM, "mm", "cpu", (a, b), (a @ b,))
+    return save_problem(tmp_path, MATMUL, "mm", "cpu", (a, b), (a @ b,), tcpy.ExecutionEngine)
 
 
 def test_every_failure_class_is_contained_and_counted(
@@ -200,7 +202,7 @@ def test_every_failure_class_is_contained_and_counted(
 def test_a_wrong_result_is_caught_by_the_check(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The check compares with the reference outputs the problem carries: outputs
     that are off make the candidate a wrong result, never a time."""
-    inputs, want = evaluation._load(problem.data)
+    inputs, want = load_data(problem.data)
     bad = dataclasses.replace(problem, data=str(tmp_path / "bad.npz"))
     np.savez(bad.data, in0=inputs[0], in1=inputs[1], want0=want[0] + 1.0)
     evaluator = Evaluator(
@@ -218,7 +220,7 @@ def test_tuning_a_matmul_never_returns_slower_options_than_the_start(
 ) -> None:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
     engine = tcpy.ExecutionEngine("cpu")
-    engine.define(MM)
+    engine.define(MATMUL)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((32, 24)).astype(np.float32)
     b = rng.standard_normal((24, 16)).astype(np.float32)

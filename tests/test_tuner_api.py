@@ -24,8 +24,9 @@ from tcpy.genetic.progress import Reporter
 from tcpy.genetic.search import Measured, search
 from tcpy.genetic.space import build_space
 
+from programs import MATMUL
+
 ROOT = Path(__file__).parent.parent
-MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 TINY = tcpy.TunerConfig(generations=2, population=4, runs=2, workers=1, timeout_s=20)
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -39,7 +40,7 @@ def _inputs(m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _engine(target: str = "cpu") -> tcpy.ExecutionEngine:
     engine = tcpy.ExecutionEngine(target)
-    engine.define(MM)
+    engine.define(MATMUL)
     return engine
 
 
@@ -123,7 +124,7 @@ def test_a_fresh_process_picks_up_the_tuned_options(session: Session, tmp_path: 
         "for cache, imported in ((sys.argv[1], '-'), (sys.argv[2], sys.argv[3])):\n"
         "    os.environ['TCPY_CACHE_DIR'] = cache\n"
         "    e = tcpy.ExecutionEngine('cpu')\n"
-        f"    e.define({MM!r})\n"
+        f"    e.define({MATMUL!r})\n"
         "    if imported != '-':\n"
         "        e.load_tuned(imported)\n"
         "    print(e.compile('mm', a, a).options.to_json())\n"
@@ -223,7 +224,7 @@ def test_history_has_one_record_per_generation_and_the_plot_is_a_png(
 def test_without_a_terminal_progress_is_one_line_per_generation() -> None:
     """The search on a synthetic fitness (the real one costs seconds) reporting to
     the Reporter as `tune` wires it: a log or CI sees plain lines, no bar."""
-    (cdef,) = tcpy.check_source(MM).values()
+    (cdef,) = tcpy.check_source(MATMUL).values()
     preset = tcpy.MappingOptions.cpu()
     space = build_space(cdef, {"M": 32, "K": 32, "N": 32}, "cpu", preset)
 
@@ -246,7 +247,7 @@ def test_on_a_terminal_progress_is_a_bar() -> None:
         def isatty(self) -> bool:
             return True
 
-    (cdef,) = tcpy.check_source(MM).values()
+    (cdef,) = tcpy.check_source(MATMUL).values()
     preset = tcpy.MappingOptions.cpu()
     space = build_space(cdef, {"M": 32, "K": 32, "N": 32}, "cpu", preset)
     config = tcpy.TunerConfig(generations=2, population=3, patience=0)
@@ -266,7 +267,7 @@ def test_tcpy_tune_prints_a_summary_and_writes_the_plot_and_the_result(
 ) -> None:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path / "cache"))
     source = tmp_path / "mm.tc"
-    source.write_text(MM + "\n")
+    source.write_text(MATMUL + "\n")
     plot, best = tmp_path / "p.png", tmp_path / "best.json"
     argv = ["tune", str(source), "--entry", "mm", "--sizes", "M=32,N=32,K=32",
             "--generations", "1", "--population", "3", "--workers", "1", "--runs", "2",
@@ -297,6 +298,6 @@ def test_tcpy_tune_refuses_the_reference_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = tmp_path / "mm.tc"
-    source.write_text(MM + "\n")
+    source.write_text(MATMUL + "\n")
     assert main(["tune", str(source), "--target", "reference"]) == 1
     assert "cpu or cuda target, not reference" in capsys.readouterr().err

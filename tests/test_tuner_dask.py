@@ -19,12 +19,13 @@ import tcpy
 from tcpy.binding import bind
 from tcpy.genetic import evaluate as evaluation
 from tcpy.genetic import executors
-from tcpy.genetic.evaluate import Evaluator, save_problem
+from tcpy.genetic.evaluate import Evaluator
 from tcpy.genetic.search import Measured, search
 from tcpy.genetic.space import build_space
+from tcpy.genetic.tasks import save_problem
 from tcpy.mapping.options import MappingOptions
 
-MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+from programs import MATMUL
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def client(cluster: Any) -> Iterator[Any]:
 def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tcpy.ExecutionEngine:
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path / "user-cache"))
     e = tcpy.ExecutionEngine("cpu")
-    e.define(MM)
+    e.define(MATMUL)
     return e
 
 
@@ -132,7 +133,7 @@ def test_a_scheduler_address_works_and_trials_carry_the_workers_device(
     """Given an address, the evaluator makes its own client and closes it at the end;
     the times come back with the device of the worker that measured them."""
     a, b = _inputs()
-    problem = save_problem(tmp_path, MM, "mm", "cpu", (a, b), (a @ b,))
+    problem = save_problem(tmp_path, MATMUL, "mm", "cpu", (a, b), (a @ b,), tcpy.ExecutionEngine)
     config = tcpy.TunerConfig(runs=1, timeout_s=30, executor=cluster.scheduler_address)
     evaluator = Evaluator(problem, config, tmp_path / "cache", tmp_path / "bugs")
     try:
@@ -148,7 +149,9 @@ def test_a_scheduler_address_works_and_trials_carry_the_workers_device(
 
 def test_an_executor_that_is_neither_a_client_nor_an_address_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
-    problem = save_problem(tmp_path, MM, "mm", "cpu", (np.ones((2, 2), np.float32),) * 2, ())
+    problem = save_problem(
+        tmp_path, MATMUL, "mm", "cpu", (np.ones((2, 2), np.float32),) * 2, (), tcpy.ExecutionEngine
+    )
     with pytest.raises(tcpy.TCError, match=r"distributed\.Client or a scheduler address"):
         Evaluator(problem, tcpy.TunerConfig(executor=4), tmp_path / "c", tmp_path / "b")
 
@@ -157,14 +160,17 @@ def test_without_dask_the_error_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` fails
-    problem = save_problem(tmp_path, MM, "mm", "cpu", (np.ones((2, 2), np.float32),) * 2, ())
+    problem = save_problem(
+        tmp_path, MATMUL, "mm", "cpu", (np.ones((2, 2), np.float32),) * 2, (), tcpy.ExecutionEngine
+    )
     with pytest.raises(tcpy.TCError, match=r"pip install tcpy\[dask\]"):
         Evaluator(problem, tcpy.TunerConfig(executor="tcp://nowhere:1"), tmp_path, tmp_path)
 
 
 def test_importing_tcpy_and_the_tuner_never_imports_dask() -> None:
     code = (
-        "import sys, tcpy, tcpy.genetic.tuner, tcpy.genetic.evaluate, tcpy.genetic.executors;"
+        "import sys, tcpy, tcpy.genetic.tuner, tcpy.genetic.evaluate, tcpy.genetic.executors,"
+        " tcpy.genetic.tasks;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Type promotion (TC_LANGUAGE.md, Types) as a table, and storing rules."""
+"""Type promotion (docs/language.md, Types) as a table, and storing rules."""
 
 from __future__ import annotations
 

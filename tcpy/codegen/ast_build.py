@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcpy.codegen.loops import SCRATCH_MARK, pack_tensors, transposed_tensors
+from tcpy.mapping import marks
 from tcpy.mapping.promotion import box, footprint
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
@@ -48,7 +48,7 @@ class Ast:
 
     def packed(self, mark: isl.AstNode) -> tuple[PackedBox, ...]:
         """The boxes a mark node copies (none for another mark)."""
-        if not pack_tensors(mark.mark_get_id().get_name()):
+        if not isinstance(marks.of_ast(mark), marks.Copy):
             return ()
         return self.packs[mark.get_annotation().get_name()]
 
@@ -83,21 +83,21 @@ def build_ast(
     scratch: list[str] = []
 
     def after_each_mark(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
-        name = node.mark_get_id().get_name()
-        tensors = pack_tensors(name)
-        if not tensors:
+        mark = marks.of_ast(node)
+        if not isinstance(mark, marks.Copy):
             return node
-        if name.startswith(SCRATCH_MARK):
-            scratch.append(name)
+        local = isinstance(mark, marks.Scratch)
+        if local:
+            scratch.append(mark.name)
         # a copy's box holds what is read below it; a scratch's, what is accessed
-        accesses = scop.reads.union(scop.writes) if name.startswith(SCRATCH_MARK) else scop.reads
+        accesses = scop.reads.union(scop.writes) if local else scop.reads
         boxes = []
-        for tensor in tensors:
+        for tensor in mark.tensors:
             found = footprint(build.get_schedule(), accesses, tensor)
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
-                reversed_ = tensor in transposed_tensors(name)
+                reversed_ = isinstance(mark, marks.Pack) and tensor in mark.transposed
                 boxes.append(PackedBox(tensor, offsets, b.sizes, transposed=reversed_))
         key = f"P{len(packs)}"
         packs[key] = tuple(boxes)

@@ -13,7 +13,7 @@ and to no loop if isl dropped that loop as a single iteration):
 innermost loops get `#pragma GCC unroll` when the options ask for unrolling. A loop
 that only reduces into one element keeps its accumulator in a local (register
 promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
-allows. Under a `register_tile:RxV` mark (`tcpy.mapping.registers`) the block of
+allows. Under a `register_tile:RxV` mark (`tcpy.mapping.cpu.registers`) the block of
 outputs lives in a local array `tc_reg[R][V]` across the reduction loops
 (`tcpy.codegen.register_block`). The TC
 statements computed by each top-level loop nest are printed as comments above it.
@@ -25,331 +25,58 @@ for each other only where a nest needs what an earlier one wrote.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.ast_build import Ast, UserStatement
+from tcpy.codegen.ast_build import Ast
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
-from tcpy.codegen.dialect import C, Dialect
-from tcpy.codegen.exprs import (
-    BodyPrinter,
-    Helpers,
-    StatementParts,
-    isl_expr,
-    sym_expr,
-)
-from tcpy.codegen.loops import (
-    COLLAPSE_MARK,
-    COUNT_LOOP,
-    FOR,
-    IF,
-    PARALLEL_MARK,
-    SCRATCH_MARK,
-    SIMD_MARK,
-    Header,
-    contains_for,
-    loop_count_declarations,
-    loop_marks,
-    register_sizes,
-    user_statements,
-)
-from tcpy.codegen.naming import extent_name, size_name, tensor_name
+from tcpy.codegen.exprs import sym_expr
+from tcpy.codegen.loops import loop_count_declarations
 from tcpy.codegen.pack import ALIGN, ARENA, MINE, arena_bytes, print_pack
+from tcpy.codegen.printer import Printer, buffer_order, def_text
 from tcpy.codegen.region import has_parallel_loop, print_region
 from tcpy.codegen.register_block import print_register_block
-from tcpy.errors import InternalError
+from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
+from tcpy.mapping.marks import Mark, Parallel, RegisterBlock, Scratch, Simd
 from tcpy.mapping.options import MappingOptions
-from tcpy.parser import ast as tc
-from tcpy.parser.checked import CheckedDef, CheckedStatement, Role
-from tcpy.poly.isl_helpers import ast_children
-from tcpy.poly.scop import Kind, Scop
-from tcpy.runtime.status import STATUS_OUT_OF_MEMORY
+from tcpy.naming import extent_name, size_name, tensor_name
+from tcpy.parser.checked import Role
+from tcpy.poly.scop import Scop
 
 KERNEL_SYMBOL = "tc_kernel"
 CONSERVATIVE_MACRO = "TC_CONSERVATIVE"  # defined by a build that retries with safe flags
-_OPENMP_REDUCTION = {
-    tc.Reduction.SUM: "+",
-    tc.Reduction.PROD: "*",
-    tc.Reduction.MIN: "min",
-    tc.Reduction.MAX: "max",
-}
 
 
 @dataclass
-class _Printer:
-    scop: Scop
-    ast: Ast
-    options: MappingOptions
-    dialect: Dialect = C
-    helpers: Helpers = field(default_factory=Helpers)
-    lines: list[str] = field(default_factory=list)
-    count_loops: bool = False  # a counting build: a counter per loop (`COUNT_LOOP`)
-    counted: int = 0  # the loops counted so far, across the kernels of a source
+class CPrinter(Printer):
+    """C with OpenMP: loop marks become pragmas, `pack:` marks copies into a thread's
+    buffers, `register_tile:` marks blocks of outputs in registers; invariant reads
+    are hoisted out of innermost loops so that fused nests vectorise."""
 
-    def __post_init__(self) -> None:
-        self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers)
-        # isl's parameters already carry the C names of the sizes; CUDA adds the block
-        # and thread parameters' spellings
-        self.names: dict[str, str] = {}
-        self.locals = 0  # hoisted reads so far: tc_h0, tc_h1, ...
-        self.copies = 0  # packed tiles so far: tc_pack0, tc_pack1, ...
+    hoists = True
 
-    def emit(self, depth: int, text: str) -> None:
-        self.lines.append("  " * depth + text)
-
-    def open_loop(self, depth: int, header: str) -> None:
-        """A loop's header (`for (...) {`) and, in a counting build, the count of its
-        iterations as the first statement of its body."""
-        self.emit(depth, header)
-        if self.count_loops:
-            self.emit(depth + 1, f"{COUNT_LOOP}({self.counted});")
-            self.counted += 1
-
-    # --- nodes ------------------------------------------------------------------
-    def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
-        kind = node.get_type()
-        if kind == FOR:
-            self.for_(node, depth, marks)
-        elif kind == IF:
-            self.if_(node, depth, marks)
-        elif kind == isl.ast_node_type.block:
-            for child in ast_children(node):
-                self.node(child, depth, marks)
-        elif kind == isl.ast_node_type.mark:
-            name = node.mark_get_id().get_name()
-            sizes = register_sizes(name)
-            inner = node.mark_get_node()
-            boxes = self.ast.packed(node)
-            if boxes:
-                copy_in = not name.startswith(SCRATCH_MARK)
-                print_pack(self, boxes, inner, depth, marks, copy_in=copy_in)
-            elif sizes is None or not print_register_block(self, inner, depth, marks, sizes):
-                self.node(node.mark_get_node(), depth, (*marks, name))
-        elif kind == isl.ast_node_type.user:
-            self.user(node, depth)
-        else:
-            raise InternalError(f"unexpected isl AST node {kind}")
-
-    def for_(
-        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
-    ) -> None:
-        """A loop; with `shared` (its clauses), the worksharing loop of a nest inside the
-        kernel's parallel region (`#pragma omp for`), else a loop of its own."""
-        loop = self.loop_header(node)
-        iterator, header = loop.iterator, loop.text
-        body = node.for_get_body()
-        here = loop_marks(marks, iterator)
-        accumulator = None if here else self.accumulator(body, iterator)
-        if accumulator is not None:
-            self.promoted(accumulator, loop, depth)
-            return
-        start = len(self.lines)
-        inner = self.collapsed(body, iterator, marks) if shared is not None else None
-        if inner is not None:  # the two loops share out as one: nothing between them
-            self.emit(depth, header)
-            self.open_loop(depth, inner.text)
-            self.node(body.for_get_body(), depth + 1, marks)
-            self.emit(depth, "}")
-            shared = f" collapse(2){shared}"
-        else:
-            self.open_loop(depth, header)
-            self.node(body, depth + 1, marks)
-        self.emit(depth, "}")
-        innermost = not contains_for(body)
-        hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
-        unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
-        pragmas = self.pragmas(here, innermost=innermost, unroll=unroll, shared=shared)
-        indent = "  " * depth
-        self.lines[start:start] = [indent + line for line in (*hoisted, *pragmas)]
-
-    def collapsed(self, body: isl.AstNode, outer: str, marks: tuple[str, ...]) -> Header | None:
-        """The header of the loop that the worksharing loop of `outer` shares out with
-        it (`collapse(2)`): its body, when that is a loop marked `omp_collapse`, of no
-        other pragma, whose bounds do not use `outer` (OpenMP wants the two
-        rectangular)."""
-        if body.get_type() != FOR:
-            return None
-        loop = self.loop_header(body)
-        if loop_marks(marks, loop.iterator) != (COLLAPSE_MARK,):
-            return None
-        if re.search(rf"\b{outer}\b", f"{loop.init} {loop.cond} {loop.inc}"):
-            return None
-        return loop
-
-    hoists = True  # the CUDA printer leaves its loops as they are
-
-    def hoist_invariant_reads(self, loop: Header, start: int) -> list[str]:
-        """Replace, in the body of the innermost loop printed from line `start`, each
-        read of a tensor element that the loop does not change (its subscript does not
-        use the loop's index, and the body writes no element of that tensor) by a local
-        loaded before the loop; returns the locals' declarations. A fused nest reading
-        `maxVal[i]` beside the `expDist[i][j]` it computes then vectorises. The load is
-        guarded by the loop's first test, so a loop that runs no iteration reads
-        nothing it would not have read. A subscript that calls a function is left in
-        place: `tc_index` checks an access proven only under a condition (a `?:` guard,
-        a gather), which the loop may not evaluate."""
-        if not self.hoists:
-            return []
-        body = self.lines[start + 1 : -1]
-        text = "\n".join(body)
-        written = set(re.findall(rf"^\s*({_ARRAY})\[", text, flags=re.M))
-        index = re.compile(rf"\b{loop.iterator}\b")
-        reads: dict[str, str] = {}
-        for match in re.finditer(rf"\b({_ARRAY})\[", text):
-            name = match.group(1)
-            end = _closing_bracket(text, match.end())
-            read = text[match.start() : end + 1]
-            if name in written or index.search(read) or _CALL.search(read) or read in reads:
-                continue
-            reads[read] = f"tc_h{self.locals}"
-            self.locals += 1
-        if not reads:
-            return []
-        tensors = {tensor_name(t.name): t for t in self.scop.cdef.tensors}
-        tensors |= {c.buffer: self.scop.cdef.tensor(t) for t, c in self.bodies.copies.items()}
-        types = {name: self.dialect.ctype(t.scalar) for name, t in tensors.items()}
-        first = loop.first()
-        declarations = []
-        for read, local in reads.items():
-            ctype = types[read[: read.index("[")]]
-            value = read if first is None else f"({first}) ? {read} : ({ctype})0"
-            declarations.append(f"const {ctype} {local} = {value};")
-        for k in range(start + 1, len(self.lines) - 1):
-            for read, local in reads.items():
-                self.lines[k] = self.lines[k].replace(read, local)
-        return declarations
-
-    def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
-        """The parts of the statement of a loop that only reduces into one element (the
-        loop's index is not among the element's), whose accumulator can then live in a
-        register across the loop."""
-        found = self.reduction_at(body)
-        if found is None:
-            return None
-        source, values = found
-        word = re.compile(rf"\b{iterator}\b")
-        if any(word.search(values[v]) for v in source.indices):
-            return None
-        return self.bodies.parts(source, values)
-
-    def reduction_at(self, node: isl.AstNode) -> tuple[CheckedStatement, dict[str, str]] | None:
-        """The reduction statement a user node computes, with its index values; None
-        for another node or statement."""
-        if node.get_type() != isl.ast_node_type.user:
-            return None
-        user = self.ast.user(node)
-        stmt = self.scop.statement(user.statement)
-        source = stmt.source(self.scop.cdef)
-        if stmt.kind is Kind.INIT or source.op.reduction is None:
-            return None
-        return source, self.index_values(user)
-
-    def loop_header(self, node: isl.AstNode) -> Header:
-        iterator = isl_expr(node.for_get_iterator(), self.names)
-        init = isl_expr(node.for_get_init(), self.names, top=True)
-        cond = isl_expr(node.for_get_cond(), self.names, top=True)
-        inc = isl_expr(node.for_get_inc(), self.names, top=True)
-        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
-        text = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
-        return Header(iterator, init, cond, inc, text)
-
-    def reduction_pragmas(self, clause: str) -> list[str]:
-        """Pragmas of a loop whose accumulator lives in a register (vectorised as a
-        reduction when the options allow vectorising)."""
-        if not self.options.vectorize:
-            return []
-        return [f"#pragma omp simd reduction({clause}:tc_acc)"]
-
-    def promoted(self, parts: StatementParts, loop: Header, depth: int) -> None:
-        assert parts.reduction is not None
-        clause = _OPENMP_REDUCTION[parts.reduction]
-        pragmas = self.reduction_pragmas(clause)
-        # OpenMP combines the vector lanes of a min/max reduction with instructions
-        # that drop NaN; a flag, or-reduced beside it, remembers that a lane saw one.
-        flag = bool(pragmas) and parts.floating and clause in ("min", "max")
-        result = "tc_acc"
-        lanes = self.reduction_lanes(parts, loop) if pragmas else 0
-        first = loop.first()
-        self.emit(depth, "{" if first is None else f"if ({first}) {{")
-        self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
-        header = loop.text
-        if lanes:
-            self.partial_results(parts, loop, lanes, depth + 1)
-            it = loop.iterator
-            header = f"for ({self.dialect.index_type} {it} = tc_r; {loop.cond}; {it}++) {{"
-        if flag:
-            self.emit(depth + 1, "int tc_nan = tc_acc != tc_acc;")
-            pragmas = [f"{p} reduction(|:tc_nan)" for p in pragmas]
-            result = f"(tc_nan ? ({parts.compute})NAN : tc_acc)"
-        for pragma in pragmas:
-            self.emit(depth + 1, pragma)
-        self.open_loop(depth + 1, header)
-        self.emit(depth + 2, parts.wrap(f"tc_acc = {parts.combine('tc_acc')};"))
-        if flag:
-            self.emit(depth + 2, "tc_nan |= tc_acc != tc_acc;")
-        self.emit(depth + 1, "}")
-        if lanes:
-            result = parts.merge(result, "tc_lane[0]")
-        self.emit(depth + 1, f"{parts.target} = {parts.store(result)};")
-        self.emit(depth, "}")
-
-    vector_bytes = 16  # the width of the machine's vectors (`print_c`)
-
-    def reduction_lanes(self, parts: StatementParts, loop: Header) -> int:
-        """How many partial results a vectorised reduction loop keeps: four vectors'
-        worth, so that four independent chains of additions hide the latency of each
-        (one vector accumulator waits 4 cycles per step: a row sum ran at a quarter of
-        the speed of the loads); 0 for one accumulator, where the loop is known to be
-        short or does not step by one."""
-        if loop.inc != "1":
-            return 0
-        lanes = 4 * max(1, self.vector_bytes // parts.itemsize)
-        bound = re.fullmatch(rf"{loop.iterator} (<=?) (-?\d+)", loop.cond)
-        if bound is not None and re.fullmatch(r"-?\d+", loop.init):
-            trips = int(bound.group(2)) - int(loop.init) + (bound.group(1) == "<=")
-            if trips < 2 * lanes:
-                return 0
-        return lanes
-
-    def partial_results(self, parts: StatementParts, loop: Header, lanes: int, depth: int) -> None:
-        """The first iterations of a reduction loop, `lanes` at a time, each into its own
-        partial result (`tc_lane`), which are then merged into `tc_lane[0]` in a tree;
-        the loop that follows runs the rest from `tc_r`. The order of the combination
-        changes as a vector reduction's does (`vectorize=False` keeps the sequential
-        one); NaN propagates through `merge` as through the statement."""
-        ctype, index = parts.compute, self.dialect.index_type
-        self.emit(depth, f"{ctype} tc_lane[{lanes}];")
-        identity = f"({ctype})({parts.identity})"
-        self.emit(depth, f"for (int tc_l = 0; tc_l < {lanes}; tc_l++) tc_lane[tc_l] = {identity};")
-        word = re.compile(rf"\b{loop.iterator}\b")
-        last = word.sub(f"(tc_r + {lanes - 1})", loop.cond)
-        self.emit(depth, f"{index} tc_r = {loop.init};")
-        self.open_loop(depth, f"for (; {last}; tc_r += {lanes}) {{")
-        self.emit(depth + 1, "#pragma omp simd")
-        self.emit(depth + 1, f"for (int tc_l = 0; tc_l < {lanes}; tc_l++) {{")
-        step = parts.wrap(f"tc_lane[tc_l] = {parts.combine('tc_lane[tc_l]')};")
-        self.emit(depth + 2, word.sub("(tc_r + tc_l)", step))
-        self.emit(depth + 1, "}")
-        self.emit(depth, "}")
-        half = lanes // 2
-        while half > 1:
-            merged = parts.merge("tc_lane[tc_l]", f"tc_lane[tc_l + {half}]")
-            self.emit(depth, f"for (int tc_l = 0; tc_l < {half}; tc_l++) tc_lane[tc_l] = {merged};")
-            half //= 2
-        self.emit(depth, f"tc_lane[0] = {parts.merge('tc_lane[0]', 'tc_lane[1]')};")
+    def mark(self, mark: Mark, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
+        inner = node.mark_get_node()
+        boxes = self.ast.packed(node)
+        if boxes:
+            print_pack(self, boxes, inner, depth, marks, copy_in=not isinstance(mark, Scratch))
+        elif not isinstance(mark, RegisterBlock) or not print_register_block(
+            self, inner, depth, marks, list(mark.sizes)
+        ):
+            super().mark(mark, node, depth, marks)
 
     def pragmas(
-        self, marks: tuple[str, ...], innermost: bool, unroll: int, shared: str | None = None
+        self, marks: tuple[Mark, ...], innermost: bool, unroll: int, shared: str | None = None
     ) -> list[str]:
         """A loop's pragmas: `omp for` with the clauses `shared` for the worksharing
         loop of the kernel's parallel region; a parallel loop met anywhere else (never,
         as mapped) opens a region of its own, which OpenMP runs on one thread when it is
         nested."""
         out = []
-        parallel, simd = PARALLEL_MARK in marks, SIMD_MARK in marks
+        parallel = any(isinstance(m, Parallel) for m in marks)
+        simd = any(isinstance(m, Simd) for m in marks)
         work = f"for{' simd' if simd else ''}"
         if parallel and shared is not None:
             out.append(f"#pragma omp {work}{shared}")
@@ -361,90 +88,12 @@ class _Printer:
             out.append(f"#pragma GCC unroll {unroll}")
         return out
 
-    def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
-        self.emit(depth, f"if ({isl_expr(node.if_get_cond(), self.names, top=True)}) {{")
-        self.node(node.if_get_then_node(), depth + 1, marks)
-        if node.if_has_else_node():
-            self.emit(depth, "} else {")
-            self.node(node.if_get_else_node(), depth + 1, marks)
-        self.emit(depth, "}")
-
-    def index_values(self, user: UserStatement) -> dict[str, str]:
-        stmt = self.scop.statement(user.statement)
-        return {
-            var: isl_expr(e, self.names, top=True)
-            for var, e in zip(stmt.dims, user.indices, strict=True)
-        }
-
-    def user(self, node: isl.AstNode, depth: int) -> None:
-        user = self.ast.user(node)
-        stmt = self.scop.statement(user.statement)
-        source = stmt.source(self.scop.cdef)
-        init = stmt.kind is Kind.INIT
-        self.emit(depth, self.bodies.statement(source, init, self.index_values(user)))
-
-    # --- the kernel -------------------------------------------------------------
-    def top_level(self, depth: int) -> None:
-        for nest in self.nests():
-            for comment in self.comments(nest):
-                self.emit(depth, comment)
-            self.node(nest, depth)
-
-    def nests(self) -> list[isl.AstNode]:
-        root = self.ast.root
-        return list(ast_children(root)) if root.get_type() == isl.ast_node_type.block else [root]
-
-    def comments(self, nest: isl.AstNode) -> list[str]:
-        seen: list[tuple[int, bool]] = []
-        for name in user_statements(nest, self.ast):
-            stmt = self.scop.statement(name)
-            key = (stmt.index, stmt.kind is Kind.INIT)
-            if key not in seen:
-                seen.append(key)
-        out = []
-        for index, init in sorted(seen, key=lambda t: (t[0], not t[1])):
-            text = self.scop.cdef.statements[index].text.replace("*/", "* /")
-            out.append(f"/* {text}{'  [initialisation]' if init else ''} */")
-        return out
-
-
-_ARRAY = r"t_\w+|tc_pack\d+"  # a tensor, or a thread's buffer of one (`tcpy.codegen.pack`)
-_CALL = re.compile(r"[A-Za-z_]\w*\s*\(")
-"""A function call in printed C (a cast such as `(int64_t)(c0)` is not one)."""
-
-
-def _closing_bracket(text: str, position: int) -> int:
-    """The index of the `]` that closes the `[` just before `position`."""
-    depth = 1
-    for k in range(position, len(text)):
-        if text[k] == "[":
-            depth += 1
-        elif text[k] == "]":
-            depth -= 1
-            if depth == 0:
-                return k
-    raise InternalError("unbalanced brackets in generated code")
-
-
-UNROLL_BUDGET = 512  # tokens of C an unrolled loop body may grow to
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|[^\s\w]")
-
-
-def unroll_factor(asked: int, body: list[str]) -> int:
-    """The unroll factor of a loop whose body prints as `body`: the options' factor,
-    lowered to a power of two at which the unrolled body stays within `UNROLL_BUDGET`
-    tokens. A heavy body unrolled 64 times costs the C compiler tens of seconds and
-    gains nothing once the body no longer fits the instruction cache."""
-    size = max(1, sum(len(_TOKEN.findall(line)) for line in body))
-    factor = 1
-    while factor * 2 <= asked and factor * 2 * size <= UNROLL_BUDGET:
-        factor *= 2
-    return factor
-
-
-def buffer_order(cdef: CheckedDef) -> list[str]:
-    """The tensors in the order of the kernel's buffers: inputs, outputs, temporaries."""
-    return [t.name for t in (*cdef.inputs, *cdef.outputs, *cdef.temporaries)]
+    def reduction_pragmas(self, clause: str) -> list[str]:
+        """Pragmas of a loop whose accumulator lives in a register (vectorised as a
+        reduction when the options allow vectorising)."""
+        if not self.options.vectorize:
+            return []
+        return [f"#pragma omp simd reduction({clause}:tc_acc)"]
 
 
 def print_c(
@@ -460,16 +109,46 @@ def print_c(
     `vector_math`, the math functions libmvec vectorises are declared `simd`;
     `vector_bytes` is the width of the vectors the compiler uses; `count_loops`: a
     counting build (`tcpy.codegen.loops.COUNT_LOOP`)."""
-    printer = _Printer(scop, ast, options, count_loops=count_loops)
+    printer = CPrinter(scop, ast, options, count_loops=count_loops)
     printer.vector_bytes = vector_bytes
     cdef = scop.cdef
     body: list[str] = []
     printer.lines = body
+    _prologue(printer, sizes)
+    region = any(has_parallel_loop(printer, nest, ()) for nest in printer.nests())
+    arena = arena_bytes(ast, cdef)
+    _body(printer, region, arena)
+    header = [
+        f"/* {cdef.name}: generated by tcpy from */",
+        *(f"/*   {line.replace('*/', '* /')} */" for line in def_text(cdef).splitlines()),
+        "#include <stdint.h>",
+        "#include <stdbool.h>",
+        "#include <math.h>",
+        *(["#include <stdlib.h>"] if arena else []),
+        *(["int omp_get_thread_num(void);"] if arena and region else []),
+        _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
+        *([loop_count_declarations(printer.counted)] if count_loops else []),
+        "",
+        helper_source(printer.helpers),
+        "",
+        f"int {KERNEL_SYMBOL}(const int64_t *restrict tc_sizes,",
+        "              void *const *restrict tc_buffers, int tc_threads) {",
+    ]
+    unused = [] if region else ["(void)tc_threads;"]
+    if sizes is not None or not scop.params:
+        unused.append("(void)tc_sizes;")
+    return "\n".join([*header, *(f"  {u}" for u in unused), *body, "}", ""])
+
+
+def _prologue(printer: CPrinter, sizes: Mapping[str, int] | None) -> None:
+    """The kernel's sizes (constants with `sizes`), its tensors' pointers and extents,
+    and its status word."""
+    scop = printer.scop
     for k, p in enumerate(scop.params):
         value = str(sizes[p]) if sizes is not None else f"tc_sizes[{k}]"
         printer.emit(1, f"const int64_t {size_name(p)} = {value};")
     for k, name in enumerate(buffer_order(scop.cdef)):
-        info = cdef.tensor(name)
+        info = scop.cdef.tensor(name)
         ctype = printer.dialect.ctype(info.scalar)
         const = "const " if info.role is Role.INPUT else ""
         printer.emit(
@@ -479,8 +158,11 @@ def print_c(
             printer.emit(1, f"const int64_t {extent_name(name, d)} = {sym_expr(extent)};")
     printer.emit(1, "int tc_status_value = 0;")
     printer.emit(1, "int *tc_status = &tc_status_value;")
-    region = any(has_parallel_loop(printer, nest, ()) for nest in printer.nests())
-    arena = arena_bytes(ast, cdef)
+
+
+def _body(printer: CPrinter, region: bool, arena: int) -> None:
+    """The kernel's nests, in one parallel `region` or not, with the `arena` of
+    bytes each thread's packed tiles take (allocated first, freed last)."""
     if arena:
         # before any work: a thread without its buffers could not keep to the barriers
         threads = "(size_t)tc_threads" if region else "1"
@@ -497,28 +179,6 @@ def print_c(
         printer.emit(1, f"free({ARENA});")
     printer.emit(1, "return tc_status_value;")
 
-    header = [
-        f"/* {cdef.name}: generated by tcpy from */",
-        *(f"/*   {line.replace('*/', '* /')} */" for line in _def_text(cdef).splitlines()),
-        "#include <stdint.h>",
-        "#include <stdbool.h>",
-        "#include <math.h>",
-        *(["#include <stdlib.h>"] if arena else []),
-        *(["int omp_get_thread_num(void);"] if arena and region else []),
-        _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
-        *([loop_count_declarations(printer.counted)] if count_loops else []),
-        "",
-        helper_source(printer.helpers),
-        "",
-        f"int {KERNEL_SYMBOL}(const int64_t *restrict tc_sizes,",
-        "              void *const *restrict tc_buffers, int tc_threads) {",
-    ]
-    tail = ["}", ""]
-    unused = [] if region else ["(void)tc_threads;"]
-    if sizes is not None or not scop.params:
-        unused.append("(void)tc_sizes;")
-    return "\n".join([*header, *(f"  {u}" for u in unused), *body, *tail])
-
 
 def _guarded(declarations: str) -> str:
     """Vector math declarations, left out of a conservative build (a compiler once
@@ -526,8 +186,3 @@ def _guarded(declarations: str) -> str:
     if not declarations:
         return ""
     return f"#ifndef {CONSERVATIVE_MACRO}\n{declarations}\n#endif"
-
-
-def _def_text(cdef: CheckedDef) -> str:
-    lines = cdef.source.splitlines()
-    return "\n".join(lines[cdef.span.line - 1 : cdef.span.end_line])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import Helpers, extremum_helper
-from tcpy.runtime.status import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
+from tcpy.codegen.status import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
 from tcpy.types import ScalarType
 
 

@@ -18,46 +18,47 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, PackedBox
-from tcpy.codegen.c import _def_text, _Printer, buffer_order
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA, CUDA_NARROW, Dialect
 from tcpy.codegen.exprs import (
     BodyPrinter,
+    Helpers,
     LocalCopy,
     StatementParts,
     flat_index,
     isl_expr,
     sym_expr,
 )
-from tcpy.codegen.loops import (
-    ATOMIC_MARK,
-    FOR,
-    IF,
-    LANES_MARK,
-    PRIVATE_MARK,
-    ROWS_MARK,
-    SCRATCH_MARK,
-    SHARED_MARK,
-    loop_count_declarations,
-)
-from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
+from tcpy.codegen.loops import FOR, loop_count_declarations, walk
+from tcpy.codegen.printer import buffer_order, def_text
 from tcpy.codegen.thread_tile import (
-    Held,
+    ThreadPrinter,
     find_thread_tile,
     may_hold,
     print_held_tile,
     print_thread_tile,
 )
 from tcpy.errors import InternalError, TCMappingError
-from tcpy.mapping.device import WARP
-from tcpy.mapping.gpu import GpuMapping, Kernel
+from tcpy.mapping.gpu import GpuMapping, MappedKernel
+from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.marks import (
+    Atomic,
+    Lanes,
+    Mark,
+    Private,
+    Rows,
+    Scratch,
+    Shared,
+    of_ast,
+)
 from tcpy.mapping.options import MappingOptions
+from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.parser import ast as tc
 from tcpy.parser.checked import Role
 from tcpy.poly.isl_helpers import ast_children
@@ -97,36 +98,57 @@ ACCESS_MACROS = r"""#ifndef TC_ACCESS_MACROS
 
 
 @dataclass
-class _CudaPrinter(_Printer):
-    hoists = False
-    lane_parts: StatementParts | None = None  # inside a partial reduction: what it reduces
-    kernel: Kernel | None = None
-    sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
-    rows: bool = False  # inside a row kernel's statements (`ROWS_MARK`)
-    divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
-    held: Held | None = None  # under a `private` mark: the register tile held there
+class CudaPrinter(ThreadPrinter):
+    """CUDA: a kernel's code as each of its threads runs it. Marks print the block's
+    shared-memory copies (`shared:`), a row kernel's scratch arrays and warp
+    synchronisation (`scratch:`, `warp_rows`), reductions shared by lanes or blocks
+    (`lane_reduction`, `atomic_reduction`) and held register tiles (`private`)."""
 
-    def if_(self, node: isl.AstNode, depth: int, marks: tuple[str, ...]) -> None:
+    sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
+    rows: bool = False  # inside a row kernel's statements (`marks.Rows`)
+    divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
+
+    def if_(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
         """A guard on thread indices above a shared-memory copy (isl hoists the
         conditions that only involve parameters as far out as it can) is sunk into
         the copy's scope, around the statements only: every thread of the block must
         run the copy and reach its barriers. The guard does not change below it, so
-        this is the same program."""
+        this is the same program. Each branch of such a guard is printed so
+        (`_branch`), the `else` under the guard negated."""
         cond = isl_expr(node.if_get_cond(), self.names, top=True)
         then = node.if_get_then_node()
-        if "threadIdx" not in cond or not _has_shared_mark(then):
+        other = node.if_get_else_node() if node.if_has_else_node() else None
+        copies = _has_shared_mark(then) or (other is not None and _has_shared_mark(other))
+        if "threadIdx" not in cond or not copies:
             self.divergent += "threadIdx.x" in cond
             super().if_(node, depth, marks)
             self.divergent -= "threadIdx.x" in cond
             return
-        if node.if_has_else_node():
-            raise InternalError("a guard with an else branch above a shared-memory copy")
-        self.sunk.append(cond)
-        self.node(then, depth, marks)
-        self.sunk.pop()
+        self._branch(cond, then, depth, marks)
+        if other is not None:
+            self._branch(f"!({cond})", other, depth, marks)
+
+    def _branch(self, cond: str, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
+        """`node` run where `cond` (on thread indices) holds: every thread runs the
+        copies into shared memory below it, with `cond` sunk around the statements
+        (`shared_copy`); where it has none, all of it runs under `cond` and the guards
+        sunk so far."""
+        if _has_shared_mark(node):
+            self.sunk.append(cond)
+            self.node(node, depth, marks)
+            self.sunk.pop()
+            return
+        guards, self.sunk = [*self.sunk, cond], []
+        diverges = any("threadIdx.x" in c for c in guards)
+        self.emit(depth, f"if ({' && '.join(f'({c})' for c in guards)}) {{")
+        self.divergent += diverges
+        self.node(node, depth + 1, marks)
+        self.divergent -= diverges
+        self.emit(depth, "}")
+        self.sunk = guards[:-1]
 
     def for_(
-        self, node: isl.AstNode, depth: int, marks: tuple[str, ...], shared: str | None = None
+        self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...], shared: str | None = None
     ) -> None:
         loop = self.loop_header(node)
         header = loop.text
@@ -146,35 +168,38 @@ class _CudaPrinter(_Printer):
             super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
 
-    def node(self, node: isl.AstNode, depth: int, marks: tuple[str, ...] = ()) -> None:
-        kind = node.get_type()
-        name = node.mark_get_id().get_name() if kind == isl.ast_node_type.mark else ""
-        if name == LANES_MARK and self.divergent:
-            raise InternalError("a reduction over a warp's lanes where some lanes do not reach it")
-        if name in (LANES_MARK, ATOMIC_MARK):
-            self.partial_reduction(node.mark_get_node(), depth, marks, lanes=name == LANES_MARK)
-        elif name.startswith(f"{SHARED_MARK}:"):
-            self.shared_copy(self.ast.packed(node), node.mark_get_node(), depth, marks)
-        elif name.startswith(f"{SCRATCH_MARK}:"):
-            self.scratch(self.ast.packed(node), node.mark_get_node(), depth, marks)
-        elif name == PRIVATE_MARK:
-            print_held_tile(self, node.mark_get_node(), depth, marks)
-        elif name == ROWS_MARK:
-            self.rows, saved = True, self.rows
-            self.node(node.mark_get_node(), depth, marks)
-            self.rows = saved
-        elif kind == isl.ast_node_type.block and self.rows and not self.divergent:
+    def node(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...] = ()) -> None:
+        if node.get_type() == isl.ast_node_type.block and self.rows and not self.divergent:
             for child in ast_children(node):  # the statements of a row kernel, in order
                 self.node(child, depth, marks)
                 self.emit(depth, "__syncwarp();")
         else:
             super().node(node, depth, marks)
 
+    def mark(self, mark: Mark, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
+        inner = node.mark_get_node()
+        if isinstance(mark, Lanes) and self.divergent:
+            raise InternalError("a reduction over a warp's lanes where some lanes do not reach it")
+        if isinstance(mark, Lanes | Atomic):
+            self.partial_reduction(inner, depth, marks, lanes=isinstance(mark, Lanes))
+        elif isinstance(mark, Shared):
+            self.shared_copy(self.ast.packed(node), inner, depth, marks)
+        elif isinstance(mark, Scratch):
+            self.scratch(self.ast.packed(node), inner, depth, marks)
+        elif isinstance(mark, Private):
+            print_held_tile(self, inner, depth, marks)
+        elif isinstance(mark, Rows):
+            self.rows, saved = True, self.rows
+            self.node(inner, depth, marks)
+            self.rows = saved
+        else:
+            super().mark(mark, node, depth, marks)
+
     def scratch(
-        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
     ) -> None:
         """A block's slices of temporaries that live and die in a row kernel
-        (`tcpy.mapping.rows`), in shared memory: `inner` writes and reads them there
+        (`tcpy.mapping.gpu.rows`), in shared memory: `inner` writes and reads them there
         instead of in global memory. Each warp touches only its rows' slices, so no
         barrier of the block is needed."""
         self.emit(depth, "{")
@@ -200,9 +225,9 @@ class _CudaPrinter(_Printer):
         return offsets
 
     def shared_copy(
-        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
     ) -> None:
-        """The operand tiles of a block (`tcpy.mapping.shared.shared_tensors`) copied
+        """The operand tiles of a block (`tcpy.mapping.gpu.shared.shared_tensors`) copied
         into shared memory by all its threads, then `inner` reading them there. A
         barrier before the copy lets the previous tile's readers finish, one after it
         makes the copy visible; every thread of the block reaches both, as the mark
@@ -342,7 +367,7 @@ class _CudaPrinter(_Printer):
         self.emit(depth, "}")
 
     def partial_reduction(
-        self, inner: isl.AstNode, depth: int, marks: tuple[str, ...], lanes: bool
+        self, inner: isl.AstNode, depth: int, marks: tuple[Mark, ...], lanes: bool
     ) -> None:
         """A reduction shared by several threads (`tcpy.mapping.gpu`): each reduces
         its instances into a register, from the identity. Over the lanes of a warp
@@ -388,6 +413,13 @@ class _CudaPrinter(_Printer):
         self.emit(depth, "}")
 
     def user(self, node: isl.AstNode, depth: int) -> None:
+        if self.sunk:  # a statement beside a copy, below a guard sunk into that copy
+            guards, self.sunk = self.sunk, []
+            self.emit(depth, f"if ({' && '.join(f'({c})' for c in guards)}) {{")
+            self.user(node, depth + 1)
+            self.emit(depth, "}")
+            self.sunk = guards
+            return
         if self.lane_parts is None:
             super().user(node, depth)
             return
@@ -401,7 +433,7 @@ class _CudaPrinter(_Printer):
         return None if self.lane_parts is not None else super().accumulator(body, iterator)
 
     def pragmas(
-        self, marks: tuple[str, ...], innermost: bool, unroll: int, shared: str | None = None
+        self, marks: tuple[Mark, ...], innermost: bool, unroll: int, shared: str | None = None
     ) -> list[str]:
         if innermost and unroll > 1:
             return [f"#pragma unroll {unroll}"]
@@ -414,7 +446,7 @@ class _CudaPrinter(_Printer):
 def _row_length(elements: int, runs: int) -> int:
     """The length of a row of a tile of `elements` in shared memory: one more for
     rows of 32 elements or more, so that threads walking a column of the tile hit
-    distinct banks; where threads read runs of adjacent elements (`Kernel.runs`),
+    distinct banks; where threads read runs of adjacent elements (`MappedKernel.runs`),
     which the mapping gives only where no thread walks a column, a multiple of 4
     instead, so that every run starts on a vector."""
     if runs > 1:
@@ -431,7 +463,7 @@ _VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
 """The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
 
 
-def kernel_name(kernel: Kernel) -> str:
+def kernel_name(kernel: MappedKernel) -> str:
     return f"tc_kernel_{kernel.index}"
 
 
@@ -469,53 +501,58 @@ def print_cuda(
                 f"{t.name} is float16, which the CUDA target does not support yet; "
                 "use float32 or the cpu target"
             )
-    readonly = frozenset(t.name for t in cdef.inputs) if options.use_readonly_cache else frozenset()
     narrow = narrow_indices(scop, options, sizes)
     dialect = CUDA_NARROW if narrow else CUDA
-    index = dialect.index_type
     kernels: list[str] = []
-    helpers = None
+    helpers: Helpers | None = None
     counted = 0
     for kernel, ast in zip(mapping.kernels, asts, strict=True):
-        printer = _CudaPrinter(scop, ast, options, dialect=dialect, count_loops=count_loops)
+        printer = CudaPrinter(scop, ast, options, dialect=dialect, count_loops=count_loops)
         printer.counted = counted
-        if helpers is not None:
-            printer.helpers = helpers
-        printer.bodies = BodyPrinter(cdef, dialect, printer.helpers, readonly, hoist_loads=True)
-        helpers = printer.helpers
-        printer.names.update(_launch_names(kernel, dialect))
-        printer.kernel = kernel
-        body: list[str] = []
-        printer.lines = body
-        if narrow:
-            for k, p in enumerate(scop.params):
-                printer.emit(1, f"const int {size_name(p)} = (int)tc_size{k};")
-        for name in buffer_order(scop.cdef):
-            for d, extent in enumerate(cdef.tensor(name).shape):
-                printer.emit(1, f"const {index} {extent_name(name, d)} = {sym_expr(extent)};")
-        printer.top_level(1)
-        counted = printer.counted
-        bounds = max(1, kernel.threads)
-        signature = ", ".join(kernel_parameters(scop, narrow))
-        kernels.append(
-            "\n".join(
-                [
-                    f'extern "C" __global__ void __launch_bounds__({bounds}) '
-                    f"{kernel_name(kernel)}({signature}) {{",
-                    *body,
-                    "}",
-                ]
-            )
-        )
+        kernels.append(_kernel(printer, kernel, helpers, narrow))
+        helpers, counted = printer.helpers, printer.counted
     header = [
         f"/* {cdef.name}: generated by tcpy for CUDA from */",
-        *(f"/*   {line.replace('*/', '* /')} */" for line in _def_text(cdef).splitlines()),
+        *(f"/*   {line.replace('*/', '* /')} */" for line in def_text(cdef).splitlines()),
         "",
         ACCESS_MACROS,
         *([loop_count_declarations(counted, cxx=True)] if count_loops else []),
         helper_source(helpers, dialect) if helpers is not None else "",
     ]
     return "\n".join([*header, *kernels, ""])
+
+
+def _kernel(
+    printer: CudaPrinter, kernel: MappedKernel, helpers: Helpers | None, narrow: bool
+) -> str:
+    """One `__global__` function: `kernel`'s code, printed by `printer` (sharing the
+    `helpers` of the kernels before it), its indices `narrow` or not."""
+    scop, dialect, cdef = printer.scop, printer.dialect, printer.scop.cdef
+    if helpers is not None:
+        printer.helpers = helpers
+    readonly = (
+        frozenset(t.name for t in cdef.inputs)
+        if printer.options.use_readonly_cache
+        else frozenset()
+    )
+    printer.bodies = BodyPrinter(cdef, dialect, printer.helpers, readonly, hoist_loads=True)
+    printer.names.update(_launch_names(kernel, dialect))
+    printer.kernel = kernel
+    body: list[str] = []
+    printer.lines = body
+    if narrow:
+        for k, p in enumerate(scop.params):
+            printer.emit(1, f"const int {size_name(p)} = (int)tc_size{k};")
+    for name in buffer_order(cdef):
+        for d, extent in enumerate(cdef.tensor(name).shape):
+            printer.emit(
+                1, f"const {dialect.index_type} {extent_name(name, d)} = {sym_expr(extent)};"
+            )
+    printer.top_level(1)
+    bounds = max(1, kernel.threads)
+    signature = ", ".join(kernel_parameters(scop, narrow))
+    launch = f'extern "C" __global__ void __launch_bounds__({bounds}) '
+    return "\n".join([f"{launch}{kernel_name(kernel)}({signature}) {{", *body, "}"])
 
 
 NARROW_HEADROOM = 8
@@ -535,13 +572,13 @@ def narrow_indices(scop: Scop, options: MappingOptions, sizes: Mapping[str, int]
     limit = 2**31 // NARROW_HEADROOM
     cdef = scop.cdef
     elements = [math.prod(d.evaluate(sizes) for d in t.shape) for t in cdef.tensors]
-    literals = [int(n) for n in re.findall(r"\d+", _def_text(cdef))]
+    literals = [int(n) for n in re.findall(r"\d+", def_text(cdef))]
     scale = max([1, *literals])
     largest = max([1, *sizes.values(), *options.tile, *literals])
     return max(elements, default=0) < limit and largest * scale < limit
 
 
-def _launch_names(kernel: Kernel, dialect: Dialect) -> dict[str, str]:
+def _launch_names(kernel: MappedKernel, dialect: Dialect) -> dict[str, str]:
     index = dialect.index_type
     names = {p: f"({index}){kernel.block_index(j)}" for j, p in enumerate(BLOCK_PARAMS)
              if j < len(kernel.grid)}  # fmt: skip
@@ -549,36 +586,13 @@ def _launch_names(kernel: Kernel, dialect: Dialect) -> dict[str, str]:
     return names
 
 
-def _ast_nodes(node: isl.AstNode) -> Iterator[isl.AstNode]:
-    """`node` and every node below it."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        kind = n.get_type()
-        if kind == FOR:
-            stack.append(n.for_get_body())
-        elif kind == IF:
-            stack.append(n.if_get_then_node())
-            if n.if_has_else_node():
-                stack.append(n.if_get_else_node())
-        elif kind == isl.ast_node_type.mark:
-            stack.append(n.mark_get_node())
-        elif kind == isl.ast_node_type.block:
-            stack.extend(ast_children(n))
-
-
 def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str]]:
     """The user nodes under `node`, and the iterators of the loops under it."""
-    nodes = list(_ast_nodes(node))
+    nodes = [n for n, _ in walk(node)]
     users = [n for n in nodes if n.get_type() == isl.ast_node_type.user]
     loops = [n for n in nodes if n.get_type() == FOR]
     return users, [n.for_get_iterator().get_id().get_name() for n in loops]
 
 
 def _has_shared_mark(node: isl.AstNode) -> bool:
-    return any(
-        n.get_type() == isl.ast_node_type.mark
-        and n.mark_get_id().get_name().startswith(f"{SHARED_MARK}:")
-        for n in _ast_nodes(node)
-    )
+    return any(isinstance(of_ast(n), Shared) for n, _ in walk(node))

@@ -18,12 +18,13 @@ import islpy as isl
 import numpy as np
 
 from tcpy.codegen.dialect import Dialect
-from tcpy.codegen.naming import extent_name, size_name, tensor_name
 from tcpy.errors import InternalError
+from tcpy.naming import extent_name, size_name, tensor_name
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.linear import linear_form
 from tcpy.parser.printer import expr_text
-from tcpy.parser.ranges import guarded_accesses, linear_form
+from tcpy.parser.ranges import guarded_accesses
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 from tcpy.types import ScalarType, promote
 

@@ -1,14 +1,16 @@
-"""What the printers share about isl's loops: node kinds, the marks the mappings
-leave on loops, and a printed loop's header."""
+"""What the printers share about isl's loops: node kinds, a loop's depth and header,
+and the counters of a counting build."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import islpy as isl
 
+from tcpy.mapping import marks
 from tcpy.poly.isl_helpers import ast_children
 
 if TYPE_CHECKING:
@@ -16,28 +18,7 @@ if TYPE_CHECKING:
 
 FOR = isl.ast_node_type.for_  # type: ignore[attr-defined]
 IF = isl.ast_node_type.if_  # type: ignore[attr-defined]
-PARALLEL_MARK = "omp_parallel"
-REGISTER_MARK = "register_tile"
-PACK_MARK = "pack"  # `pack:A,B`: copy these tensors' tiles into local buffers here
-SHARED_MARK = "shared"  # `shared:A,B`: copy them into the block's shared memory here
-SIMD_MARK = "omp_simd"
-COLLAPSE_MARK = "omp_collapse"
-"""Marks a parallel loop directly inside the worksharing loop: the two share out as one
-(`collapse(2)`), so that a nest whose outer loop has fewer iterations than there are
-threads (one tile of rows, or a size known only at the call) still uses them all."""
-SCRATCH_MARK = "scratch"  # `scratch:T,U`: these temporaries live in shared memory here
-LANES_MARK = "lane_reduction"
-"""Marks the point band of a reduction spread over the lanes of a warp."""
-ATOMIC_MARK = "atomic_reduction"
-"""Marks the point band of a reduction split across blocks: each thread reduces its
-chunk into a register, then adds it to the element with an atomic."""
-PRIVATE_MARK = "private"
-"""Marks where a thread's register tile is loaded and stored, above the reduction's
-tile loops it is held across (`tcpy.codegen.thread_tile.print_held_tile`)."""
-ROWS_MARK = "warp_rows"
-"""Marks the statements of a row kernel (`tcpy.mapping.rows`): one warp runs them in
-order over each row, meeting at `__syncwarp()` between them."""
-
+USER = isl.ast_node_type.user
 
 COUNT_LOOP = "TC_COUNT_LOOP"
 """In a counting build (`count_loops`), the first statement of the body of every loop
@@ -101,71 +82,41 @@ class Header:
         return re.sub(rf"\b{self.iterator}\b", f"({self.init})", self.cond)
 
 
-def loop_marks(marks: tuple[str, ...], iterator: str) -> tuple[str, ...]:
-    """The marks that belong to the loop of `iterator` (`omp_simd@3` to `c3`)."""
-    return tuple(m.split("@")[0] for m in marks if m.endswith(f"@{iterator.lstrip('c')}"))
+def loop_depth(node: isl.AstNode) -> int:
+    """The schedule depth of the loop of a `for` node: isl names its iterator `c<depth>`
+    (the depth a loop mark names, `tcpy.mapping.marks.LoopMark`)."""
+    return int(node.for_get_iterator().get_id().get_name().removeprefix("c"))
 
 
-def register_sizes(mark: str) -> list[int] | None:
-    """The block sizes a register-block mark carries (`register_tile:4x16`)."""
-    name, _, sizes = mark.partition(":")
-    if name != REGISTER_MARK or not sizes:
-        return None
-    return [int(s) for s in sizes.split("x")]
-
-
-TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its dimensions reversed
-
-
-def pack_tensors(mark: str) -> list[str]:
-    """The tensors a copy mark copies (`pack:A,B` into a thread's buffers, `shared:A,B`
-    into a block's shared memory) or places (`scratch:T`, temporaries in shared
-    memory); empty for another mark."""
-    return [t.removesuffix(TRANSPOSED) for t in _mark_tensors(mark)]
-
-
-def transposed_tensors(mark: str) -> set[str]:
-    """The tensors a copy mark copies with their dimensions reversed (`W^T`)."""
-    return {t.removesuffix(TRANSPOSED) for t in _mark_tensors(mark) if t.endswith(TRANSPOSED)}
-
-
-def _mark_tensors(mark: str) -> list[str]:
-    name, _, tensors = mark.partition(":")
-    marks = (PACK_MARK, SHARED_MARK, SCRATCH_MARK)
-    return tensors.split(",") if name in marks and tensors else []
+def walk(
+    node: isl.AstNode, above: tuple[marks.Mark, ...] = ()
+) -> Iterator[tuple[isl.AstNode, tuple[marks.Mark, ...]]]:
+    """`node` and every node below it, with the marks above each (`above`, then those
+    met on the way down), in the order the code they stand for runs: a node before
+    its children, a block's children in turn, `then` before `else`."""
+    yield node, above
+    kind = node.get_type()
+    if kind == FOR:
+        yield from walk(node.for_get_body(), above)
+    elif kind == IF:
+        yield from walk(node.if_get_then_node(), above)
+        if node.if_has_else_node():
+            yield from walk(node.if_get_else_node(), above)
+    elif kind == isl.ast_node_type.block:
+        for child in ast_children(node):
+            yield from walk(child, above)
+    elif kind == isl.ast_node_type.mark:
+        mark = marks.of_ast(node)
+        yield from walk(node.mark_get_node(), above if mark is None else (*above, mark))
 
 
 def contains_for(node: isl.AstNode) -> bool:
-    """Whether `node` prints a loop (a pack mark prints its copy loops)."""
-    kind = node.get_type()
-    if kind == FOR:
-        return True
-    if kind == isl.ast_node_type.block:
-        return any(contains_for(c) for c in ast_children(node))
-    if kind == IF:
-        return contains_for(node.if_get_then_node()) or (
-            node.if_has_else_node() and contains_for(node.if_get_else_node())
-        )
-    if kind == isl.ast_node_type.mark:
-        return bool(pack_tensors(node.mark_get_id().get_name())) or contains_for(
-            node.mark_get_node()
-        )
-    return False
+    """Whether `node` prints a loop (a copy mark prints its copy loops)."""
+    return any(
+        n.get_type() == FOR or isinstance(marks.of_ast(n), marks.Copy) for n, _ in walk(node)
+    )
 
 
 def user_statements(node: isl.AstNode, ast: Ast) -> list[str]:
-    kind = node.get_type()
-    if kind == isl.ast_node_type.user:
-        return [ast.user(node).statement]
-    if kind == FOR:
-        return user_statements(node.for_get_body(), ast)
-    if kind == isl.ast_node_type.block:
-        return [s for c in ast_children(node) for s in user_statements(c, ast)]
-    if kind == IF:
-        out = user_statements(node.if_get_then_node(), ast)
-        if node.if_has_else_node():
-            out += user_statements(node.if_get_else_node(), ast)
-        return out
-    if kind == isl.ast_node_type.mark:
-        return user_statements(node.mark_get_node(), ast)
-    return []
+    """The isl statements below `node`, in the order they run."""
+    return [ast.user(n).statement for n, _ in walk(node) if n.get_type() == USER]

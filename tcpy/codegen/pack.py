@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
-from tcpy.codegen.naming import extent_name, tensor_name
+from tcpy.codegen.printer import Printer
+from tcpy.mapping.marks import Mark
+from tcpy.naming import extent_name, tensor_name
 from tcpy.parser.checked import CheckedDef
-
-if TYPE_CHECKING:
-    from tcpy.codegen.c import _Printer
 
 ALIGN = 64  # a cache line: each buffer starts on one
 ARENA = "tc_arena"  # every thread's buffers, allocated once per call
@@ -46,11 +44,11 @@ def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
 
 
 def print_pack(
-    p: _Printer,
+    p: Printer,
     boxes: tuple[PackedBox, ...],
     inner: isl.AstNode,
     depth: int,
-    marks: tuple[str, ...],
+    marks: tuple[Mark, ...],
     copy_in: bool = True,
 ) -> None:
     """The copies of `boxes`, then `inner` reading them, in a scope of their own (the
@@ -81,7 +79,7 @@ def print_pack(
     p.emit(depth, "}")
 
 
-def _copy(p: _Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
+def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
     """The loops filling a buffer: one loop per dimension, from the first element
     inside the tensor to the last inside both box and tensor."""
     n = len(copy.sizes)
@@ -116,7 +114,7 @@ in cache across the rows of the block."""
 
 
 def _transposing_copy(
-    p: _Printer, depth: int, copy: LocalCopy, local: list[str], assignment: str
+    p: Printer, depth: int, copy: LocalCopy, local: list[str], assignment: str
 ) -> None:
     """The loops filling a buffer that holds a 2-D tile transposed: blocks of
     TRANSPOSE_BLOCK along the tensor's rows, each copied row after row."""

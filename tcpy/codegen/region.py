@@ -6,20 +6,18 @@ where a nest needs what an earlier one wrote."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import islpy as isl
 
 from tcpy.codegen.exprs import isl_expr
-from tcpy.codegen.loops import FOR, IF, PARALLEL_MARK, loop_marks, user_statements
+from tcpy.codegen.loops import FOR, IF, loop_depth, user_statements, walk
+from tcpy.codegen.printer import Printer
+from tcpy.mapping.marks import Mark, Parallel, loop_marks, of_ast
 from tcpy.parser import ast as tc
 from tcpy.poly.isl_helpers import ast_children
 
-if TYPE_CHECKING:
-    from tcpy.codegen.c import _Printer
 
-
-def print_region(p: _Printer, depth: int, private: tuple[str, ...] = ()) -> None:
+def print_region(p: Printer, depth: int, private: tuple[str, ...] = ()) -> None:
     """The nests inside one `omp parallel` region of `tc_threads` threads (read at
     call time): a nest's parallel loop is a worksharing loop, the loops around it
     run in every thread (their bounds depend only on the sizes and on outer loops),
@@ -45,7 +43,7 @@ def print_region(p: _Printer, depth: int, private: tuple[str, ...] = ()) -> None
 
 
 def _replicated(
-    p: _Printer, node: isl.AstNode, depth: int, marks: tuple[str, ...], end: str
+    p: Printer, node: isl.AstNode, depth: int, marks: tuple[Mark, ...], end: str
 ) -> None:
     """`node`, run by every thread of the region: its parallel loop shared among
     them, the rest of its code in one of them. `end` is the clause of the last
@@ -57,8 +55,7 @@ def _replicated(
         p.node(node, depth + 1, marks)
         p.emit(depth, "}")
     elif kind == FOR:
-        iterator = isl_expr(node.for_get_iterator(), p.names)
-        if PARALLEL_MARK in loop_marks(marks, iterator):
+        if _parallel(node, marks):
             p.for_(node, depth, marks, shared=end)
             return
         p.open_loop(depth, p.loop_header(node).text)
@@ -76,32 +73,15 @@ def _replicated(
             _replicated(p, node.if_get_else_node(), depth + 1, marks, end)
         p.emit(depth, "}")
     else:  # a mark (a register block with a parallel loop inside is not blocked)
-        name = node.mark_get_id().get_name()
-        _replicated(p, node.mark_get_node(), depth, (*marks, name), end)
+        _replicated(p, node.mark_get_node(), depth, (*marks, _mark(node)), end)
 
 
-def has_parallel_loop(p: _Printer, node: isl.AstNode, marks: tuple[str, ...]) -> bool:
+def has_parallel_loop(p: Printer, node: isl.AstNode, marks: tuple[Mark, ...]) -> bool:
     """Whether `node` has a loop that the marks above it make parallel."""
-    kind = node.get_type()
-    if kind == FOR:
-        iterator = isl_expr(node.for_get_iterator(), p.names)
-        return PARALLEL_MARK in loop_marks(marks, iterator) or has_parallel_loop(
-            p, node.for_get_body(), marks
-        )
-    if kind == isl.ast_node_type.mark:
-        name = node.mark_get_id().get_name()
-        return has_parallel_loop(p, node.mark_get_node(), (*marks, name))
-    if kind == IF:
-        branches = [node.if_get_then_node()]
-        if node.if_has_else_node():
-            branches.append(node.if_get_else_node())
-        return any(has_parallel_loop(p, b, marks) for b in branches)
-    if kind == isl.ast_node_type.block:
-        return any(has_parallel_loop(p, c, marks) for c in ast_children(node))
-    return False
+    return any(n.get_type() == FOR and _parallel(n, above) for n, above in walk(node, marks))
 
 
-def _touches(p: _Printer, nest: isl.AstNode) -> _Touches:
+def _touches(p: Printer, nest: isl.AstNode) -> _Touches:
     """The tensors the statements of `nest` read and write."""
     reads: set[str] = set()
     writes: set[str] = set()
@@ -123,3 +103,14 @@ class _Touches:
     def conflicts(self, earlier: _Touches) -> bool:
         """Whether this nest must wait for `earlier` to finish."""
         return bool(earlier.writes & (self.reads | self.writes) or earlier.reads & self.writes)
+
+
+def _parallel(loop: isl.AstNode, marks: tuple[Mark, ...]) -> bool:
+    """Whether the marks above make `loop` the worksharing loop of its nest."""
+    return any(isinstance(m, Parallel) for m in loop_marks(marks, loop_depth(loop)))
+
+
+def _mark(node: isl.AstNode) -> Mark:
+    mark = of_ast(node)
+    assert mark is not None
+    return mark

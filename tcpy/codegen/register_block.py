@@ -1,4 +1,4 @@
-"""Printing a register-blocked reduction (`tcpy.mapping.registers`): under a
+"""Printing a register-blocked reduction (`tcpy.mapping.cpu.registers`): under a
 `register_tile:RxV` mark, the block of outputs lives in a local array `tc_reg[R][V]`
 across the reduction loops."""
 
@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import islpy as isl
 
 from tcpy.codegen.exprs import StatementParts
-from tcpy.codegen.loops import FOR, Header, loop_marks
+from tcpy.codegen.loops import FOR, Header, loop_depth
+from tcpy.codegen.printer import Printer
+from tcpy.mapping.marks import Mark, loop_marks, of_ast
 from tcpy.parser import ast as tc
-
-if TYPE_CHECKING:
-    from tcpy.codegen.c import _Printer
 
 
 def print_register_block(
-    p: _Printer, node: isl.AstNode, depth: int, marks: tuple[str, ...], sizes: list[int]
+    p: Printer, node: isl.AstNode, depth: int, marks: tuple[Mark, ...], sizes: list[int]
 ) -> bool:
-    """Print a register-blocked reduction (`tcpy.mapping.registers`): the loops
+    """Print a register-blocked reduction (`tcpy.mapping.cpu.registers`): the loops
     under the mark are the reduction loops, then one loop per blocked member, then
     (when the vector loop is a reduction) a lane loop, around one statement. The
     block of outputs lives in a local array across the reduction loops: loaded
@@ -29,55 +27,10 @@ def print_register_block(
     started at the identity and added into the output at the end (TC lets a
     reduction be reassociated). Returns False, printing nothing, when the AST does
     not have that shape."""
-    loops: list[tuple[isl.AstNode, tuple[str, ...]]] = []
-    while node.get_type() in (FOR, isl.ast_node_type.mark):
-        if node.get_type() == FOR:
-            loops.append((node, marks))
-            node = node.for_get_body()
-        else:
-            marks = (*marks, node.mark_get_id().get_name())
-            node = node.mark_get_node()
-    found = p.reduction_at(node)
-    if found is None:
+    shape = _shape(p, node, marks, sizes)
+    if shape is None:
         return False
-    source, values = found
-    add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
-    if add is None:
-        return False
-    headers = [p.loop_header(loop) for loop, _ in loops]
-    iterators = [h.iterator for h in headers]
-    target = " ".join(values[v] for v in source.indices)
-    written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
-    lane = headers[-1] if any(written) and not written[-1] else None
-    body = headers[:-1] if lane else headers
-    reductions = written.index(True) if True in written else len(body)
-    block = body[reductions:]
-    if not (
-        block
-        and all(written[reductions : len(body)])
-        and len(block) + (lane is not None) == len(sizes)
-        and (reductions > 0 or lane is not None)
-        and all(h.inc == "1" for h in headers[reductions:])
-    ):
-        return False
-    outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
-    if any(outer.search(f"{h.init} {h.cond}") for h in block):
-        return False
-    unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
-    if lane is None:  # the last block loop is the vector loop
-        here = loop_marks(loops[-1][1], block[-1].iterator)
-        unrolled[-1] = p.pragmas(here, innermost=True, unroll=1)
-    plan = _Plan(
-        parts=p.bodies.parts(source, values),
-        add=add,
-        sizes=sizes,
-        unrolled=unrolled,
-        vector=["#pragma omp simd"] if p.options.vectorize else [],
-        reductions=[
-            (p.pragmas(loop_marks(marks, h.iterator), False, 1), h.text)
-            for (_, marks), h in zip(loops, headers[:reductions], strict=False)
-        ],
-    )
+    plan, block, lane, outer = shape
     blocked = [*block, *([lane] if lane else [])]
     full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
     if lane is not None and full[-1] is not None and outer.search(full[-1][1]):
@@ -98,6 +51,66 @@ def print_register_block(
     return True
 
 
+def _shape(
+    p: Printer, node: isl.AstNode, marks: tuple[Mark, ...], sizes: list[int]
+) -> tuple[_Plan, list[Header], Header | None, re.Pattern[str]] | None:
+    """The plan of a register block under a mark (`print_register_block`), its block
+    loops, its lane loop and what names the reduction loops' indices; None when the
+    AST does not have a register block's shape."""
+    loops: list[tuple[isl.AstNode, tuple[Mark, ...]]] = []
+    while node.get_type() in (FOR, isl.ast_node_type.mark):
+        if node.get_type() == FOR:
+            loops.append((node, marks))
+            node = node.for_get_body()
+        else:
+            mark = of_ast(node)
+            assert mark is not None
+            marks = (*marks, mark)
+            node = node.mark_get_node()
+    found = p.reduction_at(node)
+    if found is None:
+        return None
+    source, values = found
+    add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
+    if add is None:
+        return None
+    headers = [p.loop_header(loop) for loop, _ in loops]
+    iterators = [h.iterator for h in headers]
+    target = " ".join(values[v] for v in source.indices)
+    written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
+    lane = headers[-1] if any(written) and not written[-1] else None
+    body = headers[:-1] if lane else headers
+    reductions = written.index(True) if True in written else len(body)
+    block = body[reductions:]
+    if not (
+        block
+        and all(written[reductions : len(body)])
+        and len(block) + (lane is not None) == len(sizes)
+        and (reductions > 0 or lane is not None)
+        and all(h.inc == "1" for h in headers[reductions:])
+    ):
+        return None
+    outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
+    if any(outer.search(f"{h.init} {h.cond}") for h in block):
+        return None
+    unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
+    if lane is None:  # the last block loop is the vector loop
+        here = loop_marks(loops[-1][1], loop_depth(loops[-1][0]))
+        unrolled[-1] = p.pragmas(here, innermost=True, unroll=1)
+    plan = _Plan(
+        parts=p.bodies.parts(source, values),
+        add=add,
+        sizes=sizes,
+        unrolled=unrolled,
+        vector=["#pragma omp simd"] if p.options.vectorize else [],
+        reductions=[
+            (p.pragmas(loop_marks(marks, loop_depth(loop)), False, 1), h.text)
+            for (loop, marks), h in zip(loops, headers[:reductions], strict=False)
+        ],
+    )
+    return plan, block, lane, outer
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a register block prints, whatever its loops' bounds."""
@@ -111,7 +124,7 @@ class _Plan:
 
 
 def _print_block(
-    p: _Printer, plan: _Plan, depth: int, block: list[Header], lane: Header | None
+    p: Printer, plan: _Plan, depth: int, block: list[Header], lane: Header | None
 ) -> None:
     """The block of outputs loaded (or, with lanes, started at the identity), updated
     across the reduction loops, and stored, with `block` and `lane` as its loops."""
@@ -148,7 +161,7 @@ def _print_block(
     p.emit(depth, "}")
 
 
-def _nest(p: _Printer, depth: int, levels: list[tuple[list[str], str]], body: list[str]) -> None:
+def _nest(p: Printer, depth: int, levels: list[tuple[list[str], str]], body: list[str]) -> None:
     """Loops (their pragmas and headers, outermost first) around `body`."""
     for k, (pragmas, header) in enumerate(levels):
         for pragma in pragmas:

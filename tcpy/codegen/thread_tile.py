@@ -8,18 +8,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import islpy as isl
 
 from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import StatementParts
-from tcpy.codegen.loops import FOR, IF, SHARED_MARK, Header
-from tcpy.codegen.naming import tensor_name
-from tcpy.mapping.gpu import Kernel
-
-if TYPE_CHECKING:
-    from tcpy.codegen.cuda import _CudaPrinter
+from tcpy.codegen.loops import FOR, IF, Header
+from tcpy.codegen.printer import Printer
+from tcpy.mapping.gpu import MappedKernel
+from tcpy.mapping.marks import Mark, Shared, of_ast
+from tcpy.naming import tensor_name
 
 MAX_THREAD_TILE = 64
 """The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
@@ -45,9 +43,30 @@ class ThreadTile:
     parts: StatementParts
 
 
-def strided_loop(loop: Header, kernel: Kernel | None) -> Strided | None:
+@dataclass
+class Held:
+    """A register tile held across loops enclosing its reduction nest, being printed:
+    those loops' indices, and the tile once its nest is found."""
+
+    iterators: list[str]
+    tile: ThreadTile | None = None
+
+
+@dataclass
+class ThreadPrinter(Printer):
+    """A printer of the code each GPU thread runs (`tcpy.codegen.cuda.CudaPrinter` is
+    one): the kernel it belongs to, the reduction the thread shares with other lanes
+    while one is printed, and the register tile held across loops while a `private`
+    mark's code is printed."""
+
+    kernel: MappedKernel | None = None
+    lane_parts: StatementParts | None = None  # inside a partial reduction: what it reduces
+    held: Held | None = None  # under a `private` mark: the register tile held there
+
+
+def strided_loop(loop: Header, kernel: MappedKernel | None) -> Strided | None:
     """`loop` as a loop strided by the block, when it is one of constant bounds, or
-    as a thread's run of adjacent values in a kernel that has them (`Kernel.runs`:
+    as a thread's run of adjacent values in a kernel that has them (`MappedKernel.runs`:
     `c = 2 * threadIdx.x; c <= 2 * threadIdx.x + 1`, `_run_loop`)."""
     if kernel is not None and kernel.runs > 1 and "threadIdx.x" in loop.init:
         return _run_loop(loop, kernel.runs)
@@ -127,13 +146,13 @@ _VECTOR_ELEMENTS = ("float", "int")
 
 
 def run_of(tile: ThreadTile) -> Strided | None:
-    """The thread's run of adjacent outputs (`Kernel.runs`), when it is the tile's
+    """The thread's run of adjacent outputs (`MappedKernel.runs`), when it is the tile's
     innermost loop and whole: each output's element then follows the one before."""
     last = tile.strided[-1]
     return last if last.step == 1 and last.trips in (2, 4) and last.whole else None
 
 
-def _array_type(printer: _CudaPrinter, array: str) -> str | None:
+def _array_type(printer: ThreadPrinter, array: str) -> str | None:
     """The C type of the elements of `array`: a tensor's, or that of a copy of one."""
     for t in printer.scop.cdef.tensors:
         copy = printer.bodies.copies.get(t.name)
@@ -143,7 +162,7 @@ def _array_type(printer: _CudaPrinter, array: str) -> str | None:
 
 
 def _run_access(
-    printer: _CudaPrinter, run: Strided, access: str, at: int
+    printer: ThreadPrinter, run: Strided, access: str, at: int
 ) -> tuple[str, str, str] | None:
     """For the load or store `access` of one element of a run (its index changing with
     `run`'s loop only), declares `tc_a`, the element's index at the run's first value,
@@ -171,7 +190,7 @@ def _run_access(
     return vector, f"{adjacent} && {aligned}", f"{moved}({vector}, {array}, tc_a)"
 
 
-def _read_runs(printer: _CudaPrinter, run: Strided, reads: list[str], at: int) -> None:
+def _read_runs(printer: ThreadPrinter, run: Strided, reads: list[str], at: int) -> None:
     """Declares `tc_r<k>`, the values of each read of `reads` along the thread's run:
     one vector load where they are adjacent and aligned, else one load each."""
     lanes = "xyzw"[: run.trips]
@@ -240,7 +259,7 @@ def _top_level_terms(text: str) -> list[str] | None:
     return out
 
 
-def find_thread_tile(printer: _CudaPrinter, node: isl.AstNode) -> ThreadTile | None:
+def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode) -> ThreadTile | None:
     """The outputs a thread computes one after another, to be kept in registers
     across their reduction instead (`use_private_memory`): a perfect nest of loops
     strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
@@ -289,7 +308,7 @@ def find_thread_tile(printer: _CudaPrinter, node: isl.AstNode) -> ThreadTile | N
 
 
 def print_thread_tile(
-    printer: _CudaPrinter, tile: ThreadTile, depth: int, held: bool = False
+    printer: ThreadPrinter, tile: ThreadTile, depth: int, held: bool = False
 ) -> None:
     """`tile`'s outputs in a register array across the reduction loops: loaded
     before them, each step combining every one of them (unrolled: the
@@ -335,7 +354,7 @@ def _store(tile: ThreadTile) -> str:
     return f"{tile.parts.target} = {tile.parts.store('tc_acc[tc_j]')};"
 
 
-def each_output(printer: _CudaPrinter, tile: ThreadTile, line: str, at: int) -> None:
+def each_output(printer: ThreadPrinter, tile: ThreadTile, line: str, at: int) -> None:
     """`line` for each output `tc_j` of the thread's tile, its strided loops' indices
     declared (an unrolled loop)."""
     printer.emit(at, "#pragma unroll")
@@ -349,7 +368,7 @@ def each_output(printer: _CudaPrinter, tile: ThreadTile, line: str, at: int) -> 
 
 
 def _declare(
-    printer: _CudaPrinter, strided: tuple[Strided, ...], j: str, inner: int, at: int
+    printer: ThreadPrinter, strided: tuple[Strided, ...], j: str, inner: int, at: int
 ) -> None:
     """The indices of `strided` loops at output `j` of a tile (the last varying
     fastest, after `inner` outputs of loops inside them)."""
@@ -363,7 +382,7 @@ def _declare(
         inner *= s.trips
 
 
-def move_outputs(printer: _CudaPrinter, tile: ThreadTile, at: int, store: bool) -> None:
+def move_outputs(printer: ThreadPrinter, tile: ThreadTile, at: int, store: bool) -> None:
     """Loads every output of `tile` into `tc_acc` (or, with `store`, stores them): a
     run of the thread's (`run_of`) at a time as one vector where its elements are
     adjacent and aligned, else one at a time."""
@@ -400,16 +419,7 @@ def move_outputs(printer: _CudaPrinter, tile: ThreadTile, at: int, store: bool) 
     printer.emit(at, "}")
 
 
-@dataclass
-class Held:
-    """A register tile held across loops enclosing its reduction nest, being printed:
-    those loops' indices, and the tile once its nest is found."""
-
-    iterators: list[str]
-    tile: ThreadTile | None = None
-
-
-def holds(printer: _CudaPrinter, node: isl.AstNode) -> bool:
+def holds(printer: ThreadPrinter, node: isl.AstNode) -> bool:
     """Whether the code under a `private` mark is one chain, each node with one
     child, of loops, shared-memory copies and guards without an else, down to a
     loop strided by the block: a thread tile found there then is the only code
@@ -421,7 +431,7 @@ def holds(printer: _CudaPrinter, node: isl.AstNode) -> bool:
                 return True
             node = node.for_get_body()
         elif kind == isl.ast_node_type.mark:
-            if not node.mark_get_id().get_name().startswith(f"{SHARED_MARK}:"):
+            if not isinstance(of_ast(node), Shared):
                 return False
             node = node.mark_get_node()
         elif kind == IF and not node.if_has_else_node():
@@ -444,9 +454,9 @@ def may_hold(held: Held, tile: ThreadTile) -> bool:
 
 
 def print_held_tile(
-    printer: _CudaPrinter, inner: isl.AstNode, depth: int, marks: tuple[str, ...]
+    printer: ThreadPrinter, inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
 ) -> None:
-    """The code under a `private` mark (`tcpy.mapping.placement`): when it is one chain of
+    """The code under a `private` mark (`tcpy.mapping.gpu.placement`): when it is one chain of
     loops (a reduction's tile loops, around its copies into shared memory) down to a
     thread tile (`holds`), the tile's register array is declared here, loaded where
     the tile's nest first runs, kept across the chain's loops and stored after them,

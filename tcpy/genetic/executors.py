@@ -2,8 +2,9 @@
 
 An executor takes a batch of candidates (options as JSON) and gives back a `Trial` for
 each: its time, or how it failed, and the device it ran on. Both executors run every
-task of tcpy in a `tcpy.sandbox` worker process, never in a process that matters: a
-segfault or a hang costs that worker, and the candidate is a `CRASH` or a `HANG`.
+task of tcpy (`tcpy.genetic.tasks`) in a `tcpy.sandbox` worker process, never in a
+process that matters: a segfault or a hang costs that worker, and the candidate is a
+`CRASH` or a `HANG`.
 
 `LocalExecutor` (the default, `TunerConfig(executor=None)`): the batch compiles and is
 checked on `workers` processes at once (`run_tasks`), then the valid candidates are
@@ -52,28 +53,19 @@ from pathlib import Path
 from typing import Any
 
 from tcpy.errors import TCError
-from tcpy.genetic import evaluate
-from tcpy.genetic.evaluate import (
+from tcpy.genetic.tasks import (
     Problem,
+    Trial,
+    compile_and_check,
+    device_of,
+    faulty,
     side_by_side_held,
     time_candidate,
     time_held,
     time_side_by_side,
     timing_lock,
 )
-from tcpy.sandbox import Failure, Outcome, Sandbox, run_tasks
-
-
-@dataclass(frozen=True)
-class Trial:
-    """What became of one candidate: `time_s` when it was valid and timed, else the
-    `failure`; `device` is what it ran on (empty when it failed before that was
-    known)."""
-
-    time_s: float | None
-    failure: Failure | None = None
-    detail: str = ""
-    device: str = ""
+from tcpy.sandbox import Outcome, Sandbox, run_tasks
 
 
 def _trial(outcome: Outcome, device: str) -> Trial:
@@ -88,16 +80,8 @@ def check_task(
     """The compile-and-check task of a candidate: the fault-injecting one when the test
     hook is set, which it then carries as an argument (workers are other processes)."""
     if faults:
-        return evaluate._faulty, (problem, options_json, faults)
-    return evaluate.compile_and_check, (problem, options_json)
-
-
-def device_of(target: str) -> str:
-    """The device of `target` on the machine this runs on (run in a sandbox: on cuda
-    asking initialises the driver)."""
-    import tcpy
-
-    return str(tcpy.ExecutionEngine(target).device())
+        return faulty, (problem, options_json, faults)
+    return compile_and_check, (problem, options_json)
 
 
 class Executor(abc.ABC):
@@ -110,7 +94,7 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def side_by_side(self, jsons: list[str], rounds: int) -> list[float] | None:
         """Candidates measured before, timed again together on one device
-        (`evaluate.time_side_by_side`); None when that failed."""
+        (`tasks.time_side_by_side`); None when that failed."""
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -178,7 +162,7 @@ class LocalExecutor(Executor):
     def device(self) -> str:
         """This machine's device, asked once of the timing sandbox."""
         if self._device is None:
-            outcome = self._timer.run(device_of, (self.problem.target,), self.config.timeout_s)
+            outcome = self._timer.run(device_of, (self.problem,), self.config.timeout_s)
             self._device = str(outcome.value) if outcome.failure is None else "unknown"
         return self._device
 
@@ -350,7 +334,7 @@ def evaluate_on_worker(job: _Job, data: bytes, options_json: str, best_s: float)
     state = _worker_session(job.session)
     problem = dataclasses.replace(job.problem, data=str(state.data(job.data_sha, data)))
     with state.sandbox() as box:
-        device = _device(state, box, problem.target, job.timeout_s)
+        device = _device(state, box, problem, job.timeout_s)
         fn, args = check_task(problem, options_json, job.faults)
         with timing_lock(exclusive=False):
             checked = box.run(fn, args, timeout=job.timeout_s)
@@ -382,9 +366,9 @@ def side_by_side_on_worker(
     return None if timed.failure is not None else list(timed.value)
 
 
-def _device(state: _WorkerSession, box: Sandbox, target: str, timeout_s: float) -> str:
+def _device(state: _WorkerSession, box: Sandbox, problem: Problem, timeout_s: float) -> str:
     """The worker's device, asked once per session of a sandbox."""
     if state.device is None:
-        outcome = box.run(device_of, (target,), timeout=timeout_s)
+        outcome = box.run(device_of, (problem,), timeout=timeout_s)
         state.device = str(outcome.value) if outcome.failure is None else "unknown"
     return state.device

@@ -12,15 +12,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tcpy.errors import TCError
 
-if TYPE_CHECKING:
-    from tcpy.genetic.tuner import TuneResult
+
+class Plotted(Protocol):
+    """What the plot reads of a tuning session's result: a `tcpy.genetic.tuner.TuneResult`,
+    described by its fields here because the tuner imports this module."""
+
+    entry: str
+    target: str
+    device: str
+    time_s: float
+    baseline_s: float
+    history: list[dict[str, Any]]
+
+    @property
+    def speedup(self) -> float: ...
 
 
-def convergence(result: TuneResult, path: Path) -> None:
+def convergence(result: Plotted, path: Path) -> None:
     """Draw `result`'s convergence to `path` (the format follows its suffix: .png,
     .svg, .pdf)."""
     figure = _figure()
@@ -46,7 +58,7 @@ def _figure() -> Any:
     return figure
 
 
-def _draw(axes: Any, result: TuneResult) -> None:
+def _draw(axes: Any, result: Plotted) -> None:
     trials = [h["trials"] for h in result.history]
     best = [_ms(h.get("best_s")) for h in result.history]
     median = [_ms(h.get("median_s")) for h in result.history]

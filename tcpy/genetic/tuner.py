@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tcpy.errors import TCError
+from tcpy.genetic.plot import convergence
 from tcpy.mapping.options import MappingOptions
 
 if TYPE_CHECKING:
@@ -119,8 +120,6 @@ class TuneResult:
     def plot(self, path: str | Path) -> None:
         """The convergence plot: best-so-far and each generation's median against the
         trials, and the starting options' time as a line (needs matplotlib)."""
-        from tcpy.genetic.plot import convergence
-
         convergence(self, Path(path))
 
 
@@ -141,16 +140,22 @@ def tune(
     inputs: tuple[Any, ...],
     config: TunerConfig | None = None,
     starting_options: MappingOptions | None = None,
+    *,
+    engine_class: Callable[[str], Any],
 ) -> TuneResult:
     """Tune `entry` of `engine` for the shapes and dtypes of `inputs` (which are also
-    the inputs every candidate is checked and timed on); store and return the best."""
+    the inputs every candidate is checked and timed on); store and return the best.
+    `engine_class` (`tcpy.ExecutionEngine`, which `ExecutionEngine.tune` hands in: the
+    engine imports the tuner, never the reverse) makes the engines of the reference
+    outputs here and of the candidates in worker processes."""
     import time
 
     from tcpy.binding import bind
-    from tcpy.genetic.evaluate import Evaluator, save_problem
+    from tcpy.genetic.evaluate import Evaluator
     from tcpy.genetic.progress import Reporter
     from tcpy.genetic.search import search
     from tcpy.genetic.space import build_space
+    from tcpy.genetic.tasks import save_problem
     from tcpy.parser.printer import canonical
 
     config = config or TunerConfig()
@@ -166,11 +171,13 @@ def tune(
     # the user's options (or the preset), and what earlier sessions found for these
     # shapes or the nearest ones: the session returns nothing slower than these
     starts = [starting_options or preset, *engine.tuned_starting_points(entry, *inputs)]
-    want = _reference_outputs(cdef.source, entry, inputs)
+    want = _reference_outputs(engine_class, cdef.source, entry, inputs)
     space = build_space(cdef, binding.sizes, engine.target, preset)
     scratch = Path(tempfile.mkdtemp(prefix="tcpy-tune-"))
     try:
-        problem = save_problem(scratch, cdef.source, entry, engine.target, inputs, want)
+        problem = save_problem(
+            scratch, cdef.source, entry, engine.target, inputs, want, engine_class
+        )
         evaluator = Evaluator(problem, config, scratch / "cache", _bugs_dir())
         try:
             with Reporter(entry, config) as reporter:
@@ -233,12 +240,12 @@ def _best_start(found: SearchResult, starts: list[MappingOptions]) -> MappingOpt
     return min(times, key=times.__getitem__) if times else None
 
 
-def _reference_outputs(source: str, entry: str, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+def _reference_outputs(
+    engine_class: Callable[[str], Any], source: str, entry: str, inputs: tuple[Any, ...]
+) -> tuple[Any, ...]:
     import warnings
 
-    import tcpy
-
-    ref = tcpy.ExecutionEngine("reference")
+    ref = engine_class("reference")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref.define(source)

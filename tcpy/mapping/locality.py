@@ -9,7 +9,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.parser import ast
-from tcpy.parser.ranges import Linear, linear_form
+from tcpy.parser.linear import Linear, linear_form
 from tcpy.parser.symbolic import Sym
 from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop

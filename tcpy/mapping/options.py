@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tcpy.errors import TCMappingError
+from tcpy.errors import TCMappingError, TCWarning, warn
 
 
 class Fusion(enum.Enum):
@@ -87,10 +87,11 @@ class MappingOptions:
     """Fusion strategy of the isl scheduler for the whole kernel."""
     intra_tile_schedule_fusion: Fusion = dataclasses.field(
         default=Fusion.PRESERVE3_COINCIDENT,
-        metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_FUSIONS),
+        metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_FUSIONS),
     )
-    """Fusion inside a tile: MIN distributes the point loops of the fused statements,
-    one point-loop nest per statement under the shared tile loops."""
+    """Fusion inside a tile (`cpu`): MIN distributes the point loops of the fused
+    statements, one point-loop nest per statement under the shared tile loops. The
+    GPU mapping chooses the point loops of a tile itself."""
     allow_skewing: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, CPU_AND_CUDA, *_BOOLS)
     )
@@ -116,8 +117,6 @@ class MappingOptions:
     """Tile sizes of the outermost permutable band, member by member; 0 (or a missing
     entry) leaves that loop untiled, so (0,) asks for no tiling at all. Empty: the
     target chooses (the CPU mapping picks sizes from the loop extents)."""
-    tile_imperfectly_nested: bool = False
-    """Also tile a band whose loops do not all enclose every statement (not yet used)."""
     unroll: int = dataclasses.field(default=1, metadata=_tuned(TuningKind.POWERS, CPU_AND_CUDA, 64))
     """Unroll factor requested for the innermost loops (1: no unrolling). The code
     generators lower it, to a power of two, for a loop whose body is large
@@ -163,7 +162,7 @@ class MappingOptions:
     """Spread a reduction over the lanes of a warp (partial results in registers,
     combined with shuffles) when it, and no parallel loop, reads its operands with
     unit stride: a softmax's row maximum, an MLP's dot products; and run a nest fused
-    over rows as a row kernel, one warp per row (`tcpy.mapping.rows`). Needs the tiles
+    over rows as a row kernel, one warp per row (`tcpy.mapping.gpu.rows`). Needs the tiles
     and the block's x (a warp) left to the mapping."""
     split_reductions: bool = dataclasses.field(
         default=True, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
@@ -177,7 +176,7 @@ class MappingOptions:
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
     """Copy the tiles of the operands a block reuses into shared memory, once per tile
-    of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.shared.shared_tensors`)."""
+    of the reduction (`tcpy.mapping.gpu`, `tcpy.mapping.gpu.shared.shared_tensors`)."""
     use_private_memory: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -217,8 +216,6 @@ class MappingOptions:
     across the reduction's tile loops below it. 0 (the default): the grid's members,
     so each output is loaded and stored once; the band's size or more: inside each
     tile of the reduction (loaded and stored once per tile)."""
-    match_library_calls: bool = False
-    """Replace recognised operations by library calls (reserved)."""
 
     # --- CPU mapping ------------------------------------------------------------------
     parallel: bool = dataclasses.field(
@@ -234,7 +231,7 @@ class MappingOptions:
     run time its rows start on one, element by element elsewhere; and where a thread
     computes 2 or 4 outputs along x (`register_tile`, `use_private_memory`), make
     them adjacent, loaded, stored and read from shared memory as one `float2` or
-    `float4` where the accesses allow (`tcpy.mapping.placement.thread_runs`)."""
+    `float4` where the accesses allow (`tcpy.mapping.gpu.placement.thread_runs`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The
@@ -260,7 +257,11 @@ class MappingOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MappingOptions:
+        """Options from their JSON form (`to_dict`). A field tcpy no longer has
+        (`REMOVED`), which an old options file, a stored tuning record or a fuzz
+        replay may name, is ignored with a `TCWarning`."""
         names = {f.name: f for f in dataclasses.fields(cls)}
+        data = _without_removed(data)
         _check_names(data)
         values: dict[str, Any] = {}
         for name, value in data.items():
@@ -296,6 +297,7 @@ class MappingOptions:
         return data
 
     def replace(self, **changes: Any) -> MappingOptions:
+        changes = _without_removed(changes)
         _check_names(changes)
         return dataclasses.replace(self, **changes)
 
@@ -370,7 +372,7 @@ class MappingOptions:
         sequential in each thread, their reused operands' tiles in shared memory
         (`tcpy.mapping.gpu`). The CUDA targets' defaults add `Max` outer fusion for
         pipelines without a contraction, which then run as row kernels
-        (`tcpy.mapping.gpu.cuda_defaults`, `tcpy.mapping.rows`)."""
+        (`tcpy.mapping.gpu.cuda_defaults`, `tcpy.mapping.gpu.rows`)."""
         return cls(
             outer_schedule_fusion=Fusion.MIN,
             fix_parameters_before_scheduling=True,
@@ -407,6 +409,20 @@ class MappingOptions:
         return made
 
 
+REMOVED = {
+    "tile_imperfectly_nested": "no mapping ever tiled a band its loops do not all enclose",
+    "match_library_calls": "no target replaces operations by library calls",
+}
+"""Fields of earlier versions that nothing read, with why they went."""
+
+
+def _without_removed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` less the fields tcpy no longer has, each dropped with a `TCWarning`."""
+    for name in sorted(set(data) & set(REMOVED)):
+        warn(TCWarning(f"mapping option {name!r} no longer exists ({REMOVED[name]}); ignored"))
+    return {k: v for k, v in data.items() if k not in REMOVED}
+
+
 def _check_names(names: Iterable[str]) -> None:
     """A `TCMappingError` for names that are not fields, with the field each is
     closest to (`tiel`: did you mean 'tile'?)."""
@@ -435,9 +451,8 @@ def _validate(o: MappingOptions) -> None:
         if not isinstance(getattr(o, name), Fusion):
             fail(f"{name} must be a Fusion, not {getattr(o, name)!r}")
     for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
-                 "tile_imperfectly_nested", "use_shared_memory", "use_private_memory",
-                 "unroll_copy_shared", "use_readonly_cache", "match_library_calls",
-                 "reduce_across_threads", "split_reductions",
+                 "use_shared_memory", "use_private_memory", "unroll_copy_shared",
+                 "use_readonly_cache", "reduce_across_threads", "split_reductions",
                  "parallel", "vectorize"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")

@@ -137,3 +137,20 @@ class CheckedDef:
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:
         return self.inputs + self.outputs + self.temporaries
+
+
+def contraction(st: CheckedStatement) -> bool:
+    """A reduction that combines two or more tensors read along its reduction indices."""
+    if st.op.reduction is None:
+        return False
+    along = {
+        node.tensor
+        for node in ast.walk(st.rhs)
+        if isinstance(node, ast.Access)
+        and any(
+            isinstance(i, ast.Index) and i.name in st.reduction_indices
+            for a in node.args
+            for i in ast.walk(a)
+        )
+    }
+    return len(along) > 1

@@ -14,12 +14,12 @@ import contextvars
 import functools
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tcpy.errors import Span, TCError
 from tcpy.parser import ast
-from tcpy.parser.ranges import Linear, linear_form
+from tcpy.parser.linear import Linear, linear_form
 from tcpy.parser.symbolic import Sym
 
 # Set while a fix is re-checked, so that checking it builds no fixes of its own.
@@ -68,6 +68,7 @@ class StatementSource:
     source: str
     def_span: Span
     statement: ast.Statement
+    check: Callable[[str], object]  # the whole front end, to re-check a fixed def with
     sizes: tuple[str, ...] = ()  # the def's sizes, to show a range in
     resolved: tuple[ast.Expr, ...] = ()  # the right-hand side, then the exists clauses
 
@@ -82,8 +83,6 @@ class StatementSource:
         """Whether the def, with this statement written as `new`, checks up to and
         including the statement (a later statement may still be wrong on its own); with
         `region` (offsets in `new`), whether no error is found there."""
-        from tcpy.parser import check_source  # the whole front end, to re-check with
-
         src, st = self.source, self.statement.span
         first, last = offset(src, self.def_span.line, self.def_span.column), _end(src, st)
         begin = offset(src, st.line, st.column)
@@ -95,7 +94,7 @@ class StatementSource:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                check_source(program)
+                self.check(program)
         except TCError as e:
             if e.span is None:
                 return False

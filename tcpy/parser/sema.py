@@ -23,6 +23,7 @@ from tcpy.errors import Span, TCSemanticError, TCTypeError, TCWarning, warn
 from tcpy.parser import ast, fixes
 from tcpy.parser.builtins import BUILTINS
 from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
+from tcpy.parser.parse import check_depth, parse
 from tcpy.parser.ranges import StatementShape, infer_ranges, sym_of_bound
 from tcpy.parser.symbolic import Sym
 from tcpy.types import ScalarType, assignable, builtin_result, promote
@@ -163,7 +164,7 @@ class _DefChecker:
     # --- statements ---------------------------------------------------------------
 
     def statement(self, st: ast.Statement) -> CheckedStatement:
-        self.here = fixes.StatementSource(self.source, self.d.span, st, tuple(self.sizes))
+        self.here = fixes.StatementSource(self.source, self.d.span, st, _recheck, tuple(self.sizes))
         lhs = self.lhs_tensor(st)
         self.check_lhs_indices(st, lhs)
         fixed, lets, exists = self.where_clauses(st)
@@ -537,6 +538,14 @@ def _require_number(e: ast.Expr, what: str) -> None:
 
 def _accesses(e: ast.Expr) -> Iterator[ast.Access]:
     return (n for n in ast.walk(e) if isinstance(n, ast.Access))
+
+
+def _recheck(source: str) -> object:
+    """The front end on `source`, as `check_source` runs it: a suggested fix is given
+    only when the fixed def passes it."""
+    program = parse(source)
+    check_depth(program)
+    return check_program(program)
 
 
 def _names(e: ast.Expr) -> Iterator[tuple[str, Span]]:

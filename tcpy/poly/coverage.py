@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.naming import tensor_name
+from tcpy.naming import tensor_name
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedStatement, TensorInfo
 from tcpy.poly.isl_helpers import read_set, sym_str

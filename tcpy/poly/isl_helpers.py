@@ -2,7 +2,7 @@
 
 Objects are built from isl's own notation (readable, and parsed by isl itself) with
 dimensions and parameters named after the TC program, under the internal names of
-`tcpy.codegen.naming` (so that no TC name can be read as an isl keyword); they are compared with
+`tcpy.naming` (so that no TC name can be read as an isl keyword); they are compared with
 `is_equal`, never through their printed form. Each compilation owns one
 `isl.Context`, with its operation budget and scheduler options set once.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import islpy as isl
 
-from tcpy.codegen.naming import size_name
 from tcpy.errors import TCCompileError
+from tcpy.naming import size_name
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 
 MAX_OPERATIONS = 20_000_000

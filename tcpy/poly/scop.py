@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.naming import index_name, size_name, tensor_name
+from tcpy.naming import index_name, size_name, tensor_name
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
-from tcpy.parser.ranges import Linear, linear_form
+from tcpy.parser.linear import Linear, linear_form
 from tcpy.poly.isl_helpers import (
     isl_errors,
     linear_text,

@@ -183,11 +183,6 @@ def permute_band(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     return node
 
 
-def insert_mark(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
-    """Insert a mark above `node`; returns the node below the mark."""
-    return node.insert_mark(isl.Id(name, context=node.get_ctx())).child(0)
-
-
 def merge_child_bands(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
     """Merge into a band the bands directly below it (isl often splits a reduction's
     loops into a band per loop) as long as the combination stays permutable: every

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from tcpy.binding import Binding
 from tcpy.errors import TCInputError
 from tcpy.parser import ast
-from tcpy.parser.checked import CheckedDef, CheckedStatement, Role
+from tcpy.parser.checked import CheckedDef, CheckedStatement, Role, TensorInfo
 from tcpy.reference.builtins import IMPLEMENTATIONS
 from tcpy.types import ScalarType, promote
 
@@ -42,7 +42,23 @@ _UFUNCS = {
 }
 
 
-def run(cdef: CheckedDef, binding: Binding) -> tuple[np.ndarray, ...]:
+class Call(Protocol):
+    """What a call gives the interpreter (`tcpy.binding.Binding` is one): its inputs
+    in host memory, the values of the sizes, each tensor's shape and each statement's
+    index ranges at those sizes, all checked."""
+
+    @property
+    def host_arrays(self) -> Sequence[np.ndarray]: ...
+
+    @property
+    def sizes(self) -> Mapping[str, int]: ...
+
+    def shape_of(self, info: TensorInfo) -> tuple[int, ...]: ...
+
+    def ranges(self, st: CheckedStatement) -> Mapping[str, tuple[int, int]]: ...
+
+
+def run(cdef: CheckedDef, binding: Call) -> tuple[np.ndarray, ...]:
     """Evaluate `cdef` on checked inputs; returns the outputs in declaration order."""
     tensors: dict[str, np.ndarray] = {
         info.name: array for info, array in zip(cdef.inputs, binding.host_arrays, strict=True)
@@ -60,7 +76,7 @@ class _Statement:
     st: CheckedStatement
     tensors: dict[str, np.ndarray]
     sizes: Mapping[str, int]
-    ranges: dict[str, tuple[int, int]]
+    ranges: Mapping[str, tuple[int, int]]
 
     def execute(self) -> None:
         st = self.st

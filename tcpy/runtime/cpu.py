@@ -29,7 +29,7 @@ import numpy as np
 from tcpy import knobs
 from tcpy.codegen.c import CONSERVATIVE_MACRO, KERNEL_SYMBOL
 from tcpy.errors import TCCompileError, TCLaunchError, TCWarning
-from tcpy.mapping.registers import DEFAULT_VECTOR_BYTES
+from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES
 from tcpy.runtime import toolchain
 from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status

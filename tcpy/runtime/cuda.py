@@ -44,7 +44,7 @@ import numpy as np
 
 from tcpy import knobs
 from tcpy.errors import TCError, TCInputError, TCLaunchError
-from tcpy.mapping.device import DeviceProfile
+from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.runtime.pool import POOL_IDLE_BYTES, DevicePool, pool
 from tcpy.runtime.status import check_status
 from tcpy.runtime.streams import DEFAULT, LibcudaEvents

@@ -1,28 +1,15 @@
-"""The status codes compiled kernels report, as the errors they become.
-
-A compiled kernel only knows that a fault happened, not where: `explained` finds
-where by running the call on the reference interpreter, which names the tensor, the
-index values and the statement, as the `reference` target's errors do."""
+"""The status words compiled kernels report (`tcpy.codegen.status`), as the errors
+they become. A compiled kernel only knows that a fault happened, not where:
+`tcpy.compiled` asks the reference interpreter where (`explained`)."""
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
-from tcpy.errors import TCError, TCInputError, TCLaunchError
-
-if TYPE_CHECKING:
-    from tcpy.binding import Binding
-    from tcpy.parser import CheckedDef
-
-# The status word a kernel sets (0: all went well), shared with the code generators.
-STATUS_DIVISION_BY_ZERO = 1
-STATUS_INDEX_OUT_OF_RANGE = 2
-STATUS_OUT_OF_MEMORY = 3  # the buffers of packed tiles could not be allocated
-
-# The most statement instances `explained` interprets (a few seconds of NumPy at most);
-# a larger call keeps the kernel's own message.
-EXPLAIN_POINTS = 1 << 26
+from tcpy.codegen.status import (
+    STATUS_DIVISION_BY_ZERO,
+    STATUS_INDEX_OUT_OF_RANGE,
+    STATUS_OUT_OF_MEMORY,
+)
+from tcpy.errors import TCInputError, TCLaunchError
 
 
 class KernelFault(TCInputError):
@@ -44,22 +31,3 @@ def check_status(status: int) -> None:
         )
     if status != 0:
         raise TCLaunchError(f"the kernel returned the unknown status {status}")
-
-
-def explained(cdef: CheckedDef, binding: Binding, fault: KernelFault) -> TCError:
-    """The error the reference interpreter raises on the call that made a compiled
-    kernel fault; the fault itself, with a hint, when the inputs are in GPU memory, the
-    call is too large to interpret quickly, or the interpreter finds nothing."""
-    from tcpy.binding import DeviceInput
-    from tcpy.reference import interpreter
-
-    points = sum(
-        math.prod(max(hi - lo, 0) for lo, hi in binding.ranges(st).values())
-        for st in cdef.statements
-    )
-    if points <= EXPLAIN_POINTS and not any(isinstance(a, DeviceInput) for a in binding.arrays):
-        try:
-            interpreter.run(cdef, binding)
-        except TCError as e:
-            return e
-    return KernelFault(f"{fault}; the reference target names the index values")

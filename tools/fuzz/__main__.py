@@ -15,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from tcpy.sandbox import Replay, replay
+from tcpy.fuzz_tasks import replay
+from tcpy.sandbox import Replay
 from tools.fuzz.run import RUN_TIMEOUT, WORKER_ENV, fuzz, fuzz_frontend, shrink_file
 
 

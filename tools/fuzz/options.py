@@ -1,10 +1,8 @@
 """Random valid `MappingOptions`, over every field.
 
-Valid means accepted by `MappingOptions`' own validation and by the target: the CUDA
-targets refuse private memory promotion for now (`tcpy.mapping.gpu.check_options`),
-so it stays off; `unroll` stays below gcc's limit for `#pragma GCC
-unroll` (65535). A field this module does not know raises, so that a new option is
-noticed here instead of silently never being fuzzed.
+Valid means accepted by `MappingOptions`' own validation (`unroll` stays below gcc's
+limit for `#pragma GCC unroll`, 65535). A field this module does not know raises, so
+that a new option is noticed here instead of silently never being fuzzed.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ from typing import Any
 
 from tcpy import Fusion, MappingOptions, TCMappingError
 
-# Options the targets refuse today; sampling them would only test the refusal.
-REFUSED = {"use_private_memory": False}
+# Options the targets refuse today (none); sampling them would only test the refusal.
+REFUSED: dict[str, object] = {}
 
 
 def _fusion(rng: random.Random) -> Fusion:
@@ -78,7 +76,6 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "positive_orthant": _flag,
     "fix_parameters_before_scheduling": _flag,
     "tile": _tile,
-    "tile_imperfectly_nested": _flag,
     "unroll": _unroll,
     "interchange": _interchange,
     "register_tile": _register_tile,
@@ -88,12 +85,12 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),
     "use_readonly_cache": _flag,
     "use_shared_memory": _flag,
+    "use_private_memory": _flag,
     "unroll_copy_shared": _flag,
     "reduce_across_threads": _flag,
     "split_reductions": _flag,
     "shared_depth": lambda rng: rng.randint(0, 3),
     "private_depth": lambda rng: rng.randint(0, 3),
-    "match_library_calls": _flag,
     "parallel": _flag,
     "vectorize": _flag,
     "threads": lambda rng: rng.randint(0, 4),

@@ -8,7 +8,7 @@ and how large any value can get. Every value must stay an integer of magnitude b
 of + - * min max (any tiling, fusion, vectorisation, reduction order) gives the same
 bits, so outputs can be compared with exact equality.
 
-The range analysis mirrors TC_LANGUAGE.md's range inference on concrete numbers: where
+The range analysis mirrors the range inference of docs/language.md on concrete numbers: where
 clauses first, then rounds in which each unsolved variable takes the intersection of the
 conditions `0 <= subscript < extent` in which every other variable is solved.
 """

@@ -23,15 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tcpy.sandbox import (
-    Failure,
-    Outcome,
-    Replay,
-    Sandbox,
-    define_only,
-    replay_task,
-    run_tasks,
-)
+from tcpy.fuzz_tasks import define_only, replay_task
+from tcpy.sandbox import Failure, Outcome, Replay, Sandbox, run_tasks
 from tools.fuzz.generate import generate
 from tools.fuzz.mutate import mutate, seed_sources, token_soup
 from tools.fuzz.options import sample_options

@@ -1,5 +1,5 @@
-"""The compile cache: keys, the on-disk store, and the private directories kernels are
-built in when there is no store.
+"""The compile cache: keys, the on-disk store of compiled kernels, and the private
+directories kernels are built in when there is no store.
 
 A key hashes everything a compiled kernel depends on: tcpy's own sources, the
 canonical text of the definition (its formatting and its def name normalised), the
@@ -22,11 +22,13 @@ written last) and renamed into place, so that readers never see half an entry.
 Last use. A lookup that returns an entry sets the modification time of its
 `meta.json` to now (failures ignored): that is the entry's last use, by which the size
 cap (`TCPY_CACHE_MAX_MB`) removes the least recently used entries after a store, and
-`tcpy cache prune --older-than` chooses (`tcpy.cache_admin`). Tuned options
+`tcpy cache prune --older-than` chooses (both in `tcpy.cache.admin`, which builds on
+this module: the cap's policy is handed to `DiskCache.open` by whoever opens a capped
+cache). Tuned options
 (`<root>/tuned/`) are a store of their own, which neither touches.
 
 Validation. Every entry is checked before use: it must be a real directory that
-passes the trust rules below, and `meta.json` must be an object with the right key
+passes the trust rules (`tcpy.cache.trust`), and `meta.json` must be an object with the right key
 and a non-empty `files` listing exactly the required names, each a regular file whose
 hash matches. Anything else (bad JSON, a list for `files`, a missing or extra name, a
 changed file, a regular file or a symlink where the entry should be) is discarded and
@@ -36,23 +38,9 @@ A discarded entry is first renamed into `tmp/`, so that a concurrent reader sees
 whole or not at all; two processes that discard and publish the same key at once may
 cost each other a rebuild, never a wrong kernel.
 
-Trust, as ssh does for its keys. Another local user must not be able to swap a kernel
-in, so a directory is trusted only if it is owned by the current (effective) user and
-not writable by group or others; root-owned directories are not trusted either, unless
-we are root.
-- The root (`TCPY_CACHE_DIR`, or the default under the user's cache directory) may be
-  the user's own directory, so its mode is never changed; a missing root is created
-  0700. It must be a directory (a symlink to one is followed) owned by us. If it is
-  also writable by others (say a scratch directory the user made 0777), it is used
-  only as a container: everything tcpy reads is in `v1/`, which must be ours and
-  private, so others can at most remove `v1/`, not replace its contents.
-- Inside the root, every directory tcpy creates or traverses (`v1`, `v1/tmp`, the
-  shards, the entries) must be a real directory (not a symlink), ours, and not
-  writable by others; tcpy creates them 0700. A bad entry is discarded and rebuilt;
-  any other bad directory makes tcpy refuse the cache.
-- Checks are repeated on every lookup and store (a few `stat` calls), so a directory
-  whose mode changes after the cache is opened is refused from then on. Between the
-  check and the use there remains the usual window of any path-based check.
+Trust. Every directory is checked by the rules of `tcpy.cache.trust` before it is
+read or written: a bad entry is discarded and rebuilt; any other bad directory makes
+tcpy refuse the cache.
 
 Unusable caches. A root that cannot be created or used (read-only home, a file in the
 way, refused by the trust rules) gives one `TCWarning` per root and process, saying
@@ -83,12 +71,12 @@ import shutil
 import stat
 import tempfile
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tcpy.errors import InternalError, TCLaunchError, TCWarning
+from tcpy.cache.trust import Refused, check_owner, check_private, private_dir, warn_once
+from tcpy.errors import InternalError, TCLaunchError
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import canonical
 
@@ -98,11 +86,15 @@ FORMAT = "v1"
 META = "meta.json"
 K = TypeVar("K")
 
+EnforceCap = Callable[["DiskCache", Path], object]
+"""Keeps a capped `DiskCache` under its `max_bytes`, given the entry just stored (which
+it keeps)."""
+
 
 @functools.cache
 def tcpy_version() -> str:
     """A hash of tcpy's own sources (Python modules and the grammar)."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # tcpy/, two levels up from tcpy/cache/
     digest = hashlib.sha256()
     for path in sorted([*root.rglob("*.py"), *root.rglob("*.lark")]):
         digest.update(str(path.relative_to(root)).encode())
@@ -134,61 +126,6 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# --- trust ------------------------------------------------------------------------------
-
-
-class Refused(Exception):
-    """A cache directory tcpy will not use: `what` happened, `fix` says how to mend it."""
-
-    def __init__(self, what: str, fix: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.fix = fix
-
-
-def _check_owner(path: Path, st: os.stat_result) -> None:
-    if not stat.S_ISDIR(st.st_mode):
-        raise Refused(f"the cache directory {path} is not a directory", f"remove {path}")
-    if st.st_uid != os.geteuid():
-        raise Refused(
-            f"the cache directory {path} is owned by another user (uid {st.st_uid})",
-            f"remove {path}, or use a directory of your own",
-        )
-
-
-def _check_private(path: Path) -> None:
-    """`path` is a real directory (not a symlink), ours, and nobody else can write it."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise Refused(f"the cache directory {path} is a symbolic link", f"remove {path}")
-    _check_owner(path, st)
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise Refused(
-            f"the cache directory {path} is writable by other users", f"chmod go-w {path}"
-        )
-
-
-def _private_dir(path: Path) -> Path:
-    """`path`, created 0700 if missing, checked private if not."""
-    try:
-        os.mkdir(path, 0o700)
-        os.chmod(path, 0o700)  # the umask may have taken the owner's bits away
-    except FileExistsError:
-        pass  # made earlier, or by someone else in a race: the check below decides
-    _check_private(path)
-    return path
-
-
-_warned: set[Path] = set()
-
-
-def _warn_once(root: Path, message: str) -> None:
-    """One warning per root and process: a long run that cannot cache says so once."""
-    if root not in _warned:
-        _warned.add(root)
-        warnings.warn(message, TCWarning, stacklevel=4)
-
-
 def _explain(root: Path, error: Exception, instead: str) -> str:
     if isinstance(error, Refused):
         what, fix = error.what, error.fix
@@ -206,27 +143,42 @@ def _explain(root: Path, error: Exception, instead: str) -> str:
 
 class DiskCache:
     """Compiled kernels on disk, shared by every process of this user that uses the same
-    root. Construct with `open`, which checks (or creates) the root."""
+    root. Construct with `open`, which checks (or creates) the root.
 
-    def __init__(self, root: Path, max_bytes: int = 0) -> None:
+    A cache capped at `max_bytes` is kept under its cap by `enforce_cap(cache, kept)`,
+    called after each store with the entry just stored: `tcpy.cache.admin.enforce_cap`,
+    passed in because that module builds on this one (it lists and removes entries
+    through `DiskCache`)."""
+
+    def __init__(
+        self, root: Path, max_bytes: int = 0, enforce_cap: EnforceCap | None = None
+    ) -> None:
+        if max_bytes and enforce_cap is None:
+            raise InternalError("a capped disk cache needs the policy that enforces its cap")
         self.home = root  # as the user gave it: what warnings name
         self.root = root / FORMAT
         self.max_bytes = max_bytes  # the size cap of the compiled entries (0: none)
+        self.enforce_cap = enforce_cap
 
     @classmethod
-    def open(cls, root: Path, max_bytes: int = 0) -> DiskCache | None:
-        """The cache at `root` (its entries capped at `max_bytes` in all, 0 for no cap),
-        or None (with a warning) if it cannot be used."""
-        cache = cls(root, max_bytes)
+    def open(
+        cls, root: Path, max_bytes: int = 0, enforce_cap: EnforceCap | None = None
+    ) -> DiskCache | None:
+        """The cache at `root` (its entries capped at `max_bytes` in all by
+        `enforce_cap`, 0 for no cap), or None (with a warning) if it cannot be used."""
+        cache = cls(root, max_bytes, enforce_cap)
         try:
-            cache._check_root(create=True)
-            _private_dir(cache.root)
+            cache.check_root(create=True)
+            private_dir(cache.root)
         except (OSError, Refused) as e:
-            _warn_once(root, _explain(root, e, "compiled kernels are not cached on disk"))
+            warn_once(root, _explain(root, e, "compiled kernels are not cached on disk"))
             return None
         return cache
 
-    def _check_root(self, create: bool = False) -> None:
+    def check_root(self, create: bool = False) -> None:
+        """The root may be used: an absolute path to a directory of ours (a symlink to
+        one is followed), made 0700 first with `create` when it is missing. Raises
+        `Refused`, or `OSError` (`FileNotFoundError` when it is missing)."""
         home = self.home
         if not home.is_absolute():  # the home directory could not be found
             raise Refused(f"the cache directory {home} is not an absolute path", "set HOME")
@@ -235,7 +187,7 @@ class DiskCache:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(home, 0o700)  # only a root we create is made private
         # A symlinked root is followed: the user may keep the cache on another disk.
-        _check_owner(home, os.stat(home))
+        check_owner(home, os.stat(home))
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -243,9 +195,9 @@ class DiskCache:
     def _check_chain(self, key: str) -> None:
         """The root, `v1` and the key's shard may be trusted; FileNotFoundError if a
         directory is missing."""
-        self._check_root()
-        _check_private(self.root)
-        _check_private(self._entry(key).parent)
+        self.check_root()
+        check_private(self.root)
+        check_private(self._entry(key).parent)
 
     def lookup(self, key: str, required: Sequence[str]) -> Path | None:
         """The entry's directory if it is complete, intact and holds exactly the files
@@ -258,7 +210,7 @@ class DiskCache:
         except FileNotFoundError:
             return None
         except (OSError, Refused) as e:
-            _warn_once(self.home, _explain(self.home, e, "compiled kernels are not cached"))
+            warn_once(self.home, _explain(self.home, e, "compiled kernels are not cached"))
             return None
         if _damage(entry, key, required) is not None:
             self.remove(entry)
@@ -282,7 +234,7 @@ class DiskCache:
             if not stat.S_ISDIR(os.lstat(entry).st_mode):
                 os.unlink(entry)  # a file or a symlink in the entry's place
                 return True
-            trash = _private_dir(self.root / "tmp") / f"discarded.{uuid.uuid4().hex}"
+            trash = private_dir(self.root / "tmp") / f"discarded.{uuid.uuid4().hex}"
             try:
                 os.rename(entry, trash)
             except (OSError, Refused):
@@ -304,14 +256,12 @@ class DiskCache:
             stored = self._store(key, build, required, attempts)
         except (OSError, Refused) as e:
             instead = "this kernel is built in a temporary directory, not cached on disk"
-            _warn_once(self.home, _explain(self.home, e, instead))
+            warn_once(self.home, _explain(self.home, e, instead))
             return None
-        if self.max_bytes:
+        if self.max_bytes and self.enforce_cap is not None:
             # Only after a store can the cache have grown past its cap, so only then is
-            # the tree walked. Imported here: the administration module builds on this one.
-            from tcpy.cache_admin import enforce_cap
-
-            enforce_cap(self, keep=stored)
+            # the tree walked.
+            self.enforce_cap(self, stored)
         return stored
 
     def _store(
@@ -323,11 +273,11 @@ class DiskCache:
     ) -> Path:
         # Every directory is checked (and made) before the build, so that a cache that
         # cannot take the entry costs no build that is thrown away.
-        self._check_root(create=True)  # the user may have removed it to clear the cache
-        _private_dir(self.root)
+        self.check_root(create=True)  # the user may have removed it to clear the cache
+        private_dir(self.root)
         entry = self._entry(key)
-        _private_dir(entry.parent)
-        staging = _private_dir(self.root / "tmp") / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
+        private_dir(entry.parent)
+        staging = private_dir(self.root / "tmp") / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
         os.mkdir(staging, 0o700)
         try:
             _seal(staging, key, required, build(staging))
@@ -360,7 +310,7 @@ class DiskCache:
 def _damage(entry: Path, key: str, required: Sequence[str]) -> str | None:
     """Why the entry at `entry` cannot be used, or None if it is intact."""
     try:
-        _check_private(entry)
+        check_private(entry)
         meta_path = entry / META
         if not stat.S_ISREG(os.lstat(meta_path).st_mode):
             return f"{META} is not a regular file"

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.loops import REGISTER_MARK
+from tcpy.mapping import marks
 from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import union_set_sets
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
-from tcpy.poly.transforms import insert_mark, permute_band, tile_band
+from tcpy.poly.transforms import permute_band, tile_band
 
 ROWS = 4
 WIDE_ROWS = 8  # with 64-byte vectors (AVX-512: 32 registers): 8 x 2 accumulators
@@ -70,8 +70,8 @@ def register_block(
     order = parallel + reductions
     tiles = tuple(sizes.get(k, 1) for k in order)
     node = tile_band(node, tiles).band_split(len(parallel))
-    name = f"{REGISTER_MARK}:{'x'.join(str(sizes[k]) for k in order if k in sizes)}"
-    point = insert_mark(node.child(0), name).child(0)
+    mark = marks.RegisterBlock(tuple(sizes[k] for k in order if k in sizes))
+    point = marks.insert(node.child(0), mark).child(0)
     blocked = [i for i, k in enumerate(order) if k in sizes]  # the lanes last
     rest = [i for i in range(len(order)) if i not in blocked]
     point = permute_band(point, rest + blocked)

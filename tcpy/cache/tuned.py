@@ -2,12 +2,12 @@
 
 The store lives beside the kernel cache, in `<cache root>/tuned/`, one JSON file per
 key, written atomically (a temporary file renamed into place) in private directories
-checked like the kernel cache's. It is separate from the kernel cache so that clearing
-or pruning compiled kernels never loses a tuning session's result. Each record holds
-the best options, the top few with their times, the device, tcpy's version and the
-date. Records are also kept in memory for the process, which is all there is when the
-disk cache is off. Options that no longer validate (after an upgrade that changed a
-field) are skipped with a warning, never used.
+checked like the kernel cache's (`tcpy.cache.trust`). It is separate from the kernel
+cache so that clearing or pruning compiled kernels never loses a tuning session's
+result. Each record holds the best options, the top few with their times, the device,
+tcpy's version and the date. Records are also kept in memory for the process, which is
+all there is when the disk cache is off. Options that no longer validate (after an
+upgrade that changed a field) are skipped with a warning, never used.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tcpy.cache import DiskCache, Refused, _check_private, _private_dir, _warn_once
+from tcpy.cache.kernels import DiskCache
+from tcpy.cache.trust import Refused, check_private, private_dir, warn_once
 from tcpy.errors import TCError, TCWarning
 from tcpy.mapping.options import MappingOptions
 
@@ -80,11 +81,11 @@ class TunedStore:
             return cached
         try:
             # as with compiled kernels, only what a directory of ours holds is trusted
-            _check_private(path.parent.parent)
-            _check_private(path.parent)
+            check_private(path.parent.parent)
+            check_private(path.parent)
             record = json.loads(path.read_text())
         except Refused as e:
-            _warn_once(path.parent, f"tuned options in {path.parent} are not used: {e.what}")
+            warn_once(path.parent, f"tuned options in {path.parent} are not used: {e.what}")
             return cached
         except (OSError, ValueError):
             return cached
@@ -178,8 +179,8 @@ def _parse(stamp: Stamp | None, record: dict[str, Any]) -> _Loaded:
 def _write(path: Path, record: dict[str, Any]) -> Stamp:
     """Write `record` to `path` atomically: readers see the old file or the whole new
     one, never a part (two processes may tune the same kernel). Returns its stamp."""
-    _private_dir(path.parent.parent)
-    _private_dir(path.parent)
+    private_dir(path.parent.parent)
+    private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

@@ -2,19 +2,20 @@
 
 The compiled entries are those of `DiskCache` (`<root>/v1/<shard>/<key>/`), the tuned
 options those of `TunedStore` (`<root>/tuned/v1/<key>.json`). Both are read under the
-trust rules of `tcpy.cache`: `v1`, its shards, `tuned` and `tuned/v1` must be real
+trust rules of `tcpy.cache.trust`: `v1`, its shards, `tuned` and `tuned/v1` must be real
 directories of ours that nobody else can write (anything else is a `CacheAdminError`
 saying how to fix it, as the cache itself would refuse them); an entry that is a
 symlink is never followed (removing it removes the link); nothing outside `v1/` and
 `tuned/` is ever removed. An entry is removed by `DiskCache.remove` (renamed into
 `v1/tmp/`, then deleted) and a tuned record by one unlink, so that a concurrent reader
 never sees half of either; a process that had just found an entry and then cannot
-load it rebuilds it (`tcpy.cache.compiled`).
+load it rebuilds it (`tcpy.cache.kernels.compiled`).
 
 An entry's last use is the modification time of its `meta.json`, which every lookup
 that returns the entry sets; a tuned record's is its file's (when it was written).
 
-The functions return data (frozen dataclasses); `tcpy.cache_cli` prints it.
+The functions return data (frozen dataclasses); `tcpy.cache.cli` prints it. The size cap
+(`enforce_cap`) is handed to `DiskCache.open` by whoever opens a capped cache.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcpy.cache import FORMAT, META, DiskCache, Refused, _check_private, tcpy_version
+from tcpy.cache import tuned
+from tcpy.cache.kernels import FORMAT, META, DiskCache, tcpy_version
+from tcpy.cache.trust import Refused, check_private
 from tcpy.errors import TCError
-from tcpy.genetic import store
 
 UNKNOWN = ""  # the version of an entry whose meta.json does not say (older, or damaged)
 
@@ -110,13 +112,13 @@ def _exists(check: Callable[[], None]) -> bool:
 
 def _trusted(path: Path) -> bool:
     """Whether `path` exists: a real directory of ours that nobody else can write."""
-    return _exists(lambda: _check_private(path))
+    return _exists(lambda: check_private(path))
 
 
 def _check_home(root: Path) -> bool:
     """Whether the root exists: a directory of ours (a symlink to one is followed, as the
     cache allows)."""
-    return _exists(DiskCache(root)._check_root)
+    return _exists(DiskCache(root).check_root)
 
 
 def _tree_size(path: Path) -> int:
@@ -194,7 +196,7 @@ def tuned_records(root: Path) -> list[Item]:
 
 
 def _tuned_records(root: Path) -> list[Item]:
-    directory = root / "tuned" / store.FORMAT
+    directory = root / "tuned" / tuned.FORMAT
     if not _check_home(root) or not _trusted(directory.parent) or not _trusted(directory):
         return []
     found = []
@@ -246,7 +248,7 @@ def _remove_entries(root: Path, items: Iterable[Item], dry_run: bool) -> Removal
 
 def _remove_tuned(root: Path, items: Iterable[Item], dry_run: bool) -> Removal:
     removed = failed = size = 0
-    directory = root / "tuned" / store.FORMAT
+    directory = root / "tuned" / tuned.FORMAT
     for item in items:
         assert item.path.parent == directory, item.path  # never anything else
         try:
@@ -309,8 +311,9 @@ def prune(
 def enforce_cap(disk: DiskCache, keep: Path) -> Removal:
     """Bring the compiled entries of `disk` under its `max_bytes` by removing the least
     recently used first, never `keep` (the entry just stored) and never a tuned record.
-    Called after every store to a capped cache: a walk of the tree (a few `stat` calls
-    per entry) beside a compile. Failures leave the cache as it is; they are not errors."""
+    Called after every store to a capped cache (`DiskCache.open(root, max_bytes,
+    enforce_cap)`): a walk of the tree (a few `stat` calls per entry) beside a compile.
+    Failures leave the cache as it is; they are not errors."""
     try:
         items = entries(disk.home, versions=False)
     except CacheAdminError:  # a cache the trust rules refuse, or that cannot be read

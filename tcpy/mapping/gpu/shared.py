@@ -1,7 +1,7 @@
 """Shared-memory promotion on the GPU: the tensors a block copies into its shared
 memory, for a tile of an ordinary nest (`shared_tensors`, the `shared:` mark of
 `tcpy.mapping.gpu`) and for the block of a row kernel (`row_tensors`,
-`tcpy.mapping.rows`), and the traffic a block's rows move (`block_traffic`).
+`tcpy.mapping.gpu.rows`), and the traffic a block's rows move (`block_traffic`).
 
 The footprint boxes and the reuse they are judged by are those of
 `tcpy.mapping.promotion`, the same analysis that packs tiles on the CPU: only the
@@ -25,7 +25,8 @@ from tcpy.mapping.promotion import (
     within_budget,
 )
 from tcpy.parser.checked import Role
-from tcpy.parser.ranges import guarded_accesses, linear_form
+from tcpy.parser.linear import linear_form
+from tcpy.parser.ranges import guarded_accesses
 from tcpy.poly.isl_helpers import union_map_maps
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import is_band
@@ -100,7 +101,7 @@ def _point_band(node: isl.ScheduleNode) -> isl.ScheduleNode:
 def row_tensors(
     node: isl.ScheduleNode, scop: Scop, budget: int
 ) -> tuple[list[str], list[str], bool]:
-    """At the block of a row kernel (`tcpy.mapping.rows`, above its thread filter):
+    """At the block of a row kernel (`tcpy.mapping.gpu.rows`, above its thread filter):
     the operands to copy into shared memory (read by several statements below, or
     reused across the block's rows, as a layernorm's `g`), the temporaries to keep
     there instead of in global memory (`scratch`), and whether every one wanted fits

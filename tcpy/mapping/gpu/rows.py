@@ -25,11 +25,11 @@ Below the row band the schedule is rebuilt in program order (the statements one
 after the other, each over its own remaining indices in their order): within a row
 that is the definition's own order, so every dependence holds, and there is none
 between rows. A statement with indices below the rows spreads its last one over the
-32 lanes: a reduction over exactly those indices with shuffles (`LANES_MARK`),
+32 lanes: a reduction over exactly those indices with shuffles (`marks.Lanes`),
 another statement as a parallel loop; a statement of the row alone runs in lane 0.
 The warp meets at a `__syncwarp()` after each statement, which orders its memory
 accesses for the next one. A temporary whose every use is in the kernel lives in
-shared memory (`scratch:`, `tcpy.mapping.shared.row_tensors`), one slice per row;
+shared memory (`scratch:`, `tcpy.mapping.gpu.shared.row_tensors`), one slice per row;
 an operand several statements read, or the block's rows share, is copied in once
 (`shared:`); the rows a block runs halve until they fit.
 
@@ -48,18 +48,17 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.loops import LANES_MARK, ROWS_MARK, SCRATCH_MARK, SHARED_MARK
-from tcpy.codegen.naming import BLOCK_PARAMS, THREAD_PARAMS
-from tcpy.mapping.bind import bind_members, count_blocks, grid_sizes, pin
-from tcpy.mapping.device import SHUFFLED, WARP, DeviceProfile, shared_budget
+from tcpy.mapping import marks
+from tcpy.mapping.gpu.bind import bind_members, count_blocks, grid_sizes, pin
+from tcpy.mapping.gpu.device import SHUFFLED, WARP, DeviceProfile, shared_budget
+from tcpy.mapping.gpu.shared import block_traffic, row_tensors
 from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.shared import block_traffic, row_tensors
+from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import multi_val, union_set_sets
 from tcpy.poly.schedule import identity_band, member_extent, member_variables
 from tcpy.poly.scop import Kind, PolyStatement, Scop
-from tcpy.poly.transforms import insert_mark
 
 ROWS = 8
 """The rows (warps) a block runs, halved while the grid would not fill the device
@@ -109,14 +108,44 @@ def map_rows(
     node = _rebuild(node, statements)
     if not _coalesced(node.child(0), statements, scop):
         return None
-    extents = [member_extent(node, m) for m in range(n)]
     members = list(reversed(range(n)))  # by grid dimension: x on the innermost
-    fixed = len(threads) == 2
-    rows = threads[1] if fixed else max(1, min(ROWS, extents[-1] or ROWS))
 
     def tiles(rows: int) -> list[int]:
         return [1] * (n - 1) + [rows]
 
+    rows, copied, scratch = _rows(node, scop, options, device, fill, tiles)
+    node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
+    grid = grid_sizes(options, [member_extent(node, m) for m in members])
+    if not bind:
+        return node, tuple(grid), (WARP, rows)
+    node = bind_members(node, members, grid, BLOCK_PARAMS)
+    point = bind_members(node.child(0), [n - 1], [rows], THREAD_PARAMS[1:2])
+    sequence = _bind_lanes(marks.insert(point.child(0), marks.Rows()), statements)
+    point = sequence.ancestor(3)  # above the mark and the rows' band: the thread filter
+    for mark in (marks.Scratch(tuple(scratch)), marks.Shared(tuple(copied))):
+        if mark.tensors:
+            point = marks.insert(point, mark).parent()
+    return point.parent().parent(), tuple(grid), (WARP, rows)
+
+
+def _rows(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    fill: int,
+    tiles: Callable[[int], list[int]],
+) -> tuple[int, list[str], list[str]]:
+    """The rows a block of the row band `node` runs (tiled by `tiles(rows)`): the
+    options', else `ROWS` halved while the grid would not fill the device (`fill`
+    blocks) down to `_fewest_rows`, and while the block's shared memory would not
+    fit; with the operands it copies and the temporaries it keeps there."""
+    threads = options.map_to_threads
+    n = node.band_n_member()
+    extents = [member_extent(node, m) for m in range(n)]
+    members = list(reversed(range(n)))
+    fixed = len(threads) == 2
+    rows = threads[1] if fixed else max(1, min(ROWS, extents[-1] or ROWS))
     fewest = rows if fixed else _fewest_rows(node, scop, tiles)
     while rows // 2 >= fewest and count_blocks(extents, tiles(rows), members) < fill:
         rows //= 2
@@ -130,18 +159,7 @@ def map_rows(
         if complete or fixed or rows == 1:
             break
         rows //= 2
-    node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
-    grid = grid_sizes(options, [member_extent(node, m) for m in members])
-    if not bind:
-        return node, tuple(grid), (WARP, rows)
-    node = bind_members(node, members, grid, BLOCK_PARAMS)
-    point = bind_members(node.child(0), [n - 1], [rows], THREAD_PARAMS[1:2])
-    sequence = _bind_lanes(insert_mark(point.child(0), ROWS_MARK), statements)
-    point = sequence.ancestor(3)  # above the mark and the rows' band: the thread filter
-    for name, tensors in ((SCRATCH_MARK, scratch), (SHARED_MARK, copied)):
-        if tensors:
-            point = insert_mark(point, f"{name}:{','.join(tensors)}").parent()
-    return point.parent().parent(), tuple(grid), (WARP, rows)
+    return rows, copied, scratch
 
 
 def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:
@@ -259,6 +277,6 @@ def _bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.S
             continue
         child = bind_members(child, [len(r.inner) - 1], [WARP], (lane,))
         if r.lanes:
-            child = insert_mark(child, LANES_MARK).parent()
+            child = marks.insert(child, marks.Lanes()).parent()
         node = child.ancestor(3)
     return node

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tcpy import cache_admin, knobs
-from tcpy.cache_admin import UNKNOWN, CacheAdminError, Removal
+from tcpy import knobs
+from tcpy.cache import admin
+from tcpy.cache.admin import UNKNOWN, CacheAdminError, Removal
 from tcpy.errors import TCError
 
 _TUNED_HELP = (
@@ -89,19 +90,19 @@ def _lines(args: argparse.Namespace) -> list[str]:
             "for the default one"
         )
     if args.cache_command == "info":
-        return _info(cache_admin.info(root), cap)
+        return _info(admin.info(root), cap)
     if args.cache_command == "clear":
-        removal = cache_admin.clear(root, tuned=args.tuned, dry_run=args.dry_run)
+        removal = admin.clear(root, tuned=args.tuned, dry_run=args.dry_run)
     else:
-        older_than = None if args.older_than is None else cache_admin.parse_age(args.older_than)
-        removal = cache_admin.prune(
+        older_than = None if args.older_than is None else admin.parse_age(args.older_than)
+        removal = admin.prune(
             root, other_versions=args.other_versions, older_than=older_than,
             tuned=args.tuned, dry_run=args.dry_run,
         )  # fmt: skip
     return _removed(root, removal)
 
 
-def _info(info: cache_admin.Info, cap: int) -> list[str]:
+def _info(info: admin.Info, cap: int) -> list[str]:
     lines = [
         f"cache directory: {info.root}",
         f"compiled kernels: {_count(info.count, 'entry', 'entries')}, {_bytes(info.size)}",

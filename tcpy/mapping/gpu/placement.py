@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.codegen.loops import PRIVATE_MARK, SHARED_MARK
+from tcpy.mapping import marks
+from tcpy.mapping.gpu.shared import shared_tensors, worth_sharing
 from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import within_budget
-from tcpy.mapping.shared import shared_tensors, worth_sharing
 from tcpy.poly.scop import Scop
-from tcpy.poly.transforms import insert_mark, is_band
+from tcpy.poly.transforms import is_band
 
 VECTOR_RUNS = (2, 4)
 """The runs of adjacent outputs a thread may take along x: a `float2` or a `float4`."""
 
 
 def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
-    """Mark where a thread's register tile is loaded and stored (`PRIVATE_MARK`):
+    """Mark where a thread's register tile is loaded and stored (`marks.Private`):
     below the first `depth` members of the tile `band` (0: its `first`, those on the
     grid). None below them all: the tile is then loaded and stored within each tile,
     where the thread computes it. Returns the node at the band's position."""
     n = _members(band)
     depth = depth_in_band(depth, first, n)
-    return mark_at(band, depth, PRIVATE_MARK) if depth < n else band
+    return mark_at(band, depth, marks.Private()) if depth < n else band
 
 
 def copy_into_shared(
@@ -39,7 +39,7 @@ def copy_into_shared(
     first: int,
     x_member: int,
 ) -> tuple[isl.ScheduleNode, list[str], bool]:
-    """Mark where the block copies its operands into shared memory (`SHARED_MARK`):
+    """Mark where the block copies its operands into shared memory (`marks.Shared`):
     below the first `shared_depth` members of the tile `band` (0: below them all, a
     copy per tile of the reduction; a depth among the grid's `first` members is
     theirs). A copy above a reduction's tile loops holds its whole extent: where the
@@ -58,7 +58,7 @@ def copy_into_shared(
         copied = above if depth < n else copied
     if not copied:
         return band, [], complete
-    return mark_at(band, depth, f"{SHARED_MARK}:{','.join(copied)}"), copied, complete
+    return mark_at(band, depth, marks.Shared(tuple(copied))), copied, complete
 
 
 def thread_runs(
@@ -72,7 +72,7 @@ def thread_runs(
     extent: int | None,
 ) -> int:
     """How many adjacent outputs along threadIdx.x's member each thread of a tile
-    computes (`Kernel.runs`): with `vectorize` and `use_private_memory`, where the
+    computes (`MappedKernel.runs`): with `vectorize` and `use_private_memory`, where the
     tile along the member is 2 or 4 times the threads (a register tile) and the
     tensors `read` along it (`locality.runs_along`) are all copied into shared
     memory at `point` (the tile's point band), a thread's run is then loaded, stored
@@ -123,11 +123,11 @@ def _at_depth(top: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:
         node = node.child(0)
 
 
-def mark_at(top: isl.ScheduleNode, depth: int, name: str) -> isl.ScheduleNode:
-    """Insert mark `name` at `_at_depth(top, depth)`, above a mark already there;
-    returns the node at `top`'s position."""
+def mark_at(top: isl.ScheduleNode, depth: int, mark: marks.Mark) -> isl.ScheduleNode:
+    """Insert `mark` at `_at_depth(top, depth)`, above a mark already there; returns
+    the node at `top`'s position."""
     level = top.get_tree_depth()
-    node = insert_mark(_at_depth(top, depth), name)
+    node = marks.insert(_at_depth(top, depth), mark)
     while node.get_tree_depth() > level:
         node = node.parent()
     return node

@@ -1,0 +1,204 @@
+"""The fuzzer's tasks, run in `tcpy.sandbox` workers: a def compiled for a target and
+checked against the reference interpreter, the front end alone, and a replay re-run.
+
+They build engines, so they live apart from the sandbox's process machinery, which the
+tuner imports and which therefore imports no engine (`ExecutionEngine.tune` imports
+the tuner). A replay file (`tcpy.sandbox.Replay`, written by the fuzzer and by the
+tuner) holds the arguments of `replay_task`; `python -m tools.fuzz replay FILE` runs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tcpy.errors import TCError
+from tcpy.sandbox import (
+    COMPILE,
+    RUN,
+    InvalidCase,
+    Outcome,
+    Replay,
+    Runaway,
+    WrongResult,
+    phase,
+    run_task,
+)
+
+# --- inputs and the differential check --------------------------------------------------
+
+
+def make_inputs(
+    cdef: Any, sizes: Mapping[str, int], seed: int, kind: str = "exact"
+) -> tuple[np.ndarray, ...]:
+    """Inputs for `cdef` (a `tcpy.CheckedDef`) at `sizes`, from `seed`.
+
+    `exact`: small integers in -3..3 (in float tensors too), so that every evaluation
+    order of + - * min max gives the same bits; an integer tensor used as a subscript
+    gets values inside every extent it indexes. `exact-nan` also puts NaN into about a
+    tenth of the float elements. `random`: `tcpy.inputs.random_inputs`."""
+    from tcpy.inputs import random_inputs
+
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return random_inputs(cdef, sizes, rng)
+    if kind not in ("exact", "exact-nan"):
+        raise ValueError(f"unknown input kind {kind!r}")
+    bounds = _gather_bounds(cdef, sizes)
+    out = []
+    for info in cdef.inputs:
+        shape = tuple(d.evaluate(sizes) for d in info.shape)
+        if info.name in bounds:
+            values = rng.integers(0, max(bounds[info.name], 1), size=shape)
+        elif info.scalar.is_bool:
+            values = rng.integers(0, 2, size=shape)
+        else:
+            values = rng.integers(-3, 4, size=shape)
+        array = np.array(values, dtype=info.scalar.dtype, order="C")  # 0-d stays 0-d
+        if kind == "exact-nan" and info.scalar.is_float and array.size:
+            array[rng.random(shape) < 0.1] = np.nan
+        out.append(array)
+    return tuple(out)
+
+
+def _gather_bounds(cdef: Any, sizes: Mapping[str, int]) -> dict[str, int]:
+    """For each tensor read inside a subscript, the least extent it indexes."""
+    from tcpy.parser import ast
+
+    bounds: dict[str, int] = {}
+    for st in cdef.statements:
+        for node in ast.walk(st.rhs):
+            if not isinstance(node, ast.Access):
+                continue
+            shape = cdef.tensor(node.tensor).shape
+            for k, arg in enumerate(node.args):
+                for inner in ast.walk(arg):
+                    if isinstance(inner, ast.Access):
+                        extent = shape[k].evaluate(sizes)
+                        bounds[inner.tensor] = min(bounds.get(inner.tensor, extent), extent)
+    return bounds
+
+
+def same_outputs(got: Any, want: Any) -> str | None:
+    """None when `got` equals `want` exactly (NaN where NaN), else what differs."""
+    got_t = got if isinstance(got, tuple) else (got,)
+    want_t = want if isinstance(want, tuple) else (want,)
+    if len(got_t) != len(want_t):
+        return f"{len(got_t)} outputs, expected {len(want_t)}"
+    for k, (g, w) in enumerate(zip(got_t, want_t, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return f"output {k}: {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
+        nan = w.dtype.kind == "f"
+        if not np.array_equal(g, w, equal_nan=nan):
+            bad = np.argwhere(~((g == w) | (np.isnan(g) & np.isnan(w)) if nan else (g == w)))
+            where = tuple(int(i) for i in bad[0])
+            return (
+                f"output {k} differs at {len(bad)} of {w.size} elements; first at {where}: "
+                f"{g[where]!r}, expected {w[where]!r}"
+            )
+    return None
+
+
+def check_against_reference(
+    source: str,
+    entry: str,
+    sizes: Mapping[str, int],
+    input_seed: int,
+    options: Mapping[str, Any] | None,
+    target: str,
+    inputs: str = "exact",
+) -> dict[str, float]:
+    """Compile `entry` of `source` for `target` with `options` (a `to_dict()`; None for
+    the target's default), run it and the reference on the same inputs, and raise
+    `WrongResult` if they differ; on `COUNTED_TARGETS`, run it again in a counting
+    build and raise `Runaway` if its loops ran far more than the work of the def.
+    Returns `{"compile_seconds": ...}`."""
+    import warnings
+
+    import tcpy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = tcpy.ExecutionEngine("reference")
+        try:
+            ref.define(source)
+            args = make_inputs(ref.checked(entry), sizes, input_seed, inputs)
+            want = ref.run(entry, *args)
+        except TCError as e:
+            raise InvalidCase(f"the reference rejects the case: {type(e).__name__}: {e}") from e
+        opts = tcpy.MappingOptions.from_dict(dict(options)) if options is not None else None
+        engine = tcpy.ExecutionEngine(target)
+        engine.define(source)
+        start = time.perf_counter()
+        kernel = engine.compile(entry, *args, options=opts)
+        seconds = time.perf_counter() - start
+        phase(RUN)
+        got = kernel(*args)
+        difference = same_outputs(got, want)
+        if difference is not None:
+            raise WrongResult(difference)
+        if target in COUNTED_TARGETS:
+            phase(COMPILE)  # the counting build; its run stops itself at its limit
+            counted = kernel.iterations(*args)
+            if counted.runaway:
+                raise Runaway(_runaway(counted))
+    return {"compile_seconds": seconds}
+
+
+COUNTED_TARGETS = ("cpu", "cuda-emu")
+"""The targets whose kernels `check_against_reference` also runs in a counting build."""
+
+
+def _runaway(counted: Any) -> str:
+    """What a runaway's counting run (`tcpy.kernels.Iterations`) saw."""
+    worst = max(range(len(counted.loops)), key=lambda k: counted.loops[k])
+    ran = "stopped after" if counted.stopped else "ran"
+    return (
+        f"the loops {ran} {counted.total} iterations, against {counted.instances} statement "
+        f"instances and {counted.threads} threads; loop {worst} (counted in source order) "
+        f"ran {counted.loops[worst]}"
+    )
+
+
+def define_only(source: str) -> str:
+    """The front end alone: a `TCError` is the expected answer to a bad program and is
+    returned as text; anything else escapes and is classified by `run_task`."""
+    import warnings
+
+    import tcpy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            tcpy.ExecutionEngine("reference").define(source)
+        except TCError as e:
+            return type(e).__name__
+    return "ok"
+
+
+def replay_task(
+    source: str,
+    entry: str,
+    sizes: Mapping[str, int],
+    input_seed: int,
+    options: Mapping[str, Any] | None,
+    target: str,
+    inputs: str = "exact",
+) -> Any:
+    """The task a replay re-runs: target `define` is the front end alone (the source
+    mutator's failures), any other target the differential check."""
+    if target == "define":
+        return define_only(source)
+    return check_against_reference(source, entry, sizes, input_seed, options, target, inputs)
+
+
+def replay(path: str | Path) -> Outcome:
+    """Re-run the replay at `path` in this process (a crash takes this process down;
+    run it under `run_tasks` to classify one) and return its outcome."""
+    r = Replay.load(path)
+    return run_task(replay_task, r.args())

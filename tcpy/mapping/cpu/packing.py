@@ -1,0 +1,214 @@
+"""The CPU's copies (`tcpy.mapping.promotion` decides what a copy holds): operand tiles
+packed into each thread's buffers (`pack_operands`), the operands a contraction reads
+across its vector loop copied transposed (`transposed_operands`), and temporaries
+that live in one iteration of a parallel loop kept in a thread's buffer
+(`scratch_temporaries`).
+
+`pack_operands(schedule, scop, options)` expects a CPU-mapped schedule (tiled, with
+its parallel marks) and returns it with a `pack:<tensors>` mark above the point
+loops of each nest whose tiles it copies. Marks change no order: coincidence,
+permutability and every dependence are as they were. The mark is only placed where
+no worksharing loop is below it (each thread copies into its own buffer) and the
+tensors it names are not written below it (the copy stays current).
+
+`scratch_temporaries(schedule, scop)` is the same idea for a kernel-local temporary
+that one iteration of a parallel loop writes and then reads back (the row maximum
+and the exponentials of a softmax row): a `scratch:<tensors>` mark below the
+parallel loop gives each thread a private buffer the size of one iteration's
+footprint, with no copy in or out, so the temporary never goes to memory shared by
+the threads and its whole-tensor allocation is never made.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy.mapping import marks
+from tcpy.mapping.locality import is_window_member
+from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.promotion import (
+    MIN_REUSE,
+    box_at,
+    candidates,
+    extent_value,
+    footprint,
+    has_mark,
+    has_parallel_mark,
+    kernel_local,
+    reuse,
+    run_stride,
+    within_budget,
+)
+from tcpy.parser import ast
+from tcpy.parser.checked import Role
+from tcpy.parser.linear import linear_form
+from tcpy.parser.ranges import guarded_accesses
+from tcpy.poly.scop import Scop
+from tcpy.poly.transforms import has_band_below, is_band, map_outermost_bands
+
+LARGE_STRIDE = 4096
+"""Bytes between the rows of a box above which its rows alias in the cache: measured
+on matmul, one thread: rows of 4 KB 1.75x faster packed, rows of 2 KB no faster)."""
+
+
+def pack_operands(
+    schedule: isl.Schedule,
+    scop: Scop,
+    options: MappingOptions,
+    transposed: frozenset[str] = frozenset(),
+) -> isl.Schedule:
+    """The schedule with a `pack:` mark (see the module docstring) above the point
+    loops of every nest with tiles worth copying: with `options.pack_operands` None,
+    the tensors whose boxes are reused and strided; True, every tensor that can be
+    copied; False, none. The tensors in `transposed` (`transposed_operands`) are
+    always copied where they can be, with their dimensions reversed (`W^T`)."""
+    if options.pack_operands is False:
+        return schedule
+
+    def site(band: isl.ScheduleNode) -> isl.ScheduleNode:
+        if not has_band_below(band):  # an untiled nest: no loops above a copy
+            return band
+        if any(is_window_member(band, k, scop) for k in range(band.band_n_member())):
+            # a window loop above the copy would copy nearly the same box again at each
+            # of its steps (a size-generic conv2d ran 2.5x slower copying)
+            return band
+        point = band.child(0)
+        chosen = [
+            t
+            for t in candidates(point, scop)
+            if options.pack_operands or t in transposed or _pays(point, t, scop)
+        ]
+        chosen = within_budget(point, chosen, scop)
+        if not chosen:
+            return band
+        mark = marks.Pack(tuple(chosen), frozenset(t for t in chosen if t in transposed))
+        return marks.insert(point, mark).parent().parent()
+
+    return map_outermost_bands(schedule, site)
+
+
+def transposed_operands(scop: Scop, options: MappingOptions) -> frozenset[str]:
+    """The inputs a contraction reads across its vector loop, which a copy with the
+    dimensions reversed makes unit-stride: `W` in an MLP's `O(b,n) +=! I(b,k) *
+    W(n,k)`, a matrix read once, as `W(n, k)` with `n` the output's innermost index
+    and `k` a reduction index. The nest then runs `n` as its vector loop and keeps a
+    block of `O` in registers across `k` (an outer product, as a matmul), where
+    running `k` innermost would leave a sum per lane to merge for every output: 2x
+    faster on the suite's MLP. Empty when `pack_operands` is False (no copy)."""
+    if options.pack_operands is False:
+        return frozenset()
+    reads: dict[str, int] = {}
+    candidates = set()
+    for st in scop.cdef.statements:
+        for access, guarded in guarded_accesses(st.rhs):
+            reads[access.tensor] = reads.get(access.tensor, 0) + 1
+            info = scop.cdef.tensor(access.tensor)
+            names = [a.name if isinstance(a, ast.Index) else None for a in access.args]
+            if (
+                not guarded
+                and st.op.reduction is ast.Reduction.SUM
+                and info.role is Role.INPUT
+                and len(names) == 2
+                and st.indices
+                and names[0] == st.indices[-1]
+                and names[1] in st.reduction_indices
+            ):
+                candidates.add(access.tensor)
+    return frozenset(t for t in candidates if reads[t] == 1)
+
+
+def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
+    """The schedule with a `scratch:` mark below the parallel loop of each nest (below
+    its outer loops when it has none), naming the temporaries that live and die in one
+    iteration there: a softmax's `expDist` row is then written to and read from a
+    buffer of the thread (`tcpy.codegen.pack`), in its cache, and never reaches
+    memory. A temporary qualifies when it is local to the nest (`kernel_local`),
+    every read of it is affine and unconditional, each iteration reads only elements
+    it wrote itself and writes no element another iteration writes, and its box fits
+    the budget; not where a pack site is on the
+    way or below (each site has the thread's buffers to itself)."""
+    temporaries = [t.name for t in scop.cdef.temporaries]
+    if not temporaries:
+        return schedule
+
+    def site(band: isl.ScheduleNode) -> isl.ScheduleNode:
+        node = _row_body(band)
+        if node is None or has_mark(node, marks.Pack) or has_parallel_mark(node):
+            return band
+        accesses = scop.reads.union(scop.writes)
+        local = [t for t in temporaries if _scratch_fits(node, t, scop)]
+        chosen = within_budget(node, local, scop, accesses=accesses)
+        if not chosen:
+            return band
+        depth = node.get_tree_depth() - band.get_tree_depth()
+        node = marks.insert(node, marks.Scratch(tuple(chosen)))
+        for _ in range(depth + 1):
+            node = node.parent()
+        return node
+
+    return map_outermost_bands(schedule, site)
+
+
+def without_scratch(schedule: isl.Schedule) -> isl.Schedule:
+    """`schedule` without its `scratch:` marks (the temporaries go back to memory)."""
+
+    def walk(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if isinstance(marks.of(node), marks.Scratch):
+            node = node.delete()
+        for i in range(node.n_children()):
+            node = walk(node.child(i)).parent()
+        return node
+
+    return walk(schedule.get_root()).get_schedule()
+
+
+def _row_body(band: isl.ScheduleNode) -> isl.ScheduleNode | None:
+    """Below `band` (an outermost band), the first node past its chain of bands and
+    marks: what one iteration of the loops above runs. None when the chain has no
+    parallel loop though the nest has one, or a pack mark, or ends in a leaf (one
+    statement: no temporary lives and dies there)."""
+    passed = not has_parallel_mark(band)
+    node = band
+    while is_band(node) or node.get_type() == isl.schedule_node_type.mark:
+        mark = marks.of(node)
+        if isinstance(mark, marks.Pack):
+            return None
+        passed = passed or isinstance(mark, marks.Parallel)
+        node = node.child(0)
+    if not passed or node.get_type() == isl.schedule_node_type.leaf:
+        return None
+    return node
+
+
+def _scratch_fits(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether `tensor` can live in a buffer of each iteration of the loops above
+    `node` (see `scratch_temporaries`)."""
+    if not kernel_local(node, tensor, scop):
+        return False
+    for st in scop.cdef.statements:
+        for access, guarded in guarded_accesses(st.rhs):
+            if access.tensor == tensor and (
+                guarded or any(linear_form(a) is None for a in access.args)
+            ):
+                return False
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    read = footprint(prefix, scop.reads, tensor)
+    written = footprint(prefix, scop.writes, tensor)
+    if read is None or written is None or not read.is_subset(written):
+        return False
+    # Each element written in one iteration only: an initialisation scheduled for
+    # every row at once (fused with the first iteration) would otherwise land in the
+    # first iteration's buffer and leave the others' stale.
+    return bool(written.reverse().is_single_valued())
+
+
+def _pays(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether copying `tensor` at `node` pays: its elements are reused and its box
+    is strided (a size known only at run time counts as large)."""
+    b = box_at(node, tensor, scop)
+    if b is None or reuse(node, tensor, scop) < MIN_REUSE:
+        return False
+    info = scop.cdef.tensor(tensor)
+    shape = tuple(extent_value(scop, e) for e in info.shape)
+    stride = run_stride(b, shape, info.scalar.dtype.itemsize)
+    return stride is None or stride >= LARGE_STRIDE

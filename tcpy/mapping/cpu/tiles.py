@@ -1,0 +1,182 @@
+"""The CPU's tiles and loop order: tile sizes from the loop extents where the options
+give none (`auto_tile`), and each innermost band reordered so that the loop walking
+memory with unit stride runs innermost (`order_band`)."""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcpy import knobs
+from tcpy.mapping.locality import (
+    is_reduction_member,
+    is_window_member,
+    stride_score,
+    worst_stride,
+)
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import ast
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import has_band_below, permute_band, tile_band
+
+VECTOR_TILE = 256  # the unit-stride loop: long enough for the vector units and prefetch
+REDUCTION_TILE = 128  # a reduction loop: the slice of the operands kept in cache
+OUTER_TILE = 32  # the innermost other parallel loop: rows sharing the cached slice
+SMALL = 8  # loops this short (kernel windows) stay whole
+# A contraction whose vector loop is parallel (matmul's n) is register-blocked, its
+# operands' tiles packed: a tall, narrow tile keeps the packed B slice (K_TILE x
+# N_TILE) in L1-L2 while M_TILE rows stream past it. Measured on 1024^3 and 2048^3
+# (AVX-512, 2 cores): 256 x 128 x 256 ran 1.5x faster than 32 x 256 x 128.
+CONTRACTION_VECTOR_TILE = 128
+CONTRACTION_REDUCTION_TILE = 256
+CONTRACTION_ROWS_TILE = 256
+
+
+def auto_tile(
+    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> isl.ScheduleNode:
+    """Tile sizes from the loop extents when the options give none: the loop that
+    walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
+    the innermost other parallel loop (the two innermost when the vector loop is a
+    reduction) by OUTER_TILE; short loops and outer parallel loops stay whole (batch
+    dimensions become the parallel tile loops)."""
+    n = node.band_n_member()
+    if not node.band_get_permutable():
+        return node
+    if n == 1 and has_band_below(node):
+        # the rows of a fused row nest (softmax's n over its statements' own loops):
+        # an outer parallel loop, left whole; a tile of unknown rows (a size-generic
+        # kernel) would give every row to the first tile, on one thread
+        return node
+    extents = [member_extent(node, k) for k in range(n)]
+    coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
+    vector = vector_member(node, scop, transposed)
+
+    def fit(k: int, size: int) -> int:
+        # a loop shorter than its tile becomes one tile: its point loop then takes
+        # part in the interchange of the point band
+        e = extents[k]
+        return size if e is None else min(e, size)
+
+    sizes = [0] * n
+    short = [_short_member(node, k, scop) for k in range(n)]
+    rows = [k for k in range(n) if coincident[k] and k != vector and not short[k]]
+    # a reduction vector loop is register-blocked over two parallel loops, else one
+    blocked = 1 if coincident[vector] else 2
+    # a tall tile of rows pays where an operand the vector loop walks stays put along
+    # them, to be copied once per tile (matmul's B); not for a gather's rows
+    contraction = (
+        coincident[vector]
+        and not all(coincident)
+        and len(rows) == 1
+        and _sharing(node, scop, vector, rows[0]) > 0
+    )
+    tiled_rows = rows[-blocked:]
+    if coincident[vector] and not all(coincident) and rows:
+        # the rows of a register block: the member along which the vector loop's
+        # operands are invariant (a convolution's filters, not its image rows), whose
+        # point loop must then be in the point band
+        best = max(reversed(rows), key=lambda k: _sharing(node, scop, vector, k))
+        if _sharing(node, scop, vector, best) > 0:
+            tiled_rows = [best]
+    for k in range(n):
+        if short[k]:
+            continue
+        if k == vector:
+            size = CONTRACTION_VECTOR_TILE if contraction else VECTOR_TILE
+            sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
+        elif not coincident[k]:
+            sizes[k] = fit(k, CONTRACTION_REDUCTION_TILE if contraction else REDUCTION_TILE)
+        elif k in tiled_rows:
+            sizes[k] = fit(k, _rows_tile(extents[k]) if contraction else OUTER_TILE)
+    return tile_band(node, tuple(sizes))
+
+
+def _sharing(node: isl.ScheduleNode, scop: Scop, vector: int, member: int) -> int:
+    """How many reads that move along band member `vector` stay put along `member`:
+    the operands a register block's rows along `member` share."""
+    along = member_variables(node, vector)
+    count = 0
+    for stmt_name, position in member_variables(node, member).items():
+        vector_position = along.get(stmt_name)
+        stmt = scop.statement(stmt_name)
+        if position is None or vector_position is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        var, inner = stmt.dims[position], stmt.dims[vector_position]
+        for access in ast.walk(stmt.source(scop.cdef).rhs):
+            if isinstance(access, ast.Access):
+                names = {
+                    i.name for a in access.args for i in ast.walk(a) if isinstance(i, ast.Index)
+                }
+                count += inner in names and var not in names
+    return count
+
+
+def _rows_tile(extent: int | None) -> int:
+    """A contraction's rows tile: CONTRACTION_ROWS_TILE, less where the rows would
+    then make fewer tiles than there are cores to share them (a multiple of 8, at
+    least OUTER_TILE). Not smaller: each tile copies its operands' tiles again."""
+    if extent is None:
+        return CONTRACTION_ROWS_TILE
+    share = -(-extent // max(2, knobs.cores()))
+    return max(OUTER_TILE, min(CONTRACTION_ROWS_TILE, -(-share // 8) * 8))
+
+
+def _short(extent: int | None) -> bool:
+    return extent is not None and extent <= SMALL
+
+
+def _short_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
+    """Whether band member `member` is a short loop: of SMALL iterations or fewer, or,
+    where its extent is a size known only at run time (a size-generic kernel), a
+    window (`is_window_member`). Vectorising a window of 3 made a generic convolution
+    40x slower than the fixed-size one."""
+    extent = member_extent(node, member)
+    if extent is not None:
+        return extent <= SMALL
+    return is_window_member(node, member, scop)
+
+
+# --- interchange ----------------------------------------------------------------------
+
+
+def vector_member(
+    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
+) -> int:
+    """The band member to run innermost, as the vector loop. In order of preference:
+    not a short loop (a kernel window), not a reduction loop that strides across an
+    operand (a strided vector reduction gathers), the best worst-case stride over the
+    accesses (`worst_stride`), the best total (`stride_score`), parallel, the later."""
+    n = node.band_n_member()
+
+    def key(k: int) -> tuple[bool, bool, int, int, bool, int]:
+        worst = worst_stride(node, k, scop, transposed)
+        strided_reduction = worst < 0 and is_reduction_member(node, k, scop)
+        return (
+            not _short_member(node, k, scop),
+            not strided_reduction,
+            worst,
+            stride_score(node, k, scop, transposed),
+            bool(node.band_member_get_coincident(k)),
+            k,
+        )
+
+    return max(range(n), key=key)
+
+
+def order_band(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    transposed: frozenset[str] = frozenset(),
+) -> isl.ScheduleNode:
+    n = node.band_n_member()
+    if n < 2 or not node.band_get_permutable():
+        return node
+    if options.interchange:
+        if len(options.interchange) == n:
+            return permute_band(node, list(options.interchange))
+        return node
+    best = vector_member(node, scop, transposed)
+    order = [k for k in range(n) if k != best] + [best]
+    return permute_band(node, order)

@@ -1,0 +1,365 @@
+"""The GPU mapping as a strategy: loop nests become CUDA kernels, tile loops run on
+blocks, point loops on threads.
+
+`map_to_gpu` maps each top-level nest of a valid schedule (a statement sequence at the
+top of the tree becomes a sequence of kernel launches, whose boundaries order every
+dependence between nests) and returns a `GpuMapping`: the schedule with its mapping
+filters and marks, the same schedule tiled but not bound (what `verify` checks), and a
+`MappedKernel` per nest. `map_band` maps the outermost band of a nest in these steps:
+
+1. rows: a nest fused over rows (a softmax under `Max` fusion) runs as a row kernel,
+   one warp per row (`rows.map_rows`);
+2. parallelism: the band's coincident members all go on the grid, the one that walks
+   memory with unit stride on x, the next on y, the others folded into z; a reduction
+   member that reads with unit stride where no parallel member does is spread over
+   a warp's lanes (`band`); a band with neither runs in one thread;
+3. shared memory: whether the block copies operand tiles into shared memory, and the
+   reduction tile at which those copies fit its budget (`fit_shared`);
+4. split reduction: a reduction whose parallel loops alone would not fill the device
+   is split across blocks in chunks, combined with atomics (`sizes.split_chunk`);
+5. sizes: the tiles and the block (`sizes.choose_sizes`);
+6. tiles: the band's leading members tiled, the rest whole in the point band
+   (`tile_leading_members`);
+7. binding: the tile loops' members on blocks, the point loops' on threads, by
+   filters `member mod size = parameter` (`bind.bind_members`: a grid or block smaller
+   than the loop gives a strided loop, never a wrong result), with the mark of a lane
+   or split reduction;
+8. copies: where the block copies into shared memory (`placement.copy_into_shared`);
+9. register tiles: where a thread's register tile is held (`placement.hold_registers`).
+
+Only coincident members are bound, so no dependence crosses threads or blocks, but
+for the lane and split reductions, which combine their partial results with shuffles
+and atomics. The parameters are bounded in each kernel's AST build context, and each
+kernel's AST is built from the schedule restricted to the kernel's statements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import islpy as isl
+
+from tcpy.mapping import marks
+from tcpy.mapping.gpu.band import (
+    atomic_reduction,
+    grid_order,
+    lane_member,
+    parallel_prefix,
+)
+from tcpy.mapping.gpu.bind import bind_members, grid_sizes
+from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
+from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
+from tcpy.mapping.gpu.placement import copy_into_shared, hold_registers, thread_runs
+from tcpy.mapping.gpu.rows import map_rows
+from tcpy.mapping.gpu.shared import gathers
+from tcpy.mapping.gpu.sizes import (
+    FILL_WAVES,
+    SHARED_REDUCTION_TILE,
+    Request,
+    Sizes,
+    choose_sizes,
+    split_chunk,
+)
+from tcpy.mapping.locality import runs_along
+from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
+from tcpy.parser.checked import CheckedDef, contraction
+from tcpy.poly.schedule import member_extent
+from tcpy.poly.scop import Scop
+from tcpy.poly.transforms import is_band, permute_band, tile_leading_members
+
+SMALLEST_REDUCTION_TILE = 4
+"""The smallest tile of the first reduction member `fit_shared` tries."""
+
+
+def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
+    """The CUDA preset, with `Max` outer fusion for a pipeline of several statements
+    that has no contraction (softmax, layernorm): each row is then one nest, mapped as
+    a row kernel (`tcpy.mapping.gpu.rows`) whose intermediate values stay on the chip.
+    A contraction keeps `Min`, which leaves its reduction loops one band to tile."""
+    options = MappingOptions.cuda()
+    if len(cdef.statements) > 1 and not any(contraction(st) for st in cdef.statements):
+        return options.replace(outer_schedule_fusion=Fusion.MAX)
+    return options
+
+
+def map_to_gpu(
+    schedule: isl.Schedule,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile | None = None,
+) -> GpuMapping:
+    """`schedule` (valid for `scop`) mapped for `device` (default: `default_profile()`):
+    every nest's band tiled, then bound to blocks and threads (see the module)."""
+    device = device or default_profile()
+    scop.ctx.set_tile_scale_tile_loops(0)
+    root = schedule.get_root().child(0)
+    unbound = _map_nests(root, scop, options, device, [], bind=False)
+    kernels: list[MappedKernel] = []
+    bound = _map_nests(root, scop, options, device, kernels, bind=True)
+    return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
+
+
+def _map_nests(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    kernels: list[MappedKernel],
+    bind: bool,
+) -> isl.ScheduleNode:
+    """Map every top-level nest under `node`, appending its kernel to `kernels`;
+    returns the node at the same position."""
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        for i in range(node.n_children()):
+            child = _map_nests(node.child(i).child(0), scop, options, device, kernels, bind)
+            node = child.parent().parent()
+        return node
+    domain = node.get_domain()
+    mapped = Mapped(node, (), (), 1)
+    if is_band(node):
+        mapped = map_band(node, scop, options, device, bind)
+    kernels.append(MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs))
+    return mapped.node
+
+
+class Mapped(NamedTuple):
+    """A mapped band: the node at its position, the grid, the block, and the adjacent
+    outputs a thread computes along x (`MappedKernel.runs`)."""
+
+    node: isl.ScheduleNode
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    runs: int
+
+
+def map_band(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    bind: bool,
+) -> Mapped:
+    """The outermost band of a nest, mapped in the steps of the module (`bind` False:
+    tiled only, as `verify` checks it)."""
+    # 1. rows
+    rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind)
+    if rows is not None:
+        return Mapped(*rows, 1)
+    # 2. parallelism
+    found = _parallelism(node, scop, options, device)
+    if found is None:
+        return Mapped(node, (), (), 1)  # no parallel loop: the nest runs in one thread
+    node, plan = found
+    # 3. shared memory
+    n, prefix = node.band_n_member(), plan.prefix
+    shared = options.use_shared_memory and plan.lanes is None and plan.permutable and prefix < n
+    if shared and gathers(node, scop):
+        shared = False  # the gathered reads dominate; the grid's parallelism counts more
+    reduction_tile = SHARED_REDUCTION_TILE
+    if shared:  # tiles for shared memory only where some operand's tile is copied
+        trial, reduction_tile = fit_shared(node, scop, plan, member_extent(node, prefix))
+        shared = bool(trial.copied)
+        if shared and bind:  # the trial is the mapping
+            return trial.mapped
+    # 4. split reduction
+    split = None
+    splittable = prefix < n and not shared and plan.lanes is None and plan.permutable
+    if splittable and atomic_reduction(node, scop, options):
+        trial = tile_and_bind(node, scop, plan, shared=False, bind=False)
+        blocks, threads = math.prod(trial.mapped.grid), math.prod(trial.mapped.block)
+        split = split_chunk(blocks, threads, member_extent(node, prefix), device)
+    # 5. to 9.: sizes, tiles, binding, copies, register tiles
+    return tile_and_bind(node, scop, plan, shared, bind, split, reduction_tile).mapped
+
+
+class Plan(NamedTuple):
+    """What step 2 chose for a band: the options, the device, whether the band is
+    permutable, how many of its members are parallel, those on the grid (by grid
+    dimension, x first) and the lane member (the band's last, or None)."""
+
+    options: MappingOptions
+    device: DeviceProfile
+    permutable: bool
+    prefix: int
+    members: list[int]
+    lanes: int | None
+
+
+def _parallelism(
+    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, device: DeviceProfile
+) -> tuple[isl.ScheduleNode, Plan] | None:
+    """Step 2: the band with its members reordered (the grid's order, then the other
+    members, then the lane member last) and the plan; None when it has neither a
+    parallel member nor a lane member."""
+    n, prefix = node.band_n_member(), parallel_prefix(node)
+    permutable = bool(node.band_get_permutable())
+    lanes = lane_member(node, scop, options, prefix, device) if permutable else None
+    if prefix == 0 and lanes is None:
+        return None
+    mapped = min(prefix, len(options.map_to_blocks) or len(BLOCK_PARAMS))
+    if permutable and (prefix > 1 or lanes is not None):
+        order = grid_order(node, scop, prefix, mapped) if prefix > 1 else list(range(prefix))
+        rest = [k for k in range(prefix, n) if k != lanes]
+        node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
+        lanes = None if lanes is None else n - 1
+    members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
+    return node, Plan(options, device, permutable, prefix, members, lanes)
+
+
+class Bound(NamedTuple):
+    """A band tiled and (maybe) bound: the mapping, the tensors copied into shared
+    memory, and whether every tensor worth copying is (`placement.copy_into_shared`)."""
+
+    mapped: Mapped
+    copied: list[str]
+    complete: bool
+
+
+def fit_shared(
+    node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | None
+) -> tuple[Bound, int]:
+    """Step 3: shared-memory tiles, the first reduction member's tile (of `extent`
+    values) `SHARED_REDUCTION_TILE` and halved, while that shortens it, down to
+    `SMALLEST_REDUCTION_TILE`, as long as some operand worth copying does not fit the
+    budget with the others (a convolution's input at 32 channels: its box spans the
+    tile's channels and the windows of the block's outputs). Returns the trial that
+    copies the most operands, the larger tile among equals, and its reduction tile."""
+    tiles = [SHARED_REDUCTION_TILE]
+    while tiles[-1] > SMALLEST_REDUCTION_TILE:
+        tiles.append(tiles[-1] // 2)
+    best: tuple[Bound, int] | None = None
+    for tile in [tiles[0], *(t for t in tiles[1:] if extent is None or t < extent)]:
+        trial = tile_and_bind(node, scop, plan, shared=True, bind=True, reduction_tile=tile)
+        if best is None or len(trial.copied) > len(best[0].copied):
+            best = (trial, tile)
+        if trial.complete:
+            break
+    assert best is not None
+    return best
+
+
+def tile_and_bind(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    plan: Plan,
+    shared: bool,
+    bind: bool,
+    split: int | None = None,
+    reduction_tile: int = SHARED_REDUCTION_TILE,
+) -> Bound:
+    """Steps 5 to 9 on a band reordered by step 2: its sizes, its tiling and, with
+    `bind`, its binding, copies and register tile. With `split` (a chunk size), the
+    first reduction member is tiled by it and its tiles go on the grid too, after the
+    plan's members: blocks combine their partial results with atomics. With `shared`,
+    the first reduction member's tile is `reduction_tile`."""
+    extents = [member_extent(node, m) for m in plan.members]
+    sizes = _sizes(node, plan, extents, shared, split, reduction_tile)
+    on_grid = plan.members if split is None else [*plan.members, plan.prefix]
+    # the tensors read along x, for a thread's run of outputs: of the band untiled
+    read_along_x = (
+        runs_along(node, plan.members[0], scop) if shared and plan.lanes is None else None
+    )
+    # 6. tiles
+    leading: list[int] = []  # the sizes of the members tiled (none: no tile band)
+    if sizes is not None and (any(sizes.tile) or plan.lanes is not None):
+        leading = sizes.leading()
+        if leading:
+            node = tile_leading_members(node, leading)
+        grid = grid_sizes(plan.options, [member_extent(node, m) for m in on_grid])
+        block = sizes.block
+    else:  # untiled: the loops themselves on blocks, one thread each
+        grid, block = grid_sizes(plan.options, extents), []
+    # 7. binding: the grid
+    if bind:
+        node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
+    copied: list[str] = []
+    runs, complete = 1, True
+    if block:
+        assert sizes is not None
+        point = node.child(0) if leading else node
+        runs = _runs(point, scop, plan, sizes, extents, read_along_x)
+        node, copied, complete = _threads(
+            node, scop, plan, sizes, leading, runs, shared, split, bind
+        )
+    if bind and on_grid:
+        node = node.parent()  # the block filter, now at the band's old position
+    return Bound(Mapped(node, tuple(grid), tuple(block), runs), copied, complete)
+
+
+def _sizes(
+    node: isl.ScheduleNode,
+    plan: Plan,
+    extents: list[int | None],
+    shared: bool,
+    split: int | None,
+    reduction_tile: int,
+) -> Sizes | None:
+    """Step 5: the band's sizes (`sizes.choose_sizes`), `extents` those of the plan's
+    members; None for a band that is not permutable, which is not tiled."""
+    if not plan.permutable:
+        return None
+    request = Request(
+        plan.options, node.band_n_member(), plan.prefix, plan.members, extents, plan.device,
+        plan.lanes, shared, split, reduction_tile,
+    )  # fmt: skip
+    return choose_sizes(request)
+
+
+def _runs(
+    point: isl.ScheduleNode,
+    scop: Scop,
+    plan: Plan,
+    sizes: Sizes,
+    extents: list[int | None],
+    read_along_x: set[str] | None,
+) -> int:
+    """The adjacent outputs a thread of the tile's `point` band computes along x
+    (`placement.thread_runs`), with shared memory; 1 without (strided by the block)."""
+    if read_along_x is None:
+        return 1
+    budget = shared_budget(plan.options, plan.device)
+    x = plan.members[0]
+    tile_x = sizes.tile[x] or 1
+    block = sizes.block
+    return thread_runs(
+        point, scop, plan.options, budget, read_along_x, block[0], tile_x, extents[0]
+    )
+
+
+def _threads(
+    node: isl.ScheduleNode,
+    scop: Scop,
+    plan: Plan,
+    sizes: Sizes,
+    leading: list[int],
+    runs: int,
+    shared: bool,
+    split: int | None,
+    bind: bool,
+) -> tuple[isl.ScheduleNode, list[str], bool]:
+    """Steps 7 to 9 below the grid: the point loops on threads (`runs` adjacent
+    outputs each along x), the reduction's mark, the copies into shared memory and
+    the register tile. `node`: the tile band (the band itself where nothing is
+    tiled). Returns the node at `node`'s position, the tensors copied and whether
+    every tensor worth copying is."""
+    options, block, members = plan.options, sizes.block, plan.members
+    point = node.child(0) if leading else node  # the band of the members on threads
+    budget = shared_budget(options, plan.device)
+    on_threads = ([plan.lanes] if plan.lanes is not None else []) + members
+    if bind:
+        point = bind_members(point, on_threads[: len(block)], block, THREAD_PARAMS, (runs,))
+        if plan.lanes is not None or split is not None:
+            mark = marks.Lanes() if plan.lanes is not None else marks.Atomic()
+            point = marks.insert(point, mark).parent()
+        point = point.parent()  # the thread filter
+    node = point.parent() if leading else point  # the tile band, if any
+    first = plan.prefix + (split is not None)  # the members of the tile band on the grid
+    copied: list[str] = []
+    complete = True
+    if bind and shared:  # 8. copies
+        node, copied, complete = copy_into_shared(node, scop, options, budget, first, on_threads[0])
+    if bind and options.use_private_memory and plan.lanes is None:  # 9. register tiles
+        node = hold_registers(node, options.private_depth, first)
+    return node, copied, complete

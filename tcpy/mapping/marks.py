@@ -1,0 +1,230 @@
+"""The marks mapping leaves on the schedule tree for codegen: the contract between the two.
+
+Mapping decides; codegen prints what it decided. Each decision that a loop nest's
+shape does not say by itself is a mark above the band it concerns, one frozen
+dataclass per kind, written to the isl mark's name and read back from it here and
+nowhere else (`insert`, `of`). isl carries the mark into its AST, where codegen
+meets it as a mark node (`of_ast`).
+
+CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
+
+- `Parallel(d)`, `omp_parallel@d`: the worksharing loop (`#pragma omp for`);
+- `Collapse(d)`, `omp_collapse@d`: a loop shared out with the one outside it;
+- `Simd(d)`, `omp_simd@d`: a vector loop;
+- `RegisterBlock(sizes)`, `register_tile:4x16`: a block of outputs in registers;
+- `Pack(tensors, transposed)`, `pack:A,W^T`: operand tiles in a thread's buffers.
+
+GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
+
+- `Shared(tensors)`, `shared:A,B`: operand tiles copied into shared memory;
+- `Scratch(tensors)`, `scratch:T`: a row kernel's temporaries in shared memory;
+- `Private()`, `private`: where a thread's register tile is loaded and stored;
+- `Lanes()`, `lane_reduction`: a reduction over the 32 lanes of a warp;
+- `Atomic()`, `atomic_reduction`: a reduction split across blocks;
+- `Rows()`, `warp_rows`: a row kernel's statements, a warp per row.
+
+A mark of a loop (`Parallel`, `Collapse`, `Simd`) names the schedule depth of the
+member it marks, which is the loop it belongs to: isl drops loops of a single
+iteration, so the first loop below a mark may come from elsewhere. A new kind is a new
+dataclass here, with its `name` and a case in `parse`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.errors import InternalError
+
+TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its dimensions reversed
+
+
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    """The worksharing loop of a nest (`#pragma omp for`)."""
+
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return f"omp_parallel@{self.depth}"
+
+
+@dataclass(frozen=True, slots=True)
+class Collapse:
+    """A parallel loop directly inside the worksharing loop: the two share out as one
+    (`collapse(2)`), so that a nest whose outer loop has fewer iterations than there
+    are threads still uses them all."""
+
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return f"omp_collapse@{self.depth}"
+
+
+@dataclass(frozen=True, slots=True)
+class Simd:
+    """A vector loop (`#pragma omp simd`)."""
+
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return f"omp_simd@{self.depth}"
+
+
+LoopMark = Parallel | Collapse | Simd
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBlock:
+    """A block of outputs kept in registers across the reduction loops below
+    (`tcpy.mapping.cpu.registers`): its sizes along the blocked members, in order."""
+
+    sizes: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"register_tile:{'x'.join(map(str, self.sizes))}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """Tiles of these tensors copied into a thread's local buffers here (CPU);
+    `transposed`, those copied with their dimensions reversed."""
+
+    tensors: tuple[str, ...]
+    transposed: frozenset[str] = frozenset()
+
+    @property
+    def name(self) -> str:
+        names = (t + TRANSPOSED if t in self.transposed else t for t in self.tensors)
+        return f"pack:{','.join(names)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """Tiles of these tensors copied into the block's shared memory here (GPU)."""
+
+    tensors: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"shared:{','.join(self.tensors)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Scratch:
+    """These temporaries live in shared memory here, one slice per row (GPU row
+    kernels)."""
+
+    tensors: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"scratch:{','.join(self.tensors)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Private:
+    """Where a thread's register tile is loaded and stored, above the reduction's
+    tile loops it is held across."""
+
+    @property
+    def name(self) -> str:
+        return "private"
+
+
+@dataclass(frozen=True, slots=True)
+class Lanes:
+    """The point band of a reduction spread over the lanes of a warp."""
+
+    @property
+    def name(self) -> str:
+        return "lane_reduction"
+
+
+@dataclass(frozen=True, slots=True)
+class Atomic:
+    """The point band of a reduction split across blocks: each thread reduces its
+    chunk into a register, then adds it to the element with an atomic."""
+
+    @property
+    def name(self) -> str:
+        return "atomic_reduction"
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The statements of a row kernel: one warp runs them in order over each row,
+    meeting at `__syncwarp()` between them."""
+
+    @property
+    def name(self) -> str:
+        return "warp_rows"
+
+
+Mark = (
+    Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | Private | Lanes
+    | Atomic | Rows
+)  # fmt: skip
+Copy = Pack | Shared | Scratch
+"""The marks under which codegen lays out local copies of tensors' boxes."""
+
+
+def parse(name: str) -> Mark:
+    """The mark an isl mark's name spells (the inverse of `Mark.name`)."""
+    kind, at, depth = name.partition("@")
+    if at and depth.isdigit():
+        match kind:
+            case "omp_parallel":
+                return Parallel(int(depth))
+            case "omp_collapse":
+                return Collapse(int(depth))
+            case "omp_simd":
+                return Simd(int(depth))
+    kind, _, rest = name.partition(":")
+    tensors = tuple(rest.split(",")) if rest else ()
+    match kind:
+        case "register_tile" if rest:
+            return RegisterBlock(tuple(int(s) for s in rest.split("x")))
+        case "pack" if tensors:
+            plain = tuple(t.removesuffix(TRANSPOSED) for t in tensors)
+            reversed_ = frozenset(
+                t.removesuffix(TRANSPOSED) for t in tensors if t.endswith(TRANSPOSED)
+            )
+            return Pack(plain, reversed_)
+        case "shared" if tensors:
+            return Shared(tensors)
+        case "scratch" if tensors:
+            return Scratch(tensors)
+    for simple in (Private(), Lanes(), Atomic(), Rows()):
+        if name == simple.name:
+            return simple
+    raise InternalError(f"a schedule mark that is no tcpy mark: {name!r}")
+
+
+def insert(node: isl.ScheduleNode, mark: Mark) -> isl.ScheduleNode:
+    """Insert `mark` above `node`; returns the node below the mark."""
+    return node.insert_mark(isl.Id(mark.name, context=node.get_ctx())).child(0)
+
+
+def of(node: isl.ScheduleNode) -> Mark | None:
+    """The mark a schedule-tree node is, or None for another node."""
+    if node.get_type() != isl.schedule_node_type.mark:
+        return None
+    return parse(node.mark_get_id().get_name())
+
+
+def of_ast(node: isl.AstNode) -> Mark | None:
+    """The mark an isl AST node is, or None for another node."""
+    if node.get_type() != isl.ast_node_type.mark:
+        return None
+    return parse(node.mark_get_id().get_name())
+
+
+def loop_marks(marks: tuple[Mark, ...], depth: int) -> tuple[LoopMark, ...]:
+    """The marks among `marks` that belong to the loop of schedule depth `depth`."""
+    return tuple(m for m in marks if isinstance(m, Parallel | Collapse | Simd) and m.depth == depth)
