@@ -117,7 +117,7 @@ def lower_to_cuda(
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
     with log.stage("map"), isl_errors(f"mapping {cdef.name} to the GPU"):
-        mapping = map_to_gpu(analysis.schedule, scop, options, device)
+        mapping = map_to_gpu(analysis.schedule, scop, options, device, launched=sizes)
         _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
     with log.stage("ast"):

@@ -234,3 +234,37 @@ def test_a_thread_guard_with_an_else_branch_around_a_shared_copy() -> None:
     }  # fmt: skip
     sizes = {"R": 7, "L": 1}
     check_against_reference(source, "f", sizes, 4001012747, options, "cuda-emu", "exact-nan")
+
+
+def test_a_size_generic_kernel_launches_no_more_blocks_than_its_tiles() -> None:
+    """A CUDA kernel is built per shape, even from a schedule for any size: its grid is
+    sized at the sizes it is launched at. With the grid the options asked for (256 x 16
+    blocks of 128 threads) kept whole, 99% of the threads had no tile, yet each ran
+    the sequential loop around the grid's loops: 17.8 million iterations for 65,352
+    statement instances, a runaway (found by the fuzzer)."""
+    source = (
+        "def f(float(float4, 4) tmp, float(float4) new, float(float4, float4) class)"
+        " -> (acc, T) {\n"
+        "    acc(m) = new(m)\n"
+        "    T(S0, union, r) min=! acc(true) where S0 in 0:float4-1, union in 0:float4,"
+        " r in 0:float4-1\n"
+        "}\n"
+    )
+    options = {
+        "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Max",
+        "fix_parameters_before_scheduling": False, "tile": [0, 4, 32, 1], "unroll": 16,
+        "interchange": [1, 0], "register_tile": [3, 1], "map_to_blocks": [256, 16],
+        "use_shared_memory": False, "use_private_memory": True, "use_readonly_cache": True,
+    }  # fmt: skip
+    engine = tcpy.ExecutionEngine("cuda-emu")
+    engine.define(source)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in ((16, 4), (16,), (16, 16))]
+    kernel = engine.compile("f", *inputs, options=MappingOptions.from_dict(options))
+    acc, t = kernel(*inputs)
+    np.testing.assert_array_equal(acc, inputs[1])
+    np.testing.assert_array_equal(t, np.full((15, 16, 15), inputs[1].min(), np.float32))
+    counted = kernel.iterations(*inputs)
+    assert not counted.runaway
+    # T's two kernels on its 4 x 1 tiles of 32 x 4 threads, acc's 16 blocks of one thread
+    assert counted.threads == 2 * 4 * 128 + 16  # not the 2 x 4096 blocks of 128 asked for

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,13 +29,12 @@ from tcpy.codegen.exprs import (
     BodyPrinter,
     Helpers,
     LocalCopy,
-    StatementParts,
     flat_index,
     isl_expr,
     sym_expr,
 )
-from tcpy.codegen.loops import FOR, loop_count_declarations, walk
-from tcpy.codegen.printer import buffer_order, def_text
+from tcpy.codegen.loops import FOR, Header, loop_count_declarations, walk
+from tcpy.codegen.printer import Instance, buffer_order, def_text
 from tcpy.codegen.thread_tile import (
     ThreadPrinter,
     find_thread_tile,
@@ -164,7 +162,7 @@ class CudaPrinter(ThreadPrinter):
             print_thread_tile(self, jam, depth)
         else:
             if held is not None and held.tile is None:
-                held.iterators.append(loop.iterator)
+                held.iterators.append(loop.id)
             super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
 
@@ -381,12 +379,11 @@ class CudaPrinter(ThreadPrinter):
         users, iterators = _users_and_iterators(inner)
         found = [self.reduction_at(u) for u in users]
         first = found[0] if found else None
-        if first is None or any(f is None or f != first for f in found):
+        if first is None or any(f is None or not f.same(first) for f in found):
             raise InternalError("a partial reduction must run instances of one reduction")
-        source, values = first
-        if any(re.search(rf"\b{i}\b", values[v]) for v in source.indices for i in iterators):
+        if first.element_uses(*iterators):
             raise InternalError("a partial reduction must reduce into one element")
-        parts = self.bodies.parts(source, values)
+        parts = self.bodies.parts(first.source, first.values)
         self.emit(depth, "{")
         self.emit(depth + 1, f"{parts.compute} tc_part = {parts.identity};")
         self.emit(depth + 1, "bool tc_seen = false;")
@@ -425,12 +422,12 @@ class CudaPrinter(ThreadPrinter):
             return
         found = self.reduction_at(node)
         assert found is not None
-        parts = self.bodies.parts(*found)
+        parts = self.bodies.parts(found.source, found.values)
         self.emit(depth, parts.wrap(f"tc_part = {parts.combine('tc_part')};"))
         self.emit(depth, "tc_seen = true;")
 
-    def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
-        return None if self.lane_parts is not None else super().accumulator(body, iterator)
+    def accumulator(self, body: isl.AstNode, loop: Header) -> Instance | None:
+        return None if self.lane_parts is not None else super().accumulator(body, loop)
 
     def pragmas(
         self, marks: tuple[Mark, ...], innermost: bool, unroll: int, shared: str | None = None
@@ -572,7 +569,8 @@ def narrow_indices(scop: Scop, options: MappingOptions, sizes: Mapping[str, int]
     limit = 2**31 // NARROW_HEADROOM
     cdef = scop.cdef
     elements = [math.prod(d.evaluate(sizes) for d in t.shape) for t in cdef.tensors]
-    literals = [int(n) for n in re.findall(r"\d+", def_text(cdef))]
+    text = def_text(cdef)  # the def as written: its numbers, and the digits in its names
+    literals = [int(n) for n in "".join(c if c.isdigit() else " " for c in text).split()]
     scale = max([1, *literals])
     largest = max([1, *sizes.values(), *options.tile, *literals])
     return max(elements, default=0) < limit and largest * scale < limit

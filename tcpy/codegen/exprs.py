@@ -10,6 +10,7 @@ trapping, and a subscript that range inference did not prove in bounds (a gather
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,58 @@ def isl_expr(e: isl.AstExpr, names: Mapping[str, str], top: bool = False) -> str
     raise InternalError(f"unexpected isl AST operation {op}")
 
 
+def expr_ids(e: isl.AstExpr) -> frozenset[str]:
+    """The names of the ids (loop iterators, parameters) an isl AST expression uses."""
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.id:
+        return frozenset({e.id_get_id().get_name()})
+    if kind == isl.ast_expr_type.int:
+        return frozenset()
+    return frozenset().union(*(expr_ids(e.op_get_arg(i)) for i in range(e.op_get_n_arg())))
+
+
+def expr_int(e: isl.AstExpr) -> int | None:
+    """The value of an integer constant, else None."""
+    if e.get_type() != isl.ast_expr_type.int:
+        return None
+    return int(e.int_get_val().to_python())
+
+
+def expr_id(e: isl.AstExpr) -> str | None:
+    """The name of an id expression, else None."""
+    return e.id_get_id().get_name() if e.get_type() == isl.ast_expr_type.id else None
+
+
+def expr_args(e: isl.AstExpr, op: isl.ast_expr_op_type) -> list[isl.AstExpr] | None:
+    """The arguments of an operation `op`, else None (another operation or no
+    operation)."""
+    if e.get_type() != isl.ast_expr_type.op or e.op_get_type() != op:
+        return None
+    return [e.op_get_arg(i) for i in range(e.op_get_n_arg())]
+
+
+def sum_terms(e: isl.AstExpr) -> list[isl.AstExpr] | None:
+    """The terms of a sum at the top of `e` (`e` itself when it is no sum); None when a
+    subtraction, a negation or a negative constant makes some term negative."""
+    kind = e.get_type()
+    if kind == isl.ast_expr_type.int:
+        return None if (expr_int(e) or 0) < 0 else [e]
+    if kind != isl.ast_expr_type.op:
+        return [e]
+    op = e.op_get_type()
+    if op in (isl.ast_expr_op_type.sub, isl.ast_expr_op_type.minus):
+        return None
+    if op != isl.ast_expr_op_type.add:
+        return [e]
+    terms: list[isl.AstExpr] = []
+    for i in range(e.op_get_n_arg()):
+        inner = sum_terms(e.op_get_arg(i))
+        if inner is None:
+            return None
+        terms += inner
+    return terms
+
+
 def sym_expr(e: Sym) -> str:
     """A size expression in C (64-bit, floor division as isl means it)."""
     terms: list[str] = []
@@ -131,6 +184,29 @@ class LocalCopy:
         return flat_index(d, local, extents)
 
 
+@dataclass(frozen=True)
+class Read:
+    """A load a statement's body prints: the load (`form` of the dialect, on `array`
+    at the flat `index`, as `text`), the isl ids its index uses (loop iterators,
+    block and thread parameters), whether a run-time check guards its subscripts
+    (`tc_index`) or its subscripts compute more than an affine form (`plain` False),
+    whether it lies in another read's subscripts (`nested`: a gather's index) or has
+    reads in its own (`gathers`), and whether the body reads it into a local first
+    (`hoisted`, `BodyPrinter.hoist_loads`)."""
+
+    text: str
+    form: str  # "load", "readonly_load" or "copy_load"
+    array: str
+    index: str
+    ids: frozenset[str]
+    checked: bool
+    plain: bool
+    nested: bool
+    gathers: bool
+    hoisted: bool = False
+    within: int | None = None  # the position in `StatementParts.reads` of the read around it
+
+
 @dataclass
 class BodyPrinter:
     """Prints the bodies of one definition's statements."""
@@ -145,9 +221,16 @@ class BodyPrinter:
     no load then depends on the compiler's aliasing analysis)."""
     copies: Mapping[str, LocalCopy] = field(default_factory=dict)  # by tensor
 
-    def statement(self, st: CheckedStatement, init: bool, indices: Mapping[str, str]) -> str:
-        """One statement instance in C; `indices` maps each TC index to its value."""
-        parts = self.parts(st, indices, init)
+    def statement(
+        self,
+        st: CheckedStatement,
+        init: bool,
+        indices: Mapping[str, str],
+        substitute: Mapping[str, str] | None = None,
+    ) -> str:
+        """One statement instance in C; `indices` maps each TC index to its value, and
+        `substitute` a load's text to what is printed in its place (`parts`)."""
+        parts = self.parts(st, indices, init, substitute=substitute)
         if init:
             return f"{parts.target} = {parts.identity};"
         value = parts.value
@@ -156,11 +239,19 @@ class BodyPrinter:
         return parts.wrap(f"{parts.target} = {parts.store(value)};")
 
     def parts(
-        self, st: CheckedStatement, indices: Mapping[str, str], init: bool = False
+        self,
+        st: CheckedStatement,
+        indices: Mapping[str, str],
+        init: bool = False,
+        ids: Mapping[str, frozenset[str]] | None = None,
+        substitute: Mapping[str, str] | None = None,
     ) -> StatementParts:
         """The pieces of a statement instance (of its initialisation when `init`: the
-        right-hand side, which uses the reduction indices, is then left out)."""
-        ctx = _Context(self, st, indices)
+        right-hand side, which uses the reduction indices, is then left out). `ids`:
+        the isl ids each TC index's value uses (for `StatementParts.reads`);
+        `substitute`: a load's text (`Read.text`) -> what is printed in its place (a
+        local the printer loaded it into)."""
+        ctx = _Context(self, st, indices, ids or {}, substitute or {})
         tensor = self.cdef.tensor(st.tensor)
         subscripts = [indices[v] for v in st.indices]
         compute = tensor.scalar.compute
@@ -189,6 +280,9 @@ class BodyPrinter:
 
         return StatementParts(
             target=target,
+            array=array,
+            element=lhs,
+            in_copy=copy is not None,
             address=self.dialect.address.format(array=array, index=lhs),
             current=_convert(current, tensor.scalar, compute, self.dialect),
             value=value,
@@ -201,6 +295,11 @@ class BodyPrinter:
             combine=combine,
             merge=merge,
             prelude=tuple(ctx.prelude),
+            reads=tuple(ctx.reads),
+            conditional=any(
+                isinstance(n, ast.Ternary) or (isinstance(n, ast.Binary) and n.op.is_logical)
+                for n in ast.walk(st.rhs)
+            ),
         )
 
 
@@ -210,6 +309,9 @@ class StatementParts:
     promotion of an accumulator keeps `current` in a local across a loop)."""
 
     target: str  # the element written, as an lvalue
+    array: str  # the array of that element (the tensor's, or a copy's)
+    element: str  # its flat index there
+    in_copy: bool  # the element lies in a copy (shared or local), not in the tensor
     address: str  # the element's address
     current: str  # its value in the compute type
     value: str  # the right-hand side in the compute type
@@ -222,6 +324,8 @@ class StatementParts:
     combine: Callable[[str], str]  # accumulator -> combined value
     merge: Callable[[str, str], str]  # two partial results -> their combination
     prelude: tuple[str, ...] = ()  # declarations `value` uses (`BodyPrinter.hoist_loads`)
+    reads: tuple[Read, ...] = ()  # the loads of `value` (and `prelude`), in print order
+    conditional: bool = False  # `value` evaluates some part only under a condition
 
     def wrap(self, line: str) -> str:
         """A line that uses `value`, in a scope with the declarations it needs."""
@@ -234,10 +338,21 @@ class StatementParts:
 class _Context:
     """Printing state for one statement: its index values and unproved accesses."""
 
-    def __init__(self, printer: BodyPrinter, st: CheckedStatement, indices: Mapping[str, str]):
+    def __init__(
+        self,
+        printer: BodyPrinter,
+        st: CheckedStatement,
+        indices: Mapping[str, str],
+        ids: Mapping[str, frozenset[str]],
+        substitute: Mapping[str, str],
+    ):
         self.p = printer
         self.st = st
         self.indices = indices
+        self.ids = ids
+        self.substitute = substitute
+        self.reads: list[Read] = []  # the loads printed, in order
+        self.depth = 0  # the reads open around the one being printed (gathers)
         accesses = list(guarded_accesses(st.rhs))
         self.unproved = {id(a) for a, guarded in accesses if guarded}
         texts = Counter(expr_text(a) for a, guarded in accesses if not guarded)
@@ -330,6 +445,8 @@ class _Context:
         info = self.p.cdef.tensor(e.tensor)
         subscripts = []
         checked = False
+        first_inner = len(self.reads)
+        self.depth += 1
         for k, arg in enumerate(e.args):
             proven = id(e) not in self.unproved and linear_form(arg) is not None
             # an affine subscript proven in bounds is computed in 64 bits, from the
@@ -348,22 +465,39 @@ class _Context:
                 self.p.helpers.checked_index = checked = True
                 text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
             subscripts.append(text)
+        self.depth -= 1
         copy = self.p.copies.get(e.tensor)
         if copy is not None and not checked:
             # proven in the tensor and in the tile, so in what was copied
-            load = self.d.copy_load.format(array=copy.buffer, index=copy.index(self.d, subscripts))
+            form, array, index = "copy_load", copy.buffer, copy.index(self.d, subscripts)
         else:
             readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
-            form = self.d.readonly_load if readonly else self.d.load
-            load = form.format(array=tensor_name(e.tensor), index=self.flat(e.tensor, subscripts))
-        value = _convert(load, info.scalar, info.scalar.compute, self.d)
+            form = "readonly_load" if readonly else "load"
+            array, index = tensor_name(e.tensor), self.flat(e.tensor, subscripts)
+        load = getattr(self.d, form).format(array=array, index=index)
         text = expr_text(e)
-        if text not in self.repeated or id(e) in self.unproved:
+        hoisted = text in self.repeated and id(e) not in self.unproved
+        inner = self.reads[first_inner:]
+        here = len(self.reads)
+        for k in range(first_inner, here):  # the reads this one's subscripts make
+            if self.reads[k].within is None:
+                self.reads[k] = dataclasses.replace(self.reads[k], within=here)
+        self.reads.append(Read(
+            load, form, array, index, self._uses(e).union(*(r.ids for r in inner)), checked,
+            all(linear_form(a) is not None for a in e.args), self.depth > 0, bool(inner), hoisted,
+        ))  # fmt: skip
+        value = _convert(self.substitute.get(load, load), info.scalar, info.scalar.compute, self.d)
+        if not hoisted:
             return value
         if text not in self.loaded:  # read once, before the statement
             self.loaded[text] = name = f"tc_v{len(self.loaded)}"
             self.prelude.append(f"const {self.d.ctype(info.scalar.compute)} {name} = {value};")
         return self.loaded[text]
+
+    def _uses(self, e: ast.Access) -> frozenset[str]:
+        """The isl ids the values of the indices in `e`'s subscripts use."""
+        names = {n.name for a in e.args for n in ast.walk(a) if isinstance(n, ast.Index)}
+        return frozenset().union(*(self.ids.get(n, frozenset()) for n in names))
 
     def combine(self, reduction: ast.Reduction, current: str, value: str, ty: ScalarType) -> str:
         match reduction:

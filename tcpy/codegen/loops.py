@@ -3,13 +3,13 @@ and the counters of a counting build."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import islpy as isl
 
+from tcpy.codegen.exprs import expr_args, expr_id, expr_ids, expr_int, isl_expr
 from tcpy.mapping import marks
 from tcpy.poly.isl_helpers import ast_children
 
@@ -61,25 +61,84 @@ static inline int tc_count_loop(int k) {{
 
 @dataclass(frozen=True)
 class Header:
-    """A printed `for` loop: its parts and its header line."""
+    """A `for` loop of the isl AST: its start, condition and step as isl expressions
+    (`node`'s) and as printed with `names` (how ids print), and its header line."""
 
     iterator: str
     init: str
     cond: str
     inc: str
     text: str
+    node: isl.AstNode = field(compare=False, repr=False)
+    names: Mapping[str, str] = field(compare=False, repr=False)
+    index_type: str = "long long"
+
+    @classmethod
+    def of(cls, node: isl.AstNode, names: Mapping[str, str], index_type: str) -> Header:
+        """The header of `for` node `node`, its ids printed as `names` says."""
+        iterator = isl_expr(node.for_get_iterator(), names)
+        init = isl_expr(node.for_get_init(), names, top=True)
+        cond = isl_expr(node.for_get_cond(), names, top=True)
+        inc = isl_expr(node.for_get_inc(), names, top=True)
+        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
+        text = f"for ({index_type} {iterator} = {init}; {cond}; {step}) {{"
+        return cls(iterator, init, cond, inc, text, node, names, index_type)
+
+    def with_cond(self, cond: str) -> str:
+        """The loop's header line with the condition `cond` instead of its own."""
+        step = f"{self.iterator}++" if self.inc == "1" else f"{self.iterator} += {self.inc}"
+        return f"for ({self.index_type} {self.iterator} = {self.init}; {cond}; {step}) {{"
+
+    @property
+    def id(self) -> str:
+        """The isl id of the loop's iterator."""
+        return self.node.for_get_iterator().id_get_id().get_name()
+
+    def uses(self, *ids: str) -> bool:
+        """Whether the loop's start, condition or step uses one of the isl ids `ids`."""
+        n = self.node
+        used = expr_ids(n.for_get_init()) | expr_ids(n.for_get_cond()) | expr_ids(n.for_get_inc())
+        return not used.isdisjoint(ids)
+
+    @property
+    def start(self) -> int | None:
+        """The loop's first value, when it is a number."""
+        return expr_int(self.node.for_get_init())
+
+    @property
+    def step(self) -> int | None:
+        """The loop's step, when it is a number."""
+        return expr_int(self.node.for_get_inc())
+
+    def bound(self) -> tuple[bool, isl.AstExpr] | None:
+        """The loop's condition as `iterator <= bound` (True) or `iterator < bound`
+        (False), with the bound; None for a condition of another form."""
+        cond = self.node.for_get_cond()
+        for op, inclusive in ((isl.ast_expr_op_type.le, True), (isl.ast_expr_op_type.lt, False)):
+            args = expr_args(cond, op)
+            if args is not None and len(args) == 2 and expr_id(args[0]) == self.id:
+                return inclusive, args[1]
+        return None
+
+    def last(self) -> int | None:
+        """The loop's last value, when its bound is a number."""
+        found = self.bound()
+        value = None if found is None else expr_int(found[1])
+        return None if found is None or value is None else value - (not found[0])
+
+    def cond_at(self, value: str) -> str:
+        """The loop's condition with its iterator replaced by the text `value`."""
+        return isl_expr(self.node.for_get_cond(), {**self.names, self.id: value}, top=True)
 
     def first(self) -> str | None:
         """The test that the loop runs at least once (its condition at its first
         value); None where its bounds are numbers that show it does. Code hoisted
         out of a loop (an accumulator's load and store) must not run where the loop
         does not: isl's bounds on a loop may be all that keeps an element in range."""
-        bound = re.fullmatch(rf"{self.iterator} (<=?) (-?\d+)", self.cond)
-        if bound is not None and re.fullmatch(r"-?\d+", self.init):
-            last = int(bound.group(2)) - (bound.group(1) == "<")
-            if int(self.init) <= last:
-                return None
-        return re.sub(rf"\b{self.iterator}\b", f"({self.init})", self.cond)
+        start, last = self.start, self.last()
+        if start is not None and last is not None and start <= last:
+            return None
+        return self.cond_at(f"({self.init})")
 
 
 def loop_depth(node: isl.AstNode) -> int:

@@ -11,14 +11,14 @@ printed as comments above it. `CPrinter` (`tcpy.codegen.c`) and `CudaPrinter`
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, UserStatement
 from tcpy.codegen.dialect import C, Dialect
-from tcpy.codegen.exprs import BodyPrinter, Helpers, StatementParts, isl_expr
+from tcpy.codegen.exprs import BodyPrinter, Helpers, Read, StatementParts, expr_ids, isl_expr
 from tcpy.codegen.loops import (
     COUNT_LOOP,
     FOR,
@@ -27,6 +27,7 @@ from tcpy.codegen.loops import (
     contains_for,
     loop_depth,
     user_statements,
+    walk,
 )
 from tcpy.errors import InternalError
 from tcpy.mapping.marks import Collapse, Mark, loop_marks, of_ast
@@ -43,6 +44,34 @@ _OPENMP_REDUCTION = {
     tc.Reduction.MIN: "min",
     tc.Reduction.MAX: "max",
 }
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """A statement as a user node of the AST runs it: the TC statement, the value of
+    each of its indices as an isl expression of the loop iterators (`exprs`) and as
+    printed (`values`)."""
+
+    source: CheckedStatement
+    exprs: dict[str, isl.AstExpr]
+    values: dict[str, str]
+    user: UserStatement
+
+    def uses(self, index: str, *ids: str) -> bool:
+        """Whether the value of TC index `index` uses one of the isl ids `ids`."""
+        return not expr_ids(self.exprs[index]).isdisjoint(ids)
+
+    def ids(self) -> dict[str, frozenset[str]]:
+        """The isl ids each TC index's value uses."""
+        return {v: expr_ids(e) for v, e in self.exprs.items()}
+
+    def element_uses(self, *ids: str) -> bool:
+        """Whether the element the statement writes moves with one of the ids `ids`."""
+        return any(self.uses(v, *ids) for v in self.source.indices)
+
+    def same(self, other: Instance) -> bool:
+        """Whether `other` is the same statement at the same index values."""
+        return self.source is other.source and self.values == other.values
 
 
 @dataclass
@@ -67,6 +96,7 @@ class Printer:
         # and thread parameters' spellings
         self.names: dict[str, str] = {}
         self.locals = 0  # hoisted reads so far: tc_h0, tc_h1, ...
+        self.substitute: dict[str, str] = {}  # reads loaded into locals (`invariant_reads`)
         self.copies = 0  # packed tiles so far: tc_pack0, tc_pack1, ...
 
     def emit(self, depth: int, text: str) -> None:
@@ -114,11 +144,13 @@ class Printer:
         iterator, header = loop.iterator, loop.text
         body = node.for_get_body()
         here = loop_marks(marks, loop_depth(node))
-        accumulator = None if here else self.accumulator(body, iterator)
+        accumulator = None if here else self.accumulator(body, loop)
         if accumulator is not None:
             self.promoted(accumulator, loop, depth)
             return
         start = len(self.lines)
+        innermost = not contains_for(body)
+        hoisted = self.invariant_reads(body, loop) if innermost and self.hoists else []
         inner = self.collapsed(body, iterator, marks) if shared is not None else None
         if inner is not None:  # the two loops share out as one: nothing between them
             self.emit(depth, header)
@@ -128,14 +160,16 @@ class Printer:
             shared = f" collapse(2){shared}"
         else:
             self.open_loop(depth, header)
+            loaded = {read.text: local for read, local in hoisted}
+            saved, self.substitute = self.substitute, {**self.substitute, **loaded}
             self.node(body, depth + 1, marks)
+            self.substitute = saved
         self.emit(depth, "}")
-        innermost = not contains_for(body)
-        hoisted = self.hoist_invariant_reads(loop, start) if innermost else []
         unroll = unroll_factor(self.options.unroll, self.lines[start + 1 : -1])
         pragmas = self.pragmas(here, innermost=innermost, unroll=unroll, shared=shared)
+        declared = self.hoisted(hoisted, loop)
         indent = "  " * depth
-        self.lines[start:start] = [indent + line for line in (*hoisted, *pragmas)]
+        self.lines[start:start] = [indent + line for line in (*declared, *pragmas)]
 
     def collapsed(self, body: isl.AstNode, outer: str, marks: tuple[Mark, ...]) -> Header | None:
         """The header of the loop that the worksharing loop of `outer` shares out with
@@ -147,67 +181,61 @@ class Printer:
         loop = self.loop_header(body)
         if loop_marks(marks, loop_depth(body)) != (Collapse(loop_depth(body)),):
             return None
-        if re.search(rf"\b{outer}\b", f"{loop.init} {loop.cond} {loop.inc}"):
-            return None
-        return loop
+        return None if loop.uses(outer) else loop
 
     hoists = False  # whether invariant reads are hoisted out of innermost loops (C)
 
-    def hoist_invariant_reads(self, loop: Header, start: int) -> list[str]:
-        """Replace, in the body of the innermost loop printed from line `start`, each
-        read of a tensor element that the loop does not change (its subscript does not
-        use the loop's index, and the body writes no element of that tensor) by a local
-        loaded before the loop; returns the locals' declarations. A fused nest reading
-        `maxVal[i]` beside the `expDist[i][j]` it computes then vectorises. The load is
-        guarded by the loop's first test, so a loop that runs no iteration reads
-        nothing it would not have read. A subscript that calls a function is left in
-        place: `tc_index` checks an access proven only under a condition (a `?:` guard,
-        a gather), which the loop may not evaluate."""
-        if not self.hoists:
-            return []
-        body = self.lines[start + 1 : -1]
-        text = "\n".join(body)
-        written = set(re.findall(rf"^\s*({_ARRAY})\[", text, flags=re.M))
-        index = re.compile(rf"\b{loop.iterator}\b")
-        reads: dict[str, str] = {}
-        for match in re.finditer(rf"\b({_ARRAY})\[", text):
-            name = match.group(1)
-            end = _closing_bracket(text, match.end())
-            read = text[match.start() : end + 1]
-            if name in written or index.search(read) or _CALL.search(read) or read in reads:
+    def invariant_reads(self, body: isl.AstNode, loop: Header) -> list[tuple[Read, str]]:
+        """The reads of the statements of an innermost loop's `body` that the loop
+        does not change (their subscripts do not use the loop's index, and the body
+        writes no element of their tensor), each with the local it is loaded into
+        before the loop (`hoisted`): a fused nest reading `maxVal[i]` beside the
+        `expDist[i][j]` it computes then vectorises. A read whose subscripts are
+        checked at run time (`tc_index`: an access proven only under a condition, a
+        `?:` guard or a gather) stays in place, as the loop may not evaluate it."""
+        written: set[str] = set()
+        reads: list[Read] = []
+        for node, _ in walk(body):
+            if node.get_type() != isl.ast_node_type.user:
                 continue
-            reads[read] = f"tc_h{self.locals}"
+            user = self.ast.user(node)
+            instance = self.instance(user)
+            init = self.scop.statement(user.statement).kind is Kind.INIT
+            parts = self.bodies.parts(instance.source, instance.values, init, instance.ids())
+            written.add(parts.array)
+            reads += parts.reads
+        chosen: dict[str, tuple[Read, str]] = {}
+        for r in reads:
+            if r.array in written or loop.id in r.ids or r.checked or r.text in chosen:
+                continue
+            chosen[r.text] = (r, f"tc_h{self.locals}")
             self.locals += 1
-        if not reads:
-            return []
+        return list(chosen.values())
+
+    def hoisted(self, reads: list[tuple[Read, str]], loop: Header) -> list[str]:
+        """The declarations of the locals `reads` are loaded into, each guarded by
+        the loop's first test, so that a loop that runs no iteration reads nothing it
+        would not have read."""
         tensors = {tensor_name(t.name): t for t in self.scop.cdef.tensors}
         tensors |= {c.buffer: self.scop.cdef.tensor(t) for t, c in self.bodies.copies.items()}
-        types = {name: self.dialect.ctype(t.scalar) for name, t in tensors.items()}
         first = loop.first()
         declarations = []
-        for read, local in reads.items():
-            ctype = types[read[: read.index("[")]]
-            value = read if first is None else f"({first}) ? {read} : ({ctype})0"
+        for read, local in reads:
+            ctype = self.dialect.ctype(tensors[read.array].scalar)
+            value = read.text if first is None else f"({first}) ? {read.text} : ({ctype})0"
             declarations.append(f"const {ctype} {local} = {value};")
-        for k in range(start + 1, len(self.lines) - 1):
-            for read, local in reads.items():
-                self.lines[k] = self.lines[k].replace(read, local)
         return declarations
 
-    def accumulator(self, body: isl.AstNode, iterator: str) -> StatementParts | None:
-        """The parts of the statement of a loop that only reduces into one element (the
-        loop's index is not among the element's), whose accumulator can then live in a
+    def accumulator(self, body: isl.AstNode, loop: Header) -> Instance | None:
+        """The statement of a loop that only reduces into one element (the loop's
+        index is not among the element's), whose accumulator can then live in a
         register across the loop."""
         found = self.reduction_at(body)
-        if found is None:
+        if found is None or found.element_uses(loop.id):
             return None
-        source, values = found
-        word = re.compile(rf"\b{iterator}\b")
-        if any(word.search(values[v]) for v in source.indices):
-            return None
-        return self.bodies.parts(source, values)
+        return found
 
-    def reduction_at(self, node: isl.AstNode) -> tuple[CheckedStatement, dict[str, str]] | None:
+    def reduction_at(self, node: isl.AstNode) -> Instance | None:
         """The reduction statement a user node computes, with its index values; None
         for another node or statement."""
         if node.get_type() != isl.ast_node_type.user:
@@ -217,23 +245,29 @@ class Printer:
         source = stmt.source(self.scop.cdef)
         if stmt.kind is Kind.INIT or source.op.reduction is None:
             return None
-        return source, self.index_values(user)
+        return self.instance(user)
+
+    def instance(self, user: UserStatement, names: Mapping[str, str] | None = None) -> Instance:
+        """The statement a user node runs, its index values printed with the printer's
+        names (and `names`, which win)."""
+        stmt = self.scop.statement(user.statement)
+        exprs = dict(zip(stmt.dims, user.indices, strict=True))
+        shown = {**self.names, **(names or {})}
+        values = {v: isl_expr(e, shown, top=True) for v, e in exprs.items()}
+        return Instance(stmt.source(self.scop.cdef), exprs, values, user)
 
     def loop_header(self, node: isl.AstNode) -> Header:
-        iterator = isl_expr(node.for_get_iterator(), self.names)
-        init = isl_expr(node.for_get_init(), self.names, top=True)
-        cond = isl_expr(node.for_get_cond(), self.names, top=True)
-        inc = isl_expr(node.for_get_inc(), self.names, top=True)
-        step = f"{iterator}++" if inc == "1" else f"{iterator} += {inc}"
-        text = f"for ({self.dialect.index_type} {iterator} = {init}; {cond}; {step}) {{"
-        return Header(iterator, init, cond, inc, text)
+        return Header.of(node, self.names, self.dialect.index_type)
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         """Pragmas of a loop whose accumulator lives in a register (`clause`: the
         OpenMP reduction operator): none here."""
         return []
 
-    def promoted(self, parts: StatementParts, loop: Header, depth: int) -> None:
+    def promoted(self, instance: Instance, loop: Header, depth: int) -> None:
+        """A loop that only reduces `instance` into one element, its accumulator in a
+        register across the loop (`tc_acc`), loaded and stored where the loop runs."""
+        parts = self.bodies.parts(instance.source, instance.values)
         assert parts.reduction is not None
         clause = _OPENMP_REDUCTION[parts.reduction]
         pragmas = self.reduction_pragmas(clause)
@@ -247,7 +281,7 @@ class Printer:
         self.emit(depth + 1, f"{parts.compute} tc_acc = {parts.current};")
         header = loop.text
         if lanes:
-            self.partial_results(parts, loop, lanes, depth + 1)
+            self.partial_results(instance, loop, lanes, depth + 1)
             it = loop.iterator
             header = f"for ({self.dialect.index_type} {it} = tc_r; {loop.cond}; {it}++) {{"
         if flag:
@@ -274,34 +308,33 @@ class Printer:
         (one vector accumulator waits 4 cycles per step: a row sum ran at a quarter of
         the speed of the loads); 0 for one accumulator, where the loop is known to be
         short or does not step by one."""
-        if loop.inc != "1":
+        if loop.step != 1:
             return 0
         lanes = 4 * max(1, self.vector_bytes // parts.itemsize)
-        bound = re.fullmatch(rf"{loop.iterator} (<=?) (-?\d+)", loop.cond)
-        if bound is not None and re.fullmatch(r"-?\d+", loop.init):
-            trips = int(bound.group(2)) - int(loop.init) + (bound.group(1) == "<=")
-            if trips < 2 * lanes:
-                return 0
+        start, last = loop.start, loop.last()
+        if start is not None and last is not None and last - start + 1 < 2 * lanes:
+            return 0
         return lanes
 
-    def partial_results(self, parts: StatementParts, loop: Header, lanes: int, depth: int) -> None:
+    def partial_results(self, instance: Instance, loop: Header, lanes: int, depth: int) -> None:
         """The first iterations of a reduction loop, `lanes` at a time, each into its own
         partial result (`tc_lane`), which are then merged into `tc_lane[0]` in a tree;
         the loop that follows runs the rest from `tc_r`. The order of the combination
         changes as a vector reduction's does (`vectorize=False` keeps the sequential
         one); NaN propagates through `merge` as through the statement."""
+        parts = self.bodies.parts(instance.source, instance.values)
         ctype, index = parts.compute, self.dialect.index_type
         self.emit(depth, f"{ctype} tc_lane[{lanes}];")
         identity = f"({ctype})({parts.identity})"
         self.emit(depth, f"for (int tc_l = 0; tc_l < {lanes}; tc_l++) tc_lane[tc_l] = {identity};")
-        word = re.compile(rf"\b{loop.iterator}\b")
-        last = word.sub(f"(tc_r + {lanes - 1})", loop.cond)
+        last = loop.cond_at(f"(tc_r + {lanes - 1})")
         self.emit(depth, f"{index} tc_r = {loop.init};")
         self.open_loop(depth, f"for (; {last}; tc_r += {lanes}) {{")
         self.emit(depth + 1, "#pragma omp simd")
         self.emit(depth + 1, f"for (int tc_l = 0; tc_l < {lanes}; tc_l++) {{")
-        step = parts.wrap(f"tc_lane[tc_l] = {parts.combine('tc_lane[tc_l]')};")
-        self.emit(depth + 2, word.sub("(tc_r + tc_l)", step))
+        lane = self.instance(instance.user, {loop.id: "(tc_r + tc_l)"})
+        at_lane = self.bodies.parts(lane.source, lane.values)
+        self.emit(depth + 2, at_lane.wrap(f"tc_lane[tc_l] = {at_lane.combine('tc_lane[tc_l]')};"))
         self.emit(depth + 1, "}")
         self.emit(depth, "}")
         half = lanes // 2
@@ -326,19 +359,13 @@ class Printer:
             self.node(node.if_get_else_node(), depth + 1, marks)
         self.emit(depth, "}")
 
-    def index_values(self, user: UserStatement) -> dict[str, str]:
-        stmt = self.scop.statement(user.statement)
-        return {
-            var: isl_expr(e, self.names, top=True)
-            for var, e in zip(stmt.dims, user.indices, strict=True)
-        }
-
     def user(self, node: isl.AstNode, depth: int) -> None:
         user = self.ast.user(node)
         stmt = self.scop.statement(user.statement)
         source = stmt.source(self.scop.cdef)
         init = stmt.kind is Kind.INIT
-        self.emit(depth, self.bodies.statement(source, init, self.index_values(user)))
+        values = self.instance(user).values
+        self.emit(depth, self.bodies.statement(source, init, values, self.substitute))
 
     # --- the kernel -------------------------------------------------------------
     def top_level(self, depth: int) -> None:
@@ -365,26 +392,7 @@ class Printer:
         return out
 
 
-_ARRAY = r"t_\w+|tc_pack\d+"  # a tensor, or a thread's buffer of one (`tcpy.codegen.pack`)
-_CALL = re.compile(r"[A-Za-z_]\w*\s*\(")
-"""A function call in printed C (a cast such as `(int64_t)(c0)` is not one)."""
-
-
-def _closing_bracket(text: str, position: int) -> int:
-    """The index of the `]` that closes the `[` just before `position`."""
-    depth = 1
-    for k in range(position, len(text)):
-        if text[k] == "[":
-            depth += 1
-        elif text[k] == "]":
-            depth -= 1
-            if depth == 0:
-                return k
-    raise InternalError("unbalanced brackets in generated code")
-
-
 UNROLL_BUDGET = 512  # tokens of C an unrolled loop body may grow to
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|[^\s\w]")
 
 
 def unroll_factor(asked: int, body: list[str]) -> int:
@@ -392,11 +400,34 @@ def unroll_factor(asked: int, body: list[str]) -> int:
     lowered to a power of two at which the unrolled body stays within `UNROLL_BUDGET`
     tokens. A heavy body unrolled 64 times costs the C compiler tens of seconds and
     gains nothing once the body no longer fits the instruction cache."""
-    size = max(1, sum(len(_TOKEN.findall(line)) for line in body))
+    size = max(1, sum(_tokens(line) for line in body))
     factor = 1
     while factor * 2 <= asked and factor * 2 * size <= UNROLL_BUDGET:
         factor *= 2
     return factor
+
+
+def _tokens(text: str) -> int:
+    """How many tokens of C `text` holds (a name, a number, or one other character
+    that is not a space): the size of a loop's body, which `unroll_factor` weighs."""
+    count, k = 0, 0
+    while k < len(text):
+        c = text[k]
+        k += 1
+        if c.isspace():
+            continue
+        count += 1
+        if c.isalpha() or c == "_":
+            while k < len(text) and (text[k].isalnum() or text[k] == "_"):
+                k += 1
+        elif c.isdigit():
+            while k < len(text) and text[k].isdigit():
+                k += 1
+            if k < len(text) and text[k] == ".":
+                k += 1
+                while k < len(text) and text[k].isdigit():
+                    k += 1
+    return count
 
 
 def buffer_order(cdef: CheckedDef) -> list[str]:

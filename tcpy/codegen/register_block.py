@@ -4,12 +4,12 @@ across the reduction loops."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import islpy as isl
 
-from tcpy.codegen.exprs import StatementParts
+from tcpy.codegen.exprs import StatementParts, expr_args, expr_ids, expr_int, isl_expr
 from tcpy.codegen.loops import FOR, Header, loop_depth
 from tcpy.codegen.printer import Printer
 from tcpy.mapping.marks import Mark, loop_marks, of_ast
@@ -30,11 +30,13 @@ def print_register_block(
     shape = _shape(p, node, marks, sizes)
     if shape is None:
         return False
-    plan, block, lane, outer = shape
-    blocked = [*block, *([lane] if lane else [])]
+    plan, headers, lane_header, outer = shape
+    block = [_Loop.of(h) for h in headers]
+    lane = None if lane_header is None else _Loop.of(lane_header)
+    blocked = [*headers, *([lane_header] if lane_header else [])]
     full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
-    if lane is not None and full[-1] is not None and outer.search(full[-1][1]):
-        full[-1] = (lane, "")  # bounded by a reduction loop: tested where it runs
+    if lane is not None and full[-1] is not None and not full[-1][2].isdisjoint(outer):
+        full[-1] = (lane, "", frozenset())  # bounded by a reduction loop: tested where it runs
     tests = [f[1] for f in full if f is not None and f[1]]
     if tests and all(f is not None for f in full):
         # a block inside the iteration domain (the common case) gets constant
@@ -51,11 +53,24 @@ def print_register_block(
     return True
 
 
+class _Loop(NamedTuple):
+    """A loop of a register block as printed: its iterator, start and header line."""
+
+    iterator: str
+    start: int | None
+    init: str
+    text: str
+
+    @classmethod
+    def of(cls, h: Header) -> _Loop:
+        return cls(h.iterator, h.start, h.init, h.text)
+
+
 def _shape(
     p: Printer, node: isl.AstNode, marks: tuple[Mark, ...], sizes: list[int]
-) -> tuple[_Plan, list[Header], Header | None, re.Pattern[str]] | None:
+) -> tuple[_Plan, list[Header], Header | None, frozenset[str]] | None:
     """The plan of a register block under a mark (`print_register_block`), its block
-    loops, its lane loop and what names the reduction loops' indices; None when the
+    loops, its lane loop and the reduction loops' iterators (isl ids); None when the
     AST does not have a register block's shape."""
     loops: list[tuple[isl.AstNode, tuple[Mark, ...]]] = []
     while node.get_type() in (FOR, isl.ast_node_type.mark):
@@ -70,14 +85,12 @@ def _shape(
     found = p.reduction_at(node)
     if found is None:
         return None
-    source, values = found
+    source, values = found.source, found.values
     add = _BLOCK_COMBINE.get(source.op.reduction) if source.op.reduction else None
     if add is None:
         return None
     headers = [p.loop_header(loop) for loop, _ in loops]
-    iterators = [h.iterator for h in headers]
-    target = " ".join(values[v] for v in source.indices)
-    written = [bool(re.search(rf"\b{i}\b", target)) for i in iterators]
+    written = [found.element_uses(h.id) for h in headers]
     lane = headers[-1] if any(written) and not written[-1] else None
     body = headers[:-1] if lane else headers
     reductions = written.index(True) if True in written else len(body)
@@ -87,11 +100,11 @@ def _shape(
         and all(written[reductions : len(body)])
         and len(block) + (lane is not None) == len(sizes)
         and (reductions > 0 or lane is not None)
-        and all(h.inc == "1" for h in headers[reductions:])
+        and all(h.step == 1 for h in headers[reductions:])
     ):
         return None
-    outer = re.compile("|".join(rf"\b{i}\b" for i in iterators[:reductions]) or "$^")
-    if any(outer.search(f"{h.init} {h.cond}") for h in block):
+    outer = frozenset(h.id for h in headers[:reductions])
+    if any(h.uses(*outer) for h in block):
         return None
     unrolled = [[f"#pragma GCC unroll {size}"] for size in sizes[: len(block)]]
     if lane is None:  # the last block loop is the vector loop
@@ -124,7 +137,7 @@ class _Plan:
 
 
 def _print_block(
-    p: Printer, plan: _Plan, depth: int, block: list[Header], lane: Header | None
+    p: Printer, plan: _Plan, depth: int, block: list[_Loop], lane: _Loop | None
 ) -> None:
     """The block of outputs loaded (or, with lanes, started at the identity), updated
     across the reduction loops, and stored, with `block` and `lane` as its loops."""
@@ -177,23 +190,25 @@ _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
 """How two partial results of a blocked reduction combine."""
 
 
-def _full_tile(loop: Header, size: int) -> tuple[Header, str] | None:
-    """A block loop of `size` iterations with a constant bound, and the test under
-    which its iterations are all in the domain ("" when isl's bound is constant
-    already); None when its bound is of another form."""
-    if loop.init != "0":
+def _full_tile(loop: Header, size: int) -> tuple[_Loop, str, frozenset[str]] | None:
+    """A block loop of `size` iterations with a constant bound, the test under which
+    its iterations are all in the domain ("" when isl's bound is constant already)
+    and the isl ids that test uses; None when its bound is of another form (the
+    block's `c <= last`, or the least of `last` and an edge: `c <= min(last, e)`)."""
+    found = loop.bound()
+    if loop.start != 0 or found is None or not found[0]:
         return None
-    last = size - 1
-    if loop.cond == f"{loop.iterator} <= {last}":
-        return loop, ""
-    edge = re.fullmatch(rf"{loop.iterator} <= tc_min\({last}, (.+)\)", loop.cond)
-    if edge is None:
+    last, bound = size - 1, found[1]
+    if expr_int(bound) == last:
+        return _Loop.of(loop), "", frozenset()
+    args = expr_args(bound, isl.ast_expr_op_type.min)
+    if args is None or len(args) != 2 or expr_int(args[0]) != last:
         return None
-    cond = f"{loop.iterator} <= {last}"
-    full = Header(loop.iterator, loop.init, cond, loop.inc, loop.text.replace(loop.cond, cond))
-    return full, f"{edge.group(1)} >= {last}"
+    full = _Loop(loop.iterator, 0, loop.init, loop.with_cond(f"{loop.iterator} <= {last}"))
+    edge = isl_expr(args[1], loop.names)
+    return full, f"{edge} >= {last}", expr_ids(args[1])
 
 
-def _offset(loop: Header) -> str:
+def _offset(loop: _Loop) -> str:
     """A loop's position in a block array: its iterator less its start."""
-    return f"[{loop.iterator}]" if loop.init == "0" else f"[{loop.iterator} - ({loop.init})]"
+    return f"[{loop.iterator}]" if loop.start == 0 else f"[{loop.iterator} - ({loop.init})]"

@@ -6,18 +6,25 @@ each step combining all of them, the operand values they share loaded once."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import islpy as isl
 
 from tcpy.codegen.dialect import CUDA
-from tcpy.codegen.exprs import StatementParts
+from tcpy.codegen.exprs import (
+    Read,
+    StatementParts,
+    expr_args,
+    expr_id,
+    expr_ids,
+    expr_int,
+    sum_terms,
+)
 from tcpy.codegen.loops import FOR, IF, Header
-from tcpy.codegen.printer import Printer
+from tcpy.codegen.printer import Instance, Printer
 from tcpy.mapping.gpu import MappedKernel
 from tcpy.mapping.marks import Mark, Shared, of_ast
-from tcpy.naming import tensor_name
+from tcpy.naming import THREAD_PARAMS, tensor_name
 
 MAX_THREAD_TILE = 64
 """The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
@@ -38,15 +45,19 @@ class Strided:
 
 @dataclass(frozen=True)
 class ThreadTile:
+    """The outputs a thread computes one after another (`find_thread_tile`): the loops
+    strided by the block around the loops of their reduction, and the statement."""
+
     strided: tuple[Strided, ...]
     reductions: tuple[Header, ...]  # outermost first
+    instance: Instance
     parts: StatementParts
 
 
 @dataclass
 class Held:
     """A register tile held across loops enclosing its reduction nest, being printed:
-    those loops' indices, and the tile once its nest is found."""
+    those loops' iterators (isl ids), and the tile once its nest is found."""
 
     iterators: list[str]
     tile: ThreadTile | None = None
@@ -65,26 +76,32 @@ class ThreadPrinter(Printer):
 
 
 def strided_loop(loop: Header, kernel: MappedKernel | None) -> Strided | None:
-    """`loop` as a loop strided by the block, when it is one of constant bounds, or
-    as a thread's run of adjacent values in a kernel that has them (`MappedKernel.runs`:
-    `c = 2 * threadIdx.x; c <= 2 * threadIdx.x + 1`, `_run_loop`)."""
-    if kernel is not None and kernel.runs > 1 and "threadIdx.x" in loop.init:
+    """`loop` as a loop strided by the block, when it is one of constant bounds (it
+    starts at a thread index and steps by at least the block's threads along it), or
+    as a thread's run of adjacent values in a kernel that has them
+    (`MappedKernel.runs`: `c = 2 * threadIdx.x; c <= 2 * threadIdx.x + 1`)."""
+    init = loop.node.for_get_init()
+    if kernel is not None and kernel.runs > 1 and THREAD_PARAMS[0] in expr_ids(init):
         return _run_loop(loop, kernel.runs)
-    first = re.fullmatch(r"\((?:long long|int)\)threadIdx\.([xyz])", loop.init)
-    # a constant bound, or the least of one and another (the last, partial tile)
-    bound = re.fullmatch(rf"{loop.iterator} (<=?) (\d+)", loop.cond) or re.match(
-        rf"{loop.iterator} (<=?) tc_min\((\d+), ", loop.cond
-    )
-    if first is None or bound is None or not loop.inc.isdigit() or kernel is None:
+    first = expr_id(init)
+    found = loop.bound()
+    if first not in THREAD_PARAMS or found is None or kernel is None:
         return None
-    step, last = int(loop.inc), int(bound.group(2)) - (bound.group(1) == "<")
-    axis = "xyz".index(first.group(1))
+    inclusive, bound = found
+    constant = expr_int(bound)
+    args = expr_args(bound, isl.ast_expr_op_type.min)
+    partial = constant is None and args is not None and len(args) == 2  # the last tile
+    limit = expr_int(args[0]) if partial and args is not None else constant
+    step = loop.step
+    if limit is None or limit < 0 or step is None or step < 0:
+        return None
+    last = limit - (not inclusive)
+    axis = THREAD_PARAMS.index(first)
     threads = kernel.block[axis] if axis < len(kernel.block) else 1
     if step < 1 or threads > step:
         return None
     trips = last // step + 1
-    constant = bound.end() == len(loop.cond)
-    whole = constant and threads == step and trips * step - 1 <= last
+    whole = constant is not None and threads == step and trips * step - 1 <= last
     return Strided(loop, loop.init, step, trips, whole)
 
 
@@ -92,20 +109,30 @@ def _run_loop(loop: Header, runs: int) -> Strided | None:
     """`loop` as a thread's whole run of `runs` adjacent values from `runs *
     threadIdx.x` (the mapping gives runs only where the tiles divide the loop);
     None for any other loop."""
-    start = rf"\(?{runs} \* \((?:long long|int)\)threadIdx\.x\)?"
-    last = rf"\({start} \+ {runs - 1}\)"
-    if loop.inc != "1" or not re.fullmatch(start, loop.init):
+    init = loop.node.for_get_init()
+    found = loop.bound()
+    if loop.step != 1 or not _run_start(init, runs) or found is None or not found[0]:
         return None
-    if not re.fullmatch(rf"{loop.iterator} <= {last}", loop.cond):
+    last = expr_args(found[1], isl.ast_expr_op_type.add)
+    if last is None or len(last) != 2 or not _run_start(last[0], runs):
         return None
-    first = loop.init if loop.init.startswith("(") else f"({loop.init})"
-    return Strided(loop, first, 1, runs, True)
+    if expr_int(last[1]) != runs - 1:
+        return None
+    return Strided(loop, f"({loop.init})", 1, runs, True)
 
 
-_LOAD = re.compile(r"\bTC_(?:SLD|LDG|LD)\(")
+def _run_start(e: isl.AstExpr, runs: int) -> bool:
+    """Whether `e` is `runs * threadIdx.x` (`t0`)."""
+    args = expr_args(e, isl.ast_expr_op_type.mul)
+    return (
+        args is not None
+        and len(args) == 2
+        and expr_int(args[0]) == runs
+        and expr_id(args[1]) == THREAD_PARAMS[0]
+    )
 
 
-def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], list[str], str]:
+def _shared_reads(printer: ThreadPrinter, tile: ThreadTile) -> tuple[list[Read], list[Read], str]:
     """The loads of a step of `tile`'s reduction that no output of the thread's changes
     (B's value at k, shared by a column of outputs), those only the thread's run
     changes (`run_of`: B's values at k along the run, read as one vector), and the step
@@ -113,34 +140,64 @@ def _shared_reads(step: str, tile: ThreadTile) -> tuple[list[str], list[str], st
     instead. Only where every output of the tile runs the step unconditionally: a
     load under `?:`, `&&` or `||`, or in a thread that lacks some outputs, may not be
     made where it was not."""
-    if not all(s.whole for s in tile.strided) or re.search(r"\?|&&|\|\|", step):
-        return [], [], step
+    parts = tile.parts
+    if not all(s.whole for s in tile.strided) or parts.conditional:
+        return [], [], parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
     run = run_of(tile)
-    names = [s.loop.iterator for s in tile.strided]
-    reads: list[str] = []
-    along: list[str] = []
-    for match in _LOAD.finditer(step):
-        end, level = match.end(), 1
-        while level:
-            level += (step[end] == "(") - (step[end] == ")")
-            end += 1
-        read = step[match.start() : end]
-        if any(read in r for r in reads + along):  # a gather's index, read with it
-            continue
-        used = [n for n in names if re.search(rf"\b{n}\b", read)]
+    names = {s.loop.id for s in tile.strided}
+    reads: list[Read] = []
+    along: list[Read] = []
+    taken: dict[int, Read] = {}  # by position in `parts.reads`
+    for k in _in_text_order(parts.reads):
+        r = parts.reads[k]
+        if _within_taken(parts.reads, k, taken) or any(t.text == r.text for t in taken.values()):
+            continue  # a gather's index, read with it, or a read taken already
+        used = names & r.ids
         if not used:
-            reads.append(read)
-        elif run is not None and used == [run.loop.iterator] and _ACCESS.fullmatch(read):
-            along.append(read)
-    for k, read in enumerate(reads):
-        step = step.replace(read, f"tc_o{k}")
-    for k, read in enumerate(along):
-        step = step.replace(read, f"tc_r{k}[tc_j % {run.trips if run else 1}]")
-    return reads, along, step
+            reads.append(r)
+            taken[k] = r
+        elif run is not None and used == {run.loop.id}:
+            along.append(r)
+            taken[k] = r
+    substitute = {r.text: f"tc_o{k}" for k, r in enumerate(reads)}
+    trips = run.trips if run else 1
+    substitute |= {r.text: f"tc_r{k}[tc_j % {trips}]" for k, r in enumerate(along)}
+    instance = tile.instance
+    shared = printer.bodies.parts(
+        instance.source, instance.values, ids=instance.ids(), substitute=substitute
+    )
+    return reads, along, shared.wrap(f"tc_acc[tc_j] = {shared.combine('tc_acc[tc_j]')};")
 
 
-_ACCESS = re.compile(r"(TC_SLD|TC_LDG|TC_LD|TC_ST)\((\w+), (.*)\)")
-"""A load or store macro of an array at an index (matched whole)."""
+def _in_text_order(reads: tuple[Read, ...]) -> list[int]:
+    """The positions of `reads` (in the order they were printed: a gather's index
+    before the read around it) in the order they stand in the step's text: the
+    declarations of the reads loaded into locals first (`Read.hoisted`, once each),
+    then the others, each read before the reads of its subscripts."""
+
+    def subtree(k: int) -> list[int]:
+        inner = [j for j in range(k) if reads[j].within == k]
+        return [k, *(j for i in inner for j in subtree(i))]
+
+    tops = [k for k, r in enumerate(reads) if r.within is None]
+    declared: list[int] = []
+    for k in tops:
+        if reads[k].hoisted and all(reads[j].text != reads[k].text for j in declared):
+            declared.append(k)
+    rest = [k for k in tops if not reads[k].hoisted]
+    return [j for k in (*declared, *rest) for j in subtree(k)]
+
+
+def _within_taken(reads: tuple[Read, ...], k: int, taken: dict[int, Read]) -> bool:
+    """Whether read `k` lies in the subscripts of a read already taken."""
+    outer = reads[k].within
+    while outer is not None:
+        if outer in taken:
+            return True
+        outer = reads[outer].within
+    return False
+
+
 _VECTOR_ELEMENTS = ("float", "int")
 """The C types a run is moved as one vector of (`float2`, `float4`, `int2`, `int4`)."""
 
@@ -161,21 +218,23 @@ def _array_type(printer: ThreadPrinter, array: str) -> str | None:
     return None
 
 
+_MACROS = {"load": "TC_LD", "readonly_load": "TC_LDG", "copy_load": "TC_SLD"}
+"""The access macro of each form of load (`tcpy.codegen.cuda.ACCESS_MACROS`)."""
+
+
 def _run_access(
-    printer: ThreadPrinter, run: Strided, access: str, at: int
+    printer: ThreadPrinter, run: Strided, macro: str, array: str, index: str, at: int
 ) -> tuple[str, str, str] | None:
-    """For the load or store `access` of one element of a run (its index changing with
-    `run`'s loop only), declares `tc_a`, the element's index at the run's first value,
-    and `tc_b`, its last element's, and returns the vector type, the C condition
-    under which the run's elements are adjacent from `tc_a` on and aligned to that
-    vector (checked at run time: the tensor's address and row length are known only
-    then), and the macro moving it. None when the array's elements have no vector
-    type."""
-    found = _ACCESS.fullmatch(access)
-    ctype = _array_type(printer, found.group(2)) if found else None
-    if found is None or ctype not in _VECTOR_ELEMENTS or "TC_" in found.group(3):
+    """For the access `macro` (a load, or `TC_ST`) of one element of `array` at
+    `index` along a run (its index changing with `run`'s loop only), declares `tc_a`,
+    the element's index at the run's first value, and `tc_b`, its last element's, and
+    returns the vector type, the C condition under which the run's elements are
+    adjacent from `tc_a` on and aligned to that vector (checked at run time: the
+    tensor's address and row length are known only then), and the macro moving it.
+    None when the array's elements have no vector type."""
+    ctype = _array_type(printer, array)
+    if ctype not in _VECTOR_ELEMENTS:
         return None
-    macro, array, index = found.groups()
     vector = f"{ctype}{run.trips}"
     i = run.loop.iterator
     printer.emit(at, "int tc_a, tc_b;")
@@ -190,16 +249,17 @@ def _run_access(
     return vector, f"{adjacent} && {aligned}", f"{moved}({vector}, {array}, tc_a)"
 
 
-def _read_runs(printer: ThreadPrinter, run: Strided, reads: list[str], at: int) -> None:
+def _read_runs(printer: ThreadPrinter, run: Strided, reads: list[Read], at: int) -> None:
     """Declares `tc_r<k>`, the values of each read of `reads` along the thread's run:
     one vector load where they are adjacent and aligned, else one load each."""
     lanes = "xyzw"[: run.trips]
     for k, read in enumerate(reads):
-        access = _ACCESS.fullmatch(read)
-        assert access is not None  # `_shared_reads` takes no other read along a run
-        printer.emit(at, f"{_array_type(printer, access.group(2))} tc_r{k}[{run.trips}];")
+        printer.emit(at, f"{_array_type(printer, read.array)} tc_r{k}[{run.trips}];")
         printer.emit(at, "{")
-        found = _run_access(printer, run, read, at + 1)
+        found = None
+        if not read.gathers:
+            macro = _MACROS[read.form]
+            found = _run_access(printer, run, macro, read.array, read.index, at + 1)
         if found is not None:
             vector, condition, load = found
             printer.emit(at + 1, f"if ({condition}) {{")
@@ -208,55 +268,23 @@ def _read_runs(printer: ThreadPrinter, run: Strided, reads: list[str], at: int) 
             printer.emit(at + 1, "} else {")
         for n in range(run.trips):
             value = f"const int {run.loop.iterator} = {run.first} + {n};"
-            printer.emit(at + 1 + (found is not None), f"{{ {value} tc_r{k}[{n}] = {read}; }}")
+            printer.emit(at + 1 + (found is not None), f"{{ {value} tc_r{k}[{n}] = {read.text}; }}")
         if found is not None:
             printer.emit(at + 1, "}")
         printer.emit(at, "}")
 
 
-def _alone_in_some(name: str, names: list[str], subscripts: list[str]) -> bool:
-    """Whether some subscript is `name`, or `name` added to terms that use none of
-    `names`: distinct values of it then reach distinct elements."""
+def _alone_in_some(name: str, names: set[str], subscripts: list[isl.AstExpr]) -> bool:
+    """Whether some subscript is the iterator `name`, or `name` added to terms that
+    use none of `names`: distinct values of it then reach distinct elements."""
     for sub in subscripts:
-        text = sub.replace(" ", "")
-        while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
-            text = text[1:-1]
-        terms = _top_level_terms(text)
-        if terms is None or name not in terms:
+        terms = sum_terms(sub)
+        if terms is None or not any(expr_id(t) == name for t in terms):
             continue
-        others = [t for t in terms if t != name]
-        if not any(re.search(rf"\b{n}\b", t) for t in others for n in names):
+        others = [t for t in terms if expr_id(t) != name]
+        if all(expr_ids(t).isdisjoint(names) for t in others):
             return True
     return False
-
-
-def _balanced(text: str) -> bool:
-    level = 0
-    for ch in text:
-        level += (ch == "(") - (ch == ")")
-        if level < 0:
-            return False
-    return level == 0
-
-
-def _top_level_terms(text: str) -> list[str] | None:
-    """The terms of a sum at the top level of `text`, parentheses around each
-    stripped; None when a top-level `-` makes a term negative (left alone)."""
-    terms, level, start = [], 0, 0
-    for k, ch in enumerate(text):
-        level += (ch == "(") - (ch == ")")
-        if level == 0 and ch in "+-" and k > 0:
-            if ch == "-":
-                return None
-            terms.append(text[start:k])
-            start = k + 1
-    terms.append(text[start:])
-    out = []
-    for t in terms:
-        while t.startswith("(") and t.endswith(")") and _balanced(t[1:-1]):
-            t = t[1:-1]
-        out.append(t)
-    return out
 
 
 def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode) -> ThreadTile | None:
@@ -288,23 +316,21 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode) -> ThreadTile | 
         return None
     if math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
         return None
-    names = [s.loop.iterator for s in strided]
-    bounds = [f"{r.init} {r.cond}" for r in reductions]
-    if any(re.search(rf"\b{n}\b", b) for n in names for b in bounds):
+    names = {s.loop.id for s in strided}
+    if any(r.uses(*names) for r in reductions):
         return None
     # The registers are loaded and stored where the reduction nest runs at all:
     # each loop's first test, exact when no bound uses an enclosing loop's index.
-    for k, bound in enumerate(bounds):
-        if any(re.search(rf"\b{r.iterator}\b", bound) for r in reductions[:k]):
+    for k, r in enumerate(reductions):
+        if r.uses(*(outer.id for outer in reductions[:k])):
             return None
-    source, values = reduced
-    subscripts = [values[v] for v in source.indices]
-    inner = [r.iterator for r in reductions]
-    if any(re.search(rf"\b{i}\b", sub) for i in inner for sub in subscripts):
+    if reduced.element_uses(*(r.id for r in reductions)):
         return None
+    subscripts = [reduced.exprs[v] for v in reduced.source.indices]
     if not all(_alone_in_some(n, names, subscripts) for n in names):
         return None
-    return ThreadTile(tuple(strided), tuple(reductions), printer.bodies.parts(source, values))
+    parts = printer.bodies.parts(reduced.source, reduced.values, ids=reduced.ids())
+    return ThreadTile(tuple(strided), tuple(reductions), reduced, parts)
 
 
 def print_thread_tile(
@@ -331,10 +357,9 @@ def print_thread_tile(
     for k, loop in enumerate(tile.reductions):
         printer.open_loop(depth + 1 + k, loop.text)
     at = depth + 1 + len(tile.reductions)
-    step = parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
-    shared, along, step = _shared_reads(step, tile)
+    shared, along, step = _shared_reads(printer, tile)
     for k, read in enumerate(shared):
-        printer.emit(at, f"const auto tc_o{k} = {read};")
+        printer.emit(at, f"const auto tc_o{k} = {read.text};")
     run = run_of(tile)
     if along and run is not None:
         _read_runs(printer, run, along, at)
@@ -388,14 +413,14 @@ def move_outputs(printer: ThreadPrinter, tile: ThreadTile, at: int, store: bool)
     adjacent and aligned, else one at a time."""
     parts, run = tile.parts, run_of(tile)
     line = _store(tile) if store else f"tc_acc[tc_j] = {parts.current};"
-    access = parts.target if store else parts.current
-    if run is None or not all(s.whole for s in tile.strided) or not _ACCESS.fullmatch(access):
+    macro = _output_macro(parts, store)
+    if run is None or not all(s.whole for s in tile.strided) or macro is None:
         each_output(printer, tile, line, at)
         return
     printer.emit(at, "#pragma unroll")
     printer.emit(at, f"for (int tc_q = 0; tc_q < {tile_size(tile)}; tc_q += {run.trips}) {{")
     _declare(printer, tile.strided[:-1], "tc_q", run.trips, at + 1)
-    found = _run_access(printer, run, access, at + 1)
+    found = _run_access(printer, run, macro, parts.array, parts.element, at + 1)
     lanes = "xyzw"[: run.trips]
     if found is not None:
         vector, condition, moved = found
@@ -417,6 +442,17 @@ def move_outputs(printer: ThreadPrinter, tile: ThreadTile, at: int, store: bool)
     if found is not None:
         printer.emit(at + 1, "}")
     printer.emit(at, "}")
+
+
+def _output_macro(parts: StatementParts, store: bool) -> str | None:
+    """The access macro that moves the tile's output element, where one macro call
+    does: its store (`TC_ST`) into a tensor, or its load, unconverted (a float16
+    element is converted to float32 as it is loaded); None elsewhere."""
+    if store:
+        return None if parts.in_copy else "TC_ST"
+    if parts.compute != parts.storage:
+        return None
+    return "TC_SLD" if parts.in_copy else "TC_LD"
 
 
 def holds(printer: ThreadPrinter, node: isl.AstNode) -> bool:
@@ -445,12 +481,11 @@ def may_hold(held: Held, tile: ThreadTile) -> bool:
     elements it computes are the same at every iteration of them (no loop's index in
     their addresses or in the strided loops), and they are in global memory (a copy
     in shared memory would be read again, stale, at each tile)."""
-    words = [rf"\b{i}\b" for i in held.iterators]
-    texts = [tile.parts.target, tile.parts.current]
-    texts += [f"{s.loop.init} {s.loop.cond} {s.first}" for s in tile.strided]
-    if not words or any(re.search(w, t) for w in words for t in texts):
+    if not held.iterators or tile.instance.element_uses(*held.iterators):
         return False
-    return not any(m in t for m in ("TC_SLD", "TC_SST") for t in texts[:2])
+    if any(s.loop.uses(*held.iterators) for s in tile.strided):
+        return False
+    return not tile.parts.in_copy
 
 
 def print_held_tile(

@@ -105,11 +105,15 @@ def member_variables(node: isl.ScheduleNode, member: int) -> dict[str, int | Non
     return out
 
 
-def member_extent(node: isl.ScheduleNode, member: int) -> int | None:
+def member_extent(node: isl.ScheduleNode, member: int, at: isl.Set | None = None) -> int | None:
     """How many values band member `member` takes over the instances reaching the band
-    (max - min + 1), when the sizes are fixed; None when it depends on them."""
+    (max - min + 1), when the sizes are fixed, or at the sizes `at` (a set of the
+    parameters); None when it depends on them."""
     upa = node.band_get_partial_schedule().get_union_pw_aff(member)
-    upa = upa.intersect_domain(node.get_domain())
+    domain = node.get_domain()
+    if at is not None:
+        domain = domain.intersect_params(at.align_params(domain.get_space()))
+    upa = upa.intersect_domain(domain)
     lo, hi = upa.min_val(), upa.max_val()
     if not (lo.is_int() and hi.is_int()):
         return None

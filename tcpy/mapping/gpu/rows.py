@@ -87,10 +87,12 @@ def map_rows(
     device: DeviceProfile,
     fill: int,
     bind: bool,
+    at: isl.Set | None = None,
 ) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]] | None:
     """Map the nest whose outermost band is `node` as a row kernel (see the module
-    docstring) when it is one; `fill`: the blocks that fill the device. Returns the
-    node at the band's position, the grid and the block, or None."""
+    docstring) when it is one; `fill`: the blocks that fill the device; `at`: the
+    launch's sizes, for the grid of a schedule for any size. Returns the node at the
+    band's position, the grid and the block, or None."""
     threads = options.map_to_threads
     if not options.reduce_across_threads or options.tile:
         return None
@@ -115,7 +117,7 @@ def map_rows(
 
     rows, copied, scratch = _rows(node, scop, options, device, fill, tiles)
     node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
-    grid = grid_sizes(options, [member_extent(node, m) for m in members])
+    grid = grid_sizes(options, [member_extent(node, m, at) for m in members])
     if not bind:
         return node, tuple(grid), (WARP, rows)
     node = bind_members(node, members, grid, BLOCK_PARAMS)

@@ -36,6 +36,7 @@ kernel's AST is built from the schedule restricted to the kernel's statements.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import islpy as isl
@@ -63,8 +64,9 @@ from tcpy.mapping.gpu.sizes import (
 )
 from tcpy.mapping.locality import runs_along
 from tcpy.mapping.options import Fusion, MappingOptions
-from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
+from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS, size_name
 from tcpy.parser.checked import CheckedDef, contraction
+from tcpy.poly.isl_helpers import read_set
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band, tile_leading_members
@@ -89,15 +91,23 @@ def map_to_gpu(
     scop: Scop,
     options: MappingOptions,
     device: DeviceProfile | None = None,
+    launched: Mapping[str, int] | None = None,
 ) -> GpuMapping:
     """`schedule` (valid for `scop`) mapped for `device` (default: `default_profile()`):
-    every nest's band tiled, then bound to blocks and threads (see the module)."""
+    every nest's band tiled, then bound to blocks and threads (see the module).
+    `launched`: the sizes the kernels are launched at, when the schedule is for any
+    size but the launch is for these (a CUDA kernel is built per shape): the grid
+    then has no more blocks than its loops have tiles at them."""
     device = device or default_profile()
     scop.ctx.set_tile_scale_tile_loops(0)
     root = schedule.get_root().child(0)
-    unbound = _map_nests(root, scop, options, device, [], bind=False)
+    at = None
+    if launched is not None and scop.sizes is None and scop.params:
+        values = " and ".join(f"{size_name(p)} = {launched[p]}" for p in scop.params)
+        at = read_set(scop.ctx, scop.isl_params, f": {values}")
+    unbound = _map_nests(root, scop, options, device, [], bind=False, at=at)
     kernels: list[MappedKernel] = []
-    bound = _map_nests(root, scop, options, device, kernels, bind=True)
+    bound = _map_nests(root, scop, options, device, kernels, bind=True, at=at)
     return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
 
 
@@ -108,18 +118,20 @@ def _map_nests(
     device: DeviceProfile,
     kernels: list[MappedKernel],
     bind: bool,
+    at: isl.Set | None = None,
 ) -> isl.ScheduleNode:
     """Map every top-level nest under `node`, appending its kernel to `kernels`;
-    returns the node at the same position."""
+    returns the node at the same position. `at`: the sizes of the launch (a set of
+    the parameters), for the grid of a schedule for any size."""
     if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         for i in range(node.n_children()):
-            child = _map_nests(node.child(i).child(0), scop, options, device, kernels, bind)
+            child = _map_nests(node.child(i).child(0), scop, options, device, kernels, bind, at)
             node = child.parent().parent()
         return node
     domain = node.get_domain()
     mapped = Mapped(node, (), (), 1)
     if is_band(node):
-        mapped = map_band(node, scop, options, device, bind)
+        mapped = map_band(node, scop, options, device, bind, at)
     kernels.append(MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs))
     return mapped.node
 
@@ -140,15 +152,16 @@ def map_band(
     options: MappingOptions,
     device: DeviceProfile,
     bind: bool,
+    at: isl.Set | None = None,
 ) -> Mapped:
     """The outermost band of a nest, mapped in the steps of the module (`bind` False:
-    tiled only, as `verify` checks it)."""
+    tiled only, as `verify` checks it; `at`: the launch's sizes, `map_to_gpu`)."""
     # 1. rows
-    rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind)
+    rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind, at)
     if rows is not None:
         return Mapped(*rows, 1)
     # 2. parallelism
-    found = _parallelism(node, scop, options, device)
+    found = _parallelism(node, scop, options, device, at)
     if found is None:
         return Mapped(node, (), (), 1)  # no parallel loop: the nest runs in one thread
     node, plan = found
@@ -185,10 +198,15 @@ class Plan(NamedTuple):
     prefix: int
     members: list[int]
     lanes: int | None
+    at: isl.Set | None = None  # the launch's sizes, for the grid (`map_to_gpu`)
 
 
 def _parallelism(
-    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, device: DeviceProfile
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    at: isl.Set | None = None,
 ) -> tuple[isl.ScheduleNode, Plan] | None:
     """Step 2: the band with its members reordered (the grid's order, then the other
     members, then the lane member last) and the plan; None when it has neither a
@@ -205,7 +223,7 @@ def _parallelism(
         node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
         lanes = None if lanes is None else n - 1
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
-    return node, Plan(options, device, permutable, prefix, members, lanes)
+    return node, Plan(options, device, permutable, prefix, members, lanes, at)
 
 
 class Bound(NamedTuple):
@@ -267,10 +285,11 @@ def tile_and_bind(
         leading = sizes.leading()
         if leading:
             node = tile_leading_members(node, leading)
-        grid = grid_sizes(plan.options, [member_extent(node, m) for m in on_grid])
+        grid = grid_sizes(plan.options, [member_extent(node, m, plan.at) for m in on_grid])
         block = sizes.block
     else:  # untiled: the loops themselves on blocks, one thread each
-        grid, block = grid_sizes(plan.options, extents), []
+        launched = [member_extent(node, m, plan.at) for m in plan.members]
+        grid, block = grid_sizes(plan.options, launched), []
     # 7. binding: the grid
     if bind:
         node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
