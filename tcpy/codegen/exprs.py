@@ -296,10 +296,7 @@ class BodyPrinter:
             merge=merge,
             prelude=tuple(ctx.prelude),
             reads=tuple(ctx.reads),
-            conditional=any(
-                isinstance(n, ast.Ternary) or (isinstance(n, ast.Binary) and n.op.is_logical)
-                for n in ast.walk(st.rhs)
-            ),
+            conditional=_conditional(st.rhs),
         )
 
 
@@ -508,6 +505,14 @@ class _Context:
             case ast.Reduction.MIN | ast.Reduction.MAX:
                 return _extremum(reduction is ast.Reduction.MIN, current, value, ty, self.p.helpers)
         raise InternalError(str(reduction))
+
+
+def _conditional(e: ast.Expr) -> bool:
+    """Whether `e` evaluates some part only under a condition (`?:`, `&&`, `||`)."""
+    return any(
+        isinstance(n, ast.Ternary) or (isinstance(n, ast.Binary) and n.op.is_logical)
+        for n in ast.walk(e)
+    )
 
 
 def flat_index(d: Dialect, subscripts: list[str], extents: list[str]) -> str:

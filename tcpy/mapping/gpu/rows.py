@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import islpy as isl
 
@@ -71,6 +72,15 @@ one per block, would add more (a layernorm of rows as long as its `g` and `b` ke
 4 rows a block: 1.25x the bytes it must move at most, against 2x with one)."""
 
 
+class Rows(NamedTuple):
+    """What a row kernel's block chose: the rows it runs, the operands it copies into
+    shared memory and the temporaries it keeps there."""
+
+    rows: int
+    copied: tuple[str, ...]
+    scratch: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class RowStatement:
     """A statement of a row kernel."""
@@ -88,11 +98,14 @@ def map_rows(
     fill: int,
     bind: bool,
     at: isl.Set | None = None,
-) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]] | None:
+    chosen: Rows | None = None,
+) -> tuple[tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]], Rows] | None:
     """Map the nest whose outermost band is `node` as a row kernel (see the module
     docstring) when it is one; `fill`: the blocks that fill the device; `at`: the
-    launch's sizes, for the grid of a schedule for any size. Returns the node at the
-    band's position, the grid and the block, or None."""
+    launch's sizes, for the grid of a schedule for any size; `chosen`: the rows a
+    block runs and the tensors it keeps in shared memory, as chosen before (else they
+    are chosen here). Returns the node at the band's position, the grid and the
+    block, with what was chosen; None when the nest is no row kernel."""
     threads = options.map_to_threads
     if not options.reduce_across_threads or options.tile:
         return None
@@ -115,11 +128,12 @@ def map_rows(
     def tiles(rows: int) -> list[int]:
         return [1] * (n - 1) + [rows]
 
-    rows, copied, scratch = _rows(node, scop, options, device, fill, tiles)
+    chosen = chosen or _rows(node, scop, options, device, fill, tiles)
+    rows, copied, scratch = chosen
     node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
     grid = grid_sizes(options, [member_extent(node, m, at) for m in members])
     if not bind:
-        return node, tuple(grid), (WARP, rows)
+        return (node, tuple(grid), (WARP, rows)), chosen
     node = bind_members(node, members, grid, BLOCK_PARAMS)
     point = bind_members(node.child(0), [n - 1], [rows], THREAD_PARAMS[1:2])
     sequence = _bind_lanes(marks.insert(point.child(0), marks.Rows()), statements)
@@ -127,7 +141,7 @@ def map_rows(
     for mark in (marks.Scratch(tuple(scratch)), marks.Shared(tuple(copied))):
         if mark.tensors:
             point = marks.insert(point, mark).parent()
-    return point.parent().parent(), tuple(grid), (WARP, rows)
+    return (point.parent().parent(), tuple(grid), (WARP, rows)), chosen
 
 
 def _rows(
@@ -137,7 +151,7 @@ def _rows(
     device: DeviceProfile,
     fill: int,
     tiles: Callable[[int], list[int]],
-) -> tuple[int, list[str], list[str]]:
+) -> Rows:
     """The rows a block of the row band `node` runs (tiled by `tiles(rows)`): the
     options', else `ROWS` halved while the grid would not fill the device (`fill`
     blocks) down to `_fewest_rows`, and while the block's shared memory would not
@@ -161,7 +175,7 @@ def _rows(
         if complete or fixed or rows == 1:
             break
         rows //= 2
-    return rows, copied, scratch
+    return Rows(rows, tuple(copied), tuple(scratch))
 
 
 def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:

@@ -52,7 +52,7 @@ from tcpy.mapping.gpu.bind import bind_members, grid_sizes
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
 from tcpy.mapping.gpu.placement import copy_into_shared, hold_registers, thread_runs
-from tcpy.mapping.gpu.rows import map_rows
+from tcpy.mapping.gpu.rows import Rows, map_rows
 from tcpy.mapping.gpu.shared import gathers
 from tcpy.mapping.gpu.sizes import (
     FILL_WAVES,
@@ -105,9 +105,12 @@ def map_to_gpu(
     if launched is not None and scop.sizes is None and scop.params:
         values = " and ".join(f"{size_name(p)} = {launched[p]}" for p in scop.params)
         at = read_set(scop.ctx, scop.isl_params, f": {values}")
-    unbound = _map_nests(root, scop, options, device, [], bind=False, at=at)
+    # the bands tiled, as `verify` checks them, each band's choices kept; then the same
+    # tiles bound to blocks and threads, from the choices made once
+    choices: list[Choice] = []
+    unbound = _map_nests(root, scop, options, device, [], choices, bind=False, at=at)
     kernels: list[MappedKernel] = []
-    bound = _map_nests(root, scop, options, device, kernels, bind=True, at=at)
+    bound = _map_nests(root, scop, options, device, kernels, choices, bind=True, at=at)
     return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
 
 
@@ -117,23 +120,41 @@ def _map_nests(
     options: MappingOptions,
     device: DeviceProfile,
     kernels: list[MappedKernel],
+    choices: list[Choice],
     bind: bool,
     at: isl.Set | None = None,
 ) -> isl.ScheduleNode:
     """Map every top-level nest under `node`, appending its kernel to `kernels`;
-    returns the node at the same position. `at`: the sizes of the launch (a set of
-    the parameters), for the grid of a schedule for any size."""
+    returns the node at the same position. Unbound, each nest's band's choices are
+    appended to `choices`; bound, they are read from there (a nest per kernel, in
+    order). `at`: the sizes of the launch (a set of the parameters), for the grid of
+    a schedule for any size."""
     if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         for i in range(node.n_children()):
-            child = _map_nests(node.child(i).child(0), scop, options, device, kernels, bind, at)
+            child = _map_nests(
+                node.child(i).child(0), scop, options, device, kernels, choices, bind, at
+            )
             node = child.parent().parent()
         return node
     domain = node.get_domain()
-    mapped = Mapped(node, (), (), 1)
+    mapped, choice = Mapped(node, (), (), 1), Choice()
     if is_band(node):
-        mapped = map_band(node, scop, options, device, bind, at)
+        given = choices[len(kernels)] if bind else None
+        mapped, choice = map_band(node, scop, options, device, bind, at, given)
+    if not bind:
+        choices.append(choice)
     kernels.append(MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs))
     return mapped.node
+
+
+class Choice(NamedTuple):
+    """What a band's mapping chose by trying (a row kernel's rows and their copies;
+    else steps 3 and 4): made once, on the unbound pass, and bound as chosen."""
+
+    rows: Rows | None = None
+    shared: bool = False
+    reduction_tile: int = SHARED_REDUCTION_TILE
+    split: int | None = None
 
 
 class Mapped(NamedTuple):
@@ -153,20 +174,37 @@ def map_band(
     device: DeviceProfile,
     bind: bool,
     at: isl.Set | None = None,
-) -> Mapped:
+    given: Choice | None = None,
+) -> tuple[Mapped, Choice]:
     """The outermost band of a nest, mapped in the steps of the module (`bind` False:
-    tiled only, as `verify` checks it; `at`: the launch's sizes, `map_to_gpu`)."""
+    tiled only, as `verify` checks it; `at`: the launch's sizes, `map_to_gpu`), and
+    what it chose; with `given`, the choices made before, not tried again."""
     # 1. rows
-    rows = map_rows(node, scop, options, device, FILL_WAVES * device.sms, bind, at)
+    fill = FILL_WAVES * device.sms
+    rows = map_rows(node, scop, options, device, fill, bind, at, given and given.rows)
     if rows is not None:
-        return Mapped(*rows, 1)
+        mapped_rows, chosen = rows
+        return Mapped(*mapped_rows, 1), Choice(rows=chosen)
     # 2. parallelism
     found = _parallelism(node, scop, options, device, at)
-    if found is None:
-        return Mapped(node, (), (), 1)  # no parallel loop: the nest runs in one thread
+    if found is None:  # no parallel loop: the nest runs in one thread
+        return Mapped(node, (), (), 1), Choice()
     node, plan = found
-    # 3. shared memory
-    n, prefix = node.band_n_member(), plan.prefix
+    # 3. shared memory, and 4. a split reduction
+    choice = given if given is not None else _choose(node, scop, plan)
+    # 5. to 9.: sizes, tiles, binding, copies, register tiles
+    bound = tile_and_bind(
+        node, scop, plan, choice.shared, bind, choice.split, choice.reduction_tile
+    )
+    return bound.mapped, choice
+
+
+def _choose(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> Choice:
+    """Steps 3 and 4 for a band reordered by step 2: whether its block copies operand
+    tiles into shared memory, at which reduction tile they fit (`fit_shared`), and the
+    chunk of a reduction split across blocks where the grid would not fill the device
+    (`sizes.split_chunk`)."""
+    options, n, prefix = plan.options, node.band_n_member(), plan.prefix
     shared = options.use_shared_memory and plan.lanes is None and plan.permutable and prefix < n
     if shared and gathers(node, scop):
         shared = False  # the gathered reads dominate; the grid's parallelism counts more
@@ -174,17 +212,13 @@ def map_band(
     if shared:  # tiles for shared memory only where some operand's tile is copied
         trial, reduction_tile = fit_shared(node, scop, plan, member_extent(node, prefix))
         shared = bool(trial.copied)
-        if shared and bind:  # the trial is the mapping
-            return trial.mapped
-    # 4. split reduction
     split = None
     splittable = prefix < n and not shared and plan.lanes is None and plan.permutable
     if splittable and atomic_reduction(node, scop, options):
         trial = tile_and_bind(node, scop, plan, shared=False, bind=False)
         blocks, threads = math.prod(trial.mapped.grid), math.prod(trial.mapped.block)
-        split = split_chunk(blocks, threads, member_extent(node, prefix), device)
-    # 5. to 9.: sizes, tiles, binding, copies, register tiles
-    return tile_and_bind(node, scop, plan, shared, bind, split, reduction_tile).mapped
+        split = split_chunk(blocks, threads, member_extent(node, prefix), plan.device)
+    return Choice(None, shared, reduction_tile, split)
 
 
 class Plan(NamedTuple):
