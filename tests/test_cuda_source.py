@@ -172,6 +172,27 @@ def test_a_threads_outputs_stay_in_registers_across_the_reduction(
     assert "tc_acc[" not in plain
 
 
+@pytest.mark.parametrize(("register_tile", "outputs"), [((), 4), ((8, 2), 16), ((4, 4), 16)])
+def test_the_mapping_decides_a_threads_register_tile_on_its_mark(
+    register_tile: tuple[int, ...], outputs: int
+) -> None:
+    """The outputs a thread keeps in registers are decided by the mapping and marked on
+    its point loops (`thread_registers:<outputs>`, the tile's outputs over the 32x8
+    block's threads); codegen prints a register array of that many. Without
+    use_private_memory there is no mark, and no register array."""
+    source, entry, _ = GOLDENS["matmul"]
+    sizes = {"M": 128, "K": 256, "N": 128}
+    options = MappingOptions.cuda().replace(register_tile=register_tile)
+    lowered = _lower(source, entry, sizes, options)
+    tree = str(lowered.mapping.schedule)
+    assert tree.count("thread_registers:") == 1
+    assert f'"thread_registers:{outputs}"' in tree
+    assert f"float tc_acc[{outputs}];" in lowered.source
+    plain = _lower(source, entry, sizes, options.replace(use_private_memory=False))
+    assert "thread_registers" not in str(plain.mapping.schedule)
+    assert "tc_acc[" not in plain.source
+
+
 @pytest.mark.parametrize(("n", "grid", "outputs"), [(1024, (32, 32), 4), (2048, (16, 32), 32)])
 def test_the_default_thread_tile_is_larger_where_the_grid_still_fills_the_device(
     n: int, grid: tuple[int, int], outputs: int

@@ -53,6 +53,7 @@ from tcpy.mapping.marks import (
     Rows,
     Scratch,
     Shared,
+    ThreadRegisters,
     of_ast,
 )
 from tcpy.mapping.options import MappingOptions
@@ -153,7 +154,8 @@ class CudaPrinter(ThreadPrinter):
         if self.sunk and _has_shared_mark(node) and "threadIdx" in header:
             raise InternalError("a loop whose bounds depend on the thread around a shared copy")
         self.divergent += "threadIdx.x" in header
-        jam = find_thread_tile(self, node) if self.options.use_private_memory else None
+        tile = next((m for m in reversed(marks) if isinstance(m, ThreadRegisters)), None)
+        jam = find_thread_tile(self, node, tile.outputs) if tile is not None else None
         held = self.held
         if jam is not None and held is not None and held.tile is None and may_hold(held, jam):
             held.tile = jam

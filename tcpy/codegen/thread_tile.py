@@ -1,7 +1,9 @@
 """Register tiles of a thread on the GPU (`use_private_memory`): the outputs a thread
-computes one after another, found in the isl AST of a mapped kernel (`find_thread_tile`)
-and printed as a register array kept across their reduction (`print_thread_tile`),
-each step combining all of them, the operand values they share loaded once."""
+computes one after another, which the mapping marks on its point loops
+(`tcpy.mapping.marks.ThreadRegisters`, with the most registers it may hold), read from the
+isl AST under that mark (`find_thread_tile`) and printed as a register array kept
+across their reduction (`print_thread_tile`), each step combining all of them, the
+operand values they share loaded once."""
 
 from __future__ import annotations
 
@@ -23,12 +25,8 @@ from tcpy.codegen.exprs import (
 from tcpy.codegen.loops import FOR, IF, Header
 from tcpy.codegen.printer import Instance, Printer
 from tcpy.mapping.gpu import MappedKernel
-from tcpy.mapping.marks import Mark, Shared, of_ast
+from tcpy.mapping.marks import Mark, Shared, ThreadRegisters, of_ast
 from tcpy.naming import THREAD_PARAMS, tensor_name
-
-MAX_THREAD_TILE = 64
-"""The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
-more would spill them to local memory."""
 
 
 @dataclass(frozen=True)
@@ -287,9 +285,10 @@ def _alone_in_some(name: str, names: set[str], subscripts: list[isl.AstExpr]) ->
     return False
 
 
-def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode) -> ThreadTile | None:
+def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) -> ThreadTile | None:
     """The outputs a thread computes one after another, to be kept in registers
-    across their reduction instead (`use_private_memory`): a perfect nest of loops
+    across their reduction instead (under a `ThreadRegisters` mark of `outputs`): no more
+    than `outputs` of them, from a perfect nest of loops
     strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
     counts, around a perfect nest of reduction loops (a convolution's c, kh, kw)
     whose innermost body is one reduction statement into an element none of them
@@ -314,7 +313,7 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode) -> ThreadTile | 
     reduced = printer.reduction_at(node)
     if not strided or not reductions or reduced is None:
         return None
-    if math.prod(s.trips for s in strided) > MAX_THREAD_TILE:
+    if math.prod(s.trips for s in strided) > outputs:
         return None
     names = {s.loop.id for s in strided}
     if any(r.uses(*names) for r in reductions):
@@ -457,7 +456,8 @@ def _output_macro(parts: StatementParts, store: bool) -> str | None:
 
 def holds(printer: ThreadPrinter, node: isl.AstNode) -> bool:
     """Whether the code under a `private` mark is one chain, each node with one
-    child, of loops, shared-memory copies and guards without an else, down to a
+    child, of loops, shared-memory copies, guards without an else and the mark of the
+    thread's register tile, down to a
     loop strided by the block: a thread tile found there then is the only code
     below the mark."""
     while True:
@@ -467,7 +467,7 @@ def holds(printer: ThreadPrinter, node: isl.AstNode) -> bool:
                 return True
             node = node.for_get_body()
         elif kind == isl.ast_node_type.mark:
-            if not isinstance(of_ast(node), Shared):
+            if not isinstance(of_ast(node), Shared | ThreadRegisters):
                 return False
             node = node.mark_get_node()
         elif kind == IF and not node.if_has_else_node():

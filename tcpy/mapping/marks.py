@@ -18,6 +18,8 @@ GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
 - `Shared(tensors)`, `shared:A,B`: operand tiles copied into shared memory;
 - `Scratch(tensors)`, `scratch:T`: a row kernel's temporaries in shared memory;
+- `ThreadRegisters(outputs)`, `thread_registers:16`: a thread's point loops, whose
+  outputs (16 at most) it keeps in registers across their reduction;
 - `Private()`, `private`: where a thread's register tile is loaded and stored;
 - `Lanes()`, `lane_reduction`: a reduction over the 32 lanes of a warp;
 - `Atomic()`, `atomic_reduction`: a reduction split across blocks;
@@ -128,6 +130,19 @@ class Scratch:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadRegisters:
+    """A thread's point loops, with a register tile: the outputs the thread computes
+    one after another (`outputs` at most) are kept in registers across the loops of
+    their reduction, where the loops have that shape (`tcpy.codegen.thread_tile`)."""
+
+    outputs: int
+
+    @property
+    def name(self) -> str:
+        return f"thread_registers:{self.outputs}"
+
+
+@dataclass(frozen=True, slots=True)
 class Private:
     """Where a thread's register tile is loaded and stored, above the reduction's
     tile loops it is held across."""
@@ -167,8 +182,8 @@ class Rows:
 
 
 Mark = (
-    Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | Private | Lanes
-    | Atomic | Rows
+    Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | ThreadRegisters
+    | Private | Lanes | Atomic | Rows
 )  # fmt: skip
 Copy = Pack | Shared | Scratch
 """The marks under which codegen lays out local copies of tensors' boxes."""
@@ -190,6 +205,8 @@ def parse(name: str) -> Mark:
     match kind:
         case "register_tile" if rest:
             return RegisterBlock(tuple(int(s) for s in rest.split("x")))
+        case "thread_registers" if rest.isdigit():
+            return ThreadRegisters(int(rest))
         case "pack" if tensors:
             plain = tuple(t.removesuffix(TRANSPOSED) for t in tensors)
             reversed_ = frozenset(

@@ -21,6 +21,24 @@ VECTOR_RUNS = (2, 4)
 """The runs of adjacent outputs a thread may take along x: a `float2` or a `float4`."""
 
 
+MAX_THREAD_TILE = 64
+"""The most outputs a thread keeps in registers across a reduction (`use_private_memory`);
+more would spill them to local memory."""
+
+
+def thread_tile(tiles: list[int | None], block: list[int]) -> marks.ThreadRegisters | None:
+    """The register tile of a thread of a block of `block` threads (x first) over
+    point loops of `tiles` values (None: known at the call only), each strided by
+    the block along its member: the outputs the thread computes one after another,
+    at most `MAX_THREAD_TILE`; None where they are more or not known."""
+    outputs = 1
+    for values, threads in zip(tiles, block, strict=False):  # members beyond the block: none
+        if values is None:
+            return None
+        outputs *= -(-values // threads)
+    return marks.ThreadRegisters(outputs) if outputs <= MAX_THREAD_TILE else None
+
+
 def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:
     """Mark where a thread's register tile is loaded and stored (`marks.Private`):
     below the first `depth` members of the tile `band` (0: its `first`, those on the
@@ -31,22 +49,22 @@ def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.Schedu
     return mark_at(band, depth, marks.Private()) if depth < n else band
 
 
-def copy_into_shared(
+def plan_copies(
     band: isl.ScheduleNode,
     scop: Scop,
     options: MappingOptions,
     budget: int,
     first: int,
     x_member: int,
-) -> tuple[isl.ScheduleNode, list[str], bool]:
-    """Mark where the block copies its operands into shared memory (`marks.Shared`):
-    below the first `shared_depth` members of the tile `band` (0: below them all, a
+) -> tuple[int, list[str], bool]:
+    """Where the block of the tile `band` copies its operands into shared memory, and
+    which: below the first `shared_depth` members of the band (0: below them all, a
     copy per tile of the reduction; a depth among the grid's `first` members is
     theirs). A copy above a reduction's tile loops holds its whole extent: where the
     operands copied per tile do not all fit `budget` bytes there, the copies stay per
-    tile. `x_member`: the member on threadIdx.x. Returns the node at the band's
-    position, the tensors copied and whether every tensor worth copying per tile
-    (`shared.worth_sharing`) fits the budget."""
+    tile. `x_member`: the member on threadIdx.x. Returns the depth, the tensors copied
+    and whether every tensor worth copying per tile (`shared.worth_sharing`) fits the
+    budget."""
     n = _members(band)
     wanted = worth_sharing(_at_depth(band, n), scop, x_member)
     copied = within_budget(_at_depth(band, n), wanted, scop, budget)
@@ -56,9 +74,16 @@ def copy_into_shared(
         above = shared_tensors(_at_depth(band, depth), scop, budget, x_member)
         depth = depth if set(above) >= set(copied) else n
         copied = above if depth < n else copied
-    if not copied:
-        return band, [], complete
-    return mark_at(band, depth, marks.Shared(tuple(copied))), copied, complete
+    return depth, copied, complete
+
+
+def copy_into_shared(
+    band: isl.ScheduleNode, depth: int, tensors: tuple[str, ...]
+) -> isl.ScheduleNode:
+    """Mark where the block of the tile `band` copies `tensors` into shared memory
+    (`marks.Shared`), below the first `depth` members of the band, as `plan_copies`
+    decided (none: no mark). Returns the node at the band's position."""
+    return mark_at(band, depth, marks.Shared(tensors)) if tensors else band
 
 
 def thread_runs(

@@ -13,8 +13,10 @@ filters and marks, the same schedule tiled but not bound (what `verify` checks),
    memory with unit stride on x, the next on y, the others folded into z; a reduction
    member that reads with unit stride where no parallel member does is spread over
    a warp's lanes (`band`); a band with neither runs in one thread;
-3. shared memory: whether the block copies operand tiles into shared memory, and the
-   reduction tile at which those copies fit its budget (`fit_shared`);
+3. shared memory, decided in this step alone, with one budget (`device.shared_budget`):
+   whether the block copies operand tiles into shared memory, the reduction tile at
+   which those copies fit the budget, the runs of outputs a thread reads from them and
+   the tensors copied and where (`fit_shared`, on trial bindings: `Copies`);
 4. split reduction: a reduction whose parallel loops alone would not fill the device
    is split across blocks in chunks, combined with atomics (`sizes.split_chunk`);
 5. sizes: the tiles and the block (`sizes.choose_sizes`);
@@ -24,8 +26,10 @@ filters and marks, the same schedule tiled but not bound (what `verify` checks),
    filters `member mod size = parameter` (`bind.bind_members`: a grid or block smaller
    than the loop gives a strided loop, never a wrong result), with the mark of a lane
    or split reduction;
-8. copies: where the block copies into shared memory (`placement.copy_into_shared`);
-9. register tiles: where a thread's register tile is held (`placement.hold_registers`).
+8. copies: the copies step 3 chose, marked where it chose (`placement.copy_into_shared`);
+9. register tiles: the outputs a thread keeps in registers across their reduction
+   (`placement.thread_tile`, marked on its point loops) and where that tile is loaded
+   and stored (`placement.hold_registers`).
 
 Only coincident members are bound, so no dependence crosses threads or blocks, but
 for the lane and split reductions, which combine their partial results with shuffles
@@ -51,7 +55,13 @@ from tcpy.mapping.gpu.band import (
 from tcpy.mapping.gpu.bind import bind_members, grid_sizes
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
-from tcpy.mapping.gpu.placement import copy_into_shared, hold_registers, thread_runs
+from tcpy.mapping.gpu.placement import (
+    copy_into_shared,
+    hold_registers,
+    plan_copies,
+    thread_runs,
+    thread_tile,
+)
 from tcpy.mapping.gpu.rows import Rows, map_rows
 from tcpy.mapping.gpu.shared import gathers
 from tcpy.mapping.gpu.sizes import (
@@ -147,13 +157,24 @@ def _map_nests(
     return mapped.node
 
 
+class Copies(NamedTuple):
+    """Step 3's decision for a band whose block copies operand tiles into shared
+    memory: the first reduction member's tile, the adjacent outputs a thread computes
+    along x (`MappedKernel.runs`), the depth in the tile band the copies are made at
+    (`placement.plan_copies`) and the tensors copied."""
+
+    reduction_tile: int
+    runs: int
+    depth: int
+    tensors: tuple[str, ...]
+
+
 class Choice(NamedTuple):
     """What a band's mapping chose by trying (a row kernel's rows and their copies;
     else steps 3 and 4): made once, on the unbound pass, and bound as chosen."""
 
     rows: Rows | None = None
-    shared: bool = False
-    reduction_tile: int = SHARED_REDUCTION_TILE
+    copies: Copies | None = None  # none: no shared memory
     split: int | None = None
 
 
@@ -193,9 +214,7 @@ def map_band(
     # 3. shared memory, and 4. a split reduction
     choice = given if given is not None else _choose(node, scop, plan)
     # 5. to 9.: sizes, tiles, binding, copies, register tiles
-    bound = tile_and_bind(
-        node, scop, plan, choice.shared, bind, choice.split, choice.reduction_tile
-    )
+    bound = tile_and_bind(node, scop, plan, bind, choice.split, copies=choice.copies)
     return bound.mapped, choice
 
 
@@ -208,23 +227,22 @@ def _choose(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> Choice:
     shared = options.use_shared_memory and plan.lanes is None and plan.permutable and prefix < n
     if shared and gathers(node, scop):
         shared = False  # the gathered reads dominate; the grid's parallelism counts more
-    reduction_tile = SHARED_REDUCTION_TILE
-    if shared:  # tiles for shared memory only where some operand's tile is copied
-        trial, reduction_tile = fit_shared(node, scop, plan, member_extent(node, prefix))
-        shared = bool(trial.copied)
+    # tiles for shared memory only where some operand's tile is copied
+    copies = fit_shared(node, scop, plan, member_extent(node, prefix)) if shared else None
     split = None
-    splittable = prefix < n and not shared and plan.lanes is None and plan.permutable
+    splittable = prefix < n and copies is None and plan.lanes is None and plan.permutable
     if splittable and atomic_reduction(node, scop, options):
-        trial = tile_and_bind(node, scop, plan, shared=False, bind=False)
+        trial = tile_and_bind(node, scop, plan, bind=False)
         blocks, threads = math.prod(trial.mapped.grid), math.prod(trial.mapped.block)
         split = split_chunk(blocks, threads, member_extent(node, prefix), plan.device)
-    return Choice(None, shared, reduction_tile, split)
+    return Choice(None, copies, split)
 
 
 class Plan(NamedTuple):
     """What step 2 chose for a band: the options, the device, whether the band is
     permutable, how many of its members are parallel, those on the grid (by grid
-    dimension, x first) and the lane member (the band's last, or None)."""
+    dimension, x first), the lane member (the band's last, or None) and the shared
+    memory budget every step 3 decision is made within."""
 
     options: MappingOptions
     device: DeviceProfile
@@ -232,6 +250,7 @@ class Plan(NamedTuple):
     prefix: int
     members: list[int]
     lanes: int | None
+    budget: int  # the bytes of shared memory a block may use (`device.shared_budget`)
     at: isl.Set | None = None  # the launch's sizes, for the grid (`map_to_gpu`)
 
 
@@ -257,38 +276,39 @@ def _parallelism(
         node = permute_band(node, order + rest + ([lanes] if lanes is not None else []))
         lanes = None if lanes is None else n - 1
     members = [prefix - 1 - j for j in range(mapped)]  # by grid dimension: x innermost
-    return node, Plan(options, device, permutable, prefix, members, lanes, at)
+    budget = shared_budget(options, device)
+    return node, Plan(options, device, permutable, prefix, members, lanes, budget, at)
 
 
 class Bound(NamedTuple):
-    """A band tiled and (maybe) bound: the mapping, the tensors copied into shared
-    memory, and whether every tensor worth copying is (`placement.copy_into_shared`)."""
+    """A band tiled and (maybe) bound: the mapping, its copies into shared memory
+    (decided on a trial, `fit_shared`, or given), and whether every tensor worth
+    copying is copied (`placement.plan_copies`)."""
 
     mapped: Mapped
-    copied: list[str]
+    copies: Copies | None
     complete: bool
 
 
-def fit_shared(
-    node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | None
-) -> tuple[Bound, int]:
+def fit_shared(node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | None) -> Copies | None:
     """Step 3: shared-memory tiles, the first reduction member's tile (of `extent`
     values) `SHARED_REDUCTION_TILE` and halved, while that shortens it, down to
     `SMALLEST_REDUCTION_TILE`, as long as some operand worth copying does not fit the
     budget with the others (a convolution's input at 32 channels: its box spans the
-    tile's channels and the windows of the block's outputs). Returns the trial that
-    copies the most operands, the larger tile among equals, and its reduction tile."""
+    tile's channels and the windows of the block's outputs), each tile tried on a
+    binding of the band. Returns the copies of the trial that copies the most
+    operands (the larger tile among equals); None where no trial copies any."""
     tiles = [SHARED_REDUCTION_TILE]
     while tiles[-1] > SMALLEST_REDUCTION_TILE:
         tiles.append(tiles[-1] // 2)
-    best: tuple[Bound, int] | None = None
+    best: Copies | None = None
     for tile in [tiles[0], *(t for t in tiles[1:] if extent is None or t < extent)]:
-        trial = tile_and_bind(node, scop, plan, shared=True, bind=True, reduction_tile=tile)
-        if best is None or len(trial.copied) > len(best[0].copied):
-            best = (trial, tile)
+        trial = tile_and_bind(node, scop, plan, bind=True, trial_tile=tile)
+        copies = trial.copies
+        if copies is not None and (best is None or len(copies.tensors) > len(best.tensors)):
+            best = copies
         if trial.complete:
             break
-    assert best is not None
     return best
 
 
@@ -296,22 +316,27 @@ def tile_and_bind(
     node: isl.ScheduleNode,
     scop: Scop,
     plan: Plan,
-    shared: bool,
     bind: bool,
     split: int | None = None,
-    reduction_tile: int = SHARED_REDUCTION_TILE,
+    copies: Copies | None = None,
+    trial_tile: int | None = None,
 ) -> Bound:
     """Steps 5 to 9 on a band reordered by step 2: its sizes, its tiling and, with
     `bind`, its binding, copies and register tile. With `split` (a chunk size), the
     first reduction member is tiled by it and its tiles go on the grid too, after the
-    plan's members: blocks combine their partial results with atomics. With `shared`,
-    the first reduction member's tile is `reduction_tile`."""
+    plan's members: blocks combine their partial results with atomics. With `copies`
+    (step 3's), the block copies into shared memory as they say; with `trial_tile`
+    instead (step 3 trying it), the first reduction member's tile is that, and the
+    copies are decided here and returned."""
     extents = [member_extent(node, m) for m in plan.members]
-    sizes = _sizes(node, plan, extents, shared, split, reduction_tile)
+    reduction_tile = copies.reduction_tile if copies is not None else trial_tile
+    sizes = _sizes(node, plan, extents, reduction_tile, split)
     on_grid = plan.members if split is None else [*plan.members, plan.prefix]
     # the tensors read along x, for a thread's run of outputs: of the band untiled
     read_along_x = (
-        runs_along(node, plan.members[0], scop) if shared and plan.lanes is None else None
+        runs_along(node, plan.members[0], scop)
+        if trial_tile is not None and plan.lanes is None
+        else None
     )
     # 6. tiles
     leading: list[int] = []  # the sizes of the members tiled (none: no tile band)
@@ -327,35 +352,37 @@ def tile_and_bind(
     # 7. binding: the grid
     if bind:
         node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
-    copied: list[str] = []
-    runs, complete = 1, True
+    runs, complete = (copies.runs if copies is not None else 1), True
     if block:
         assert sizes is not None
-        point = node.child(0) if leading else node
-        runs = _runs(point, scop, plan, sizes, extents, read_along_x)
-        node, copied, complete = _threads(
-            node, scop, plan, sizes, leading, runs, shared, split, bind
+        if copies is None and trial_tile is not None:
+            point = node.child(0) if leading else node
+            runs = _runs(point, scop, plan, sizes, extents, read_along_x)
+        registers = _registers(plan, sizes, extents, split, node.band_n_member())
+        node, copies, complete = _threads(
+            node, scop, plan, sizes, leading, runs, split, bind, copies, trial_tile, registers
         )
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
-    return Bound(Mapped(node, tuple(grid), tuple(block), runs), copied, complete)
+    return Bound(Mapped(node, tuple(grid), tuple(block), runs), copies, complete)
 
 
 def _sizes(
     node: isl.ScheduleNode,
     plan: Plan,
     extents: list[int | None],
-    shared: bool,
+    reduction_tile: int | None,
     split: int | None,
-    reduction_tile: int,
 ) -> Sizes | None:
     """Step 5: the band's sizes (`sizes.choose_sizes`), `extents` those of the plan's
-    members; None for a band that is not permutable, which is not tiled."""
+    members, for shared memory where the first reduction member's tile is
+    `reduction_tile`; None for a band that is not permutable, which is not tiled."""
     if not plan.permutable:
         return None
+    shared = reduction_tile is not None
     request = Request(
         plan.options, node.band_n_member(), plan.prefix, plan.members, extents, plan.device,
-        plan.lanes, shared, split, reduction_tile,
+        plan.lanes, shared, split, reduction_tile or SHARED_REDUCTION_TILE,
     )  # fmt: skip
     return choose_sizes(request)
 
@@ -372,13 +399,26 @@ def _runs(
     (`placement.thread_runs`), with shared memory; 1 without (strided by the block)."""
     if read_along_x is None:
         return 1
-    budget = shared_budget(plan.options, plan.device)
     x = plan.members[0]
     tile_x = sizes.tile[x] or 1
     block = sizes.block
     return thread_runs(
-        point, scop, plan.options, budget, read_along_x, block[0], tile_x, extents[0]
+        point, scop, plan.options, plan.budget, read_along_x, block[0], tile_x, extents[0]
     )
+
+
+def _registers(
+    plan: Plan, sizes: Sizes, extents: list[int | None], split: int | None, n: int
+) -> marks.ThreadRegisters | None:
+    """Step 9's register tile of a thread (`placement.thread_tile`), for a band of `n`
+    members with a reduction (members past the parallel ones) with `use_private_memory`,
+    neither spread over lanes nor `split`; `extents`: those of the plan's members."""
+    if not plan.options.use_private_memory or plan.lanes is not None or split is not None:
+        return None
+    if plan.prefix == n:
+        return None
+    tiles = [sizes.tile[m] or e for m, e in zip(plan.members, extents, strict=True)]
+    return thread_tile(tiles, sizes.block)
 
 
 def _threads(
@@ -388,31 +428,38 @@ def _threads(
     sizes: Sizes,
     leading: list[int],
     runs: int,
-    shared: bool,
     split: int | None,
     bind: bool,
-) -> tuple[isl.ScheduleNode, list[str], bool]:
+    copies: Copies | None,
+    trial_tile: int | None,
+    registers: marks.ThreadRegisters | None,
+) -> tuple[isl.ScheduleNode, Copies | None, bool]:
     """Steps 7 to 9 below the grid: the point loops on threads (`runs` adjacent
-    outputs each along x), the reduction's mark, the copies into shared memory and
-    the register tile. `node`: the tile band (the band itself where nothing is
-    tiled). Returns the node at `node`'s position, the tensors copied and whether
-    every tensor worth copying is."""
+    outputs each along x), the reduction's mark, the copies into shared memory (as
+    `copies` say; on step 3's trial of `trial_tile`, as decided here) and the
+    register tile (`registers`, marked on the point loops). `node`: the tile band
+    (the band itself where nothing is tiled).
+    Returns the node at `node`'s position, the copies and whether every tensor worth
+    copying is copied."""
     options, block, members = plan.options, sizes.block, plan.members
     point = node.child(0) if leading else node  # the band of the members on threads
-    budget = shared_budget(options, plan.device)
     on_threads = ([plan.lanes] if plan.lanes is not None else []) + members
     if bind:
         point = bind_members(point, on_threads[: len(block)], block, THREAD_PARAMS, (runs,))
-        if plan.lanes is not None or split is not None:
-            mark = marks.Lanes() if plan.lanes is not None else marks.Atomic()
+        if plan.lanes is not None or split is not None or registers is not None:
+            mark = marks.Lanes() if plan.lanes is not None else registers or marks.Atomic()
             point = marks.insert(point, mark).parent()
         point = point.parent()  # the thread filter
     node = point.parent() if leading else point  # the tile band, if any
     first = plan.prefix + (split is not None)  # the members of the tile band on the grid
-    copied: list[str] = []
     complete = True
-    if bind and shared:  # 8. copies
-        node, copied, complete = copy_into_shared(node, scop, options, budget, first, on_threads[0])
+    if bind and copies is None and trial_tile is not None:  # step 3's trial
+        depth, tensors, complete = plan_copies(
+            node, scop, options, plan.budget, first, on_threads[0]
+        )
+        copies = Copies(trial_tile, runs, depth, tuple(tensors)) if tensors else None
+    if bind and copies is not None:  # 8. copies
+        node = copy_into_shared(node, copies.depth, copies.tensors)
     if bind and options.use_private_memory and plan.lanes is None:  # 9. register tiles
         node = hold_registers(node, options.private_depth, first)
-    return node, copied, complete
+    return node, copies, complete
