@@ -17,6 +17,7 @@ from tcpy.errors import (
     TCCompileError,
     TCEmulationError,
     TCError,
+    TCGradientError,
     TCInputError,
     TCLaunchError,
     TCMappingError,
@@ -31,6 +32,7 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.types import ScalarType
 
 if TYPE_CHECKING:
+    from tcpy.autodiff import gradient
     from tcpy.compiled import Compiled
     from tcpy.engine import ExecutionEngine
     from tcpy.genetic.tuner import TunerConfig, TuneResult
@@ -52,6 +54,7 @@ __all__ = [
     "TCCompileError",
     "TCEmulationError",
     "TCError",
+    "TCGradientError",
     "TCInputError",
     "TCLaunchError",
     "TCMappingError",
@@ -63,6 +66,7 @@ __all__ = [
     "TuneResult",
     "TunerConfig",
     "check_source",
+    "gradient",
 ]
 
 
@@ -76,6 +80,7 @@ _LAZY = {
     "TuneResult": "tcpy.genetic.tuner",
     "TunerConfig": "tcpy.genetic.tuner",
     "check_source": "tcpy.parser",
+    "gradient": "tcpy.autodiff",
 }
 
 

@@ -2,6 +2,7 @@
 
 tcpy check FILE.tc
 tcpy compile FILE.tc [--entry NAME] [--sizes M=64] [--target T] [--emit c|cuda|schedule|ast]
+tcpy grad FILE.tc [--entry NAME] [--wrt X,Y]
 tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--repeat N] [--check]
 tcpy tune FILE.tc [--entry NAME] [--sizes M=512,N=512] [--generations G] [--population P]
                   [--workers W] [--seed S] [--plot OUT.png] [--save BEST.json]
@@ -30,6 +31,10 @@ EXAMPLES = {
         "tcpy compile examples/matmul.tc --sizes M=64,N=64,K=64 > matmul.c",
         "tcpy compile examples/matmul.tc --sizes M=64,N=64,K=64 --target cuda --emit cuda",
         "tcpy compile examples/matmul.tc --emit schedule",
+    ],
+    "grad": [
+        "tcpy grad examples/matmul.tc",
+        "tcpy grad examples/matmul.tc --wrt A > matmul_grad.tc",
     ],
     "run": [
         "tcpy run examples/matmul.tc --sizes M=256,N=256,K=256 --repeat 20 --check",
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[str, str, argparse.Namespace], int] = {
         "check": commands.check,
         "compile": commands.compile_,
+        "grad": commands.grad,
         "run": commands.run,
         "tune": commands.tune,
     }[args.command]
@@ -114,6 +120,12 @@ def parser() -> argparse.ArgumentParser:
                       "after mapping, or isl's AST")  # fmt: skip
     comp.add_argument("--gpu", action="store_true", help="deprecated: --target cuda")
     comp.add_argument("--options", metavar="OPTIONS", help=OPTIONS_HELP)
+
+    grad = _command(sub, "grad", "print a def's backward as TC: the gradients of its inputs")
+    grad.add_argument("file", metavar="FILE", help=FILE_HELP)
+    grad.add_argument("--entry", help="the def to differentiate (default: the only one)")
+    grad.add_argument("--wrt", type=_names, metavar="NAME,...",
+                      help="the inputs to differentiate (default: every float input)")  # fmt: skip
 
     run = _command(sub, "run", "run a def on random inputs: shapes, checksums, times")
     _def_arguments(run, "run", "M=64,N=32")
@@ -173,6 +185,16 @@ def _sizes(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(f"{name} is given twice")
         sizes[name] = int(value)
     return sizes
+
+
+def _names(text: str) -> list[str]:
+    """`--wrt A,B`: names, each once."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct names separated by commas, got {text!r}"
+        )
+    return names
 
 
 def _count(text: str) -> int:

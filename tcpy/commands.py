@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tcpy import targets
+from tcpy.autodiff import gradient
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCCompileError, TCError, TCMappingError, TCWarning, located
 from tcpy.inputs import random_inputs, resolve_sizes
 from tcpy.mapping.options import PRESETS, MappingOptions
 from tcpy.naming import user_text
-from tcpy.parser import CheckedDef
+from tcpy.parser import CheckedDef, check_source
 
 if TYPE_CHECKING:
     from tcpy.genetic.tuner import TuneResult
@@ -306,6 +307,17 @@ def _entry(names: tuple[str, ...], entry: str | None, filename: str) -> str:
     if len(names) != 1:
         raise TCError(f"{filename} defines {', '.join(names)}: choose one with --entry")
     return names[0]
+
+
+# --- tcpy grad -----------------------------------------------------------------------------
+
+
+def grad(source: str, filename: str, args: argparse.Namespace) -> int:
+    """Print the backward of a def (`tcpy.autodiff.gradient`)."""
+    names = tuple(check_source(source, filename))
+    entry = _entry(names, args.entry, filename)
+    print(gradient(source, entry, args.wrt, filename), end="")
+    return 0
 
 
 # --- tcpy tune -----------------------------------------------------------------------------

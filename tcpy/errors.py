@@ -126,6 +126,11 @@ class TCTypeError(TCSemanticError):
     """An expression's types do not fit (promotion, casts, subscripts, operators)."""
 
 
+class TCGradientError(TCSemanticError):
+    """A def, or a part of one, that tcpy cannot differentiate: a builtin without a
+    derivative, a reduction it has no rule for, a `wrt` that names no float input."""
+
+
 class TCRangeError(TCError):
     """Range inference could not give every index a range, or gave an unsafe one."""
 

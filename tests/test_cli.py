@@ -170,7 +170,7 @@ def test_every_argument_has_help_and_help_ends_with_examples(
 
     top = parser()
     commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(commands.choices) == ["cache", "check", "compile", "run", "tune"]
+    assert sorted(commands.choices) == ["cache", "check", "compile", "grad", "run", "tune"]
     for name, sub in [("tcpy", top), *commands.choices.items()]:
         for action in sub._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"

@@ -21,7 +21,7 @@ TCPY = Path(__file__).resolve().parent.parent / "tcpy"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("tcpy.errors", "tcpy.types", "tcpy.knobs", "tcpy.log", "tcpy.naming",
               "tcpy.arrays")),
-    ("front end", ("tcpy.parser", "tcpy.reference", "tcpy.inputs")),
+    ("front end", ("tcpy.parser", "tcpy.reference", "tcpy.inputs", "tcpy.autodiff")),
     ("options", ("tcpy.mapping.options",)),
     ("poly", ("tcpy.poly",)),
     ("mapping", ("tcpy.mapping",)),

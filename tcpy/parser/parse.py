@@ -470,3 +470,16 @@ def _end_position(source: str) -> tuple[int, int]:
     stripped = source.rstrip()
     lines = stripped.splitlines() or [""]
     return len(lines), len(lines[-1]) + 1
+
+
+def retyped(source: str, to: ScalarType) -> str:
+    """`source` with every float type named in it (`float`, `float16`, `float32`,
+    `float64`, `double`: in declarations and casts) replaced by `to`'s name; float
+    literals stay float32, as TC reads them. Gradient checks run a def in float64 so."""
+    out, at = [], 0
+    for token in _parser().lex(source):
+        if token.type == "TYPE" and ScalarType.from_name(token.value).is_float:
+            assert token.start_pos is not None and token.end_pos is not None
+            out += [source[at : token.start_pos], to.value]
+            at = token.end_pos
+    return "".join(out) + source[at:]

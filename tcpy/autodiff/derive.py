@@ -1,0 +1,423 @@
+"""The backward of a def, derived in reverse mode, as TC text (`gradient`).
+
+The backward is one def, `<name>_grad`. Its inputs: the forward's inputs, the forward's
+outputs it reads, then `d_<output>` for every output. Its outputs: `d_<input>` for each
+input differentiated (`wrt`, by default every float input), in the forward's order.
+It recomputes the temporaries (and the versions of tensors written more than once,
+`tcpy.autodiff.versions`) it reads, then walks the statements backwards, adding the
+adjoint of each read to its tensor's (`tcpy.autodiff.solve` says where), through the
+reduction's rule:
+
+- `=`, `+=!`, `+=`: the chain rule (`tcpy.autodiff.rules`);
+- `max=!`, `min=!`: to the instances equal to the result, split evenly among ties;
+- `*=!`: the product of the others, exact with zeros (one zero: only it gets a
+  gradient; two or more: none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tcpy.autodiff import build as b
+from tcpy.autodiff import text
+from tcpy.autodiff.rules import read_adjoints
+from tcpy.autodiff.solve import solve
+from tcpy.autodiff.versions import Version, covers, fresh, versions_of
+from tcpy.errors import TCGradientError
+from tcpy.parser import ast, check_source
+from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange, TensorInfo
+from tcpy.parser.symbolic import Sym
+from tcpy.types import ScalarType
+
+A = ast.AssignOp
+Reduction = ast.Reduction
+
+
+def gradient(
+    source: str, name: str, wrt: Sequence[str] | None = None, filename: str | None = None
+) -> str:
+    """The backward of def `name` of `source` as TC text (see the module): a def
+    `<name>_grad` that the engine compiles, fuses and tunes as any other, and that a
+    user may read, edit and pass back as a hand-written backward. `wrt`: the inputs
+    to differentiate (default: every float input); `filename`: for errors."""
+    defs = check_source(source, filename)
+    if name not in defs:
+        known = ", ".join(defs) or "none"
+        raise TCGradientError(f"no def named {name!r} in the source (defs: {known})")
+    cdef = defs[name]
+    try:
+        return _Backward(cdef, _wrt(cdef, wrt)).text()
+    except TCGradientError as e:
+        raise cdef.located(e) from None
+
+
+def _wrt(cdef: CheckedDef, wrt: Sequence[str] | None) -> list[str]:
+    """The inputs to differentiate, in the forward's order."""
+    floats = [t.name for t in cdef.inputs if t.scalar.is_float]
+    if wrt is None:
+        if not floats:
+            raise TCGradientError(f"def {cdef.name} has no float input to differentiate", cdef.span)
+        return floats
+    for n in wrt:
+        if n not in {t.name for t in cdef.inputs}:
+            raise TCGradientError(f"wrt names {n!r}, which is no input of {cdef.name}", cdef.span)
+        if n not in floats:
+            ty = cdef.tensor(n).scalar.value
+            raise TCGradientError(
+                f"wrt names {n}, a {ty} input: only floats have gradients", cdef.span
+            )
+    if not wrt:
+        raise TCGradientError(f"wrt names no input of {cdef.name} to differentiate", cdef.span)
+    return [n for n in floats if n in wrt]
+
+
+@dataclass
+class _Backward:
+    """The backward of `cdef` being built: its statements, adjoint by adjoint."""
+
+    cdef: CheckedDef
+    wrt: list[str]
+    taken: set[str] = field(default_factory=set)
+    lines: list[str] = field(default_factory=list)  # adjoint statements, in order
+    adjoint: dict[str, str] = field(default_factory=dict)  # version name -> its adjoint's
+    started: set[str] = field(default_factory=set)  # adjoints with a statement already
+    read: set[str] = field(default_factory=set)  # the tensors the statements read
+
+    def __post_init__(self) -> None:
+        c = self.cdef
+        self.taken |= {t.name for t in c.tensors} | set(c.size_symbols)
+        self.indices = {i for st in c.statements for i in st.all_indices}
+        self.taken |= self.indices
+        self.versions = versions_of(c, self.taken)
+        self.relevant = self._relevant()
+        self.nonzero = self._nonzero()
+        self.sizes: dict[tuple[str, int], str] = {}
+        # the element type of every tensor of the backward, by name
+        self.types = {n: self.versions.tensor(v).scalar for n, v in self.versions.of.items()}
+        self.types |= {f"d_{t.name}": t.scalar for t in c.outputs}
+
+    # --- which versions matter --------------------------------------------------------
+
+    def _relevant(self) -> set[str]:
+        """The versions that depend on an input differentiated."""
+        vs = self.versions
+        out = set(self.wrt)
+        for s in range(len(vs.written)):
+            reads = {v.name for v in vs.reads(s)}
+            if reads & out or (vs.keeps[s] and vs.before[s].name in out):
+                out.add(vs.written[s].name)
+        return out
+
+    def _nonzero(self) -> set[str]:
+        """The versions whose adjoints may be nonzero: the outputs, and what they read."""
+        vs = self.versions
+        out = {vs.last(t.name).name for t in self.cdef.outputs if t.scalar.is_float}
+        for s in reversed(range(len(vs.written))):
+            if vs.written[s].name in out:
+                out |= {v.name for v in vs.reads(s)}
+                if vs.keeps[s] and not vs.before[s].zeros:
+                    out.add(vs.before[s].name)
+        return out
+
+    def needs(self, v: Version) -> bool:
+        return v.name in self.relevant and v.name in self.nonzero
+
+    # --- the adjoint statements ---------------------------------------------------------
+
+    def text(self) -> str:
+        vs = self.versions
+        for s in reversed(range(len(vs.written))):
+            if self.needs(vs.written[s]):
+                self._statement(s)
+        for n in self.wrt:
+            if n not in self.started:
+                t = self.cdef.tensor(n)
+                dims = self._dims(len(t.shape))
+                self._emit(self._name_of(n), dims, A.ASSIGN, b.num(0, t.span), self._whole(t, dims))
+        return self._def()
+
+    def _statement(self, s: int) -> None:
+        """The adjoints of the reads of statement `s` (its written version needs one)."""
+        vs = self.versions
+        st, w = self.cdef.statements[s], vs.written[s]
+        grad = self._read_adjoint(w)
+        if grad is None:  # nothing later depends on it through a gradient
+            return
+        here = tuple(ast.Index(i, st.span) for i in st.indices)
+        seed: ast.Expr = ast.Access(grad, here, st.span)
+        f = vs.rhs[s]
+        old = self._old_value(s)  # `max=`, `min=`, `*=`: the value reduced into
+        to_old: ast.Expr | None = None  # the adjoint that value gets
+        if st.op.reduction in (Reduction.MAX, Reduction.MIN):
+            seed_f, to_old = self._extremum(st, f, w, seed, old)
+            contributions = read_adjoints(f, seed_f)
+        elif st.op.reduction is Reduction.PROD:
+            contributions, to_old = self._product(st, f, seed, old)
+        else:
+            contributions = read_adjoints(f, seed)
+        self._add_reads(st, contributions)
+        prev = vs.before[s]
+        if not vs.keeps[s] or not self.needs(prev):
+            return
+        if to_old is None:
+            self._pass_through(st, grad, prev)
+        else:
+            t = vs.tensor(prev)
+            self._accumulate(prev, st.indices, self._as(to_old, t.scalar), st.ranges[: len(here)])
+
+    def _old_value(self, s: int) -> ast.Expr | None:
+        """For a `max=`, `min=` or `*=` without `!` (statement `s`), the value it
+        reduces into at its indices (its tensor's version before, or zero); None for
+        other statements. Only where it writes the whole tensor."""
+        st, vs = self.cdef.statements[s], self.versions
+        if st.op.initializes or st.op.reduction in (None, Reduction.SUM):
+            return None
+        if not covers(st, vs.tensor(vs.written[s]).shape):
+            raise TCGradientError(
+                f"{st.op.value} into part of {st.tensor} has no gradient rule; write "
+                f"{st.op.value}! into a temporary and combine it in a statement of its own",
+                st.span,
+            )
+        prev = vs.before[s]
+        if prev.zeros:
+            return b.num(0, st.span)
+        return ast.Access(prev.name, tuple(ast.Index(i, st.span) for i in st.indices), st.span)
+
+    def _read_adjoint(self, v: Version) -> str | None:
+        """The name of the adjoint of `v`, complete now that every later statement has
+        added to it: the gradient given, for an output no statement read after its
+        last write; None where no statement added to it (it is zero)."""
+        if v.name not in self.started:
+            return f"d_{v.tensor}" if self.versions.is_final_output(v) else None
+        return self.adjoint[v.name]
+
+    def _add_reads(
+        self, st: CheckedStatement, contributions: list[tuple[ast.Access, ast.Expr]]
+    ) -> None:
+        merged: dict[tuple[str, str], tuple[ast.Access, ast.Expr]] = {}
+        for read, adj in contributions:
+            v = self.versions.of.get(read.tensor)
+            if v is None or not self.needs(v):
+                continue
+            key = (read.tensor, ", ".join(text.expr(a) for a in read.args))
+            old = merged.get(key)
+            merged[key] = (read, adj if old is None else b.add(old[1], adj))
+        for read, adj in merged.values():
+            v = self.versions.of[read.tensor]
+            shape = self.versions.tensor(v).shape
+            solved = solve(st, read.args, shape, self.taken)
+            body = b.simplified(b.substitute(adj, solved.values))
+            if solved.guard is not None:
+                body = b.select(b.simplified(solved.guard), body, b.num(0, st.span))
+            body = self._as(body, self.versions.tensor(v).scalar)
+            ranges = [IndexRange(d, Sym.of(0), e) for d, e in zip(solved.dims, shape, strict=True)]
+            self._accumulate(v, solved.dims, body, (*ranges, *solved.free))
+
+    def _pass_through(self, st: CheckedStatement, grad: str, prev: Version) -> None:
+        """The adjoint of `prev`, the version before the one `st` writes (whose adjoint
+        is `grad`), where `st` kept its values: everywhere after a `+=`, outside the
+        written box after another write."""
+        t = self.versions.tensor(prev)
+        dims = self._dims(len(t.shape))
+        value: ast.Expr = ast.Access(grad, tuple(ast.Index(d, st.span) for d in dims), st.span)
+        if not (st.op.is_reduction and not st.op.initializes):
+            outside = None
+            for d, var in zip(dims, st.indices, strict=True):
+                r = st.range_of(var)
+                i = ast.Index(d, st.span)
+                lo = b.binary(ast.BinaryOp.LT, i, b.size(r.lo, st.span))
+                hi = b.binary(ast.BinaryOp.GE, i, b.size(r.hi, st.span))
+                outside = b.either(outside, b.either(lo, hi))
+            if outside is not None:
+                value = b.select(outside, value, b.num(0, st.span))
+        self._accumulate(prev, dims, value, self._whole(t, dims))
+
+    def _accumulate(
+        self, v: Version, dims: Sequence[str], value: ast.Expr, ranges: Sequence[IndexRange]
+    ) -> None:
+        """Add `value` (over `ranges`, the first for `dims`) to the adjoint of `v`."""
+        t = self.versions.tensor(v)
+        if v.name not in self.started:
+            self.started.add(v.name)
+            if self.versions.is_final_output(v):  # the gradient given, plus the reads'
+                name = self.adjoint[v.name] = fresh(f"d_{v.tensor}_sum", self.taken)
+                self.types[name] = t.scalar
+                whole = self._whole(t, dims)
+                given = ast.Access(
+                    f"d_{v.tensor}", tuple(ast.Index(d, t.span) for d in dims), t.span
+                )
+                self._emit(name, dims, A.ASSIGN, given, whole)
+                self._emit(name, dims, A.SUM, value, ranges)
+                return
+            self.adjoint[v.name] = self._name_of(v.name)
+            self._emit(self.adjoint[v.name], dims, A.SUM_INIT, value, ranges)
+            return
+        self._emit(self.adjoint[v.name], dims, A.SUM, value, ranges)
+
+    def _name_of(self, version: str) -> str:
+        name = f"d_{version}" if version in self.wrt else fresh(f"d_{version}", self.taken)
+        self.types[name] = self.versions.tensor(self.versions.of[version]).scalar
+        return name
+
+    def _as(self, value: ast.Expr, target: ScalarType) -> ast.Expr:
+        """`value` cast to `target` where it computes in a wider float type (the
+        gradient of a float32 input read into a float64 sum)."""
+        floats = [
+            self.types.get(n.tensor) if isinstance(n, ast.Access) else n.to
+            for n in ast.walk(value)
+            if isinstance(n, ast.Access | ast.Cast)
+        ]
+        widest = max((t.dtype.itemsize for t in floats if t is not None and t.is_float), default=0)
+        return b.cast(target, value) if widest > target.dtype.itemsize else value
+
+    # --- the rules of min, max and product ------------------------------------------
+
+    def _extremum(
+        self, st: CheckedStatement, f: ast.Expr, w: Version, seed: ast.Expr, old: ast.Expr | None
+    ) -> tuple[ast.Expr, ast.Expr | None]:
+        """`max=!`/`min=!` (and without `!`, `old` the value reduced into): the
+        adjoint of an instance equal to the result, shared evenly with the others
+        equal to it (`ties`, counting `old` among them); and the adjoint of `old`."""
+        here = tuple(ast.Index(i, st.span) for i in st.indices)
+        result = ast.Access(w.name, here, st.span)
+        equal = b.binary(ast.BinaryOp.EQ, f, result)
+        ties = fresh(f"{w.tensor}_ties", self.taken)
+        self.types[ties] = ScalarType.INT32
+        one, zero = b.num(1, st.span), b.num(0, st.span)
+        self._emit(ties, st.indices, A.SUM_INIT, b.select(equal, one, zero), st.ranges)
+        count: ast.Expr = ast.Access(ties, here, st.span)
+        if old is None:
+            return b.select(equal, b.div(seed, count), zero), None
+        old_equal = b.binary(ast.BinaryOp.EQ, old, result)
+        count = b.add(count, b.select(old_equal, one, zero))
+        share = b.div(seed, count)
+        return b.select(equal, share, zero), b.select(old_equal, share, zero)
+
+    def _product(
+        self, st: CheckedStatement, f: ast.Expr, seed: ast.Expr, old: ast.Expr | None
+    ) -> tuple[list[tuple[ast.Access, ast.Expr]], ast.Expr | None]:
+        """`*=!` (and `*=`, `old` the value multiplied into, one more factor): the
+        adjoint of each factor is the product of the others: the product of the
+        nonzero factors divided by it where none is zero, that product where it is
+        the one zero, else 0. Returns the reads' adjoints and `old`'s."""
+        here = tuple(ast.Index(i, st.span) for i in st.indices)
+        one, zero = b.num(1, st.span), b.num(0, st.span)
+        zeros = fresh(f"{st.tensor}_zeros", self.taken)
+        nonzero = fresh(f"{st.tensor}_nonzero", self.taken)
+        self.types[zeros] = ScalarType.INT32
+        self.types[nonzero] = self.cdef.tensor(st.tensor).scalar
+        f_zero = b.binary(ast.BinaryOp.EQ, f, zero)
+        self._emit(zeros, st.indices, A.SUM_INIT, b.select(f_zero, one, zero), st.ranges)
+        self._emit(nonzero, st.indices, A.PROD_INIT, b.select(f_zero, one, f), st.ranges)
+        z: ast.Expr = ast.Access(zeros, here, st.span)
+        p: ast.Expr = ast.Access(nonzero, here, st.span)
+        if old is not None:
+            old_zero = b.binary(ast.BinaryOp.EQ, old, zero)
+            z = b.add(z, b.select(old_zero, one, zero))
+            p = b.mul(p, b.select(old_zero, one, old))
+
+        def others(factor: ast.Expr, is_zero: ast.Expr) -> ast.Expr:
+            alone = b.both(b.binary(ast.BinaryOp.EQ, z, one), is_zero)
+            none = b.binary(ast.BinaryOp.EQ, z, zero)
+            return b.select(none, b.div(p, factor), b.select(alone, p, zero))
+
+        reads = read_adjoints(f, b.mul(seed, others(f, f_zero)))
+        if old is None:
+            return reads, None
+        return reads, b.mul(seed, others(old, b.binary(ast.BinaryOp.EQ, old, zero)))
+
+    # --- text ------------------------------------------------------------------------
+
+    def _dims(self, rank: int) -> tuple[str, ...]:
+        """Indices for a statement over a whole tensor of `rank` dimensions."""
+        names = ("i", "j", "k", "l", "m", "n")
+        chosen = [n for n in names if n not in self.taken - self.indices]
+        return tuple(chosen[k] if k < len(chosen) else f"i{k}" for k in range(rank))
+
+    def _whole(self, t: TensorInfo, dims: Sequence[str]) -> tuple[IndexRange, ...]:
+        return tuple(IndexRange(d, Sym.of(0), e) for d, e in zip(dims, t.shape, strict=True))
+
+    def _emit(
+        self,
+        tensor: str,
+        dims: Sequence[str],
+        op: ast.AssignOp,
+        value: ast.Expr,
+        ranges: Sequence[IndexRange],
+    ) -> None:
+        self.read |= {n.tensor for n in ast.walk(value) if isinstance(n, ast.Access)}
+        lhs = f"{tensor}({', '.join(dims)})" if dims else tensor
+        where = ", ".join(f"{r.var} in {text.size(r.lo)}:{text.size(r.hi)}" for r in ranges)
+        self.lines.append(
+            f"{lhs} {op.value} {text.expr(value)}" + (f" where {where}" if where else "")
+        )
+
+    def _recompute(self) -> tuple[list[str], set[str]]:
+        """The statements that recompute the versions the adjoints read (temporaries,
+        versions overwritten), in the forward's order, and the forward outputs read."""
+        vs = self.versions
+        wanted = {n for n in vs.of if n in self.read}
+        needed: set[int] = set()
+        stack = [vs.of[n] for n in wanted]
+        while stack:
+            v = stack.pop()
+            if v.statement is None or vs.is_final_output(v) or v.statement in needed:
+                continue
+            needed.add(v.statement)
+            stack += vs.reads(v.statement)
+            if vs.keeps[v.statement] and not vs.before[v.statement].zeros:
+                stack.append(vs.before[v.statement])
+        lines: list[str] = []
+        saved = self.lines
+        self.lines = lines
+        for s in sorted(needed):
+            self._recompute_one(s)
+        self.lines = saved
+        outputs = {vs.last(t.name).name for t in self.cdef.outputs}
+        return lines, outputs & self.read
+
+    def _recompute_one(self, s: int) -> None:
+        vs = self.versions
+        st, w = self.cdef.statements[s], vs.written[s]
+        t = vs.tensor(w)
+        if vs.keeps[s]:
+            dims = self._dims(len(t.shape))
+            prev = vs.before[s]
+            old: ast.Expr = (
+                b.num(0, st.span)
+                if prev.zeros
+                else ast.Access(prev.name, tuple(ast.Index(d, st.span) for d in dims), st.span)
+            )
+            self._emit(w.name, dims, A.ASSIGN, old, self._whole(t, dims))
+        self._emit(w.name, st.indices, st.op, vs.rhs[s], st.ranges)
+
+    def _def(self) -> str:
+        c = self.cdef
+        recompute, outputs_read = self._recompute()
+        params = [self._param(t, t.name) for t in c.inputs]
+        params += [self._param(t, t.name) for t in c.outputs if t.name in outputs_read]
+        params += [self._param(t, f"d_{t.name}") for t in c.outputs if t.scalar.is_float]
+        results = [self._param(c.tensor(n), f"d_{n}") for n in self.wrt]
+        head = f"def {c.name}_grad({', '.join(params)}) -> ({', '.join(results)})"
+        body = "".join(f"    {line}\n" for line in (*recompute, *self.lines))
+        return f"{head} {{\n{body}}}\n"
+
+    def _param(self, t: TensorInfo, name: str) -> str:
+        dims = [self._dim(t, k, e) for k, e in enumerate(t.shape)]
+        return f"{t.scalar.value}({', '.join(dims)}) {name}" if dims else f"{t.scalar.value} {name}"
+
+    def _dim(self, t: TensorInfo, k: int, extent: Sym) -> str:
+        """A dimension of a parameter: its size, or a size of its own where the forward
+        computes it (an output `H - KH + 1` long)."""
+        if extent.is_const or (
+            len(extent.terms) == 1
+            and extent.const == 0
+            and extent.terms[0][1] == 1
+            and isinstance(extent.terms[0][0], str)
+        ):
+            return text.size(extent)
+        key = (t.name, k)
+        if key not in self.sizes:
+            self.sizes[key] = fresh(f"{t.name}_dim{k}", self.taken)
+        return self.sizes[key]

@@ -1,0 +1,142 @@
+"""Gradient checks shared by the tests: a def's derived backward (`tcpy.autodiff.gradient`)
+against central finite differences of its forward, both run in float64 on the
+`reference` target (`check`), and the backward compiled for a target against the
+backward on `reference` (`compiled_matches`)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import tcpy
+from tcpy.autodiff import gradient
+from tcpy.parser import check_source
+from tcpy.parser.parse import retyped
+from tcpy.types import ScalarType
+
+STEP = 1e-6
+"""The step of the central differences, relative to each input's scale."""
+
+
+@dataclass
+class Backward:
+    """A def's backward ready to call: its text, its def, and its arguments."""
+
+    text: str
+    name: str
+    args: tuple[np.ndarray, ...]
+    seeds: dict[str, np.ndarray]  # the gradient given for each float output
+
+
+def as64(source: str, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarray]]:
+    """`source` retyped to float64 (`tcpy.parser.parse.retyped`), with its inputs."""
+    out = [
+        np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else a for a in inputs
+    ]
+    return retyped(source, ScalarType.FLOAT64), out
+
+
+def _outputs(engine: tcpy.ExecutionEngine, name: str, inputs: Sequence[np.ndarray]) -> list:
+    out = getattr(engine, name)(*inputs)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def backward(
+    source: str, name: str, inputs: Sequence[np.ndarray], wrt: Sequence[str] | None = None,
+    seed: int = 0,
+) -> Backward:  # fmt: skip
+    """The backward of `name` with its arguments: `inputs`, the outputs it reads (the
+    forward run on `reference`) and random gradients of the float outputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)[name]
+        engine = tcpy.ExecutionEngine("reference")
+        engine.define(source)
+    outputs = dict(zip((t.name for t in cdef.outputs), _outputs(engine, name, inputs), strict=True))
+    rng = np.random.default_rng(seed)
+    seeds = {
+        n: rng.uniform(-1, 1, size=np.shape(o)).astype(np.asarray(o).dtype)
+        for n, o in outputs.items()
+        if np.asarray(o).dtype.kind == "f"
+    }
+    with warnings.catch_warnings():  # the forward's, said when it was defined
+        warnings.simplefilter("ignore")
+        text = gradient(source, name, wrt)
+    bdef = check_source(text)[f"{name}_grad"]
+    given = dict(zip((t.name for t in cdef.inputs), inputs, strict=True))
+    args = []
+    for p in bdef.inputs:
+        if p.name in given:
+            args.append(given[p.name])
+        elif p.name in outputs:
+            args.append(outputs[p.name])
+        else:
+            args.append(seeds[p.name.removeprefix("d_")])
+    return Backward(text, f"{name}_grad", tuple(args), seeds)
+
+
+def check(
+    source: str, name: str, inputs: Sequence[np.ndarray], wrt: Sequence[str] | None = None,
+    directions: int = 3, rtol: float = 1e-6,
+) -> Backward:  # fmt: skip
+    """Check the derived backward of `name` (`source` and `inputs` in float64) against
+    central differences of `L = sum over float outputs of <seed, output>` along
+    `directions` random directions per input differentiated; returns the backward."""
+    bw = backward(source, name, inputs, wrt)
+    engine = tcpy.ExecutionEngine("reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)[name]
+        engine.define(source)
+        engine.define(bw.text)
+    grads = getattr(engine, bw.name)(*bw.args)
+    grads = list(grads) if isinstance(grads, tuple) else [grads]
+    names = [t.name for t in check_source(bw.text)[bw.name].outputs]
+    position = {t.name: k for k, t in enumerate(cdef.inputs)}
+    rng = np.random.default_rng(1)
+
+    def change(plus: list[np.ndarray], minus: list[np.ndarray]) -> float:
+        """L(plus) - L(minus), the outputs subtracted first (a large constant output,
+        a mask's -1e9, cancels exactly)."""
+        names = [t.name for t in cdef.outputs]
+        up = dict(zip(names, _outputs(engine, name, plus), strict=True))
+        down = dict(zip(names, _outputs(engine, name, minus), strict=True))
+        return sum(float(np.sum(s * (up[n] - down[n]))) for n, s in bw.seeds.items())
+
+    for gname, g in zip(names, grads, strict=True):
+        k = position[gname.removeprefix("d_")]
+        x = np.asarray(inputs[k])
+        assert g.shape == x.shape and g.dtype == x.dtype, (gname, g.shape, g.dtype)
+        for _ in range(directions):
+            v = rng.uniform(-1, 1, size=x.shape)
+            h = STEP * max(1.0, float(np.max(np.abs(x), initial=0.0)))
+            plus = [*inputs[:k], x + h * v, *inputs[k + 1 :]]
+            minus = [*inputs[:k], x - h * v, *inputs[k + 1 :]]
+            numeric = change(plus, minus) / (2 * h)
+            analytic = float(np.sum(g * v))
+            scale = max(1.0, abs(numeric), abs(analytic))
+            assert abs(numeric - analytic) <= rtol * scale + 1e-7, (
+                f"{gname}: finite differences {numeric!r}, backward {analytic!r}\n{bw.text}"
+            )
+    return bw
+
+
+def compiled_matches(bw: Backward, target: str, options: object = None) -> None:
+    """The backward compiled for `target` gives the `reference` target's gradients."""
+    results = []
+    for t in ("reference", target):
+        engine = tcpy.ExecutionEngine(t)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine.define(bw.text)
+        out = (
+            getattr(engine, bw.name)(*bw.args)
+            if options is None
+            else (engine.compile(bw.name, *bw.args, options=options)(*bw.args))
+        )
+        results.append(list(out) if isinstance(out, tuple) else [out])
+    for want, got in zip(*results, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

@@ -1,0 +1,270 @@
+"""Gradients derived from the math (`tcpy.gradient`): every differentiable corpus program's
+backward against central finite differences in float64 (`tests/gradients.py`), the
+rules one by one (ties, zeros, guards, gathers, strides, versions), the backward
+compiled for `cpu` and `cuda-emu` against `reference`, its interface and its errors."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.parser import check_source
+
+import gradients
+from corpus_cases import CASES, Case
+
+CORPUS = Path(__file__).parent / "corpus"
+
+AT_A_KINK = {"sign": "its inputs hold zeros on purpose, where sign jumps"}
+NO_RULE = {"rounding": "trunc"}
+
+
+def _differentiable(case: Case) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source((CORPUS / case.file).read_text())[case.entry]
+    return any(t.scalar.is_float for t in cdef.inputs) and any(
+        t.scalar.is_float for t in cdef.outputs
+    )
+
+
+DIFFERENTIABLE = [c for c in CASES if _differentiable(c) and c.name not in AT_A_KINK]
+
+
+def _case64(case: Case) -> tuple[str, list[np.ndarray]]:
+    inputs = case.inputs(np.random.default_rng(0), case.sizes)
+    return gradients.as64((CORPUS / case.file).read_text(), inputs)
+
+
+@pytest.mark.parametrize("case", DIFFERENTIABLE, ids=lambda c: c.name)
+def test_corpus_gradients_match_finite_differences(case: Case) -> None:
+    source, inputs = _case64(case)
+    if case.name in NO_RULE:
+        with pytest.raises(tcpy.TCGradientError, match=f"{NO_RULE[case.name]} has no gradient"):
+            tcpy.gradient(source, case.entry)
+        return
+    gradients.check(source, case.entry, inputs)
+
+
+def test_enough_of_the_corpus_is_differentiated() -> None:
+    assert len(DIFFERENTIABLE) >= 100
+
+
+COMPILED = ["matmul", "conv2d", "softmax", "layernorm", "maxpool2x2", "embedding", "gelu",
+            "cross_entropy", "conv2d_stride2", "row_prod_seeded", "min_with_seed"]  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_backward_matches_reference(name: str, target: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    source, inputs = _case64(case)
+    bw = gradients.backward(source, case.entry, inputs)
+    gradients.compiled_matches(bw, target)
+
+
+def _grad(source: str, name: str, inputs: list[np.ndarray], **kw: object) -> list[np.ndarray]:
+    """The backward's gradients on `reference`, the seeds all ones."""
+    bw = gradients.backward(source, name, inputs, **kw)  # type: ignore[arg-type]
+    args = list(bw.args)
+    ones = {f"d_{n}" for n in bw.seeds}
+    names = [t.name for t in check_source(bw.text)[bw.name].inputs]
+    args = [np.ones_like(a) if n in ones else a for n, a in zip(names, args, strict=True)]
+    engine = tcpy.ExecutionEngine("reference")
+    engine.define(bw.text)
+    out = getattr(engine, bw.name)(*args)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def test_max_splits_the_gradient_evenly_among_ties() -> None:
+    """PyTorch's rule for `amax`: the elements equal to the maximum share its gradient."""
+    source = "def rowmax(double(M, N) A) -> (O) { O(m) max=! A(m, n) }"
+    a = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0], [0.0, -1.0, 7.0, 1.0]])
+    (d_a,) = _grad(source, "rowmax", [a])
+    want = np.array([[0, 0.5, 0.5, 0], [0.25] * 4, [0, 0, 1, 0]])
+    np.testing.assert_array_equal(d_a, want)
+
+
+def test_maxpool_ties_and_strides() -> None:
+    """A 2x2 window of equal values shares its output's gradient in four."""
+    source = (CORPUS / "maxpool.tc").read_text().replace("float", "double")
+    image = np.zeros((1, 1, 4, 4))
+    image[0, 0, :2, 2:] = [[1.0, 2.0], [2.0, 0.0]]
+    (d_i,) = _grad(source, "maxpool2x2", [image])
+    want = np.full((4, 4), 0.25)
+    want[:2, 2:] = [[0, 0.5], [0.5, 0]]
+    np.testing.assert_array_equal(d_i[0, 0], want)
+
+
+def test_fmax_and_max_split_ties_in_half() -> None:
+    source = "def f(double(N) A, double(N) B) -> (O) { O(i) = fmax(A(i), B(i)) + max(A(i), 1.0) }"
+    a, c = np.array([1.0, 2.0, 3.0, 1.0]), np.array([1.0, 5.0, 0.0, 1.0])
+    d_a, d_b = _grad(source, "f", [a, c])
+    np.testing.assert_array_equal(d_a, [0.5 + 0.5, 0 + 1, 1 + 1, 0.5 + 0.5])
+    np.testing.assert_array_equal(d_b, [0.5, 1, 0, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("row", "want"),
+    [([2.0, 3.0, 4.0], [12.0, 8.0, 6.0]), ([2.0, 0.0, 4.0], [0.0, 8.0, 0.0]),
+     ([0.0, 3.0, 0.0], [0.0, 0.0, 0.0])],
+)  # fmt: skip
+def test_product_is_exact_with_zeros(row: list[float], want: list[float]) -> None:
+    """No zero: the product of the others. One zero: only it gets a gradient. Two or
+    more: none does."""
+    source = "def prod(double(M, N) A) -> (O) { O(m) *=! A(m, n) }"
+    (d_a,) = _grad(source, "prod", [np.array([row])])
+    np.testing.assert_array_equal(d_a[0], want)
+
+
+def test_gather_gradients_add_up_over_repeated_indices() -> None:
+    """An index that appears twice gets both rows' gradients (np.add.at)."""
+    source = (CORPUS / "embedding.tc").read_text().replace("float", "double")
+    table = np.arange(12.0).reshape(4, 3)
+    idx = np.array([2, 0, 2, 2], dtype=np.int32)
+    d_o = np.random.default_rng(3).uniform(-1, 1, size=(4, 3))
+    bw = gradients.backward(source, "embedding", [table, idx])
+    engine = tcpy.ExecutionEngine("reference")
+    engine.define(bw.text)
+    d_e = engine.embedding_grad(table, idx, d_o)
+    want = np.zeros_like(table)
+    np.add.at(want, idx, d_o)
+    np.testing.assert_allclose(d_e, want, rtol=1e-14)
+
+
+def test_repeated_indices_take_the_diagonal() -> None:
+    source = "def trace(double(N, N) A) -> (T) { T() +=! A(i, i) }"
+    (d_a,) = _grad(source, "trace", [np.arange(9.0).reshape(3, 3)])
+    np.testing.assert_array_equal(d_a, np.eye(3))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the adjoint of a gather is an equality over the table's rows until the "
+    "scatter-add extension: an index out of range matches no row instead of failing",
+)
+def test_a_gather_index_out_of_range_is_an_input_error_in_the_backward() -> None:
+    source = (CORPUS / "embedding.tc").read_text().replace("float", "double")
+    table, idx = np.ones((4, 3)), np.array([1, 9], dtype=np.int32)
+    text = tcpy.gradient(source, "embedding")
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(text)
+    with pytest.raises(tcpy.TCInputError, match="idx"):
+        engine.embedding_grad(table, idx, np.ones((2, 3)))
+
+
+def test_versions_of_a_rewritten_output_and_what_the_backward_reads() -> None:
+    """TC's idiom of writing one tensor three times is differentiated version by
+    version; the backward recomputes the versions before the last and reads the last,
+    the forward's output, as an input."""
+    source = """
+    def fc_relu(double(B, M) I, double(N, M) W, double(N) b) -> (O) {
+        O(i, j) +=! I(i, k) * W(j, k)
+        O(i, j) = O(i, j) + b(j)
+        O(i, j) = fmax(O(i, j), 0)
+    }"""
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, (3, 5)), rng.uniform(-1, 1, (4, 5)), rng.uniform(-1, 1, 4)]
+    bw = gradients.check(source, "fc_relu", inputs)
+    names = [t.name for t in check_source(bw.text)["fc_relu_grad"].inputs]
+    assert names == ["I", "W", "b", "d_O"]
+    assert "O_2(i, j) = O_1(i, j) + b(j)" in bw.text
+
+
+def test_the_interface_of_a_backward() -> None:
+    """Inputs: the forward's inputs, the outputs it reads, `d_<output>` for each float
+    output; outputs: `d_<input>` for each input differentiated, in the forward's order."""
+    source = (CORPUS / "softmax.tc").read_text()
+    bdef = check_source(tcpy.gradient(source, "softmax"))["softmax_grad"]
+    inputs = [t.name for t in bdef.inputs]
+    cdef = check_source(source)["softmax"]
+    outs = [t.name for t in cdef.outputs]
+    assert inputs[0] == cdef.inputs[0].name
+    assert inputs[-len(outs) :] == [f"d_{o}" for o in outs]
+    assert set(inputs[1 : -len(outs)]) <= set(outs)
+    assert [t.name for t in bdef.outputs] == ["d_I"]
+
+
+def test_wrt_chooses_the_inputs() -> None:
+    source = "def mm(double(M, K) A, double(K, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
+    bdef = check_source(tcpy.gradient(source, "mm", wrt=["B"]))["mm_grad"]
+    assert [t.name for t in bdef.outputs] == ["d_B"]
+
+
+def test_an_input_that_no_output_depends_on_gets_zeros() -> None:
+    source = "def f(double(N) A, double(N) B) -> (O) { O(i) = 2 * A(i) }"
+    d_a, d_b = _grad(source, "f", [np.ones(3), np.ones(3)])
+    np.testing.assert_array_equal(d_a, [2, 2, 2])
+    np.testing.assert_array_equal(d_b, [0, 0, 0])
+
+
+def test_scalar_and_integer_inputs() -> None:
+    """A 0-d input gets a 0-d gradient; an integer input none."""
+    source = "def f(double(N) A, double s, int32(N) c) -> (O) { O(i) = s * A(i) + c(i) }"
+    a = np.array([1.0, 2.0, 3.0])
+    bw = gradients.check(source, "f", [a, np.array(2.0), np.arange(3, dtype=np.int32)])
+    assert [t.name for t in check_source(bw.text)["f_grad"].outputs] == ["d_A", "d_s"]
+
+
+@pytest.mark.parametrize(
+    ("wrt", "message"),
+    [(["c"], "wrt names c, a int32 input"), (["Z"], "wrt names 'Z', which is no input"),
+     ([], "wrt names no input")],
+)  # fmt: skip
+def test_wrt_errors(wrt: list[str], message: str) -> None:
+    source = "def f(double(N) A, int32(N) c) -> (O) { O(i) = A(i) + c(i) }"
+    with pytest.raises(tcpy.TCGradientError, match=message) as info:
+        tcpy.gradient(source, "f", wrt=wrt)
+    assert "^" in str(info.value)
+
+
+def test_a_def_with_nothing_to_differentiate() -> None:
+    source = "def f(int32(N) A) -> (O) { O(i) = A(i) + 1 }"
+    with pytest.raises(tcpy.TCGradientError, match="no float input") as info:
+        tcpy.gradient(source, "f")
+    assert "^" in str(info.value)
+
+
+def test_a_builtin_without_a_derivative_is_named_with_a_caret() -> None:
+    source = "def f(double(N) A) -> (O) {\n    O(i) = floor(A(i)) * A(i)\n}"
+    with pytest.raises(tcpy.TCGradientError, match="floor has no gradient") as info:
+        tcpy.gradient(source, "f")
+    assert info.value.line == 2
+    assert "^^^^^" in str(info.value)
+
+
+def test_an_unknown_def() -> None:
+    with pytest.raises(tcpy.TCGradientError, match="no def named 'g'"):
+        tcpy.gradient("def f(double(N) A) -> (O) { O(i) = A(i) }", "g")
+
+
+def test_the_backward_is_deterministic_across_thread_counts() -> None:
+    """Bit-identical gradients run to run and whatever the thread count: the adjoints
+    are gathers, each element summed in one thread in a fixed order."""
+    case = next(c for c in CASES if c.name == "conv2d")
+    source, inputs = _case64(case)
+    bw = gradients.backward(source, case.entry, inputs)
+    results = []
+    for threads in (1, 2, 1):
+        engine = tcpy.ExecutionEngine("cpu")
+        engine.define(bw.text)
+        compiled = engine.compile(bw.name, *bw.args, options={"threads": threads})
+        results.append(compiled(*bw.args))
+    for got in results[1:]:
+        for a, b in zip(got, results[0], strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+def test_the_command_prints_the_backward(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tcpy.cli import main
+
+    path = tmp_path / "mm.tc"
+    path.write_text("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    assert main(["grad", str(path), "--wrt", "A"]) == 0
+    printed = capsys.readouterr().out
+    assert check_source(printed)["mm_grad"].outputs[0].name == "d_A"
+    assert printed == tcpy.gradient(path.read_text(), "mm", ["A"])
