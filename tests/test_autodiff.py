@@ -268,3 +268,13 @@ def test_the_command_prints_the_backward(tmp_path: Path, capsys: pytest.CaptureF
     printed = capsys.readouterr().out
     assert check_source(printed)["mm_grad"].outputs[0].name == "d_A"
     assert printed == tcpy.gradient(path.read_text(), "mm", ["A"])
+
+
+def test_the_documented_example_prints_what_the_document_shows(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "autodiff.md").read_text()
+    code = doc.split("```python\n")[1].split("```")[0]
+    shown = doc.split("```text\n")[1].split("```")[0]
+    exec(compile(code, "autodiff.md", "exec"), {})
+    assert capsys.readouterr().out == shown + "\n"
