@@ -71,8 +71,10 @@ def conversion_hint(value: Any, dtype: np.dtype) -> str:
 def check_no_grad(name: str, value: Any, what: str = "input") -> None:
     if getattr(value, "requires_grad", False) is True:
         raise TCInputError(
-            f"{what} {name} requires a gradient, and tcpy kernels have no backward; pass "
-            f"{name}.detach() (or run the call under torch.no_grad() if none is needed)"
+            f"{what} {name} requires a gradient, and an engine's kernels have no backward: "
+            "for PyTorch operators with gradients, define the source with "
+            f"tcpy.torch.define(source) and call its ops; else pass {name}.detach() (or "
+            "run the call under torch.no_grad())"
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +17,36 @@ from tcpy.autodiff import gradient
 from tcpy.parser import check_source
 from tcpy.parser.parse import retyped
 from tcpy.types import ScalarType
+
+from corpus_cases import Case
+
+CORPUS = Path(__file__).parent / "corpus"
+
+AT_A_KINK = {"sign": "its inputs hold zeros on purpose, where sign jumps"}
+"""Corpus programs not differentiable at their test inputs."""
+NO_RULE = {"rounding": "trunc"}
+"""Corpus programs whose entry differentiates through a builtin without a derivative."""
+
+
+def differentiable(cases: Sequence[Case]) -> list[Case]:
+    """The cases of the corpus with a float input and a float output, but those whose
+    inputs sit at a kink."""
+
+    def floats(case: Case) -> bool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cdef = check_source((CORPUS / case.file).read_text())[case.entry]
+        ins, outs = cdef.inputs, cdef.outputs
+        return any(t.scalar.is_float for t in ins) and any(t.scalar.is_float for t in outs)
+
+    return [c for c in cases if floats(c) and c.name not in AT_A_KINK]
+
+
+def case64(case: Case) -> tuple[str, list[np.ndarray]]:
+    """A corpus case's source and inputs in float64."""
+    inputs = case.inputs(np.random.default_rng(0), case.sizes)
+    return as64((CORPUS / case.file).read_text(), inputs)
+
 
 STEP = 1e-6
 """The step of the central differences, relative to each input's scale."""

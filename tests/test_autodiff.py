@@ -5,7 +5,6 @@ compiled for `cpu` and `cuda-emu` against `reference`, its interface and its err
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,25 +18,9 @@ from corpus_cases import CASES, Case
 
 CORPUS = Path(__file__).parent / "corpus"
 
-AT_A_KINK = {"sign": "its inputs hold zeros on purpose, where sign jumps"}
-NO_RULE = {"rounding": "trunc"}
-
-
-def _differentiable(case: Case) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cdef = check_source((CORPUS / case.file).read_text())[case.entry]
-    return any(t.scalar.is_float for t in cdef.inputs) and any(
-        t.scalar.is_float for t in cdef.outputs
-    )
-
-
-DIFFERENTIABLE = [c for c in CASES if _differentiable(c) and c.name not in AT_A_KINK]
-
-
-def _case64(case: Case) -> tuple[str, list[np.ndarray]]:
-    inputs = case.inputs(np.random.default_rng(0), case.sizes)
-    return gradients.as64((CORPUS / case.file).read_text(), inputs)
+NO_RULE = gradients.NO_RULE
+DIFFERENTIABLE = gradients.differentiable(CASES)
+_case64 = gradients.case64
 
 
 @pytest.mark.parametrize("case", DIFFERENTIABLE, ids=lambda c: c.name)

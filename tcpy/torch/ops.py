@@ -1,0 +1,291 @@
+"""The registration of a source's defs as PyTorch operators (`define`).
+
+Each def `f` of a source becomes the custom operator `tcpy::f_<digest>`, the digest a
+hash of the source, the options and the backward asked for: defining the same source
+twice gives the same operators, and two sources with a def of the same name do not
+clash. Its backward, where it has one, is `tcpy::f_<digest>_grad`.
+
+Decisions: a 0-d input (`float eps`) is a 0-d tensor in the operator's schema, like
+every input, so that it may require a gradient; outputs are new contiguous tensors;
+the autograd formula saves the inputs and only the outputs its backward reads; a second
+derivative is a `TCGradientError` when it is asked for; under `torch.autocast` the
+operators are not cast (PyTorch casts only the operators it knows): they run in the
+dtypes they are given, and a def declared float32 given float16 is an input error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from tcpy.autodiff import gradient
+from tcpy.engine import ExecutionEngine, OptionsArg
+from tcpy.errors import TCError, TCGradientError
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import CheckedDef, check_source
+from tcpy.parser.symbolic import Sym
+from tcpy.types import ScalarType
+
+NAMESPACE = "tcpy"
+
+_REGISTERED: dict[str, Any] = {}  # by qualified name: the operators defined so far
+_LOCK = threading.Lock()
+
+Backward = str | None
+"""`"auto"` (derived by `tcpy.gradient`), TC source holding a def `<name>_grad` per def
+(the interface of `tcpy.gradient`'s backwards, matched by parameter names), or None."""
+
+
+class Ops:
+    """The operators of a source, one attribute per def (the registered operator
+    itself); `backward_source` holds the TC of their backwards."""
+
+    def __init__(self, ops: Mapping[str, Any], backward_source: str) -> None:
+        for name, op in ops.items():
+            setattr(self, name, op)
+        self._names = tuple(ops)
+        self.backward_source = backward_source
+
+    def __repr__(self) -> str:
+        return f"Ops({', '.join(self._names)})"
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self._names]
+
+
+def define(
+    source: str,
+    *,
+    options: OptionsArg = None,
+    backward: Backward = "auto",
+    filename: str | None = None,
+) -> Ops:
+    """Register every def of `source` as a PyTorch operator (see the module); `options`
+    are the forward kernels' mapping options (as for `ExecutionEngine.run`), the
+    backwards take their target's defaults."""
+    with warnings.catch_warnings():
+        defs = check_source(source, filename)
+    digest = _digest(source, options, backward)
+    backwards, bsource = _backwards(source, defs, backward, filename)
+    kernels = _Kernels(source, bsource, options, filename)
+    ops = {}
+    with _LOCK:
+        for name, cdef in defs.items():
+            ops[name] = _operator(name, cdef, digest, kernels, backwards.get(name))
+    return Ops(ops, bsource)
+
+
+def _digest(source: str, options: OptionsArg, backward: Backward) -> str:
+    if isinstance(options, MappingOptions):
+        options = options.to_dict()
+    text = json.dumps([source, options, backward], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _backwards(
+    source: str, defs: Mapping[str, CheckedDef], backward: Backward, filename: str | None
+) -> tuple[dict[str, CheckedDef | TCGradientError], str]:
+    """The backward def of each def that has one, or why a derived one could not be
+    had (raised when a gradient is asked of it), and the TC source of the backwards."""
+    if backward is None:
+        return {}, ""
+    if backward != "auto":
+        given = check_source(backward)
+        return {n: given[f"{n}_grad"] for n in defs if f"{n}_grad" in given}, backward
+    texts: list[str] = []
+    failed: dict[str, TCGradientError] = {}
+    for name, cdef in defs.items():
+        if not any(t.scalar.is_float for t in cdef.inputs) or not any(
+            t.scalar.is_float for t in cdef.outputs
+        ):
+            continue
+        try:
+            texts.append(gradient(source, name, filename=filename))
+        except TCGradientError as e:
+            failed[name] = e
+    bsource = "\n".join(texts)
+    checked = check_source(bsource) if bsource else {}
+    found: dict[str, CheckedDef | TCGradientError] = dict(failed)
+    found |= {n: checked[f"{n}_grad"] for n in defs if f"{n}_grad" in checked}
+    return found, bsource
+
+
+@dataclass
+class _Kernels:
+    """The engines that run a source's defs and their backwards, by device type:
+    `cpu` for CPU tensors, `cuda` for CUDA tensors (made at first use)."""
+
+    source: str
+    backward_source: str
+    options: OptionsArg
+    filename: str | None
+    engines: dict[tuple[str, bool], ExecutionEngine] = field(default_factory=dict)
+
+    def engine(self, args: Sequence[Any], backward: bool) -> ExecutionEngine:
+        cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        key = ("cuda" if cuda else "cpu", backward)
+        engine = self.engines.get(key)
+        if engine is None:
+            engine = ExecutionEngine(key[0])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # said when the source was checked
+                engine.define(self.backward_source if backward else self.source, self.filename)
+            self.engines[key] = engine
+        return engine
+
+    def run(self, name: str, args: Sequence[torch.Tensor], backward: bool) -> tuple[Any, ...]:
+        tensors = [a.detach().contiguous() for a in args]  # below autograd: no graph here
+        engine = self.engine(tensors, backward)
+        out = engine.run(name, *tensors, options=None if backward else self.options)
+        return out if isinstance(out, tuple) else (out,)
+
+
+def _operator(
+    name: str,
+    cdef: CheckedDef,
+    digest: str,
+    kernels: _Kernels,
+    bdef: CheckedDef | TCGradientError | None,
+) -> Any:
+    qualified = f"{NAMESPACE}::{name}_{digest}"
+    known = _REGISTERED.get(qualified)
+    if known is not None:
+        return known
+    single = len(cdef.outputs) == 1
+
+    def forward(*args: torch.Tensor) -> Any:
+        out = kernels.run(name, args, backward=False)
+        return out[0] if single else out
+
+    op = torch.library.custom_op(qualified, forward, mutates_args=(), schema=_schema(cdef))
+    op.register_fake(_fake(cdef))
+    if isinstance(bdef, TCGradientError):  # raised when a gradient is asked for
+        op.register_autograd(_raises(bdef), setup_context=lambda ctx, inputs, output: None)
+    elif bdef is not None:
+        grad_op = _backward_operator(f"{qualified}_grad", bdef, kernels)
+        setup, formula = _autograd(cdef, bdef, grad_op)
+        op.register_autograd(formula, setup_context=setup)
+    _REGISTERED[qualified] = op
+    return op
+
+
+def _backward_operator(qualified: str, bdef: CheckedDef, kernels: _Kernels) -> Any:
+    known = _REGISTERED.get(qualified)
+    if known is not None:
+        return known
+    single = len(bdef.outputs) == 1
+
+    def run(*args: torch.Tensor) -> Any:
+        out = kernels.run(bdef.name, args, backward=True)
+        return out[0] if single else out
+
+    op = torch.library.custom_op(qualified, run, mutates_args=(), schema=_schema(bdef))
+    op.register_fake(_fake(bdef))
+
+    second = TCGradientError(
+        f"{bdef.name} has no derivative: tcpy operators have first derivatives only"
+    )
+    op.register_autograd(_raises(second), setup_context=lambda ctx, inputs, output: None)
+    _REGISTERED[qualified] = op
+    return op
+
+
+def _raises(error: TCGradientError) -> Callable[..., Any]:
+    """An autograd formula that raises `error`: the operator has no gradient."""
+
+    def formula(ctx: Any, *grads: Any) -> Any:
+        raise error
+
+    return formula
+
+
+def _schema(cdef: CheckedDef) -> str:
+    args = ", ".join(f"Tensor {_arg(t.name)}" for t in cdef.inputs)
+    outs = ["Tensor"] * len(cdef.outputs)
+    return f"({args}) -> " + (outs[0] if len(outs) == 1 else f"({', '.join(outs)})")
+
+
+def _arg(name: str) -> str:
+    """A TC name as an argument of a schema (where `self` and `out` mean more)."""
+    return f"{name}_" if name in ("self", "out", "input") else name
+
+
+def torch_dtype(scalar: ScalarType) -> torch.dtype:
+    dtype: torch.dtype = getattr(torch, np.dtype(scalar.dtype).name)
+    return dtype
+
+
+def _fake(cdef: CheckedDef) -> Callable[..., Any]:
+    """The fake implementation of `cdef`: outputs of the shapes range inference gives
+    them at the inputs' sizes (symbolic ones too), on the inputs' device."""
+
+    def fake(*args: torch.Tensor) -> Any:
+        sizes: dict[str, Any] = {}
+        for t, a in zip(cdef.inputs, args, strict=True):
+            for extent, d in zip(t.shape, a.shape, strict=True):
+                if (
+                    len(extent.terms) == 1
+                    and extent.const == 0
+                    and isinstance(extent.terms[0][0], str)
+                ):
+                    sizes.setdefault(extent.terms[0][0], d)
+        device = args[0].device if args else torch.device("cpu")
+        outs = tuple(
+            torch.empty(
+                [_size(e, sizes) for e in t.shape], dtype=torch_dtype(t.scalar), device=device
+            )
+            for t in cdef.outputs
+        )
+        return outs[0] if len(outs) == 1 else outs
+
+    return fake
+
+
+def _size(extent: Sym, sizes: Mapping[str, Any]) -> Any:
+    try:
+        return extent.evaluate(sizes)
+    except KeyError as e:
+        raise TCError(f"the size {e.args[0]} is not known from the inputs") from None
+
+
+def _autograd(
+    cdef: CheckedDef, bdef: CheckedDef, grad_op: Any
+) -> tuple[Callable[..., None], Callable[..., Any]]:
+    """The autograd formula of `cdef` from its backward `bdef` (parameters matched by
+    name: the forward's inputs, its outputs, `d_<output>`): what to save, and how to
+    call the backward."""
+    names = [t.name for t in cdef.inputs]
+    outputs = [t.name for t in cdef.outputs]
+    read = [n for n in outputs if n in {t.name for t in bdef.inputs}]
+    params = [t.name for t in bdef.inputs]
+    results = [t.name.removeprefix("d_") for t in bdef.outputs]
+
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*inputs, *(outs[outputs.index(n)] for n in read))
+        ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
+        ctx.shapes = [(o.shape, o.dtype) for o in outs]
+
+    def formula(ctx: Any, *grads: Any) -> Any:
+        saved = ctx.saved_tensors
+        values = dict(zip(names, saved[: len(names)], strict=True))
+        values |= dict(zip(read, saved[len(names) :], strict=True))
+        for n, g, (shape, dtype) in zip(outputs, grads, ctx.shapes, strict=True):
+            values[f"d_{n}"] = (
+                g if g is not None else torch.zeros(shape, dtype=dtype, device=saved[0].device)
+            )
+        out = grad_op(*(values[p] for p in params))
+        out = out if isinstance(out, tuple) else (out,)
+        got = dict(zip(results, out, strict=True))
+        answer = tuple(got.get(n) for n in names)
+        return answer[0] if len(answer) == 1 else answer
+
+    return setup, formula
