@@ -144,8 +144,14 @@ class _Kernels:
     def run(self, name: str, args: Sequence[torch.Tensor], backward: bool) -> tuple[Any, ...]:
         tensors = [a.detach().contiguous() for a in args]  # below autograd: no graph here
         engine = self.engine(tensors, backward)
-        out = engine.run(name, *tensors, options=None if backward else self.options)
-        return out if isinstance(out, tuple) else (out,)
+        options = None if backward else self.options
+        if any(t.is_cuda for t in tensors):
+            out = engine.run(name, *tensors, options=options)
+            return out if isinstance(out, tuple) else (out,)
+        # host tensors as NumPy views: the engine's fast path for a call whose shapes
+        # and dtypes it has seen (no copy either way)
+        out = engine.run(name, *(t.numpy() for t in tensors), options=options)
+        return tuple(torch.from_numpy(o) for o in (out if isinstance(out, tuple) else (out,)))
 
 
 def _operator(
