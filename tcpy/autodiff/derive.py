@@ -154,6 +154,9 @@ class _Backward:
             contributions = read_adjoints(f, seed_f)
         elif st.op.reduction is Reduction.PROD:
             contributions, to_old = self._product(st, f, seed, old)
+        elif st.op is A.ASSIGN:  # the value written is the rhs's: `exp`'s derivative
+            written = ast.Access(w.name, here, st.span)
+            contributions = read_adjoints(f, seed, written if self._same_type(st, f) else None)
         else:
             contributions = read_adjoints(f, seed)
         self._add_reads(st, contributions)
@@ -165,6 +168,10 @@ class _Backward:
         else:
             t = vs.tensor(prev)
             self._accumulate(prev, st.indices, self._as(to_old, t.scalar), st.ranges[: len(here)])
+
+    def _same_type(self, st: CheckedStatement, f: ast.Expr) -> bool:
+        """Whether `st` stores its rhs `f` unconverted (its tensor's type is `f`'s)."""
+        return f.ty is self.cdef.tensor(st.tensor).scalar
 
     def _old_value(self, s: int) -> ast.Expr | None:
         """For a `max=`, `min=` or `*=` without `!` (statement `s`), the value it

@@ -106,9 +106,11 @@ NO_DERIVATIVE = {
 """The float builtins that have no derivative tcpy can write, and why."""
 
 
-def partials(call: ast.Call, ty: ScalarType) -> list[Ex]:
+def partials(call: ast.Call, ty: ScalarType, value: Ex | None = None) -> list[Ex]:
     """The partial derivatives of builtin `call` (computed in `ty`) by each argument;
-    a `TCGradientError` naming the builtin where it has none."""
+    a `TCGradientError` naming the builtin where it has none. `value`: the call's
+    value where it is at hand (a tensor the statement wrote), used where a derivative
+    needs it (`exp`'s is its value) instead of calling it again."""
     if call.name in NO_DERIVATIVE:
         raise TCGradientError(
             f"{call.name} has no gradient ({NO_DERIVATIVE[call.name]}); the gradient of "
@@ -117,12 +119,12 @@ def partials(call: ast.Call, ty: ScalarType) -> list[Ex]:
         )
     args = call.args
     if len(args) == 1:
-        return [_unary_rules(args[0], call, ty)[call.name]()]
-    return _nary(call, ty)
+        return [_unary_rules(args[0], value or call, ty)[call.name]()]
+    return _nary(call, ty, value or call)
 
 
-def _nary(call: ast.Call, ty: ScalarType) -> list[Ex]:
-    args, y, s = call.args, call, call.span
+def _nary(call: ast.Call, ty: ScalarType, y: Ex) -> list[Ex]:
+    args, s = call.args, call.span
     one, zero, half = b.num(1, s), b.num(0, s), b.num(0.5, s)
     x0, x1 = args[0], args[1]
     match call.name:
@@ -180,15 +182,16 @@ def _is_float(e: Ex) -> bool:
     return e.ty is not None and e.ty.is_float
 
 
-def read_adjoints(e: Ex, seed: Ex) -> list[tuple[ast.Access, Ex]]:
+def read_adjoints(e: Ex, seed: Ex, value: Ex | None = None) -> list[tuple[ast.Access, Ex]]:
     """The adjoint of each read of a float tensor in typed expression `e` whose own
-    adjoint is `seed`, in the order the reads stand, one entry per read."""
+    adjoint is `seed`, in the order the reads stand, one entry per read. `value`: the
+    value of `e` where it is at hand (what an assignment wrote)."""
     out: list[tuple[ast.Access, Ex]] = []
-    _walk(e, seed, out)
+    _walk(e, seed, out, value)
     return out
 
 
-def _walk(e: Ex, g: Ex, out: list[tuple[ast.Access, Ex]]) -> None:
+def _walk(e: Ex, g: Ex, out: list[tuple[ast.Access, Ex]], value: Ex | None = None) -> None:
     if b.is_zero(g) or not _is_float(e):
         return
     assert e.ty is not None
@@ -212,7 +215,7 @@ def _walk(e: Ex, g: Ex, out: list[tuple[ast.Access, Ex]]) -> None:
                 for read, adj in inner:
                     out.append((read, b.select(c, adj, zero) if taken else b.select(c, zero, adj)))
         case ast.Call(args=args):
-            for arg, d in zip(args, partials(e, e.ty), strict=True):
+            for arg, d in zip(args, partials(e, e.ty, value), strict=True):
                 _walk(arg, b.mul(g, d), out)
 
 
