@@ -149,3 +149,17 @@ def test_no_module_imports_a_later_stage() -> None:
 )
 def test_modules_are_in_their_stage(module: str, stage: str) -> None:
     assert LAYERS[_layer(module)][0] == stage
+
+
+def test_functions_are_short() -> None:
+    """No function over 60 lines in mapping and codegen, none over 80 anywhere in tcpy:
+    a longer one is several steps that want names."""
+    long = []
+    for module, path in MODULES.items():
+        limit = 60 if module.startswith(("tcpy.mapping", "tcpy.codegen")) else 80
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    long.append(f"{module}.{node.name}: {lines} lines (at most {limit})")
+    assert not long, "\n".join(long)
