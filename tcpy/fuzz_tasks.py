@@ -165,6 +165,136 @@ def _runaway(counted: Any) -> str:
     )
 
 
+GRADIENT = "gradient"
+"""The input kind of a gradient pair (`check_gradient`): a replay with these inputs
+re-runs the gradient check."""
+
+
+def check_gradient(
+    source: str,
+    entry: str,
+    sizes: Mapping[str, int],
+    input_seed: int,
+    options: Mapping[str, Any] | None,
+    target: str,
+) -> dict[str, float]:
+    """Differentiate `entry` of `source` (retyped to float64): its backward
+    (`tcpy.gradient`) compiled for `target` with `options` must give the `reference`
+    target's gradients (relative 1e-9), and those must match central differences of
+    the forward on `reference` along two random directions per input (relative 1e-5 at
+    a step of 1e-6 or 1e-7 of the input's scale; a kink or a switch of `?:` between the
+    two points fails one step size, seldom both). A def with nothing to differentiate,
+    a builtin without a derivative, or values that are not finite make the case invalid.
+    Returns `{"compile_seconds": ...}`."""
+    import warnings
+
+    import tcpy
+    from tcpy.autodiff import gradient
+    from tcpy.parser.parse import retyped
+    from tcpy.types import ScalarType
+
+    source = retyped(source, ScalarType.FLOAT64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = tcpy.ExecutionEngine("reference")
+        try:
+            ref.define(source)
+            cdef = ref.checked(entry)
+            text = gradient(source, entry)
+            ref.define(text)
+        except TCError as e:
+            raise InvalidCase(f"no gradient to check: {type(e).__name__}: {e}") from e
+        args = _smooth_inputs(cdef, sizes, input_seed)
+        seeds, bargs = _backward_args(ref, cdef, text, args, input_seed)
+        want = _tuple(ref.run(f"{entry}_grad", *bargs))
+        if not all(np.all(np.isfinite(w)) for w in want):
+            raise InvalidCase("the gradient is not finite at these inputs")
+        engine = tcpy.ExecutionEngine(target)
+        engine.define(text)
+        opts = tcpy.MappingOptions.from_dict(dict(options)) if options is not None else None
+        start = time.perf_counter()
+        kernel = engine.compile(f"{entry}_grad", *bargs, options=opts)
+        seconds = time.perf_counter() - start
+        phase(RUN)
+        got = _tuple(kernel(*bargs))
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            if not np.allclose(g, w, rtol=1e-9, atol=1e-12):
+                worst = float(np.max(np.abs(g - w)))
+                raise WrongResult(f"gradient {k} differs from the reference's by {worst!r}")
+        _finite_differences(ref, cdef, args, seeds, want, input_seed)
+    return {"compile_seconds": seconds}
+
+
+def _tuple(out: Any) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
+
+
+def _smooth_inputs(cdef: Any, sizes: Mapping[str, int], seed: int) -> list[np.ndarray]:
+    """Inputs for a gradient check: integer tensors as `make_inputs` gives them (in
+    range where they index), float ones uniform in (-1, 1), away from ties."""
+    exact = make_inputs(cdef, sizes, seed, "exact")
+    rng = np.random.default_rng(seed + 1)
+    return [
+        rng.uniform(-1.0, 1.0, size=a.shape).astype(a.dtype) if a.dtype.kind == "f" else a
+        for a in exact
+    ]
+
+
+def _backward_args(
+    ref: Any, cdef: Any, text: str, args: list[np.ndarray], seed: int
+) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The gradients given for the float outputs, and the backward's arguments."""
+    from tcpy.parser import check_source
+
+    outs = dict(zip((t.name for t in cdef.outputs), _tuple(ref.run(cdef.name, *args)), strict=True))
+    if not all(np.all(np.isfinite(o)) for o in outs.values() if o.dtype.kind == "f"):
+        raise InvalidCase("the forward is not finite at these inputs")
+    rng = np.random.default_rng(seed + 2)
+    seeds = {
+        n: rng.uniform(-1, 1, o.shape).astype(o.dtype)
+        for n, o in outs.items()
+        if o.dtype.kind == "f"
+    }
+    given = dict(zip((t.name for t in cdef.inputs), args, strict=True))
+    bargs = []
+    for p in check_source(text)[f"{cdef.name}_grad"].inputs:
+        value = given.get(p.name, outs.get(p.name))
+        bargs.append(value if value is not None else seeds[p.name.removeprefix("d_")])
+    return seeds, bargs
+
+
+def _finite_differences(
+    ref: Any, cdef: Any, args: list[np.ndarray], seeds: dict[str, np.ndarray],
+    grads: tuple[np.ndarray, ...], seed: int,
+) -> None:  # fmt: skip
+    """Raise `WrongResult` where the gradients disagree with central differences."""
+    floats = [k for k, t in enumerate(cdef.inputs) if t.scalar.is_float]
+    names = [t.name for t in cdef.outputs]
+    rng = np.random.default_rng(seed + 3)
+
+    def change(k: int, v: np.ndarray, h: float) -> float:
+        up = [*args[:k], args[k] + h * v, *args[k + 1 :]]
+        down = [*args[:k], args[k] - h * v, *args[k + 1 :]]
+        hi = dict(zip(names, _tuple(ref.run(cdef.name, *up)), strict=True))
+        lo = dict(zip(names, _tuple(ref.run(cdef.name, *down)), strict=True))
+        return sum(float(np.sum(s * (hi[n] - lo[n]))) for n, s in seeds.items()) / (2 * h)
+
+    for g, k in zip(grads, floats, strict=True):
+        for _ in range(2):
+            v = rng.uniform(-1, 1, args[k].shape)
+            analytic = float(np.sum(g * v))
+            scale = max(1.0, float(np.max(np.abs(args[k]), initial=0.0)))
+            numeric = [change(k, v, h * scale) for h in (1e-6, 1e-7)]
+            if not any(
+                abs(n - analytic) <= 1e-5 * max(1.0, abs(n), abs(analytic)) for n in numeric
+            ):
+                raise WrongResult(
+                    f"d_{cdef.inputs[k].name}: along a random direction the backward gives "
+                    f"{analytic!r}, central differences {numeric[0]!r} (step 1e-6), "
+                    f"{numeric[1]!r} (step 1e-7)"
+                )
+
+
 def define_only(source: str) -> str:
     """The front end alone: a `TCError` is the expected answer to a bad program and is
     returned as text; anything else escapes and is classified by `run_task`."""
@@ -194,6 +324,8 @@ def replay_task(
     mutator's failures), any other target the differential check."""
     if target == "define":
         return define_only(source)
+    if inputs == GRADIENT:
+        return check_gradient(source, entry, sizes, input_seed, options, target)
     return check_against_reference(source, entry, sizes, input_seed, options, target, inputs)
 
 

@@ -200,3 +200,35 @@ def test_fuzz_cpu(tmp_path: Path) -> None:
 
 def test_fuzz_cuda_emu(tmp_path: Path) -> None:
     _run("cuda-emu", 30, seed=2, tmp_path=tmp_path)
+
+
+def test_fuzz_gradients(tmp_path: Path) -> None:
+    """The gradient mode: generated programs' backwards compiled for cpu against the
+    reference's and against central differences of the forward."""
+    from tools.fuzz.run import fuzz
+
+    summary = fuzz("cpu", 12, seed=3, jobs=2, timeout=300, out=tmp_path,
+                   shrink_seconds=0, log=None, gradient=True)  # fmt: skip
+    assert summary.pairs - summary.rejects >= 6, summary.line()
+    assert not summary.failures, "\n".join(
+        [summary.line()] + [p.read_text() for p in summary.saved]
+    )
+
+
+def test_the_gradient_check_catches_a_wrong_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward off by a factor of 2 passes the comparison of compiled and reference
+    (both run the same wrong text) and fails the finite differences."""
+    import tcpy.autodiff
+    from tcpy.fuzz_tasks import check_gradient
+    from tcpy.sandbox import WrongResult
+
+    source = "def f(float(N) A, float(N) B) -> (C) { C(i) = A(i) * B(i) + exp(A(i)) }"
+    check_gradient(source, "f", {"N": 7}, 11, None, "cpu")
+    derive = tcpy.autodiff.gradient
+
+    def doubled(src: str, name: str, wrt: object = None, filename: object = None) -> str:
+        return derive(src, name).replace("+=! ", "+=! 2 * ", 1)
+
+    monkeypatch.setattr(tcpy.autodiff, "gradient", doubled)
+    with pytest.raises(WrongResult, match="central differences"):
+        check_gradient(source, "f", {"N": 7}, 11, None, "cpu")

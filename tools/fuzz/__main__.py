@@ -1,6 +1,7 @@
 """`python -m tools.fuzz`: differential fuzzing of tcpy against its reference target.
 
     python -m tools.fuzz --target cpu --n 10000            # (program, options) pairs
+    python -m tools.fuzz --target cpu --gradient --n 2000  # backwards against finite differences
     python -m tools.fuzz --mutate --n 20000                # mutated sources, front end only
     python -m tools.fuzz replay fuzz-failures/X.json       # re-run one failure in-process
     python -m tools.fuzz shrink fuzz-failures/X.json       # write X.min.json beside it
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = fuzz_frontend(a.n, a.seed, a.jobs, min(a.timeout, 20.0), a.out)
     else:
         summary = fuzz(a.target, a.n, a.seed, a.jobs, a.timeout, a.out, a.shrink_seconds,
-                       run_timeout=a.run_timeout)  # fmt: skip
+                       run_timeout=a.run_timeout, gradient=a.gradient)  # fmt: skip
     for path in summary.saved:
         print(f"saved {path}")
     print(summary.line())
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink-seconds", type=float, default=60.0,
                    help="time to shrink each new failure (0: do not shrink)")  # fmt: skip
     p.add_argument("--mutate", action="store_true", help="mutated sources, front end only")
+    p.add_argument("--gradient", action="store_true",
+                   help="derive each program's backward, compile it for the target and check "
+                   "it against the reference's and against finite differences")  # fmt: skip
     return p
 
 

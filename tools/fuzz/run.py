@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tcpy.fuzz_tasks import define_only, replay_task
+from tcpy.fuzz_tasks import GRADIENT, define_only, replay_task
 from tcpy.sandbox import Failure, Outcome, Replay, Sandbox, run_tasks
 from tools.fuzz.generate import generate
 from tools.fuzz.mutate import mutate, seed_sources, token_soup
@@ -47,11 +47,13 @@ def pair_seed(seed: int, i: int) -> int:
     return seed * 1_000_003 + i
 
 
-def make_pair(seed: int, target: str) -> Replay:
-    """The (program, options) pair of a generator seed, as a not-yet-failed replay."""
+def make_pair(seed: int, target: str, gradient: bool = False) -> Replay:
+    """The (program, options) pair of a generator seed, as a not-yet-failed replay;
+    with `gradient`, a pair whose backward is checked (`fuzz_tasks.check_gradient`)."""
     rng = random.Random(seed)
     program = generate(rng)
     options = sample_options(rng)
+    inputs = GRADIENT if gradient else "exact-nan" if program.nan else "exact"
     return Replay(
         source=program.render(),
         entry=program.name,
@@ -60,7 +62,7 @@ def make_pair(seed: int, target: str) -> Replay:
         options=options.to_dict(),
         target=target,
         failure="",
-        inputs="exact-nan" if program.nan else "exact",
+        inputs=inputs,
         meta={"generator_seed": seed},
     )
 
@@ -128,13 +130,15 @@ def fuzz(
     shrink_seconds: float = 60.0,
     log: Any = sys.stderr,
     run_timeout: float = RUN_TIMEOUT,
+    gradient: bool = False,
 ) -> Summary:
     """Run `n` pairs on `target`; save and shrink the failures under `out`. A failure
     is saved as soon as it is found, so a run that is stopped keeps what it found;
     shrinking waits for the end. A pair has `timeout` seconds to compile and
-    `run_timeout` to run its kernel after that."""
+    `run_timeout` to run its kernel after that. `gradient`: check the backwards of the
+    programs instead (`fuzz_tasks.check_gradient`)."""
     summary = Summary()
-    pairs = [make_pair(pair_seed(seed, i), target) for i in range(n)]
+    pairs = [make_pair(pair_seed(seed, i), target, gradient) for i in range(n)]
     start, last = time.monotonic(), time.monotonic()
     failed: list[Path] = []
     with private_cache():
@@ -146,7 +150,8 @@ def fuzz(
                 r = dataclasses.replace(
                     pairs[i], failure=outcome.failure.value, detail=outcome.detail)  # fmt: skip
                 out.mkdir(parents=True, exist_ok=True)
-                path = out / f"{target}-{r.failure}-{r.meta['generator_seed']}.json"
+                mode = "gradient-" if gradient else ""
+                path = out / f"{target}-{mode}{r.failure}-{r.meta['generator_seed']}.json"
                 r.save(path)
                 summary.saved.append(path)
                 failed.append(path)
@@ -208,7 +213,8 @@ def shrink_file(
 
 def _shrink(original: Replay, fails: Any, seconds: float) -> Replay:
     seed = original.meta.get("generator_seed")
-    rebuilt = make_pair(seed, original.target) if isinstance(seed, int) else None
+    gradient = original.inputs == GRADIENT
+    rebuilt = make_pair(seed, original.target, gradient) if isinstance(seed, int) else None
     if rebuilt is not None and rebuilt.source == original.source:
         program = generate(random.Random(seed))
 
