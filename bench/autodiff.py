@@ -51,7 +51,6 @@ import tcpy
 import tcpy.torch
 from bench.cpu import _cpu_name
 from tcpy.parser import check_source
-from tcpy.poly.scop import instances
 
 ROUNDS = 4
 GAP_S = 0.3
@@ -219,10 +218,19 @@ def _work(layer: Layer, ops: tcpy.torch.Ops, args: list[torch.Tensor]) -> dict[s
     )
     return {
         "backward_instances_over_forward": round(
-            instances(backward, sizes) / instances(forward, sizes), 2
+            _instances(backward, sizes) / _instances(forward, sizes), 2
         ),
         "backward_bytes_over_least": round(streamed / least, 2),
     }
+
+
+def _instances(cdef: Any, sizes: dict[str, int]) -> int:
+    """The statement instances of `cdef` at `sizes`: each statement's ranges are a box
+    (a guard in its body does not shrink it)."""
+    return sum(
+        math.prod(max(0, r.hi.evaluate(sizes) - r.lo.evaluate(sizes)) for r in st.ranges)
+        for st in cdef.statements
+    )
 
 
 def _accesses(e: Any) -> list[Any]:
@@ -337,8 +345,8 @@ def train(model: str, dtype: torch.dtype) -> dict[str, Any]:
         shapes = [(64, 32), (64,), (4, 64), (4,)]
     else:
         x, y = (
-            torch.randn(16, 3, 12, 12, generator=g, dtype=dtype),
-            torch.randn(16, 5, generator=g, dtype=dtype),
+            torch.randn(128, 3, 12, 12, generator=g, dtype=dtype),
+            torch.randn(128, 5, generator=g, dtype=dtype),
         )
         shapes = [(8, 3, 3, 3), (8,), (5, 8, 5, 5), (5,)]
     init = [torch.randn(s, generator=g, dtype=dtype) * 0.2 for s in shapes]
@@ -357,7 +365,7 @@ def train(model: str, dtype: torch.dtype) -> dict[str, Any]:
     runs = {}
     for name, forward in (("tcpy", tcpy_model), ("torch", torch_model)):
         params = [p.clone().requires_grad_() for p in init]
-        opt = torch.optim.SGD(params, lr=0.02)
+        opt = torch.optim.SGD(params, lr=0.01)
         losses = []
         start = time.perf_counter()
         for _ in range(200):
@@ -387,10 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="layers to run, by name, comma-separated")
     parser.add_argument("--no-train", action="store_true", help="skip the training runs")
+    parser.add_argument("--train-only", action="store_true", help="only the training runs")
     parser.add_argument("--tag", help="appended to the result file's name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     chosen = [layer for layer in LAYERS if not args.only or layer.name in args.only.split(",")]
+    chosen = [] if args.train_only else chosen
     rows = []
     for layer in chosen:
         row = measure(layer)
@@ -406,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     geo = _geomean([r["ratio_vs_eager"] for r in rows])
     geo_c = _geomean([r["ratio_vs_compile"] for r in rows])
     print(f"geometric mean vs eager {geo}x, vs torch.compile {geo_c}x")
-    over = overhead()
+    over = {} if args.train_only else overhead()
     print("overhead (us):", over)
     training = []
     if not args.no_train:
