@@ -7,6 +7,7 @@ out of reach, which a size-generic schedule reached).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -268,3 +269,59 @@ def test_a_size_generic_kernel_launches_no_more_blocks_than_its_tiles() -> None:
     assert not counted.runaway
     # T's two kernels on its 4 x 1 tiles of 32 x 4 threads, acc's 16 blocks of one thread
     assert counted.threads == 2 * 4 * 128 + 16  # not the 2 x 4096 blocks of 128 asked for
+
+
+FIVE_DIMENSIONS = """def f(float U, int32(P) X) -> (C, T) {
+    C(k, r) min=! U where k in 0:P-1, r in 0:P
+    T(kh, kw, l) min=! (-(float(X(X(i))) * (2.0 * C(i, n))))
+        where kh in 0:P, kw in 0:P-1, l in 0:P-1
+    C(c, b) min=! min(max(max((-3.0), U), (-3.0)), 3.0)
+}
+"""
+
+
+def test_the_work_of_a_domain_of_five_dimensions_is_counted() -> None:
+    """isl's count of a five-dimensional domain (T's, 37^5 instances) passed the
+    context's operation budget, and the counting run failed (an internal error the
+    fuzzer found): the work of a def is the product of its statements' ranges."""
+    from tcpy.fuzz_tasks import check_against_reference
+    from tcpy.parser import check_source
+    from tcpy.poly.scop import instances
+
+    cdef = check_source(FIVE_DIMENSIONS)["f"]
+    p = 37
+    # C: (P-1) x P, initialised and written, twice; T: P x (P-1) x (P-1) initialised,
+    # and reduced over i in 0:P-1 (C's rows) and n in 0:P
+    want = 2 * (p - 1) * p + p * (p - 1) ** 2 + p * (p - 1) ** 2 * (p - 1) * p + 2 * (p - 1) * p
+    assert instances(cdef, {"P": p}) == want
+    options = {
+        "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Min",
+        "allow_skewing": True, "positive_orthant": False,
+        "fix_parameters_before_scheduling": False, "tile": [15, 33, 0, 31], "unroll": 8,
+        "interchange": [3, 1, 0, 2], "register_tile": [3, 1], "pack_operands": False,
+        "map_to_blocks": [7], "map_to_threads": [64, 3, 1], "reduce_across_threads": False,
+        "split_reductions": False, "use_shared_memory": False, "use_private_memory": True,
+        "unroll_copy_shared": True, "max_shared_memory": 49152, "use_readonly_cache": False,
+        "shared_depth": 0, "private_depth": 2, "parallel": True, "vectorize": False,
+        "threads": 1,
+    }  # fmt: skip
+    check_against_reference(FIVE_DIMENSIONS, "f", {"P": p}, 3401014346, options, "cpu")
+
+
+def test_counted_work_is_isls_count_of_the_domains() -> None:
+    """On the corpus at its test sizes, the product of the ranges is what isl counts."""
+    import warnings
+
+    from tcpy.parser import check_source
+    from tcpy.poly.scop import build_scop, instances
+
+    from corpus_cases import CASES
+
+    for case in CASES[:60]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            source = (Path(__file__).parent / "corpus" / case.file).read_text()
+            cdef = check_source(source)[case.entry]
+        scop = build_scop(cdef, case.sizes)
+        counted = sum(s.domain.count_val().to_python() for s in scop.statements)
+        assert instances(cdef, case.sizes) == counted, case.name
