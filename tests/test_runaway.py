@@ -325,3 +325,36 @@ def test_counted_work_is_isls_count_of_the_domains() -> None:
         scop = build_scop(cdef, case.sizes)
         counted = sum(s.domain.count_val().to_python() for s in scop.statements)
         assert instances(cdef, case.sizes) == counted, case.name
+
+
+SCATTERED = """def f(float(ceild) C, float(K, K, N) U) -> (tmp) {
+    HUGE_VALF(kw, w) max=! min(max(fmin(min(C(union), U(kw, w, kw)),
+        (C(union) * U(float4, kw, w))), (-9.0)), 9.0)
+    tmp(d) min=! min(max((((HUGE_VALF(d, int) * HUGE_VALF(d, 2*d + j))
+        * (U(d, 2*d + m, d) - U(d, 3*d + nan, d))) > (((-3.0) + U(d, 0, d + kh)) - C(d))
+        ? max((d + d), (2.0 * HUGE_VALF(d, d))) : (U(d, d + p0, d) - HUGE_VALF(d, d + n))),
+        (-9.0)), 9.0) where j in 0:3, m in 0:4, nan in 0:1, kh in 0:2, p0 in 0:3, n in 0:1
+}
+"""
+
+
+def test_reads_far_apart_are_not_packed_as_one_box() -> None:
+    """`U(c0 + c4, c1, c0 + c4)` and `U(c3, c0 + c4, c1)` read 56 elements of U in the
+    innermost loop, and their box spans 37 x 33 x 33: packed at each iteration, the
+    copies ran 16 times the work of the def (a runaway the fuzzer found on cpu). A
+    footprint whose box holds more than `SCATTER` times its pieces' boxes is not
+    copied (`promotion._scattered`)."""
+    from tcpy.fuzz_tasks import check_against_reference
+
+    options = {
+        "outer_schedule_fusion": "Min", "intra_tile_schedule_fusion": "Max",
+        "allow_skewing": True, "positive_orthant": False,
+        "fix_parameters_before_scheduling": False, "tile": [7], "unroll": 4,
+        "interchange": [], "register_tile": [], "pack_operands": True, "map_to_blocks": [],
+        "map_to_threads": [2, 8], "reduce_across_threads": False, "split_reductions": True,
+        "use_shared_memory": True, "use_private_memory": False, "unroll_copy_shared": True,
+        "max_shared_memory": 0, "use_readonly_cache": True, "shared_depth": 2,
+        "private_depth": 3, "parallel": True, "vectorize": True, "threads": 3,
+    }  # fmt: skip
+    sizes = {"N": 33, "K": 37, "ceild": 7}
+    check_against_reference(SCATTERED, "f", sizes, 3401016875, options, "cpu")

@@ -78,8 +78,20 @@ def box(footprint: isl.Map, tensor: str) -> Box | None:
     dimension the loops below walk whole, of a size known only at run time), when
     isl cannot bound it (its maximum only takes affine expressions with integer
     coefficients, and a strided access can give floor divisions), or when the
-    footprint is a slice of its box of fewer dimensions (`_sliced`): a copy of the
-    box would move far more than is read."""
+    footprint is a slice of its box of fewer dimensions (`_sliced`), or when it is
+    pieces far apart (`_scattered`): a copy of the box would move far more than is read."""
+    found = _extents(footprint)
+    if found is None:
+        return None
+    offsets, sizes = found
+    if _sliced(footprint, sizes) or _scattered(footprint, sizes):
+        return None
+    return Box(tensor, tuple(offsets), tuple(sizes))
+
+
+def _extents(footprint: isl.Map) -> tuple[list[isl.PwAff], list[int]] | None:
+    """The least offset of a footprint in each dimension and the most elements it
+    spans there, at any value of the outer loops; None where isl cannot bound them."""
     offsets, sizes = [], []
     for d in range(footprint.dim(isl.dim_type.out)):
         lo, hi = footprint.dim_min(d), footprint.dim_max(d)
@@ -91,9 +103,29 @@ def box(footprint: isl.Map, tensor: str) -> Box | None:
             return None
         offsets.append(lo)
         sizes.append(int(widest.to_python()) + 1)
-    if _sliced(footprint, sizes):
-        return None
-    return Box(tensor, tuple(offsets), tuple(sizes))
+    return offsets, sizes
+
+
+SCATTER = 4
+"""How many times the elements of its pieces' own boxes a footprint's box may hold."""
+
+
+def _scattered(footprint: isl.Map, sizes: list[int]) -> bool:
+    """Whether a footprint made of pieces (reads of one tensor by different subscripts)
+    has a box of more than `SCATTER` times the elements of the pieces' own boxes: the
+    pieces lie far apart (`U(c0 + c4, c1, c0 + c4)` and `U(c3, c0 + c4, c1)` spanned a
+    37 x 33 x 33 box to read 56 elements; packed at each iteration, its copies ran 16
+    times the work of its def, found by the fuzzer)."""
+    pieces = footprint.get_basic_maps()
+    if len(pieces) < 2:
+        return False
+    parts = 0
+    for piece in pieces:
+        found = _extents(isl.Map.from_basic_map(piece))
+        if found is None:
+            return False
+        parts += math.prod(found[1])
+    return math.prod(sizes) > SCATTER * parts
 
 
 def _sliced(footprint: isl.Map, sizes: list[int]) -> bool:
