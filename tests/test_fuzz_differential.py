@@ -232,3 +232,20 @@ def test_the_gradient_check_catches_a_wrong_backward(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(tcpy.autodiff, "gradient", doubled)
     with pytest.raises(WrongResult, match="central differences"):
         check_gradient(source, "f", {"N": 7}, 11, None, "cpu")
+
+
+def test_a_gathered_read_in_a_backward_stays_inside_the_solved_ranges() -> None:
+    """`U(Z(m, m, m), m)` with `m` narrower than U's dimension: the adjoint's guard
+    read `Z(m, m, m)` before checking `m`'s range, out of Z (the gradient fuzzer's
+    find): the range checks now come first, the gathered equality last."""
+    from tcpy.fuzz_tasks import check_gradient
+
+    source = (
+        "def f(int32(R, S, S) Z, float(R) Y, float(S) T, float(S, S) U) -> (C, X) {\n"
+        "    C(i, n, s) +=! min(max((Z(kw, n, 1) + T(k)), (-9.0)), 9.0)"
+        " where i in 0:S, n in 0:R, s in 0:R\n"
+        "    C(d, w, r) = min(max((T(4) + Z(w, 2, r)), (-3.0)), 3.0)\n"
+        "    X(m) = min((T(2*m + 2) + 2.0), (U(Z(m, m, m), m) + T(m)))\n"
+        "}\n"
+    )
+    check_gradient(source, "f", {"R": 5, "S": 7}, 7301021975, None, "cpu")

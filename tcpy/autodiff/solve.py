@@ -78,8 +78,6 @@ def solve(
             divided[unknown] = b.binary(ast.BinaryOp.DIV, numerator, b.num(c, span))
     exprs = _resolved(values, divided, span)
     guard = None
-    for e in conditions:  # in the indices left over, where some were solved since
-        guard = b.both(guard, b.simplified(b.substitute(e, exprs)))
     for var in [*values, *divided]:
         at = dims.index(var) if var in dims else None
         r = st.range_of(var)
@@ -87,6 +85,10 @@ def solve(
         whole = at is not None and form == _var(var) and r.lo == Sym.of(0) and r.hi == shape[at]
         if not whole:
             guard = b.both(guard, _within(exprs[var], r))
+    # the equalities last: a gathered subscript's read is then made only where every
+    # solved index is in its range (`&&` stops before it)
+    for e in conditions:  # in the indices left over, where some were solved since
+        guard = b.both(guard, b.simplified(b.substitute(e, exprs)))
     free = tuple(r for r in st.ranges if r.var not in exprs)
     return Solved(tuple(dims), exprs, free, guard)
 
