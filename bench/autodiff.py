@@ -271,9 +271,28 @@ def measure(layer: Layer) -> dict[str, Any]:
     }
 
 
+def _empty_custom_op() -> Callable[..., object]:
+    """A `torch.library` custom operator with an autograd formula that only returns a
+    new empty tensor: what PyTorch's own dispatch of a Python operator costs."""
+    name = "tcpy_bench::empty_like_first"
+    known = getattr(_empty_custom_op, "op", None)
+    if known is not None:
+        return known
+
+    def impl(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    op = torch.library.custom_op(name, impl, mutates_args=())
+    op.register_fake(lambda x, y: torch.empty_like(x))
+    op.register_autograd(lambda ctx, g: (g, g), setup_context=lambda ctx, inputs, output: None)
+    _empty_custom_op.op = op  # type: ignore[attr-defined]
+    return op
+
+
 def overhead() -> dict[str, float]:
     """A `tcpy.torch` operator call on 16 elements, beside the engine's call, the kernel
-    alone and `torch.add`, in µs (best of 7 rounds of 5,000 calls)."""
+    alone, `torch.add` and a custom operator that does nothing (PyTorch's floor for an
+    operator written in Python), in µs (best of 7 rounds of 5,000 calls)."""
     source = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
     ops = tcpy.torch.define(source)
     engine = tcpy.ExecutionEngine("cpu")
@@ -282,8 +301,10 @@ def overhead() -> dict[str, float]:
     an, bn = a.numpy(), b.numpy()
     kernel = engine.compile("add", an, bn)
     out = np.empty(16, np.float32)
+    floor = _empty_custom_op()
     paths = {
         "torch_op": lambda: ops.add(a, b),
+        "custom_op_floor": lambda: floor(a, b),
         "engine_call": lambda: engine.add(a, b),
         "kernel_unchecked": lambda: kernel(an, bn, out=out, unchecked=True),
         "torch_add": lambda: torch.add(a, b),

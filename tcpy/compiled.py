@@ -31,7 +31,7 @@ from tcpy.binding import (
 )
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCInputError
-from tcpy.kernels import Iterations, Kernel
+from tcpy.kernels import Iterations, Kernel, Prepared
 from tcpy.parser import CheckedDef
 from tcpy.reference import interpreter
 from tcpy.runtime.status import KernelFault
@@ -201,6 +201,17 @@ class Compiled:
             return list(profile(binding))
         except TCError as e:
             raise self.cdef.located(e) from None
+
+    def prepared(self, *inputs: Any) -> Prepared | None:
+        """This kernel's call on inputs of these shapes and dtypes, checked once and
+        made ready (`kernels.Prepared`): for a caller that allocates the outputs and
+        calls again and again at one signature. None where there is none to make: a
+        kernel that does not run on the host, or an empty call."""
+        binding = self._bind(inputs)
+        prepare = getattr(self._kernel, "prepare", None)
+        if prepare is None or binding.empty:
+            return None
+        return prepare(binding)
 
     def iterations(self, *inputs: Any) -> Iterations:
         """Run once with a counting build of this kernel (on `cpu` and `cuda-emu`; built

@@ -71,7 +71,7 @@ def _gather_bounds(cdef: Any, sizes: Mapping[str, int]) -> dict[str, int]:
 
     bounds: dict[str, int] = {}
     for st in cdef.statements:
-        for node in ast.walk(st.rhs):
+        for node in (n for e in st.expressions for n in ast.walk(e)):
             if not isinstance(node, ast.Access):
                 continue
             shape = cdef.tensor(node.tensor).shape

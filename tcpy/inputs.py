@@ -52,7 +52,7 @@ def _random(
 def _gather_bounds(cdef: CheckedDef, sizes: Mapping[str, int]) -> dict[str, int]:
     bounds: dict[str, int] = {}
     for st in cdef.statements:
-        for node in ast.walk(st.rhs):
+        for node in (n for e in st.expressions for n in ast.walk(e)):
             if not isinstance(node, ast.Access):
                 continue
             extents = cdef.tensor(node.tensor).shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -155,6 +155,16 @@ class HostKernel:
         self.run(sizes, buffers)
         return outputs
 
+    def prepare(self, binding: Binding) -> Prepared | None:
+        """A call of this kernel at `binding`'s sizes made ready once, for a caller
+        that allocates the outputs itself (`tcpy.torch`); None for an empty call."""
+        shapes = self._shapes_at(binding)
+        if shapes is None:
+            return None
+        count = len(self.cdef.outputs)
+        sizes = [binding.sizes[s] for s in self.cdef.size_symbols]
+        return Prepared(self, sizes, shapes[:count], shapes[count:])
+
     def iterations(self, binding: Binding) -> Iterations:
         """Run once with the counting build (this kernel's, or `counting`'s) and return
         what its loops executed."""
@@ -254,6 +264,27 @@ class HostKernel:
             elif poison:
                 buffer.reshape(-1).view(np.uint8).fill(0xFF)
         return kept
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A kernel's call at fixed sizes: `outputs` gives the output shapes and whether
+    each must start at zero (the kernel does not write it whole), and calling it runs
+    the kernel on inputs and outputs the caller checked and allocated so."""
+
+    kernel: HostKernel
+    sizes: list[int]
+    shapes: list[tuple[int, ...]]
+    temporaries: list[tuple[int, ...]]
+
+    @property
+    def outputs(self) -> list[tuple[tuple[int, ...], bool]]:
+        kinds = self.kernel._kinds
+        return [(shape, not kind[1]) for shape, kind in zip(self.shapes, kinds, strict=True)]
+
+    def __call__(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        scratch = self.kernel._temporaries(self.temporaries, poison=False)
+        self.kernel.run(self.sizes, [*inputs, *outputs, *scratch])
 
 
 def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

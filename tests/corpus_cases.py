@@ -30,6 +30,22 @@ class Case:
     atol: float = 1e-5
 
 
+def _scattered(shape: tuple[int, ...], places: tuple, values: np.ndarray) -> np.ndarray:
+    """Zeros of `shape` with `values` added at `places` (repeated places add up)."""
+    out = np.zeros(shape)
+    np.add.at(out, places, values.astype(np.float64))
+    return out
+
+
+def _conv_transpose1d(X: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Y[f, 2h + k] += X[c, h] W[c, f, k], by loops over the window."""
+    H = X.shape[1]
+    Y = np.zeros((W.shape[1], 2 * H + 1))
+    for k in range(3):
+        Y[:, k : k + 2 * H : 2] += np.einsum("ch,cf->fh", X.astype(np.float64), W[:, :, k])
+    return Y
+
+
 # --- input builders -----------------------------------------------------------------
 
 
@@ -1398,6 +1414,62 @@ CASES: tuple[Case, ...] = (
         ),
         lambda A, rows, cols: (np.ascontiguousarray(A[np.ix_(rows, cols)]),),
         ({"M": 1, "N": 1, "P": 1, "Q": 1}, {"M": 7, "N": 3, "P": 13, "Q": 2}),
+    ),
+    Case(
+        "embedding_backward",
+        "scatter.tc",
+        "embedding_backward",
+        {"B": 40, "D": 16, "V": 12},
+        lambda r, s: (
+            f32(r, s["B"], s["D"]),
+            ints(r, s["B"], lo=0, hi=s["V"]),
+            f32(r, s["V"], s["D"]),
+        ),
+        lambda dO, idx, E: (F(_scattered((len(E), dO.shape[1]), (idx,), dO)),),
+        ({"B": 1, "D": 1, "V": 1}, {"B": 33, "D": 7, "V": 3}),
+    ),
+    Case(
+        "histogram",
+        "scatter.tc",
+        "histogram",
+        {"N": 100},
+        lambda r, s: (ints(r, s["N"], lo=0, hi=16), f32(r, s["N"])),
+        lambda bins, weight: (
+            F(np.bincount(bins, weights=weight.astype(np.float64), minlength=16)),
+        ),
+        ({"N": 1}, {"N": 37}),
+    ),
+    Case(
+        "conv_transpose1d",
+        "scatter.tc",
+        "conv_transpose1d",
+        {"C": 4, "H": 10, "F": 5},
+        lambda r, s: (f32(r, s["C"], s["H"]), f32(r, s["C"], s["F"], 3)),
+        lambda X, W: (F(_conv_transpose1d(X, W)),),
+        ({"C": 1, "H": 1, "F": 1}, {"C": 3, "H": 13, "F": 2}),
+    ),
+    Case(
+        "add_diagonal",
+        "scatter.tc",
+        "add_diagonal",
+        {"N": 9},
+        lambda r, s: (f32(r, s["N"], s["N"]), f32(r, s["N"])),
+        lambda A, v: (F(A.astype(np.float64) + np.diag(v.astype(np.float64))),),
+        ({"N": 1}, {"N": 13}),
+    ),
+    Case(
+        "index_add_2d",
+        "scatter.tc",
+        "index_add_2d",
+        {"M": 6, "N": 8, "P": 9, "Q": 11},
+        lambda r, s: (
+            f32(r, s["M"], s["N"]),
+            ints(r, s["P"], lo=0, hi=s["M"]),
+            ints(r, s["Q"], lo=0, hi=s["N"]),
+            f32(r, s["P"], s["Q"]),
+        ),
+        lambda A, rows, cols, S: (F(A + _scattered(A.shape, np.ix_(rows, cols), S)),),
+        ({"M": 1, "N": 1, "P": 1, "Q": 1}, {"M": 3, "N": 2, "P": 13, "Q": 7}),
     ),
     Case(
         "take_at_argmax",

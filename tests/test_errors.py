@@ -85,7 +85,7 @@ CASES = [
         "def f(float(N) A) -> (B) {\n B(float) = 1\n}",
         TCSyntaxError,
         2,
-        "'float' is a keyword",
+        "expected '(', found ')' (in the indices of B",
     ),
     (
         "int-literal-overflow",

@@ -27,6 +27,7 @@ from tcpy.autodiff.versions import Version, covers, fresh, versions_of
 from tcpy.errors import TCGradientError
 from tcpy.parser import ast, check_source
 from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange, TensorInfo
+from tcpy.parser.ranges import guarded_accesses
 from tcpy.parser.symbolic import Sym
 from tcpy.types import ScalarType
 
@@ -145,7 +146,8 @@ class _Backward:
         if grad is None:  # nothing later depends on it through a gradient
             return
         here = tuple(ast.Index(i, st.span) for i in st.indices)
-        seed: ast.Expr = ast.Access(grad, here, st.span)
+        # a scatter-add's adjoint reads the gradient where it added: a gather
+        seed: ast.Expr = ast.Access(grad, vs.places[s] or here, st.span)
         f = vs.rhs[s]
         old = self._old_value(s)  # `max=`, `min=`, `*=`: the value reduced into
         to_old: ast.Expr | None = None  # the adjoint that value gets
@@ -159,7 +161,7 @@ class _Backward:
             contributions = read_adjoints(f, seed, written if self._same_type(st, f) else None)
         else:
             contributions = read_adjoints(f, seed)
-        self._add_reads(st, contributions)
+        self._add_reads(st, contributions, f)
         prev = vs.before[s]
         if not vs.keeps[s] or not self.needs(prev):
             return
@@ -200,8 +202,9 @@ class _Backward:
         return self.adjoint[v.name]
 
     def _add_reads(
-        self, st: CheckedStatement, contributions: list[tuple[ast.Access, ast.Expr]]
+        self, st: CheckedStatement, contributions: list[tuple[ast.Access, ast.Expr]], f: ast.Expr
     ) -> None:
+        """Add each read's adjoint in `st` (of right-hand side `f`, reading versions)."""
         merged: dict[tuple[str, str], tuple[ast.Access, ast.Expr]] = {}
         for read, adj in contributions:
             v = self.versions.of.get(read.tensor)
@@ -210,16 +213,33 @@ class _Backward:
             key = (read.tensor, ", ".join(text.expr(a) for a in read.args))
             old = merged.get(key)
             merged[key] = (read, adj if old is None else b.add(old[1], adj))
+        guarded = {text.expr(a) for a, under in guarded_accesses(f) if under}
         for read, adj in merged.values():
             v = self.versions.of[read.tensor]
             shape = self.versions.tensor(v).shape
             solved = solve(st, read.args, shape, self.taken)
+            if solved.unsolved and text.expr(read) not in guarded:
+                self._scatter(v, st, read, adj)
+                continue
             body = b.simplified(b.substitute(adj, solved.values))
             if solved.guard is not None:
                 body = b.select(b.simplified(solved.guard), body, b.num(0, st.span))
             body = self._as(body, self.versions.tensor(v).scalar)
             ranges = [IndexRange(d, Sym.of(0), e) for d, e in zip(solved.dims, shape, strict=True)]
             self._accumulate(v, solved.dims, body, (*ranges, *solved.free))
+
+    def _scatter(self, v: Version, st: CheckedStatement, read: ast.Access, adj: ast.Expr) -> None:
+        """Add `adj`, over the instances of `st`, into the adjoint of `v` where `read`
+        reads it: a scatter-add, for a read whose subscripts no index solves (a gather,
+        a stride, a repeated index). The sum then costs the forward's work, not the
+        forward's times the tensor's; a read under a condition keeps the gather form
+        (`solve`), whose subscripts are evaluated only where the forward evaluated them."""
+        t = self.versions.tensor(v)
+        self._start(v, self._dims(len(t.shape)))
+        self.read |= {n.tensor for a in read.args for n in ast.walk(a) if isinstance(n, ast.Access)}
+        body = self._as(b.simplified(adj), t.scalar)
+        places = [text.expr(a) for a in read.args]
+        self._emit(self.adjoint[v.name], places, A.SUM, body, st.ranges)
 
     def _pass_through(self, st: CheckedStatement, grad: str, prev: Version) -> None:
         """The adjoint of `prev`, the version before the one `st` writes (whose adjoint
@@ -244,23 +264,32 @@ class _Backward:
         self, v: Version, dims: Sequence[str], value: ast.Expr, ranges: Sequence[IndexRange]
     ) -> None:
         """Add `value` (over `ranges`, the first for `dims`) to the adjoint of `v`."""
-        t = self.versions.tensor(v)
-        if v.name not in self.started:
+        if v.name not in self.started and not self.versions.is_final_output(v):
             self.started.add(v.name)
-            if self.versions.is_final_output(v):  # the gradient given, plus the reads'
-                name = self.adjoint[v.name] = fresh(f"d_{v.tensor}_sum", self.taken)
-                self.types[name] = t.scalar
-                whole = self._whole(t, dims)
-                given = ast.Access(
-                    f"d_{v.tensor}", tuple(ast.Index(d, t.span) for d in dims), t.span
-                )
-                self._emit(name, dims, A.ASSIGN, given, whole)
-                self._emit(name, dims, A.SUM, value, ranges)
-                return
             self.adjoint[v.name] = self._name_of(v.name)
-            self._emit(self.adjoint[v.name], dims, A.SUM_INIT, value, ranges)
+            # with nothing summed over, `+=!` would store 0 and then add: `=` stores once
+            op = A.SUM_INIT if len(ranges) > len(dims) else A.ASSIGN
+            self._emit(self.adjoint[v.name], dims, op, value, ranges)
             return
+        self._start(v, dims)
         self._emit(self.adjoint[v.name], dims, A.SUM, value, ranges)
+
+    def _start(self, v: Version, dims: Sequence[str]) -> None:
+        """Write the adjoint of `v` whole, unless a statement did: the gradient given
+        for a final output (the reads' adjoints add to it), else zero."""
+        if v.name in self.started:
+            return
+        self.started.add(v.name)
+        t = self.versions.tensor(v)
+        whole = self._whole(t, dims)
+        if self.versions.is_final_output(v):
+            name = self.adjoint[v.name] = fresh(f"d_{v.tensor}_sum", self.taken)
+            self.types[name] = t.scalar
+            given = ast.Access(f"d_{v.tensor}", tuple(ast.Index(d, t.span) for d in dims), t.span)
+            self._emit(name, dims, A.ASSIGN, given, whole)
+            return
+        self.adjoint[v.name] = self._name_of(v.name)
+        self._emit(self.adjoint[v.name], dims, A.ASSIGN, b.num(0, t.span), whole)
 
     def _name_of(self, version: str) -> str:
         name = f"d_{version}" if version in self.wrt else fresh(f"d_{version}", self.taken)
@@ -397,7 +426,10 @@ class _Backward:
                 else ast.Access(prev.name, tuple(ast.Index(d, st.span) for d in dims), st.span)
             )
             self._emit(w.name, dims, A.ASSIGN, old, self._whole(t, dims))
-        self._emit(w.name, st.indices, st.op, vs.rhs[s], st.ranges)
+        places = vs.places[s]
+        self.read |= {n.tensor for a in places for n in ast.walk(a) if isinstance(n, ast.Access)}
+        lhs = [text.expr(a) for a in places] if places else st.indices
+        self._emit(w.name, lhs, st.op, vs.rhs[s], st.ranges)
 
     def _def(self) -> str:
         c = self.cdef

@@ -38,6 +38,7 @@ class Solved:
     values: dict[str, ast.Expr]
     free: tuple[IndexRange, ...]
     guard: ast.Expr | None
+    unsolved: bool = False  # the guard holds an equality or a stride's divisibility
 
 
 def solve(
@@ -90,7 +91,7 @@ def solve(
     for e in conditions:  # in the indices left over, where some were solved since
         guard = b.both(guard, b.simplified(b.substitute(e, exprs)))
     free = tuple(r for r in st.ranges if r.var not in exprs)
-    return Solved(tuple(dims), exprs, free, guard)
+    return Solved(tuple(dims), exprs, free, guard, bool(conditions))
 
 
 def _resolved(

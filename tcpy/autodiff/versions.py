@@ -33,7 +33,8 @@ class Versions:
     """The versions of a def's tensors (`of`), what each statement reads (its rhs with
     reads renamed to their versions, `rhs`) and writes (`written`), and whether the
     version a statement writes keeps values of the one before (`keeps`: a `+=` or
-    a write of part of the tensor)."""
+    a write of part of the tensor); a scatter-add's subscripts, renamed so (`places`,
+    empty for other statements)."""
 
     cdef: CheckedDef
     of: dict[str, Version]  # by name in the backward
@@ -41,6 +42,7 @@ class Versions:
     written: list[Version]
     before: list[Version]  # the version of its tensor before each statement
     keeps: list[bool]
+    places: list[tuple[ast.Expr, ...]]
 
     def tensor(self, v: Version) -> TensorInfo:
         return self.cdef.tensor(v.tensor)
@@ -55,7 +57,7 @@ class Versions:
     def reads(self, s: int) -> list[Version]:
         """The versions statement `s` reads, in order, each once."""
         out: list[Version] = []
-        for n in ast.walk(self.rhs[s]):
+        for n in (n for e in (self.rhs[s], *self.places[s]) for n in ast.walk(e)):
             if isinstance(n, ast.Access) and n.tensor in self.of and self.of[n.tensor] not in out:
                 out.append(self.of[n.tensor])
         return out
@@ -76,8 +78,10 @@ def versions_of(cdef: CheckedDef, taken: set[str]) -> Versions:
     written: list[Version] = []
     before: list[Version] = []
     keeps: list[bool] = []
+    places: list[tuple[ast.Expr, ...]] = []
     for s, st in enumerate(cdef.statements):
         rhs.append(_renamed(st.rhs, current))
+        places.append(tuple(_renamed(a, current) for a in st.scatter))
         prev = current[st.tensor]
         k = prev.k + 1
         name = st.tensor if k == writes[st.tensor] else fresh(f"{st.tensor}_{k}", taken)
@@ -87,7 +91,7 @@ def versions_of(cdef: CheckedDef, taken: set[str]) -> Versions:
         written.append(v)
         keeps.append(_keeps(st, cdef.tensor(st.tensor).shape))
         current[st.tensor] = v
-    return Versions(cdef, of, rhs, written, before, keeps)
+    return Versions(cdef, of, rhs, written, before, keeps, places)
 
 
 def _renamed(rhs: ast.Expr, current: dict[str, Version]) -> ast.Expr:

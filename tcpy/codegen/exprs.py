@@ -253,7 +253,7 @@ class BodyPrinter:
         local the printer loaded it into)."""
         ctx = _Context(self, st, indices, ids or {}, substitute or {})
         tensor = self.cdef.tensor(st.tensor)
-        subscripts = [indices[v] for v in st.indices]
+        subscripts = ctx.places(st) if st.scatter else [indices[v] for v in st.indices]
         compute = tensor.scalar.compute
         copy = self.copies.get(st.tensor)
         if copy is None:
@@ -438,6 +438,35 @@ class _Context:
                 return f"({self.subscript(a)} {op.value} {self.subscript(b)})"
         return f"(({self.d.index_type})({self.value(e)}))"
 
+    def places(self, st: CheckedStatement) -> list[str]:
+        """The subscripts of the element a scatter-add writes, each one not affine
+        checked on the data (`tc_index`) as a gathered read's is."""
+        self.depth += 1
+        texts = [self.place(st.tensor, k, arg, True) for k, arg in enumerate(st.scatter)]
+        self.depth -= 1
+        return [text for text, _ in texts]
+
+    def place(self, tensor: str, k: int, arg: ast.Expr, proven: bool) -> tuple[str, bool]:
+        """Subscript `k` of an access of `tensor`, and whether it is checked on the data:
+        `proven` says range inference proved it in bounds where it is affine."""
+        proven = proven and linear_form(arg) is not None
+        # an affine subscript proven in bounds is computed in 64 bits, from the
+        # loop values as they are: `(int32_t)` casts inside it (TC's type for an
+        # index used as a value) hide from the C compiler that `w + kw` moves by
+        # one with the loop, and a loop with sizes known only at run time then
+        # gathers instead of loading a vector (a generic conv2d: 6x slower); CUDA
+        # keeps its 32-bit arithmetic
+        if isinstance(arg, ast.Index):  # a plain index: the loop value as it is
+            text = self.indices[arg.name]
+        elif proven and self.d.name == "c":
+            text = self.subscript(arg)
+        else:
+            text = self.value(arg)
+        if proven:
+            return text, False
+        self.p.helpers.checked_index = True
+        return f"tc_index({text}, {extent_name(tensor, k)}, tc_status)", True
+
     def access(self, e: ast.Access) -> str:
         info = self.p.cdef.tensor(e.tensor)
         subscripts = []
@@ -445,22 +474,8 @@ class _Context:
         first_inner = len(self.reads)
         self.depth += 1
         for k, arg in enumerate(e.args):
-            proven = id(e) not in self.unproved and linear_form(arg) is not None
-            # an affine subscript proven in bounds is computed in 64 bits, from the
-            # loop values as they are: `(int32_t)` casts inside it (TC's type for an
-            # index used as a value) hide from the C compiler that `w + kw` moves by
-            # one with the loop, and a loop with sizes known only at run time then
-            # gathers instead of loading a vector (a generic conv2d: 6x slower); CUDA
-            # keeps its 32-bit arithmetic
-            if isinstance(arg, ast.Index):  # a plain index: the loop value as it is
-                text = self.indices[arg.name]
-            elif proven and self.d.name == "c":
-                text = self.subscript(arg)
-            else:
-                text = self.value(arg)
-            if not proven:
-                self.p.helpers.checked_index = checked = True
-                text = f"tc_index({text}, {extent_name(e.tensor, k)}, tc_status)"
+            text, check = self.place(e.tensor, k, arg, id(e) not in self.unproved)
+            checked = checked or check
             subscripts.append(text)
         self.depth -= 1
         copy = self.p.copies.get(e.tensor)

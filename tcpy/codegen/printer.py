@@ -66,7 +66,10 @@ class Instance:
         return {v: expr_ids(e) for v, e in self.exprs.items()}
 
     def element_uses(self, *ids: str) -> bool:
-        """Whether the element the statement writes moves with one of the ids `ids`."""
+        """Whether the element the statement writes moves with one of the ids `ids` (a
+        scatter-add's is taken to move with every loop)."""
+        if self.source.scatter:
+            return True
         return any(self.uses(v, *ids) for v in self.source.indices)
 
     def same(self, other: Instance) -> bool:
@@ -243,8 +246,8 @@ class Printer:
         user = self.ast.user(node)
         stmt = self.scop.statement(user.statement)
         source = stmt.source(self.scop.cdef)
-        if stmt.kind is Kind.INIT or source.op.reduction is None:
-            return None
+        if stmt.kind is Kind.INIT or source.op.reduction is None or source.scatter:
+            return None  # a scatter-add's element moves: no accumulator, lane or block
         return self.instance(user)
 
     def instance(self, user: UserStatement, names: Mapping[str, str] | None = None) -> Instance:

@@ -41,9 +41,10 @@ def worst_stride(
 ) -> int:
     """The worst way running band member `member` innermost walks any one access: 2
     when every access it moves along is walked with unit stride, 0 when some access
-    stays put, -2 when it strides across one. A reduction statement's own element
-    is left out: a register block loads and stores it once per block, so what counts
-    is how the reduction reads its operands."""
+    stays put, -2 when it strides across one. A reduction's own element is left
+    out: a register block loads and stores it once per block, so what counts is how
+    the reduction reads its operands. A `+=` with no reduction index (or a
+    scatter-add) has no block: its element counts as any access."""
     worst = 2
     for stmt_name, position in member_variables(node, member).items():
         if position is None:
@@ -51,7 +52,9 @@ def worst_stride(
         stmt = scop.statement(stmt_name)
         var = stmt.dims[position]
         accesses = _accesses(scop, stmt_name, transposed)
-        if stmt.kind is Kind.COMPUTE and stmt.source(scop.cdef).op.reduction is not None:
+        st = stmt.source(scop.cdef)
+        reduces = st.op.reduction is not None and st.reduction_indices and not st.scatter
+        if stmt.kind is Kind.COMPUTE and reduces:
             accesses = accesses[1:]
         for subscripts in accesses:
             worst = min(worst, _stride(subscripts, var))
@@ -157,6 +160,8 @@ def _accesses(
     stmt = scop.statement(stmt_name)
     st = stmt.source(scop.cdef)
     lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
+    if st.scatter:
+        lhs = [_subscript(a) for a in st.scatter]
     out = [lhs]
     if stmt.kind is Kind.COMPUTE:
         for node in ast.walk(st.rhs):

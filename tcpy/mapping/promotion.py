@@ -215,7 +215,7 @@ def candidates(node: isl.ScheduleNode, scop: Scop, min_rank: int = 2) -> list[st
     written = {st.tensor for st in statements}  # an initialisation's is its reduction's
     reads: dict[str, bool] = {}
     for st in statements:
-        for access, guarded in guarded_accesses(st.rhs):
+        for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
             affine = all(linear_form(a) is not None for a in access.args)
             ok = affine and not guarded and reads.get(access.tensor, True)
             reads[access.tensor] = ok
@@ -310,7 +310,7 @@ def _statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
 def subscript_indices(st: CheckedStatement, tensor: str) -> set[str] | None:
     """The indices the statement's accesses of `tensor` use; None when it reads none."""
     found = None
-    for node in ast.walk(st.rhs):
+    for node in (n for e in st.expressions for n in ast.walk(e)):
         if isinstance(node, ast.Access) and node.tensor == tensor:
             found = found or set()
             found |= {i.name for a in node.args for i in ast.walk(a) if isinstance(i, ast.Index)}

@@ -336,6 +336,9 @@ class Statement:
     where: tuple[Clause, ...]
     span: Span
     lhs_span: Span
+    # the left-hand subscripts of a scatter-add (`E(idx(b), d) += ...`): set when one
+    # is more than an index alone; `indices` is then empty
+    scatter: tuple[Expr, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,23 @@ class CheckedStatement:
     span: Span
     text: str  # the statement as written, for comments in generated code
     starts: tuple[StartCheck, ...] = ()  # ranges whose start must be 0 at each call
+    # a scatter-add's left-hand subscripts (typed, in the statement's indices, which are
+    # then all in `reduction_indices`): it adds into the element they compute
+    scatter: tuple[ast.Expr, ...] = ()
+
+    @property
+    def target(self) -> ast.Access | None:
+        """The element a scatter-add writes, as an access; None for other statements."""
+        if not self.scatter:
+            return None
+        return ast.Access(self.tensor, self.scatter, self.span)
+
+    @property
+    def expressions(self) -> tuple[ast.Expr, ...]:
+        """What the statement evaluates: its right-hand side, and a scatter's target
+        (whose subscripts may read tensors too)."""
+        target = self.target
+        return (self.rhs,) if target is None else (self.rhs, target)
 
     def range_of(self, var: str) -> IndexRange:
         for r in self.ranges:

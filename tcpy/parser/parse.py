@@ -139,14 +139,16 @@ class _Builder:
 
     def statement(self, t: Tree) -> ast.Statement:
         name, indices, op, rhs, equivalent, where = _kids(t)
-        index_toks = _kids(indices) if indices is not None else []
+        subscripts = [self.expr(i) for i in _kids(indices)] if indices is not None else []
         lhs_span = _tok_span(name)
         if indices is not None:
             lhs_span = lhs_span.merge(_tree_span(indices))
+        plain = all(isinstance(e, ast.Ident) for e in subscripts)
         return ast.Statement(
             tensor=self.name(name),
-            indices=tuple(self.name(i) for i in index_toks),
-            index_spans=tuple(_tok_span(i) for i in index_toks),
+            indices=tuple(e.name for e in subscripts if isinstance(e, ast.Ident)) if plain else (),
+            index_spans=tuple(e.span for e in subscripts) if plain else (),
+            scatter=None if plain else tuple(subscripts),
             op=ast.AssignOp(str(op)),
             rhs=self.expr(rhs),
             equivalent=self.equivalent(equivalent) if equivalent is not None else None,

@@ -119,7 +119,8 @@ def canonical(cdef: CheckedDef) -> str:
         parts.append(f"{t.role.value} {t.scalar.value}({', '.join(map(str, t.shape))}) {t.name}")
     for st in cdef.statements:
         ranges = ", ".join(str(r) for r in st.ranges)
+        places = [expr_text(e) for e in st.scatter] if st.scatter else st.indices
         parts.append(
-            f"{st.tensor}({', '.join(st.indices)}) {st.op.value} {expr_text(st.rhs)} where {ranges}"
+            f"{st.tensor}({', '.join(places)}) {st.op.value} {expr_text(st.rhs)} where {ranges}"
         )
     return "; ".join(parts)

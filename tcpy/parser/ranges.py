@@ -47,6 +47,7 @@ class StatementShape:
     lhs_span: Span
     fixes: StatementSource | None = None  # the statement's text, for fixes and warnings
     filename: str | None = None
+    scatter: ast.Access | None = None  # the element a scatter-add writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> I
     """Ranges of every index of `st`; `shapes` holds the tensors whose shape is known."""
     conditions = _conditions(st, shapes)
     solved = _solve(st, conditions)
+    if st.scatter is not None:
+        conditions, solved = _scatter_conditions(st, shapes, conditions, solved)
     _warn_guarded_narrowing(st, conditions, solved)
     variables = st.indices + st.reduction_indices
     missing = [v for v in variables if v not in solved]
@@ -102,6 +105,28 @@ def infer_ranges(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> I
         starts = _deferred_starts(st, ranges)
         lhs_shape = tuple(r.hi for r in ranges[: len(st.indices)])
     return InferredRanges(ranges, _bounds_checks(conditions, solved), lhs_shape, starts)
+
+
+def _scatter_conditions(
+    st: StatementShape,
+    shapes: Mapping[str, tuple[Sym, ...]],
+    conditions: list[_Condition],
+    solved: dict[str, tuple[Sym, Sym]],
+) -> tuple[list[_Condition], dict[str, tuple[Sym, Sym]]]:
+    """A scatter-add's conditions with those of the element it writes, and its ranges.
+    That element bounds only the indices nothing else does (`d` in `E(idx(b), d) +=
+    w(b)`): an index the right-hand side bounds keeps its range, and the subscripts are
+    then proved in bounds over it or checked at each call, never narrowing the sum."""
+    assert st.scatter is not None
+    shape = shapes[st.scatter.tensor]
+    own = [
+        _Condition(lin, shape[k], st.scatter.tensor, k, arg.span, True)
+        for k, arg in enumerate(st.scatter.args)
+        if (lin := linear_form(arg)) is not None
+    ]
+    if all(v in solved for v in st.reduction_indices):
+        return [*conditions, *own], solved
+    return [*conditions, *own], _solve(st, [*conditions, *own], start=solved)
 
 
 def _range_hint(st: StatementShape, missing: list[str]) -> str:
@@ -160,6 +185,8 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
             own = Linear(((var, 1),), Sym())
             out.append(_Condition(own, shapes[st.tensor][k], st.tensor, k, span, True))
     reads = [(a, g, False) for a, g in guarded_accesses(st.rhs)]
+    if st.scatter is not None:  # the reads in a scatter's subscripts (`idx(b)`)
+        reads += [(a, g, False) for e in st.scatter.args for a, g in guarded_accesses(e)]
     reads += [(a, False, True) for e in st.exists for a, _ in guarded_accesses(e)]
     for node, guarded, exists in reads:
         if node.tensor not in shapes:
@@ -190,8 +217,13 @@ def guarded_accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:
                 stack += [(c, guarded) for c in ast.children(node)]
 
 
-def _solve(st: StatementShape, conditions: list[_Condition]) -> dict[str, tuple[Sym, Sym]]:
-    solved = dict(st.fixed)
+def _solve(
+    st: StatementShape,
+    conditions: list[_Condition],
+    start: Mapping[str, tuple[Sym, Sym]] | None = None,
+) -> dict[str, tuple[Sym, Sym]]:
+    """The ranges `conditions` give, from the where clauses' (and `start`'s)."""
+    solved = {**st.fixed, **(start or {})}
     variables = st.indices + st.reduction_indices
     while True:
         found: dict[str, tuple[Sym, Sym]] = {}

@@ -166,10 +166,13 @@ class _DefChecker:
     def statement(self, st: ast.Statement) -> CheckedStatement:
         self.here = fixes.StatementSource(self.source, self.d.span, st, _recheck, tuple(self.sizes))
         lhs = self.lhs_tensor(st)
-        self.check_lhs_indices(st, lhs)
+        st = self.scatter_form(st, lhs)
+        if st.scatter is None:
+            self.check_lhs_indices(st, lhs)
         fixed, lets, exists = self.where_clauses(st)
         resolver = _Resolver(self, st, lets)
         rhs = resolver.expr(st.rhs)
+        target = resolver.target(lhs, st.scatter, st.lhs_span) if st.scatter else None
         exists_exprs = tuple(resolver.expr(e) for e in exists)
         self.here = replace(self.here, resolved=(rhs, *exists_exprs))
         if st.equivalent is not None:
@@ -194,6 +197,7 @@ class _DefChecker:
                 lhs_span=st.lhs_span,
                 fixes=self.here,
                 filename=self.filename,
+                scatter=target,
             ),
             {n: t.shape for n, t in self.tensors.items() if t.shape is not None},
         )
@@ -211,7 +215,39 @@ class _DefChecker:
             span=st.span,
             text=_statement_text(self.source, st.span),
             starts=shape.starts,
+            scatter=target.args if target is not None else (),
         )
+
+    def scatter_form(self, st: ast.Statement, lhs: _Tensor) -> ast.Statement:
+        """`st`, its left-hand side read as a scatter-add's (`scatter` set) when it is
+        one: a subscript that is more than an index alone, or an index repeated under
+        `+=` (`D(i, i) += ...`). A scatter adds into elements its right-hand side
+        computes the place of, so it is a `+=` into a tensor whose shape is known."""
+        repeated = len(set(st.indices)) < len(st.indices)
+        if st.scatter is None and not (repeated and st.op is ast.AssignOp.SUM):
+            return st
+        if st.scatter is None:
+            subscripts = tuple(
+                ast.Ident(n, span) for n, span in zip(st.indices, st.index_spans, strict=True)
+            )
+            st = replace(st, indices=(), index_spans=(), scatter=subscripts)
+        if st.op is not ast.AssignOp.SUM:
+            fixed = self.here.with_op("+=")
+            raise TCSemanticError(
+                f"a left-hand subscript that is not an index alone makes a scatter-add, "
+                f"which adds with +=, not {st.op.value}"
+                + (f": {fixed}" if fixed else "")
+                + "; or index the left-hand side with distinct indices alone",
+                st.lhs_span,
+            )
+        if lhs.shape is None:
+            raise TCSemanticError(
+                f"a scatter-add into {st.tensor} needs its shape before: write {st.tensor} "
+                f"whole first (e.g. with = 0 and a where range per index), or declare it "
+                "with its sizes among the outputs",
+                st.lhs_span,
+            )
+        return st
 
     def lhs_tensor(self, st: ast.Statement) -> _Tensor:
         name = st.tensor
@@ -229,7 +265,8 @@ class _DefChecker:
                 f"input {name} is read-only; write the result into an output or a temporary",
                 st.lhs_span,
             )
-        if not t.written and st.op.is_reduction and not st.op.initializes:
+        plain = st.scatter is None and len(set(st.indices)) == len(st.indices)
+        if not t.written and st.op.is_reduction and not st.op.initializes and plain:
             fixed = self.here.with_op(st.op.value + "!")
             self.warn(
                 f"{name} is not initialised before this {st.op.value} reduction, so it "
@@ -245,7 +282,8 @@ class _DefChecker:
             if name in seen:
                 raise TCSemanticError(
                     f"index {name} appears twice on the left-hand side; each dimension of "
-                    f"{st.tensor} needs its own index",
+                    f"{st.tensor} needs its own index (a scatter-add, +=, may repeat one to "
+                    "add into a diagonal)",
                     span,
                 )
             seen.add(name)
@@ -460,31 +498,50 @@ class _Resolver:
         hint = f"; did you mean {fits[0]}?" if fits else ""
         raise TCSemanticError(f"unknown tensor or function {name}{hint}", e.name_span)
 
+    def target(self, t: _Tensor, subscripts: tuple[ast.Expr, ...], span: Span) -> ast.Access:
+        """The element a scatter-add writes: `t` at `subscripts`, resolved as a read's
+        (their indices are the statement's, like those of the right-hand side)."""
+        assert t.shape is not None
+        args = tuple(self.expr(a) for a in subscripts)
+        self.check_subscripts(t.name, t.shape, args, span, parenthesised=True)
+        return ast.Access(t.name, args, span, t.scalar)
+
     def access(
         self, t: _Tensor, args: tuple[ast.Expr, ...], span: Span, parenthesised: bool = True
     ) -> ast.Access:
         """A read of `t`; `T()` and the bare `T` both read a 0-d tensor."""
         if t.scalar is None or t.shape is None:
             raise TCSemanticError(f"{t.name} is read before any statement writes it", span)
-        if len(args) != len(t.shape):
+        self.check_subscripts(t.name, t.shape, args, span, parenthesised)
+        if not t.written:
+            self.c.warn(f"{t.name} is read before any statement writes it; it reads zeros", span)
+        return ast.Access(t.name, args, span, t.scalar)
+
+    @staticmethod
+    def check_subscripts(
+        name: str,
+        shape: tuple[Sym, ...],
+        args: tuple[ast.Expr, ...],
+        span: Span,
+        parenthesised: bool,
+    ) -> None:
+        """One integer subscript per dimension of tensor `name`."""
+        if len(args) != len(shape):
             if not parenthesised:
                 raise TCSemanticError(
-                    f"{t.name} has {len(t.shape)} dimension(s); index it as {t.name}(...)",
+                    f"{name} has {len(shape)} dimension(s); index it as {name}(...)",
                     span,
                 )
             raise TCSemanticError(
-                f"{t.name} has {len(t.shape)} dimension(s) but is accessed with "
+                f"{name} has {len(shape)} dimension(s) but is accessed with "
                 f"{len(args)} subscript(s)",
                 span,
             )
         for a in args:
             if _ty(a).is_float or _ty(a).is_bool:
                 raise TCTypeError(
-                    f"a subscript of {t.name} must be an integer, not {_ty(a).value}", a.span
+                    f"a subscript of {name} must be an integer, not {_ty(a).value}", a.span
                 )
-        if not t.written:
-            self.c.warn(f"{t.name} is read before any statement writes it; it reads zeros", span)
-        return ast.Access(t.name, args, span, t.scalar)
 
     def unary(self, op: ast.UnaryOp, v: ast.Expr, span: Span) -> ast.Expr:
         if op is ast.UnaryOp.NOT:

@@ -39,7 +39,9 @@ def written_before_read(scop: Scop) -> frozenset[str]:
 
 
 def _reads(st: CheckedStatement, name: str) -> bool:
-    return any(isinstance(n, ast.Access) and n.tensor == name for n in ast.walk(st.rhs))
+    return any(
+        isinstance(n, ast.Access) and n.tensor == name for e in st.expressions for n in ast.walk(e)
+    )
 
 
 def _touches(st: CheckedStatement, name: str) -> bool:

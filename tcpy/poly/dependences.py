@@ -1,8 +1,9 @@
 """Dependences of a scop: read-after-write, write-after-read and write-after-write,
 from isl's dataflow analysis against the original order.
 
-Writes are exact (the left-hand side is indexed by plain indices) and are must-sources;
-reads may over-approximate (gathers), so they are may-sources of the anti dependences.
+Writes indexed by plain indices are exact and are must-sources; a scatter-add's may
+over-approximate (a gathered subscript reaches its whole dimension), so they are
+may-sources, as reads, which may over-approximate too, are of the anti dependences.
 A reduction's self-dependences serialise its reduction loops and leave its left-hand
 loops parallel, which is exactly TC's meaning.
 """
@@ -51,9 +52,15 @@ def compute_dependences(scop: Scop) -> Dependences:
 
     scop.ctx.reset_operations()
     with isl_errors(f"dependence analysis of {scop.cdef.name}"):
-        raw = flow(scop.reads, scop.writes, empty)
+        scattered = isl.UnionSet.empty(scop.domain.get_space())
+        for s in scop.statements:
+            if s.kind is Kind.COMPUTE and s.source(scop.cdef).scatter:
+                scattered = scattered.union(isl.UnionSet.from_set(s.domain))
+        may = scop.writes.intersect_domain(scattered)
+        must = scop.writes.subtract(may)
+        raw = flow(scop.reads, must, may)
         war = flow(scop.writes, empty, scop.reads)
-        waw = flow(scop.writes, scop.writes, empty)
+        waw = flow(scop.writes, must, may)
         reductions = isl.UnionMap.empty(raw.get_space())
         for s in scop.statements:
             if s.kind is Kind.COMPUTE and s.source(scop.cdef).op.is_reduction:

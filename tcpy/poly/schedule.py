@@ -134,8 +134,11 @@ def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
 
 def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
     """Statements in source order, each with one band over its own indices in their
-    original order (lhs indices, then reductions). Members are coincident when no
-    dependence is carried by them."""
+    original order (lhs indices, then reductions). A member is coincident when no
+    dependence of the statement on itself changes its index, whatever the others do:
+    the band is permutable, and tiling or reordering it must not make a member
+    parallel that only an outer one kept in order (a scatter-add's `h` and `k` in
+    `Y(2*h + k) += ...`)."""
     schedule = isl.Schedule.from_domain(scop.domain)
     root = schedule.get_root().child(0)
     filters = isl.UnionSetList.alloc(scop.ctx, len(scop.statements))
@@ -167,19 +170,13 @@ def identity_band(s: PolyStatement, dims: tuple[int, ...] | None = None) -> isl.
 
 
 def _carries(deps: isl.UnionMap, stmt: str, member: int) -> bool:
-    """Whether some dependence from `stmt` to itself changes index `member` while the
-    indices before it stay equal."""
+    """Whether some dependence from `stmt` to itself changes index `member`."""
     for m in union_map_maps(deps):
         if m.get_tuple_name(isl.dim_type.in_) != stmt or m.get_tuple_name(isl.dim_type.out) != stmt:
             continue
-        same = m
-        for k in range(member):
-            same = same.equate(isl.dim_type.in_, k, isl.dim_type.out, k)
-        moved = same.intersect(
-            isl.Map.universe(same.get_space()).equate(
-                isl.dim_type.in_, member, isl.dim_type.out, member
-            )
+        kept = isl.Map.universe(m.get_space()).equate(
+            isl.dim_type.in_, member, isl.dim_type.out, member
         )
-        if not same.is_subset(moved):
+        if not m.is_subset(kept):
             return True
     return False

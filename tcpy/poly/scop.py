@@ -88,11 +88,11 @@ def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop
         for k, st in enumerate(cdef.statements):
             if st.op.initializes:
                 statements.append(_statement(ctx, params, f"I{k}", Kind.INIT, k, st, st.indices))
-                writes.append(_lhs_access(f"I{k}", st))
+                writes.append(_lhs_access(cdef, f"I{k}", st))
             statements.append(_statement(ctx, params, f"S{k}", Kind.COMPUTE, k, st, st.all_indices))
-            writes.append(_lhs_access(f"S{k}", st))
+            writes.append(_lhs_access(cdef, f"S{k}", st))
             if st.op.is_reduction:
-                reads.append(_lhs_access(f"S{k}", st))
+                reads.append(_lhs_access(cdef, f"S{k}", st))
             reads.extend(_read_accesses(cdef, f"S{k}", st))
 
         context = read_set(ctx, params, ": " + _context_constraints(cdef))
@@ -148,7 +148,10 @@ def _tuple(name: str, dims: tuple[str, ...]) -> str:
     return f"{name}[{', '.join(map(index_name, dims))}]"
 
 
-def _lhs_access(stmt: str, st: CheckedStatement) -> str:
+def _lhs_access(cdef: CheckedDef, stmt: str, st: CheckedStatement) -> str:
+    target = st.target
+    if target is not None:  # a scatter-add: affine, or anywhere along a gathered subscript
+        return _access(cdef, stmt, st, target)
     dims = st.indices if stmt.startswith("I") else st.all_indices
     lhs = ", ".join(map(index_name, st.indices))
     return f"{_tuple(stmt, dims)} -> {tensor_name(st.tensor)}[{lhs}]"
@@ -163,26 +166,29 @@ def linear_str(lin: Linear) -> str:
 
 
 def _read_accesses(cdef: CheckedDef, stmt: str, st: CheckedStatement) -> list[str]:
-    out = []
-    for node in ast.walk(st.rhs):
-        if not isinstance(node, ast.Access):
-            continue
-        subscripts, free = [], []
-        for k, arg in enumerate(node.args):
-            lin = linear_form(arg)
-            if lin is None:
-                name = f"_o{k}"
-                extent = cdef.tensor(node.tensor).shape[k]
-                subscripts.append(name)
-                free.append(f"0 <= {name} < {sym_str(extent)}")
-            else:
-                subscripts.append(linear_str(lin))
-        target = f"{tensor_name(node.tensor)}[{', '.join(subscripts)}]"
-        text = f"{_tuple(stmt, st.all_indices)} -> {target}"
-        if free:
-            text += " : " + " and ".join(free)
-        out.append(text)
-    return out
+    """The reads of `st` (a scatter-add's target is read as a reduction's, apart)."""
+    nodes = [n for e in (st.rhs, *st.scatter) for n in ast.walk(e) if isinstance(n, ast.Access)]
+    return [_access(cdef, stmt, st, n) for n in nodes]
+
+
+def _access(cdef: CheckedDef, stmt: str, st: CheckedStatement, node: ast.Access) -> str:
+    """The elements `node` reaches from each instance of `st`: a subscript that is
+    not affine (a gather) may reach any element of its dimension."""
+    subscripts, free = [], []
+    for k, arg in enumerate(node.args):
+        lin = linear_form(arg)
+        if lin is None:
+            name = f"_o{k}"
+            extent = cdef.tensor(node.tensor).shape[k]
+            subscripts.append(name)
+            free.append(f"0 <= {name} < {sym_str(extent)}")
+        else:
+            subscripts.append(linear_str(lin))
+    target = f"{tensor_name(node.tensor)}[{', '.join(subscripts)}]"
+    text = f"{_tuple(stmt, st.all_indices)} -> {target}"
+    if free:
+        text += " : " + " and ".join(free)
+    return text
 
 
 def _context_constraints(cdef: CheckedDef) -> str:

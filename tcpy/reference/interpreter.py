@@ -98,6 +98,9 @@ class _Statement:
             if reduction is None:
                 target[region] = value
                 continue
+            if st.scatter:
+                grid.scatter_add(target, value)
+                continue
             ufunc = _UFUNCS[reduction]
             axes = tuple(range(n_lhs, len(full)))
             partial = ufunc.reduce(value, axis=axes, dtype=compute) if axes else value
@@ -220,21 +223,40 @@ class _Grid:
         array = self.stmt.tensors[e.tensor]
         if not e.args:
             return np.asarray(array[()])
+        return array[self.subscripts(e, array.shape, mask, "read")]
+
+    def subscripts(
+        self, e: ast.Access, shape: tuple[int, ...], mask: np.ndarray | None, verb: str
+    ) -> tuple[np.ndarray, ...]:
+        """The subscripts of `e` over the grid, each checked within its dimension."""
         subscripts = []
         for k, arg in enumerate(e.args):
             idx = self.eval(arg, mask).astype(np.int64)
-            extent = array.shape[k]
+            extent = shape[k]
             bad = _and(mask, (idx < 0) | (idx >= extent))
             if np.any(bad):
                 values, where = np.broadcast_arrays(idx, bad)
                 first = values[where].flat[0]
                 raise TCInputError(
-                    f"{e.tensor} is read at index {first} of its dimension {k}, outside "
+                    f"{e.tensor} is {verb} at index {first} of its dimension {k}, outside "
                     f"0:{extent}, at {self.describe(bad)}",
                     arg.span,
                 )
             subscripts.append(np.clip(idx, 0, extent - 1))
-        return array[tuple(subscripts)]
+        return tuple(subscripts)
+
+    def scatter_add(self, target: np.ndarray, value: np.ndarray) -> None:
+        """Add `value`, over the grid, into the elements of `target` the scatter-add's
+        subscripts compute, in the grid's order (repeated elements add up)."""
+        st = self.stmt.st
+        access = st.target
+        assert access is not None
+        full = value.shape
+        places = self.subscripts(access, target.shape, None, "written")
+        places = tuple(np.broadcast_to(p, full).reshape(-1) for p in places)
+        total = target.astype(value.dtype)
+        np.add.at(total, places, value.reshape(-1))
+        target[...] = total
 
     def describe(self, where: np.ndarray) -> str:
         """The index values of the first point of the grid where `where` holds."""

@@ -100,7 +100,7 @@ def transposed_operands(scop: Scop, options: MappingOptions) -> frozenset[str]:
     reads: dict[str, int] = {}
     candidates = set()
     for st in scop.cdef.statements:
-        for access, guarded in guarded_accesses(st.rhs):
+        for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
             reads[access.tensor] = reads.get(access.tensor, 0) + 1
             info = scop.cdef.tensor(access.tensor)
             names = [a.name if isinstance(a, ast.Index) else None for a in access.args]
@@ -186,7 +186,7 @@ def _scratch_fits(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     if not kernel_local(node, tensor, scop):
         return False
     for st in scop.cdef.statements:
-        for access, guarded in guarded_accesses(st.rhs):
+        for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
             if access.tensor == tensor and (
                 guarded or any(linear_form(a) is None for a in access.args)
             ):

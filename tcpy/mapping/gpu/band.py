@@ -106,7 +106,7 @@ def reduction_statement(
         return None
     stmt = scop.statement(sets[0].get_tuple_name())
     source = stmt.source(scop.cdef)
-    if stmt.kind is not Kind.COMPUTE or source.op.reduction is None:
+    if stmt.kind is not Kind.COMPUTE or source.op.reduction is None or source.scatter:
         return None
     return source.op.reduction, scop.cdef.tensor(source.tensor).scalar
 

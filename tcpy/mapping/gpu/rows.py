@@ -245,6 +245,8 @@ def _lanes(s: PolyStatement, inner: tuple[int, ...], scop: Scop) -> bool | None:
     st = s.source(scop.cdef)
     if s.kind is Kind.INIT or not inner:
         return False
+    if st.scatter:
+        return None  # its element moves with every index: no lane may hold it
     if any(isinstance(a, ast.Access) and a.tensor == st.tensor for a in ast.walk(st.rhs)):
         return None  # reads what it writes
     for d in inner:

@@ -149,6 +149,7 @@ def gathers(node: isl.ScheduleNode, scop: Scop) -> bool:
     return any(
         linear_form(a) is None
         for st in statements_below(node, scop)
-        for access, _guarded in guarded_accesses(st.rhs)
+        for e in st.expressions
+        for access, _guarded in guarded_accesses(e)
         for a in access.args
     )
