@@ -9,6 +9,7 @@ dependence after each pass that changes it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.gpu.device import DeviceProfile
-from tcpy.mapping.options import MappingOptions
+from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.analysis import Analysis, analyse
 from tcpy.poly.dependences import Dependences
@@ -47,6 +48,27 @@ class Lowered:
     clock_forced: bool = False  # a fallback came from a wall-clock stop: do not cache
 
 
+SOURCE_LIMIT = 1 << 18
+"""Bytes of generated code past which a kernel is lowered again with plain options
+(`plain`): a fused, skewed, tiled schedule at sizes known only at run time can make
+isl's AST split into hundreds of cases, and gcc then takes minutes (500 KB of C, 1,464
+loops: over 5 minutes at -O3, a pair the fuzzer stopped)."""
+
+
+def plain(options: MappingOptions) -> MappingOptions:
+    """`options` without what multiplies the code a schedule prints: fusion, skewing,
+    tiles, register blocks and unrolling."""
+    return dataclasses.replace(
+        options,
+        outer_schedule_fusion=Fusion.MIN,
+        intra_tile_schedule_fusion=Fusion.MIN,
+        allow_skewing=False,
+        tile=(0,),
+        register_tile=(0,),
+        unroll=1,
+    )
+
+
 def lower_to_c(
     cdef: CheckedDef,
     sizes: Mapping[str, int],
@@ -54,7 +76,30 @@ def lower_to_c(
     check: bool | None = None,
     count_loops: bool = False,
 ) -> Lowered:
-    """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`)."""
+    """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
+    A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
+    lowered = _lower_to_c(cdef, sizes, options, check, count_loops)
+    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
+        return lowered
+    again = _lower_to_c(cdef, sizes, plain(options), check, count_loops)
+    note = _too_large(len(lowered.source))
+    return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))
+
+
+def _too_large(size: int) -> str:
+    return (
+        f"the generated code was {size // 1024} KB (more than {SOURCE_LIMIT // 1024} KB): "
+        "lowered again without fusion, skewing, tiles, register blocks and unrolling"
+    )
+
+
+def _lower_to_c(
+    cdef: CheckedDef,
+    sizes: Mapping[str, int],
+    options: MappingOptions,
+    check: bool | None,
+    count_loops: bool,
+) -> Lowered:
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
     analysis = _analyse(cdef, sizes, options, check)
@@ -109,7 +154,24 @@ def lower_to_cuda(
     count_loops: bool = False,
 ) -> LoweredCuda:
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
-    `count_loops`: print a counting build, for the emulator (`Compiled.iterations`)."""
+    `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
+    source past `SOURCE_LIMIT` is lowered again with `plain` options."""
+    lowered = _lower_to_cuda(cdef, sizes, options, check, device, count_loops)
+    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
+        return lowered
+    again = _lower_to_cuda(cdef, sizes, plain(options), check, device, count_loops)
+    note = _too_large(len(lowered.source))
+    return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))
+
+
+def _lower_to_cuda(
+    cdef: CheckedDef,
+    sizes: Mapping[str, int],
+    options: MappingOptions,
+    check: bool | None,
+    device: DeviceProfile | None,
+    count_loops: bool,
+) -> LoweredCuda:
     check = knobs.verify_schedules() if check is None else check
     # 1-3. Scop, dependences and isl's schedule, in bounded time (fallbacks on failure).
     analysis = _analyse(cdef, sizes, options, check)

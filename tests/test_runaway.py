@@ -358,3 +358,79 @@ def test_reads_far_apart_are_not_packed_as_one_box() -> None:
     }  # fmt: skip
     sizes = {"N": 33, "K": 37, "ceild": 7}
     check_against_reference(SCATTERED, "f", sizes, 3401016875, options, "cpu")
+
+
+BUDGET = """def f(int32(N) tmp) -> (X, A, O) {
+    X(r) = fmax(tmp(r), tmp(r)) where r in 0:N-1
+    B(kh, kw, m) +=! min(max((((tmp(l) == tmp(kh) ? (-1.0) : X(kw)) - X(l))
+        == (X(m + b) * X(m)) ? ((N >= tmp(l) ? tmp(tmp(m)) : X(kh)) * tmp(3*m))
+        : (copysign(tmp(kh), N) * (X(w) + m))), (-9.0)), 9.0) where b in 0:3
+    A(s, i24) +=! min(max(fma((X(s) + min(max(B(i25, s, s), (-8.0)), 8.0)),
+        (tmp(tmp(i24)) * tmp(i24)), (tmp(i24) - X(s))), (-100.0)), 100.0)
+    X(i26) min=! min(max(((min(max(B(i27, i27, i29), (-8.0)), 8.0) + tmp(i26))
+        * (-tmp(i26))), (-3.0)), 3.0)
+    O(i31, i32, i33) = min(max(B(i33, i33, i33), (-8.0)), 8.0) where i31 in 0:N-1, i32 in 0:N
+}
+"""
+
+
+def test_the_source_order_schedule_holds_when_isl_runs_out_of_operations() -> None:
+    """isl gave up scheduling this def, and the schedule of last resort (source order)
+    coalesced every dependence to mark its parallel loops: past the operation budget,
+    an internal error the fuzzer found (cpu, pair 3501013119). The dependences are no
+    longer coalesced there, and a member isl cannot clear within the budget is taken
+    as not parallel (`schedule._carries`)."""
+    from tcpy.fuzz_tasks import check_against_reference
+
+    options = {
+        "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Preserve3Coincident",
+        "allow_skewing": False, "positive_orthant": False,
+        "fix_parameters_before_scheduling": False, "tile": [3, 17, 8, 0, 0], "unroll": 8,
+        "interchange": [], "register_tile": [2, 5, 0], "pack_operands": True,
+        "map_to_blocks": [2], "map_to_threads": [1, 1], "reduce_across_threads": False,
+        "split_reductions": False, "use_shared_memory": True, "use_private_memory": True,
+        "unroll_copy_shared": True, "max_shared_memory": 1024, "use_readonly_cache": False,
+        "shared_depth": 0, "private_depth": 3, "parallel": False, "vectorize": False,
+        "threads": 4,
+    }  # fmt: skip
+    check_against_reference(BUDGET, "f", {"N": 9}, 3501013119, options, "cpu")
+
+
+LARGE = """def f(int32(P) tmp, float(P, P) T, int32(P, P) acc) -> (C, V) {
+    C(h, k) min=! T(w, tmp(w)) where h in 0:P-1, k in 0:P-1
+    V(j, n, kh) min=! min(max((tmp(n) * ((acc(n, j) - acc(r, 23)) > (tmp(r) * tmp(kh))
+        ? C(tmp(r), n + 1) : (P * tmp(kh)))), (-3.0)), 3.0)
+    V(d, m, b) max= (acc(tmp(c), c) + (acc(b, c) * (acc(b + i22, m) - T(m, d)))) where i22 in 0:4
+    C(i23, i24) max= min(max(min(max(V(i23, i25, i23), (-8.0)), 8.0), (-3.0)), 3.0)
+    V(i26, i27, i28) += min(max(max((-(T(0, i28) + 0)), (-(min(max(C(0, i26), (-8.0)), 8.0)
+        * acc(i27, i27)))), (-9.0)), 9.0)
+}
+"""
+LARGE_OPTIONS = {
+    "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Preserve3Coincident",
+    "allow_skewing": True, "positive_orthant": False,
+    "fix_parameters_before_scheduling": False, "tile": [32, 7, 17, 64], "unroll": 16,
+    "interchange": [2, 1, 0], "register_tile": [0], "pack_operands": True,
+    "map_to_blocks": [64, 1], "map_to_threads": [4], "reduce_across_threads": False,
+    "split_reductions": True, "use_shared_memory": True, "use_private_memory": False,
+    "unroll_copy_shared": False, "max_shared_memory": 49152, "use_readonly_cache": True,
+    "shared_depth": 3, "private_depth": 0, "parallel": False, "vectorize": True, "threads": 1,
+}  # fmt: skip
+
+
+def test_a_generated_source_too_large_to_compile_is_lowered_again_plainly() -> None:
+    """Fused, skewed and tiled at sizes known only at run time, this def's schedule
+    printed 500 KB of C (1,464 loops), which gcc took over 5 minutes to compile: a
+    pair the fuzzer stopped (cpu, 3501011160). Past `SOURCE_LIMIT` the def is lowered
+    again with `plain` options, and says so among its fallbacks."""
+    from tcpy.fuzz_tasks import check_against_reference
+    from tcpy.mapping.options import MappingOptions
+    from tcpy.parser import check_source
+    from tcpy.pipeline import SOURCE_LIMIT, lower_to_c
+
+    cdef = check_source(LARGE)["f"]
+    lowered = lower_to_c(cdef, {"P": 33}, MappingOptions.from_dict(LARGE_OPTIONS))
+    assert len(lowered.source) <= SOURCE_LIMIT
+    assert any("lowered again without fusion" in f for f in lowered.fallbacks)
+    assert lowered.options.tile == (0,) and lowered.options.unroll == 1
+    check_against_reference(LARGE, "f", {"P": 33}, 3501011160, LARGE_OPTIONS, "cpu")

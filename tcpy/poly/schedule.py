@@ -139,6 +139,8 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
     the band is permutable, and tiling or reordering it must not make a member
     parallel that only an outer one kept in order (a scatter-add's `h` and `k` in
     `Y(2*h + k) += ...`)."""
+    scop.ctx.reset_operations()
+    every = deps.raw.union(deps.war).union(deps.waw)  # not coalesced: that can pass the budget
     schedule = isl.Schedule.from_domain(scop.domain)
     root = schedule.get_root().child(0)
     filters = isl.UnionSetList.alloc(scop.ctx, len(scop.statements))
@@ -152,7 +154,7 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
             child = child.insert_partial_schedule(mupa)
             child = child.band_set_permutable(1)
             for member in range(len(s.dims)):
-                carried = _carries(deps.all, s.name, member)
+                carried = _carries(scop.ctx, every, s.name, member)
                 child = child.band_member_set_coincident(member, 0 if carried else 1)
         node = child.parent().parent()
     return node.get_schedule()
@@ -169,14 +171,21 @@ def identity_band(s: PolyStatement, dims: tuple[int, ...] | None = None) -> isl.
     return isl.MultiUnionPwAff.from_multi_pw_aff(isl.MultiPwAff.from_multi_aff(maff))
 
 
-def _carries(deps: isl.UnionMap, stmt: str, member: int) -> bool:
-    """Whether some dependence from `stmt` to itself changes index `member`."""
-    for m in union_map_maps(deps):
-        if m.get_tuple_name(isl.dim_type.in_) != stmt or m.get_tuple_name(isl.dim_type.out) != stmt:
-            continue
-        kept = isl.Map.universe(m.get_space()).equate(
-            isl.dim_type.in_, member, isl.dim_type.out, member
-        )
-        if not m.is_subset(kept):
-            return True
-    return False
+def _carries(ctx: isl.Context, deps: isl.UnionMap, stmt: str, member: int) -> bool:
+    """Whether some dependence from `stmt` to itself changes index `member`; taken to,
+    when isl cannot tell within its operation budget (this is the schedule of last
+    resort, which must not fail)."""
+    try:
+        for m in union_map_maps(deps):
+            same = m.get_tuple_name(isl.dim_type.in_) == m.get_tuple_name(isl.dim_type.out)
+            if not same or m.get_tuple_name(isl.dim_type.in_) != stmt:
+                continue
+            kept = isl.Map.universe(m.get_space()).equate(
+                isl.dim_type.in_, member, isl.dim_type.out, member
+            )
+            if not m.is_subset(kept):
+                return True
+        return False
+    except isl.Error:
+        ctx.reset_operations()
+        return True
