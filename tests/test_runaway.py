@@ -6,6 +6,7 @@ out of reach, which a size-generic schedule reached).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -434,3 +435,47 @@ def test_a_generated_source_too_large_to_compile_is_lowered_again_plainly() -> N
     assert any("lowered again without fusion" in f for f in lowered.fallbacks)
     assert lowered.options.tile == (0,) and lowered.options.unroll == 1
     check_against_reference(LARGE, "f", {"P": 33}, 3501011160, LARGE_OPTIONS, "cpu")
+
+
+HEAVY_BLOCK = """def f(float(L) tmp, float(K, P) O, int32 Z, float(P, L) X, int32(K, L) B)
+    -> (U, V, acc) {
+    LUT(d) +=! O(m, m) where d in 0:P
+    LUT(w) min=! min(max((X(0, 0) - O(w, s)), (-9.0)), 9.0)
+    U(kh) min=! min(max(float(B(kh, h)), (-9.0)), 9.0)
+    V(r, n) +=! U(c) where r in 0:K, n in 0:K
+    acc(l, j, kw) +=! min(max((max(2, tmp(l + 2)) + (j * X(l, i))), (-3.0)), 3.0)
+        where j in 0:K-1, kw in 0:K-1
+}
+"""
+
+
+def test_a_register_block_asked_for_is_held_to_a_budget() -> None:
+    """`register_tile: [1, 32, 8]` on `V(r, n) +=! U(c)` asked for a block of 32 x 8
+    outputs of 8 lanes each, unrolled whole: 256 copies of a vector loop, 90 s of gcc
+    (a pair the fuzzer stopped, cpu 3501013608). A block holds at most `MAX_BLOCK`
+    elements."""
+    import re
+
+    from tcpy.fuzz_tasks import check_against_reference
+    from tcpy.mapping.cpu.registers import MAX_BLOCK
+    from tcpy.mapping.options import MappingOptions
+    from tcpy.parser import check_source
+    from tcpy.pipeline import lower_to_c
+
+    options = {
+        "outer_schedule_fusion": "Min", "intra_tile_schedule_fusion": "Min",
+        "allow_skewing": True, "positive_orthant": True,
+        "fix_parameters_before_scheduling": False, "tile": [0], "unroll": 16,
+        "interchange": [3, 0, 1, 2], "register_tile": [1, 32, 8], "pack_operands": False,
+        "map_to_blocks": [16], "map_to_threads": [1], "reduce_across_threads": True,
+        "split_reductions": False, "use_shared_memory": True, "use_private_memory": True,
+        "unroll_copy_shared": False, "max_shared_memory": 1024, "use_readonly_cache": False,
+        "shared_depth": 1, "private_depth": 3, "parallel": False, "vectorize": True,
+        "threads": 2,
+    }  # fmt: skip
+    sizes = {"L": 5, "K": 2, "P": 2}
+    cdef = check_source(HEAVY_BLOCK)["f"]
+    source = lower_to_c(cdef, sizes, MappingOptions.from_dict(options)).source
+    blocks = [re.findall(r"\[(\d+)\]", b) for b in re.findall(r"tc_reg((?:\[\d+\])+);", source)]
+    assert blocks and all(math.prod(int(n) for n in b) <= MAX_BLOCK for b in blocks), blocks
+    check_against_reference(HEAVY_BLOCK, "f", sizes, 3501013608, options, "cpu")

@@ -32,6 +32,8 @@ convolution), whose vector loads the rows then share; with a reduction vector lo
 
 from __future__ import annotations
 
+import math
+
 import islpy as isl
 
 from tcpy.mapping import marks
@@ -47,6 +49,9 @@ ROWS = 4
 WIDE_ROWS = 8  # with 64-byte vectors (AVX-512: 32 registers): 8 x 2 accumulators
 VECTORS = 2  # 4 x 2 accumulators: enough in flight to hide the latency of an FMA
 COLUMNS = 2  # with a reduction vector loop: 4 x 2 vectors of partial sums
+MAX_BLOCK = 256
+"""Elements of a register block at most (16 x 16 floats: 32 AVX2 vectors, twice the
+registers; the automatic sizes stay within it)."""
 DEFAULT_VECTOR_BYTES = 16
 BLOCKED_REDUCTIONS = (ast.Reduction.SUM, ast.Reduction.PROD)
 """Reductions kept in a block; min and max keep their scalar accumulator, which also
@@ -126,9 +131,23 @@ def _plan(
         size = size if extent is None else min(size, extent)
         if size > 1:
             sizes[k] = size
+    sizes = _within_budget(sizes, inner)
     if not coincident[inner] and (inner not in sizes or len(sizes) < 2):
         return None
     return (parallel, reductions, sizes) if sizes else None
+
+
+def _within_budget(sizes: dict[int, int], inner: int) -> dict[int, int]:
+    """`sizes` with the largest block size other than the vector loop's halved until
+    the block holds at most `MAX_BLOCK` elements. The block is unrolled whole: a
+    32 x 8 x 8 block asked for by the options was 256 copies of a vector loop, which
+    gcc took 90 s to compile (a pair the fuzzer stopped)."""
+    sizes = dict(sizes)
+    while math.prod(sizes.values()) > MAX_BLOCK:
+        others = [k for k in sizes if k != inner and sizes[k] > 1] or [inner]
+        k = max(others, key=lambda m: (sizes[m], m))
+        sizes[k] = max(1, sizes[k] // 2)
+    return {k: size for k, size in sizes.items() if size > 1}
 
 
 def _automatic(
