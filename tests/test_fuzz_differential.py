@@ -249,3 +249,58 @@ def test_a_gathered_read_in_a_backward_stays_inside_the_solved_ranges() -> None:
         "}\n"
     )
     check_gradient(source, "f", {"R": 5, "S": 7}, 7301021975, None, "cpu")
+
+
+_PLAIN = {
+    "outer_schedule_fusion": "Preserve3Coincident",
+    "intra_tile_schedule_fusion": "Preserve3Coincident", "allow_skewing": False,
+    "positive_orthant": True, "fix_parameters_before_scheduling": False, "tile": [],
+    "unroll": 1, "interchange": [], "register_tile": [], "pack_operands": None,
+    "map_to_blocks": [], "map_to_threads": [], "reduce_across_threads": True,
+    "split_reductions": True, "use_shared_memory": False, "use_private_memory": False,
+    "unroll_copy_shared": True, "max_shared_memory": 0, "use_readonly_cache": False,
+    "shared_depth": 0, "private_depth": 0, "parallel": True, "vectorize": True, "threads": 0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("source", "sizes", "seed", "options", "target"),
+    [
+        (
+            "def f(int32(K) O, float(1) B) -> (C) {\n"
+            "    C(w, kh) min=! (O(kh) - (B(0) * O(w)))\n}\n",
+            {"K": 9}, 7501022586, _PLAIN, "cpu",
+        ),
+        (
+            "def f(float(S, S, S) acc, float(S) T) -> (Z, M) {\n"
+            "    Z +=! T(c)\n"
+            "    M(m, o) min=! Z where m in 0:S-1, o in 0:S\n"
+            "    Z = 0.0\n}\n",
+            {"S": 9}, 7601023529,
+            {**_PLAIN, "fix_parameters_before_scheduling": True, "tile": [3, 33],
+             "unroll": 8, "interchange": [0, 1], "register_tile": [0],
+             "pack_operands": True, "map_to_threads": [32], "reduce_across_threads": False,
+             "use_private_memory": True, "unroll_copy_shared": False, "shared_depth": 1,
+             "private_depth": 1, "parallel": False, "threads": 1},
+            "cuda-emu",
+        ),
+        (
+            "def f(float(P, Q) V) -> (O) {\n"
+            "    O(j) +=! ((-V(d, j)) - V(b, d))\n"
+            "    O(e) min= 0.0\n}\n",
+            {"P": 3, "Q": 3}, 7601024606, _PLAIN, "cuda-emu",
+        ),
+    ],
+    ids=["fused-multiply-add", "sum-order", "sum-order-min"],
+)  # fmt: skip
+def test_ties_are_found_whatever_the_forward_computed(
+    source: str, sizes: dict, seed: int, options: dict, target: str
+) -> None:
+    """A `max`/`min` backward compared recomputed values with the result the forward
+    stored: gcc's fused multiply-add (cpu) or another order of a sum (the emulator)
+    made them differ in the last bit, and the gradient was lost (the gradient
+    fuzzer's finds). The backward now computes the result beside the values it
+    compares, and a def that compares floats is compiled without contraction."""
+    from tcpy.fuzz_tasks import check_gradient
+
+    check_gradient(source, "f", sizes, seed, options, target)

@@ -314,9 +314,13 @@ class _Backward:
     ) -> tuple[ast.Expr, ast.Expr | None]:
         """`max=!`/`min=!` (and without `!`, `old` the value reduced into): the
         adjoint of an instance equal to the result, shared evenly with the others
-        equal to it (`ties`, counting `old` among them); and the adjoint of `old`."""
+        equal to it (`ties`, counting `old` among them); and the adjoint of `old`.
+        The result is recomputed beside the values compared with it, not read from
+        the forward: equality needs both computed alike to the last bit, and a C
+        compiler's fused multiply-adds or a GPU's order of a sum may differ between
+        the forward's kernel and the backward's."""
         here = tuple(ast.Index(i, st.span) for i in st.indices)
-        result = ast.Access(w.name, here, st.span)
+        result = self._result(st, f, w, old)
         equal = b.binary(ast.BinaryOp.EQ, f, result)
         ties = fresh(f"{w.tensor}_ties", self.taken)
         self.types[ties] = ScalarType.INT32
@@ -329,6 +333,27 @@ class _Backward:
         count = b.add(count, b.select(old_equal, one, zero))
         share = b.div(seed, count)
         return b.select(equal, share, zero), b.select(old_equal, share, zero)
+
+    def _result(
+        self, st: CheckedStatement, f: ast.Expr, w: Version, old: ast.Expr | None
+    ) -> ast.Access:
+        """The result of the extremum `st` (of right-hand side `f`, into `old` without
+        `!`), recomputed by the backward into a temporary of its own."""
+        here = tuple(ast.Index(i, st.span) for i in st.indices)
+        name = fresh(
+            f"{w.tensor}_{'max' if st.op.reduction is Reduction.MAX else 'min'}", self.taken
+        )
+        lhs = st.ranges[: len(st.indices)]
+        if old is None:
+            assert f.ty is not None
+            self.types[name] = f.ty
+            self._emit(name, st.indices, st.op, f, st.ranges)
+        else:
+            scalar = self.types[name] = self.cdef.tensor(st.tensor).scalar
+            start = old if old.ty is scalar else b.cast(scalar, old)  # `0` is an int32
+            self._emit(name, st.indices, A.ASSIGN, start, lhs)
+            self._emit(name, st.indices, st.op, f, st.ranges)
+        return ast.Access(name, here, st.span)
 
     def _product(
         self, st: CheckedStatement, f: ast.Expr, seed: ast.Expr, old: ast.Expr | None

@@ -42,8 +42,10 @@ from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
 from tcpy.mapping.marks import Mark, Parallel, RegisterBlock, Scratch, Simd
 from tcpy.mapping.options import MappingOptions
 from tcpy.naming import extent_name, size_name, tensor_name
-from tcpy.parser.checked import Role
+from tcpy.parser import ast as tc
+from tcpy.parser.checked import CheckedDef, Role
 from tcpy.poly.scop import Scop
+from tcpy.types import promote
 
 KERNEL_SYMBOL = "tc_kernel"
 CONSERVATIVE_MACRO = "TC_CONSERVATIVE"  # defined by a build that retries with safe flags
@@ -96,6 +98,31 @@ class CPrinter(Printer):
         return [f"#pragma omp simd reduction({clause}:tc_acc)"]
 
 
+EXACT_ARITHMETIC = """#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif"""
+"""Each operation rounded on its own, as the reference computes: no fused multiply-add
+contracted from `a * b + c`. Printed for a def that compares floats for equality (the
+ties of a `max` or `min` backward), whose comparisons must see the values the same
+expression gives wherever the def computes it."""
+
+
+def compares_floats(cdef: CheckedDef) -> bool:
+    """Whether a statement of `cdef` compares floats with `==` or `!=`."""
+    return any(
+        isinstance(n, tc.Binary)
+        and n.op in (tc.BinaryOp.EQ, tc.BinaryOp.NE)
+        and n.lhs.ty is not None
+        and n.rhs.ty is not None
+        and promote(n.lhs.ty, n.rhs.ty).is_float
+        for st in cdef.statements
+        for e in st.expressions
+        for n in tc.walk(e)
+    )
+
+
 def print_c(
     scop: Scop,
     ast: Ast,
@@ -127,6 +154,7 @@ def print_c(
         *(["#include <stdlib.h>"] if arena else []),
         *(["int omp_get_thread_num(void);"] if arena and region else []),
         _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
+        *([EXACT_ARITHMETIC] if compares_floats(cdef) else []),
         *([loop_count_declarations(printer.counted)] if count_loops else []),
         "",
         helper_source(printer.helpers),

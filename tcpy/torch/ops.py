@@ -1,9 +1,9 @@
 """The registration of a source's defs as PyTorch operators (`define`).
 
 Each def `f` of a source becomes the custom operator `tcpy::f_<digest>`, the digest a
-hash of the source, the options and the backward asked for: defining the same source
-twice gives the same operators, and two sources with a def of the same name do not
-clash. Its backward, where it has one, is `tcpy::f_<digest>_grad`.
+hash of the source, the options, the backward asked for and tcpy's version: defining
+the same source twice gives the same operators, and two sources with a def of the
+same name do not clash. Its backward, where it has one, is `tcpy::f_<digest>_grad`.
 
 Decisions: a 0-d input (`float eps`) is a 0-d tensor in the operator's schema, like
 every input, so that it may require a gradient; outputs are new contiguous tensors;
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tcpy.autodiff import gradient
+from tcpy.cache.kernels import tcpy_version
 from tcpy.compiled import Compiled
 from tcpy.engine import ExecutionEngine, OptionsArg
 from tcpy.errors import TCError, TCGradientError
@@ -86,9 +87,12 @@ def define(
 
 
 def _digest(source: str, options: OptionsArg, backward: Backward) -> str:
+    """A hash of what an operator means: the source, the options, the backward asked
+    for, and tcpy's own sources (a derived backward's interface may change with them,
+    and PyTorch's compiled-graph caches outlive a process)."""
     if isinstance(options, MappingOptions):
         options = options.to_dict()
-    text = json.dumps([source, options, backward], sort_keys=True, default=str)
+    text = json.dumps([source, options, backward, tcpy_version()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
