@@ -304,3 +304,24 @@ def test_ties_are_found_whatever_the_forward_computed(
     from tcpy.fuzz_tasks import check_gradient
 
     check_gradient(source, "f", sizes, seed, options, target)
+
+
+def test_a_gradient_that_cancels_is_compared_at_the_scale_of_its_terms() -> None:
+    """Every `A(kw) - A(r)` ties (K = 1), and `d_A(0)` sums 29,791 splits of the output
+    gradients that cancel: another order of the sum leaves 1e-12, which an absolute
+    tolerance of 1e-12 called a mismatch (the gradient fuzzer, cpu 7701023695). The
+    tolerance scales with the output gradients' magnitudes."""
+    from tcpy.fuzz_tasks import check_gradient
+
+    source = (
+        "def f(int32(K, S, K) B, float(K) A, int32(M, S) O) -> (C) {\n"
+        "    C(n, l, j) min=! min(max((A(kw) - A(r)), (-100.0)), 100.0)"
+        " where n in 0:S, l in 0:S, j in 0:S\n}\n"
+    )
+    options = {
+        **_PLAIN, "outer_schedule_fusion": "Max", "allow_skewing": True,
+        "fix_parameters_before_scheduling": True, "tile": [32, 33, 16, 2, 33], "unroll": 4,
+        "interchange": [2, 1, 0], "register_tile": [2], "pack_operands": True,
+        "parallel": False, "vectorize": False, "threads": 2,
+    }  # fmt: skip
+    check_gradient(source, "f", {"M": 37, "S": 31, "K": 1}, 7701023695, options, "cpu")
