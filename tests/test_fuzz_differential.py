@@ -325,3 +325,29 @@ def test_a_gradient_that_cancels_is_compared_at_the_scale_of_its_terms() -> None
         "parallel": False, "vectorize": False, "threads": 2,
     }  # fmt: skip
     check_gradient(source, "f", {"M": 37, "S": 31, "K": 1}, 7701023695, options, "cpu")
+
+
+def test_a_temporary_read_under_a_condition_stays_in_global_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`T_ties(w)`, read under `?:` in a max's backward, was kept in shared memory by a
+    row kernel while the guarded read, checked on the data, went to global memory,
+    which nothing wrote (poison there: the gradient fuzzer, cuda-emu 7801023806). A
+    temporary read under a condition or at a gathered subscript stays in global
+    memory (`promotion.kernel_local`)."""
+    from tcpy.fuzz_tasks import check_gradient
+
+    monkeypatch.setenv("TCPY_POISON", "1")
+    source = (
+        "def f(float(Q, P) X, float(Q, L) B, float C, float(Q, 4) A) -> (Y, T) {\n"
+        "    Y(s, h) = min(max(0, (-9)), 9) where s in 0:Q, h in 0:L\n"
+        "    T(w) max=! min(max(X(w, b), (-100.0)), 100.0)\n}\n"
+    )
+    options = {
+        **_PLAIN, "outer_schedule_fusion": "Max", "intra_tile_schedule_fusion": "Min",
+        "positive_orthant": False, "fix_parameters_before_scheduling": True, "unroll": 8,
+        "interchange": [2, 1, 0], "pack_operands": False, "map_to_blocks": [2],
+        "map_to_threads": [32], "use_shared_memory": True, "use_private_memory": True,
+        "private_depth": 2, "parallel": False, "vectorize": False, "threads": 1,
+    }  # fmt: skip
+    check_gradient(source, "f", {"Q": 5, "P": 33, "L": 3}, 7801023806, options, "cuda-emu")

@@ -169,11 +169,20 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
     definition that touches it runs there (a reduction's initialisation too), one of
     them writes it (with `=` or an initialised reduction), the others only read it,
-    after that one in program order, and only elements it wrote. Its values then
-    never need global memory."""
+    after that one in program order, only elements it wrote, and each read affine and
+    unconditional (the code generators read a checked subscript from global memory,
+    where the values never went: a tie count read under `?:` in a max's backward
+    read poison on the GPU, the gradient fuzzer's find). Its values then never need
+    global memory."""
     cdef = scop.cdef
     if cdef.tensor(tensor).role is not Role.TEMPORARY:
         return False
+    for st in cdef.statements:
+        for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
+            if access.tensor == tensor and (
+                guarded or any(linear_form(a) is None for a in access.args)
+            ):
+                return False
     below = _statement_indices(node, scop)
     writers = [k for k, st in enumerate(cdef.statements) if st.tensor == tensor]
     readers = [
