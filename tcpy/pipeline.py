@@ -10,8 +10,9 @@ dependence after each pass that changes it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import islpy as isl
 
@@ -78,19 +79,7 @@ def lower_to_c(
 ) -> Lowered:
     """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
     A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
-    lowered = _lower_to_c(cdef, sizes, options, check, count_loops)
-    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
-        return lowered
-    again = _lower_to_c(cdef, sizes, plain(options), check, count_loops)
-    note = _too_large(len(lowered.source))
-    return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))
-
-
-def _too_large(size: int) -> str:
-    return (
-        f"the generated code was {size // 1024} KB (more than {SOURCE_LIMIT // 1024} KB): "
-        "lowered again without fusion, skewing, tiles, register blocks and unrolling"
-    )
+    return _within_limit(lambda o: _lower_to_c(cdef, sizes, o, check, count_loops), options)
 
 
 def _lower_to_c(
@@ -156,12 +145,9 @@ def lower_to_cuda(
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
     source past `SOURCE_LIMIT` is lowered again with `plain` options."""
-    lowered = _lower_to_cuda(cdef, sizes, options, check, device, count_loops)
-    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
-        return lowered
-    again = _lower_to_cuda(cdef, sizes, plain(options), check, device, count_loops)
-    note = _too_large(len(lowered.source))
-    return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))
+    return _within_limit(
+        lambda o: _lower_to_cuda(cdef, sizes, o, check, device, count_loops), options
+    )
 
 
 def _lower_to_cuda(
@@ -215,3 +201,21 @@ def _analyse(
 def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) -> None:
     if check:
         verify(schedule, deps.validity, scop.domain)
+
+
+L = TypeVar("L", Lowered, LoweredCuda)
+
+
+def _within_limit(lower: Callable[[MappingOptions], L], options: MappingOptions) -> L:
+    """`lower(options)`, or, when its source passes `SOURCE_LIMIT`, `lower(plain(options))`
+    with the reason among its fallbacks."""
+    lowered: L = lower(options)
+    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
+        return lowered
+    again: L = lower(plain(options))
+    note = (
+        f"the generated code was {len(lowered.source) // 1024} KB (more than "
+        f"{SOURCE_LIMIT // 1024} KB): lowered again without fusion, skewing, tiles, "
+        "register blocks and unrolling"
+    )
+    return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))

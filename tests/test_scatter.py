@@ -127,8 +127,10 @@ def test_an_affine_place_not_proved_is_checked_at_each_call(target: str) -> None
     engine = _engine(target, source)
     out = engine.f(np.ones(3, np.float32), np.zeros(5, np.float32))
     np.testing.assert_array_equal(out, [0, 0, 1, 1, 1])
-    with pytest.raises(tcpy.TCError, match="P"):
+    with pytest.raises(tcpy.TCRangeError) as info:
         engine.f(np.ones(4, np.float32), np.zeros(5, np.float32))
+    assert "subscript of P reaches index 5, outside 0:5 of its dimension 0" in str(info.value)
+    assert (info.value.line, info.value.column) == (3, 11)
 
 
 def test_a_scatter_add_gives_the_same_bits_whatever_the_thread_count() -> None:
