@@ -4,7 +4,7 @@ against their minimum; the overhead of an operator call; and two small models tr
 with tcpy operators against PyTorch's losses.
 
     python bench/autodiff.py [--only layernorm,softmax] [--no-train] [--tag NAME]
-                             [--out bench/results]
+                             [--device cuda] [--no-compile] [--out bench/results]
 
 For each layer: the forward and backward of tcpy's operator (its backward derived by
 `tcpy.gradient`), of PyTorch's eager functions, and of `torch.compile` (inductor) over
@@ -22,6 +22,11 @@ def, the compiled kernel alone, and PyTorch's own `torch.add`.
 Training: a two-layer MLP and a small convolutional network, 200 steps of SGD each, with
 tcpy operators and with PyTorch's, in float64 and float32: the largest relative
 difference of the losses (targets 1e-5 and 1e-3) and the time per step.
+
+With `--device cuda` the layers' tensors live on the GPU (tcpy's `cuda` target), each
+timed call ends with `torch.cuda.synchronize()` and PyTorch's TF32 is off; the overhead
+is then that of a call on CUDA tensors. `--no-compile` leaves `torch.compile` out (its
+first compile takes tens of seconds a layer on a GPU).
 
 Results go to `bench/results/autodiff-<date>[-<tag>].json`.
 """
@@ -161,9 +166,18 @@ def cross_entropy(float(B, K) X, int32(B) label) -> (loss) {
 ]
 
 
+DEVICE = "cpu"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _seconds(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
 
 
@@ -172,7 +186,7 @@ def _fwd_bwd(fn: Callable[..., torch.Tensor], args: list[torch.Tensor]) -> Calla
     a fixed random gradient of the output."""
     diff = [a for a in args if a.requires_grad]
     out = fn(*args)
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
     def run() -> object:
         return torch.autograd.grad(fn(*args), diff, seed)
@@ -239,26 +253,31 @@ def _accesses(e: Any) -> list[Any]:
     return [n for n in ast.walk(e) if isinstance(n, ast.Access)]
 
 
-def measure(layer: Layer) -> dict[str, Any]:
+def measure(layer: Layer, compile: bool = True) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ops = tcpy.torch.define(layer.tc)
     op = getattr(ops, layer.entry)
-    args = layer.inputs(torch.Generator().manual_seed(0))
-    compiled = torch.compile(layer.eager)
+    args = [
+        a.detach().to(DEVICE).requires_grad_(a.requires_grad)
+        for a in layer.inputs(torch.Generator().manual_seed(0))
+    ]
+    compiled = torch.compile(layer.eager) if compile else None
     start = time.perf_counter()
     tcpy_run = _fwd_bwd(op, args)
     first = tcpy_run()  # compiles the forward and the backward
     compile_s = time.perf_counter() - start
-    eager_run = _fwd_bwd(layer.eager, args)
-    compiled_run = _fwd_bwd(compiled, args)
-    want = eager_run()
+    contenders = {"tcpy": tcpy_run, "eager": _fwd_bwd(layer.eager, args)}
+    if compiled is not None:
+        contenders["compile"] = _fwd_bwd(compiled, args)
+    want = contenders["eager"]()
+    checked = [first] + ([contenders["compile"]()] if "compile" in contenders else [])
     error = max(
         float(((g - w).abs() / (1 + w.abs())).max())
-        for got in (first, compiled_run())
+        for got in checked
         for g, w in zip(got, want, strict=True)  # type: ignore[call-overload]
     )
-    ms = _timed({"tcpy": tcpy_run, "eager": eager_run, "compile": compiled_run})
+    ms = _timed(contenders)
     return {
         "layer": layer.name,
         "shapes": [list(a.shape) for a in args],
@@ -266,7 +285,7 @@ def measure(layer: Layer) -> dict[str, Any]:
         "max_rel_error": error,
         **{f"{n}_ms": round(v, 3) for n, v in ms.items()},
         "ratio_vs_eager": round(ms["eager"] / ms["tcpy"], 3),
-        "ratio_vs_compile": round(ms["compile"] / ms["tcpy"], 3),
+        "ratio_vs_compile": round(ms["compile"] / ms["tcpy"], 3) if "compile" in ms else None,
         **_work(layer, ops, args),
     }
 
@@ -295,20 +314,21 @@ def overhead() -> dict[str, float]:
     operator written in Python), in µs (best of 7 rounds of 5,000 calls)."""
     source = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
     ops = tcpy.torch.define(source)
-    engine = tcpy.ExecutionEngine("cpu")
+    engine = tcpy.ExecutionEngine("cuda" if DEVICE == "cuda" else "cpu")
     engine.define(source)
-    a, b = torch.rand(16), torch.rand(16)
-    an, bn = a.numpy(), b.numpy()
-    kernel = engine.compile("add", an, bn)
-    out = np.empty(16, np.float32)
+    a, b = torch.rand(16, device=DEVICE), torch.rand(16, device=DEVICE)
     floor = _empty_custom_op()
     paths = {
         "torch_op": lambda: ops.add(a, b),
         "custom_op_floor": lambda: floor(a, b),
         "engine_call": lambda: engine.add(a, b),
-        "kernel_unchecked": lambda: kernel(an, bn, out=out, unchecked=True),
         "torch_add": lambda: torch.add(a, b),
     }
+    if DEVICE == "cpu":
+        an, bn = a.numpy(), b.numpy()
+        kernel = engine.compile("add", an, bn)
+        out = np.empty(16, np.float32)
+        paths["kernel_unchecked"] = lambda: kernel(an, bn, out=out, unchecked=True)
 
     def best(fn: Callable[[], object]) -> float:
         fn()
@@ -317,11 +337,13 @@ def overhead() -> dict[str, float]:
             t0 = time.perf_counter()
             for _ in range(5000):
                 fn()
+            _sync()
             rounds.append((time.perf_counter() - t0) / 5000)
         return min(rounds) * 1e6
 
     us = {n: round(best(fn), 2) for n, fn in paths.items()}
-    us["torch_op_over_kernel"] = round(us["torch_op"] - us["kernel_unchecked"], 2)
+    if "kernel_unchecked" in us:
+        us["torch_op_over_kernel"] = round(us["torch_op"] - us["kernel_unchecked"], 2)
     return us
 
 
@@ -418,24 +440,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-train", action="store_true", help="skip the training runs")
     parser.add_argument("--train-only", action="store_true", help="only the training runs")
     parser.add_argument("--tag", help="appended to the result file's name")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    # FP32 against FP32: PyTorch's CUDA convolutions use TF32 unless told not to
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     chosen = [layer for layer in LAYERS if not args.only or layer.name in args.only.split(",")]
     chosen = [] if args.train_only else chosen
     rows = []
     for layer in chosen:
-        row = measure(layer)
+        row = measure(layer, compile=not args.no_compile)
         rows.append(row)
         print(
             f"{row['layer']:14} tcpy {row['tcpy_ms']:9.3f} ms  eager {row['eager_ms']:9.3f}  "
-            f"compile {row['compile_ms']:9.3f}  vs eager {row['ratio_vs_eager']:6.3f}x  "
-            f"vs compile {row['ratio_vs_compile']:6.3f}x  "
+            f"compile {row.get('compile_ms')}  vs eager {row['ratio_vs_eager']:6.3f}x  "
+            f"vs compile {row['ratio_vs_compile']}x  "
             f"work {row['backward_instances_over_forward']}x  "
             f"bytes {row['backward_bytes_over_least']}x",
             flush=True,
         )
     geo = _geomean([r["ratio_vs_eager"] for r in rows])
-    geo_c = _geomean([r["ratio_vs_compile"] for r in rows])
+    geo_c = _geomean([r["ratio_vs_compile"] for r in rows if r["ratio_vs_compile"]])
     print(f"geometric mean vs eager {geo}x, vs torch.compile {geo_c}x")
     over = {} if args.train_only else overhead()
     print("overhead (us):", over)
@@ -449,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": datetime.date.today().isoformat(),
         "cpu": _cpu_name(),
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "layers": rows,

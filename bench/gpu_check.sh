@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
-# with both driver layers, `bench/gpu.py` and `bench/gpu_variants.py`. Run from the
+# with both driver layers, `bench/gpu.py`, `bench/gpu_variants.py`, forward + backward
+# of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
+# the `cuda` target (beside the pycuda tests, which need no timing). Run from the
 # repository's root.
 #
 #   bench/gpu_check.sh [tests|bench|all] [extra pytest -k expression]
+#
+# A phase whose *_SECONDS is 0 is skipped.
 #
 # Wheels the machine lacks travel in .whl/ (islpy, lark, deap and their needs, and the
 # pycuda sdist, which is built there: PyPI has no pycuda wheel). Logs and results go to
@@ -19,6 +23,14 @@ root=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$root
+# NVRTC before 13.4 miscompiles some kernels, and tcpy then builds them unoptimised
+# (tcpy/runtime/nvrtc.py): a newer libnvrtc in .whl/nvrtc (xz-compressed, see
+# CONTRIBUTING.md) is loaded first, before the machine's own
+if ls .whl/nvrtc/libnvrtc.so.13.xz > /dev/null 2>&1; then
+    mkdir -p /tmp/nvrtc && for f in .whl/nvrtc/*.xz; do xz -dc "$f" > "/tmp/nvrtc/$(basename "$f" .xz)"; done
+    export LD_LIBRARY_PATH=/tmp/nvrtc:${LD_LIBRARY_PATH:-} LD_PRELOAD=/tmp/nvrtc/libnvrtc.so.13
+fi
+python3 -c "from tcpy.runtime import nvrtc; print('NVRTC', nvrtc.version(), nvrtc.identity())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv
 python3 -c "import sys, numpy, torch, cuda.bindings; print(sys.version, numpy.__version__,
@@ -43,7 +55,8 @@ run_tests() {  # $1: driver, $2: seconds
     local k="$1"
     [ -n "$filter" ] && k="$k and ($filter)"
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
-        --tb=short -rfE tests/test_gpu.py tests/test_empty.py > "$OUT/tests-$1.log" 2>&1
+        --tb=short -rfE tests/test_gpu.py tests/test_empty.py tests/test_torch_ops.py \
+        > "$OUT/tests-$1.log" 2>&1
     echo "tests $1: rc=$?"; tail -n 3 "$OUT/tests-$1.log"
 }
 
@@ -54,15 +67,32 @@ if [ "$what" != tests ]; then
     timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" ${BENCH_ARGS:-} \
         > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
-    timeout "${VARIANT_SECONDS:-90}" python3 bench/gpu_variants.py --out "$OUT" \
-        > "$OUT/variants.log" 2>&1
-    echo "variants: rc=$?"; tail -n 1 "$OUT/variants.log"
+    if [ "${VARIANT_SECONDS:-90}" != 0 ]; then
+        timeout "${VARIANT_SECONDS:-90}" python3 bench/gpu_variants.py --out "$OUT" \
+            > "$OUT/variants.log" 2>&1
+        echo "variants: rc=$?"; tail -n 1 "$OUT/variants.log"
+    fi
+    if [ "${AUTODIFF_SECONDS:-90}" != 0 ]; then
+        timeout "${AUTODIFF_SECONDS:-90}" python3 bench/autodiff.py --device cuda --no-train \
+            --no-compile --tag cuda --out "$OUT" > "$OUT/autodiff.log" 2>&1
+        echo "autodiff: rc=$?"; tail -n 3 "$OUT/autodiff.log"
+    fi
 fi
+fuzz() {  # $1: log name, then the fuzzer's arguments; every case a fresh process
+    timeout "${FUZZ_SECONDS:-150}" python3 -m tools.fuzz --target cuda "${@:2}" \
+        --run-timeout 30 --shrink-seconds 0 --out "$OUT/fuzz-$1" > "$OUT/fuzz-$1.log" 2>&1
+    echo "fuzz $1: rc=$?"; tail -n 1 "$OUT/fuzz-$1.log"
+}
 if [ "$what" != bench ]; then
+    if [ "${FUZZ_SECONDS:-150}" != 0 ]; then
+        fuzz gradient --gradient --n "${FUZZ_N:-600}" --seed 9501 --jobs 6 &
+        fuzz differential --n "${FUZZ_N:-600}" --seed 9601 --jobs 4 &
+    fi
     wait "$builder" 2>/dev/null
     tail -n 3 "$OUT/pycuda-build.log" 2>/dev/null
     if python3 -c "import sys; sys.path.insert(0, '/tmp/pycuda'); import pycuda.driver"; then
         [ -d "$root/.whl/pycuda-built" ] || (cd /tmp && tar czf "$OUT/pycuda-built.tgz" pycuda)
         PYTHONPATH=/tmp/pycuda:$PYTHONPATH run_tests pycuda "${TEST_SECONDS:-180}"
     fi
+    wait
 fi

@@ -18,7 +18,7 @@ import islpy as isl
 
 from tcpy import knobs, log
 from tcpy.codegen.ast_build import Ast, build_ast
-from tcpy.codegen.c import print_c
+from tcpy.codegen.c import compares_floats, print_c
 from tcpy.codegen.cuda import print_cuda
 from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
@@ -132,6 +132,9 @@ class LoweredCuda:
     source: str
     fallbacks: tuple[str, ...] = ()
     clock_forced: bool = False
+    # compiled without contracting `a * b + c` into a fused multiply-add: the def
+    # compares floats for equality (`codegen.c.compares_floats`), as the C target does
+    exact: bool = False
 
 
 def lower_to_cuda(
@@ -182,8 +185,9 @@ def _lower_to_cuda(
     with log.stage("print"):
         source = print_cuda(scop, mapping, list(asts), options, fixed, count_loops)
     return LoweredCuda(
-        cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced
-    )
+        cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced,
+        exact=compares_floats(cdef),
+    )  # fmt: skip
 
 
 def _analyse(

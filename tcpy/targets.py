@@ -371,7 +371,7 @@ class Cuda(Target):
             lowered = lower_to_cuda(cdef, binding.sizes, options, device=profile)
             (directory / "kernel.cu").write_text(lowered.source)
             with log.stage("nvrtc"):
-                cubin = nvrtc.compile_cubin(lowered.source, arch)
+                cubin = nvrtc.compile_cubin(lowered.source, arch, exact=lowered.exact)
             (directory / "kernel.cubin").write_bytes(cubin)
             _write_launches(directory, lowered.mapping)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)

@@ -39,6 +39,9 @@ class HostMemoryDriver:
         self.frees += 1
         del self.memory[pointer]
 
+    def bind_thread(self) -> None:
+        self.bound = getattr(self, "bound", 0) + 1
+
     def to_device(self, pointer: int, array: np.ndarray, stream: int) -> None:
         self.streams.append(("to_device", stream))
         self.memory[pointer][: array.nbytes] = np.ascontiguousarray(array).tobytes()

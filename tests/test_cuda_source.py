@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+import tcpy
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import DeviceProfile, named
 from tcpy.mapping.options import MappingOptions
@@ -325,3 +326,50 @@ def test_vector_copies_are_128_bit_loads_in_the_ptx() -> None:
         options = MappingOptions.cuda().replace(vectorize=vectorize)
         ptx = nvrtc.compile_ptx(_lower(source, entry, MATMUL_1024, options).source, "compute_90")
         assert (".v4.f32" in ptx) is vectorize
+
+
+@needs_nvrtc
+def test_a_def_comparing_floats_is_compiled_without_contracted_multiply_adds() -> None:
+    """A max backward compares each candidate with the maximum another kernel computed:
+    both must round `a * b + c` the same way, so nothing is fused where a def compares
+    floats for equality (NVRTC's --fmad=false), as on the C target; other defs keep
+    their FMAs."""
+    source = """
+def f(float(N) A, float(N) B, float(N) C) -> (Y, E) {
+    Y(i) = A(i) * B(i) + C(i)
+    E(i) = A(i) * B(i) + C(i) == Y(0) ? 1.0 : 0.0
+}
+def g(float(N) A, float(N) B, float(N) C) -> (Y) {
+    Y(i) = A(i) * B(i) + C(i)
+}
+"""
+    fmas = {}
+    for entry in ("f", "g"):
+        lowered = _lower(source, entry, {"N": 64}, MappingOptions.cuda())
+        ptx = nvrtc.compile_ptx(lowered.source, "compute_90", exact=lowered.exact)
+        fmas[entry] = (lowered.exact, ptx.count("fma.rn.f32"), ptx.count("mul.rn.f32"))
+    assert fmas["f"][0] and fmas["f"][1] == 0 and fmas["f"][2] >= 1
+    assert not fmas["g"][0] and fmas["g"][1] >= 1
+
+
+def test_an_nvrtc_that_miscompiles_builds_unoptimised_cubins() -> None:
+    """NVRTC before 13.4 drops a negation in ptxas (three GPU pairs wrong on NVRTC
+    13.0); its cubins are built with ptxas at -O0, which ran them right, and the
+    options of the cache key say so."""
+    assert nvrtc.flags((13, 0), exact=False) == (*nvrtc.OPTIONS, "-Xptxas=-O0")
+    assert nvrtc.flags((12, 9), exact=True) == (*nvrtc.OPTIONS, "--fmad=false", "-Xptxas=-O0")
+    assert nvrtc.flags((13, 4), exact=False) == nvrtc.OPTIONS
+    assert nvrtc.flags((13, 5), exact=True) == (*nvrtc.OPTIONS, "--fmad=false")
+
+
+@needs_nvrtc
+def test_an_old_nvrtc_is_named_in_a_warning_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    nvrtc._warn_unsound.cache_clear()
+    source = 'extern "C" __global__ void k(float *a) { a[threadIdx.x] *= 2.0f; }'
+    with pytest.warns(tcpy.TCWarning, match=r"NVRTC 13\.0 miscompiles .* pip install -U"):
+        assert nvrtc.compile_cubin(source, "sm_90")[:4] == b"\x7fELF"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nvrtc.compile_cubin(source, "sm_90")  # said once
+    nvrtc._warn_unsound.cache_clear()

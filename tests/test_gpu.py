@@ -4,6 +4,8 @@ Marked `gpu`: skipped cleanly on machines without one."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 
 import tcpy
 from tcpy.binding import bind
+from tcpy.fuzz_tasks import GRADIENT, check_against_reference, check_gradient
 from tcpy.runtime import cuda as runtime
 
 from corpus_cases import CASES, Case
@@ -196,3 +199,17 @@ def test_a_call_on_a_cupy_stream_runs_between_its_producer_and_its_consumer(
     side.synchronize()
     engine.synchronize()
     np.testing.assert_allclose(cupy.asnumpy(z), (cupy.asnumpy(a) * 2 + 1) * 3, rtol=1e-5)
+
+
+FINDINGS = json.loads((Path(__file__).parent / "corpus" / "gpu_findings.json").read_text())
+
+
+@pytest.mark.parametrize("pair", FINDINGS, ids=lambda p: str(p["found"]))
+def test_the_fuzzers_gpu_findings(pair: dict[str, Any], driver: str) -> None:
+    """Pairs the fuzzers found wrong on an H100 and right on `cuda-emu`: a max backward
+    whose candidates and maximum were rounded differently (FMA contraction, now off
+    where a def compares floats), and three kernels NVRTC 13.0's ptxas miscompiled
+    (now built unoptimised with an NVRTC before 13.4)."""
+    check = check_gradient if pair["inputs"] == GRADIENT else check_against_reference
+    args = (pair["source"], pair["entry"], pair["sizes"], pair["input_seed"], pair["options"])
+    check(*args, "cuda")

@@ -6,6 +6,7 @@ synchronisation per call, zero-fill only where the def needs it, the status word
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -394,3 +395,19 @@ def test_a_block_beyond_the_idle_limit_is_freed_after_its_stream() -> None:
     memory = cuda.DevicePool(drv, idle_limit=0)  # type: ignore[arg-type]
     memory.release(memory.acquire(100, STREAM_A), STREAM_A)
     assert drv.streams == [("synchronize", STREAM_A)] and drv.frees == 1
+
+
+def test_the_drivers_context_is_made_current_once_in_each_thread_that_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PyTorch's autograd runs a CUDA backward on a thread of its own, where no
+    # context is current until one is made so
+    driver = HostMemoryDriver()
+    monkeypatch.setattr(cuda, "_driver", lambda choice: driver)
+    monkeypatch.setattr(cuda, "_thread", threading.local())
+    assert cuda.driver() is driver and cuda.driver() is driver
+    assert driver.bound == 1
+    other = threading.Thread(target=lambda: [cuda.driver(), cuda.driver()])
+    other.start()
+    other.join()
+    assert driver.bound == 2

@@ -255,3 +255,9 @@ def test_cuda_tensors_run_on_the_gpu() -> None:
     torch.testing.assert_close(
         a.grad, torch.ones(64, 16, device="cuda") @ b.t(), rtol=1e-4, atol=1e-4
     )
+    # the backward is the first CUDA work of autograd's device thread: tcpy's context
+    # must be made current there
+    seed = torch.randn(64, 16, device="cuda")
+    da, db = torch.autograd.grad(ops.mm(a, b), (a, b), seed)
+    torch.testing.assert_close(da, seed @ b.t(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(db, a.t() @ seed, rtol=1e-4, atol=1e-4)

@@ -26,6 +26,10 @@ Asynchronous calls (`defer`) leave their status word pending on their stream; `s
 synchronises each stream with a pending word, reads the words and raises the first
 failure.
 
+Threads. The driver's context is current in the thread that made the driver;
+`driver()` makes it current in any other thread that asks for it (PyTorch's autograd
+runs a CUDA backward on a thread of its own), once per thread.
+
 Device memory a call borrows comes from `pool(drv)` (`tcpy.runtime.pool`), which hands a
 block still in use by queued work only to work on the same stream.
 """
@@ -61,6 +65,10 @@ class Driver(Protocol):
     def device_name(self) -> str: ...
     def arch(self) -> str: ...
     def attribute(self, name: str) -> int: ...
+    def bind_thread(self) -> None:
+        """Make the driver's context current in the calling thread."""
+        ...
+
     def load(self, cubin: bytes, functions: Sequence[str]) -> list[Any]: ...
     def alloc(self, nbytes: int) -> int: ...
     def free(self, pointer: int) -> None: ...
@@ -115,10 +123,18 @@ def has_gpu() -> bool:
     return True
 
 
+_thread = threading.local()
+
+
 def driver() -> Driver:
     """The driver `TCPY_CUDA_DRIVER` names, else pycuda if it is installed, else
-    cuda.bindings'; a TCLaunchError when none can reach a GPU."""
-    return _driver(knobs.cuda_driver())
+    cuda.bindings'; a TCLaunchError when none can reach a GPU. Its context is current
+    in the calling thread."""
+    drv = _driver(knobs.cuda_driver())
+    if getattr(_thread, "bound", None) is not drv:
+        drv.bind_thread()
+        _thread.bound = drv
+    return drv
 
 
 @functools.cache
@@ -163,6 +179,11 @@ class _PyCuda:
 
     def device_name(self) -> str:
         return str(self.device.name())
+
+    def bind_thread(self) -> None:
+        current = self.cuda.Context.get_current()
+        if current is None or current.handle != self.context.handle:
+            self.context.push()  # left on this thread's stack, as in the first thread
 
     def arch(self) -> str:
         major, minor = self.device.compute_capability()
@@ -239,6 +260,11 @@ class _Bindings:
         if int(err) != 0:
             raise TCLaunchError(f"{what} failed: {err}")
         return rest[0] if len(rest) == 1 else rest
+
+    def bind_thread(self) -> None:
+        current = self._check(self.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(current) != int(self.context):
+            self._check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def device_name(self) -> str:
         name = self._check(self.cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
