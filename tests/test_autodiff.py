@@ -258,3 +258,43 @@ def test_the_documented_example_prints_what_the_document_shows(
     shown = doc.split("```text\n")[1].split("```")[0]
     exec(compile(code, "autodiff.md", "exec"), {})
     assert capsys.readouterr().out == shown + "\n"
+
+
+PADDED = [
+    # a convolution's input gradient: one factor reads at the solved indices
+    ("def f(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {"
+     " O(n, f, h, w) +=! I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw) }",
+     [(2, 3, 7, 6), (4, 3, 3, 2)], "d_O_padded"),
+    # a one-dimensional one, with the window's own gradient beside it
+    ("def f(double(N) X, double(K) W) -> (O) { O(h) +=! X(h + k) * W(k) }",
+     [(9,), (3,)], "d_O_padded"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("source", "shapes", "padded"), PADDED)
+def test_a_window_gradient_reads_a_padded_copy_and_sums_without_a_condition(
+    source: str, shapes: list[tuple[int, ...]], padded: str
+) -> None:
+    """The sum of the input's gradient has no `?:` (which compilers neither vectorise
+    nor bound): the gradient it reads is a copy padded with zeros, whose own statement
+    alone has the condition. Checked against finite differences and compiled."""
+    rng = np.random.default_rng(3)
+    inputs = [rng.uniform(-1, 1, s) for s in shapes]
+    bw = gradients.check(source, "f", inputs)
+    lines = [line.strip() for line in bw.text.splitlines()]
+    pad = next(line for line in lines if line.startswith(f"{padded}("))
+    assert "?" in pad
+    summed = next(line for line in lines if line.startswith(("d_I(", "d_X(")))
+    assert "?" not in summed and f"{padded}(" in summed
+    gradients.compiled_matches(bw, "cpu")
+
+
+def test_two_factors_at_the_solved_indices_keep_the_condition() -> None:
+    source = (
+        "def f(double(N) X, double(K) W, double(M) Y) -> (O) { O(h) +=! X(h + k) * W(k) * Y(h) }"
+    )
+    rng = np.random.default_rng(4)
+    inputs = [rng.uniform(-1, 1, 9), rng.uniform(-1, 1, 3), rng.uniform(-1, 1, 7)]
+    bw = gradients.check(source, "f", inputs, wrt=["X"])
+    assert "padded" not in bw.text
+    assert "? d_O(y - k) * Y(y - k) * W(k) : 0" in bw.text, bw.text

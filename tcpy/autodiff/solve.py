@@ -39,6 +39,7 @@ class Solved:
     free: tuple[IndexRange, ...]
     guard: ast.Expr | None
     unsolved: bool = False  # the guard holds an equality or a stride's divisibility
+    bounded: tuple[str, ...] = ()  # the forward indices the guard keeps in their ranges
 
 
 def solve(
@@ -79,6 +80,7 @@ def solve(
             divided[unknown] = b.binary(ast.BinaryOp.DIV, numerator, b.num(c, span))
     exprs = _resolved(values, divided, span)
     guard = None
+    bounded = []
     for var in [*values, *divided]:
         at = dims.index(var) if var in dims else None
         r = st.range_of(var)
@@ -86,12 +88,28 @@ def solve(
         whole = at is not None and form == _var(var) and r.lo == Sym.of(0) and r.hi == shape[at]
         if not whole:
             guard = b.both(guard, _within(exprs[var], r))
+            bounded.append(var)
     # the equalities last: a gathered subscript's read is then made only where every
     # solved index is in its range (`&&` stops before it)
     for e in conditions:  # in the indices left over, where some were solved since
         guard = b.both(guard, b.simplified(b.substitute(e, exprs)))
     free = tuple(r for r in st.ranges if r.var not in exprs)
-    return Solved(tuple(dims), exprs, free, guard, bool(conditions))
+    return Solved(tuple(dims), exprs, free, guard, bool(conditions), tuple(bounded))
+
+
+def span_of(value: ast.Expr, ranges: Iterable[IndexRange]) -> tuple[Sym, Sym] | None:
+    """The values an affine `value` takes over `ranges` (of every index it uses), as
+    `lo:hi` (hi exclusive); None where it is not affine."""
+    form = linear_form(value)
+    if form is None:
+        return None
+    by_var = {r.var: r for r in ranges}
+    lo = hi = form.rest
+    for v, c in form.coeffs:
+        r = by_var[v]
+        first, last = r.lo * c, (r.hi - 1) * c
+        lo, hi = (lo + first, hi + last) if c > 0 else (lo + last, hi + first)
+    return lo, hi + 1
 
 
 def _resolved(
