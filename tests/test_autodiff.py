@@ -298,3 +298,18 @@ def test_two_factors_at_the_solved_indices_keep_the_condition() -> None:
     bw = gradients.check(source, "f", inputs, wrt=["X"])
     assert "padded" not in bw.text
     assert "? d_O(y - k) * Y(y - k) * W(k) : 0" in bw.text, bw.text
+
+
+def test_ties_compare_with_the_maximum_the_backward_recomputes_anyway() -> None:
+    """A temporary maximum (softmax's `mx`) is recomputed by the backward, by the same
+    statement: its ties compare with it, not with a second copy. A maximum that is an
+    output comes from the forward's kernel and is recomputed beside the comparisons."""
+    softmax = (
+        "def f(double(N, D) X) -> (Y) { mx(n) max=! X(n, d)\n"
+        " e(n, d) = exp(X(n, d) - mx(n))\n s(n) +=! e(n, d)\n Y(n, d) = e(n, d) / s(n) }"
+    )
+    rng = np.random.default_rng(5)
+    bw = gradients.check(softmax, "f", [rng.uniform(-1, 1, (3, 5))])
+    assert "mx_max" not in bw.text and "X(n, d) == mx(n) ?" in bw.text
+    pooled = "def f(double(N, D) X) -> (O) { O(n) max=! X(n, d) }"
+    assert "O_max(n) max=! X(n, d)" in tcpy.gradient(pooled, "f")

@@ -407,8 +407,12 @@ class _Backward:
         self, st: CheckedStatement, f: ast.Expr, w: Version, old: ast.Expr | None
     ) -> ast.Access:
         """The result of the extremum `st` (of right-hand side `f`, into `old` without
-        `!`), recomputed by the backward into a temporary of its own."""
+        `!`), recomputed by the backward into a temporary of its own; the version `w`
+        itself where the backward recomputes it anyway, by the same statement (a
+        temporary, not a final output), and stores `f` unconverted."""
         here = tuple(ast.Index(i, st.span) for i in st.indices)
+        if old is None and not self.versions.is_final_output(w) and self._same_type(st, f):
+            return ast.Access(w.name, here, st.span)
         name = fresh(
             f"{w.tensor}_{'max' if st.op.reduction is Reduction.MAX else 'min'}", self.taken
         )
