@@ -313,3 +313,25 @@ def test_ties_compare_with_the_maximum_the_backward_recomputes_anyway() -> None:
     assert "mx_max" not in bw.text and "X(n, d) == mx(n) ?" in bw.text
     pooled = "def f(double(N, D) X) -> (O) { O(n) max=! X(n, d) }"
     assert "O_max(n) max=! X(n, d)" in tcpy.gradient(pooled, "f")
+
+
+def test_a_value_read_twice_has_its_adjoint_computed_once() -> None:
+    """`(X - m) * (X - m)` reads `X` and `m` twice with the same adjoint: the backward
+    doubles it (exact) rather than computing it twice."""
+    source = (
+        "def f(double(N, D) X) -> (V) { m(n) +=! X(n, d) / D\n"
+        " V(n) +=! (X(n, d) - m(n)) * (X(n, d) - m(n)) }"
+    )
+    rng = np.random.default_rng(6)
+    bw = gradients.check(source, "f", [rng.uniform(-1, 1, (3, 4))])
+    assert "d_X(n, d) = 2 * (" in bw.text and "-(2 * (" in bw.text, bw.text
+
+
+def test_a_condition_on_an_index_no_factor_reads_is_kept() -> None:
+    """`X(h, 3*h + i)` solves `i = y - 3*h`, which must stay in `0:2`: no factor of the
+    adjoint reads at `i`, so no padding can stand for that condition (the gradient
+    fuzzer's cpu pair 9331028000 lost it)."""
+    source = "def f(double(H, P) X) -> (O) { O(h) +=! X(h, 3*h + i) where i in 0:2 }"
+    rng = np.random.default_rng(7)
+    bw = gradients.check(source, "f", [rng.uniform(-1, 1, (4, 9))])
+    assert "padded" not in bw.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from tcpy.autodiff.text import expr
 from tcpy.errors import Span
 from tcpy.parser import ast
 from tcpy.parser.linear import Linear, linear_form
@@ -43,6 +44,8 @@ def add(a: ast.Expr, b: ast.Expr) -> ast.Expr:
         return select(a.cond, add(a.then, b.then), add(a.orelse, b.orelse))
     if isinstance(b, ast.Unary) and b.op is ast.UnaryOp.NEG:
         return sub(a, b.operand)
+    if expr(a) == expr(b):  # a read twice, as `(X - m) * (X - m)`: its two adjoints, once
+        return mul(num(2, a.span), a)
     return ast.Binary(B.ADD, a, b, a.span)
 
 
@@ -51,6 +54,8 @@ def sub(a: ast.Expr, b: ast.Expr) -> ast.Expr:
         return a
     if is_zero(a):
         return neg(b)
+    if isinstance(a, ast.Unary) and a.op is ast.UnaryOp.NEG and expr(a.operand) == expr(b):
+        return neg(mul(num(2, b.span), b))  # `-x - x`; doubling is exact
     return ast.Binary(B.SUB, a, b, a.span)
 
 

@@ -253,6 +253,8 @@ class _Backward:
         names = [a.name if isinstance(a, ast.Index) else None for a in read.args]
         if None in names or len(set(names)) != len(names) or read.tensor not in self.types:
             return None
+        if not bounded <= set(names):  # a condition on an index no read carries stays
+            return None
         ranges = [IndexRange(d, Sym.of(0), e) for d, e in zip(solved.dims, shape, strict=True)]
         ranges += solved.free
         dims = self._dims(len(names))
