@@ -19,7 +19,7 @@ import islpy as isl
 from tcpy import knobs, log
 from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import compares_floats, print_c
-from tcpy.codegen.cuda import print_cuda
+from tcpy.codegen.cuda import SharedCopyInDivergentLoop, print_cuda
 from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
@@ -148,9 +148,20 @@ def lower_to_cuda(
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
     source past `SOURCE_LIMIT` is lowered again with `plain` options."""
-    return _within_limit(
-        lambda o: _lower_to_cuda(cdef, sizes, o, check, device, count_loops), options
-    )
+
+    def lower(o: MappingOptions) -> LoweredCuda:
+        return _within_limit(
+            lambda p: _lower_to_cuda(cdef, sizes, p, check, device, count_loops), o
+        )
+
+    try:
+        return lower(options)
+    except SharedCopyInDivergentLoop:
+        # a shared copy under a loop whose bounds differ between threads: no barrier
+        # there can be reached by all, so the def runs from global memory
+        lowered = lower(dataclasses.replace(options, use_shared_memory=False))
+        note = "a shared-memory copy fell under a loop whose bounds differ between threads"
+        return dataclasses.replace(lowered, fallbacks=(note, *lowered.fallbacks))
 
 
 def _lower_to_cuda(

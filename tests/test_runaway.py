@@ -479,3 +479,58 @@ def test_a_register_block_asked_for_is_held_to_a_budget() -> None:
     blocks = [re.findall(r"\[(\d+)\]", b) for b in re.findall(r"tc_reg((?:\[\d+\])+);", source)]
     assert blocks and all(math.prod(int(n) for n in b) <= MAX_BLOCK for b in blocks), blocks
     check_against_reference(HEAVY_BLOCK, "f", sizes, 3501013608, options, "cpu")
+
+
+SHARED_UNDER_DIVERGENT_LOOP = """
+def f(float(while, while) A, float(threadIdx, 3) U, float(while, threadIdx, threadIdx) LUT, int32(while) V) -> (HUGE_VALF, tmp, O, case) {
+    HUGE_VALF(not, short) = U(short, V(not))
+    HUGE_VALF(h, kw) max= min(max(((-2.0) * A(h, m)), (-9.0)), 9.0)
+    tmp(r) +=! trunc(HUGE_VALF(w, 2)) where r in 0:while-1
+    O(b, fminf, floord) *=! min(max(floord, (-2)), 2) where b in 0:while-1, fminf in 0:while-1, floord in 0:while
+    case(k) *=! min(max(O(d, d, const), (-1)), 1) where k in 0:threadIdx-1
+}
+"""  # noqa: E501 (the pair as the fuzzer drew it)
+
+
+def test_a_shared_copy_under_a_loop_the_threads_bound_differently_falls_back() -> None:
+    """A shared-memory copy whose barriers fell under a loop with bounds that differ
+    between threads (cuda-emu campaign pair 5201017316: an internal error): the def
+    is mapped again without shared memory, said among the fallbacks, and runs right."""
+    from tcpy.fuzz_tasks import check_against_reference
+    from tcpy.parser import check_source
+    from tcpy.pipeline import lower_to_cuda
+
+    options = {
+        "outer_schedule_fusion": "Max",
+        "intra_tile_schedule_fusion": "Max",
+        "allow_skewing": False,
+        "positive_orthant": False,
+        "fix_parameters_before_scheduling": False,
+        "tile": [4, 3, 2],
+        "unroll": 64,
+        "interchange": [],
+        "register_tile": [0],
+        "pack_operands": False,
+        "map_to_blocks": [64, 64],
+        "map_to_threads": [8, 64, 2],
+        "reduce_across_threads": True,
+        "split_reductions": False,
+        "use_shared_memory": True,
+        "use_private_memory": True,
+        "unroll_copy_shared": False,
+        "max_shared_memory": 0,
+        "use_readonly_cache": True,
+        "shared_depth": 1,
+        "private_depth": 1,
+        "parallel": True,
+        "vectorize": True,
+        "threads": 1,
+    }
+    sizes = {"while": 4, "threadIdx": 4}
+    check_against_reference(
+        SHARED_UNDER_DIVERGENT_LOOP, "f", sizes, 5201017316, options, "cuda-emu"
+    )
+    cdef = check_source(SHARED_UNDER_DIVERGENT_LOOP)["f"]
+    lowered = lower_to_cuda(cdef, sizes, MappingOptions.from_dict(options))
+    assert not lowered.options.use_shared_memory
+    assert any("shared-memory copy" in f for f in lowered.fallbacks)

@@ -152,7 +152,9 @@ class CudaPrinter(ThreadPrinter):
         loop = self.loop_header(node)
         header = loop.text
         if self.sunk and _has_shared_mark(node) and "threadIdx" in header:
-            raise InternalError("a loop whose bounds depend on the thread around a shared copy")
+            raise SharedCopyInDivergentLoop(
+                "a loop whose bounds depend on the thread around a shared copy"
+            )
         self.divergent += "threadIdx.x" in header
         tile = next((m for m in reversed(marks) if isinstance(m, ThreadRegisters)), None)
         jam = find_thread_tile(self, node, tile.outputs) if tile is not None else None
@@ -464,6 +466,12 @@ _VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
 
 def kernel_name(kernel: MappedKernel) -> str:
     return f"tc_kernel_{kernel.index}"
+
+
+class SharedCopyInDivergentLoop(InternalError):
+    """A shared-memory copy (and its barriers) under a loop whose bounds differ from
+    thread to thread: a barrier some threads would not reach. The lowering maps the
+    def again without shared memory (`tcpy.pipeline.lower_to_cuda`)."""
 
 
 def kernel_parameters(scop: Scop, narrow: bool = False) -> list[str]:
