@@ -122,9 +122,10 @@ def _compiled(nvrtc: Any, source: str, arch: str, name: str, exact: bool = False
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     if int(err) != 0:
         raise TCCompileError(f"NVRTC could not create a program: {err}")
-    if version() < SOUND_FROM:
+    at = version()
+    if at < SOUND_FROM:
         _warn_unsound()
-    chosen = flags(version(), exact)
+    chosen = flags(at, exact)
     options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in chosen)]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     if int(err) != 0:
