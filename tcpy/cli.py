@@ -2,7 +2,7 @@
 
 tcpy check FILE.tc
 tcpy compile FILE.tc [--entry NAME] [--sizes M=64] [--target T] [--emit c|cuda|schedule|ast]
-tcpy grad FILE.tc [--entry NAME] [--wrt X,Y]
+tcpy grad FILE.tc [--entry NAME] [--wrt X,Y] [--save auto|all|none|NAME,...]
 tcpy run FILE.tc [--entry NAME] [--sizes M=64,N=32] [--target T] [--repeat N] [--check]
 tcpy tune FILE.tc [--entry NAME] [--sizes M=512,N=512] [--generations G] [--population P]
                   [--workers W] [--seed S] [--plot OUT.png] [--save BEST.json]
@@ -35,6 +35,7 @@ EXAMPLES = {
     "grad": [
         "tcpy grad examples/matmul.tc",
         "tcpy grad examples/matmul.tc --wrt A > matmul_grad.tc",
+        "tcpy grad examples/layernorm.tc --save auto",
     ],
     "run": [
         "tcpy run examples/matmul.tc --sizes M=256,N=256,K=256 --repeat 20 --check",
@@ -126,6 +127,10 @@ def parser() -> argparse.ArgumentParser:
     grad.add_argument("--entry", help="the def to differentiate (default: the only one)")
     grad.add_argument("--wrt", type=_names, metavar="NAME,...",
                       help="the inputs to differentiate (default: every float input)")  # fmt: skip
+    grad.add_argument("--save", type=_save, metavar="auto|all|none|NAME,...",
+                      help="the forward's values the backward takes rather than recompute "
+                      "(auto: those computed by a reduction; all: every one); prints the "
+                      "forward that returns them first (default none)")  # fmt: skip
 
     run = _command(sub, "run", "run a def on random inputs: shapes, checksums, times")
     _def_arguments(run, "run", "M=64,N=32")
@@ -185,6 +190,11 @@ def _sizes(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(f"{name} is given twice")
         sizes[name] = int(value)
     return sizes
+
+
+def _save(text: str) -> str | list[str]:
+    """`--save`: auto, all, none, or names."""
+    return text if text in ("auto", "all", "none") else _names(text)
 
 
 def _names(text: str) -> list[str]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tcpy import targets
-from tcpy.autodiff import gradient
+from tcpy.autodiff import derive
 from tcpy.engine import ExecutionEngine
 from tcpy.errors import TCCompileError, TCError, TCMappingError, TCWarning, located
 from tcpy.inputs import random_inputs, resolve_sizes
@@ -313,10 +313,14 @@ def _entry(names: tuple[str, ...], entry: str | None, filename: str) -> str:
 
 
 def grad(source: str, filename: str, args: argparse.Namespace) -> int:
-    """Print the backward of a def (`tcpy.autodiff.gradient`)."""
+    """Print the backward of a def (`tcpy.autodiff.gradient`), after the forward that
+    saves values for it where `--save` saves any."""
     names = tuple(check_source(source, filename))
     entry = _entry(names, args.entry, filename)
-    print(gradient(source, entry, args.wrt, filename), end="")
+    derived = derive(source, entry, args.wrt, filename, args.save)
+    if derived.forward is not None:
+        print(derived.forward)
+    print(derived.backward, end="")
     return 0
 
 

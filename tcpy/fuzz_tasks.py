@@ -179,7 +179,9 @@ def check_gradient(
     target: str,
 ) -> dict[str, float]:
     """Differentiate `entry` of `source` (retyped to float64): its backward
-    (`tcpy.gradient`) compiled for `target` with `options` must give the `reference`
+    (`tcpy.gradient`; with an odd `input_seed`, the one that takes the values
+    `save="auto"` or `"all"` saves, from the forward that saves them compiled for
+    `target` too) compiled for `target` with `options` must give the `reference`
     target's gradients (relative 1e-9, and absolute 1e-12 times the sum of the output
     gradients' magnitudes: terms that cancel, added in another order, leave a residue
     that grows with their number), and those must match central differences of the
@@ -191,7 +193,7 @@ def check_gradient(
     import warnings
 
     import tcpy
-    from tcpy.autodiff import gradient
+    from tcpy.autodiff import derive
     from tcpy.parser.parse import retyped
     from tcpy.types import ScalarType
 
@@ -202,17 +204,23 @@ def check_gradient(
         try:
             ref.define(source)
             cdef = ref.checked(entry)
-            text = gradient(source, entry)
+            derived = derive(source, entry, save=(None, "auto", None, "all")[input_seed % 4])
+            text = derived.backward
             ref.define(text)
+            if derived.forward is not None:
+                ref.define(derived.forward)
         except TCError as e:
             raise InvalidCase(f"no gradient to check: {type(e).__name__}: {e}") from e
         args = _smooth_inputs(cdef, sizes, input_seed)
-        seeds, bargs = _backward_args(ref, cdef, text, args, input_seed)
+        seeds, bargs = _backward_args(ref, cdef, derived, args, input_seed)
         want = _tuple(ref.run(f"{entry}_grad", *bargs))
         if not all(np.all(np.isfinite(w)) for w in want):
             raise InvalidCase("the gradient is not finite at these inputs")
         engine = tcpy.ExecutionEngine(target)
         engine.define(text)
+        if derived.forward is not None:  # the saved values as the target computes them
+            engine.define(derived.forward)
+            _, bargs = _backward_args(engine, cdef, derived, args, input_seed)
         opts = tcpy.MappingOptions.from_dict(dict(options)) if options is not None else None
         start = time.perf_counter()
         kernel = engine.compile(f"{entry}_grad", *bargs, options=opts)
@@ -244,23 +252,26 @@ def _smooth_inputs(cdef: Any, sizes: Mapping[str, int], seed: int) -> list[np.nd
 
 
 def _backward_args(
-    ref: Any, cdef: Any, text: str, args: list[np.ndarray], seed: int
+    engine: Any, cdef: Any, derived: Any, args: list[np.ndarray], seed: int
 ) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-    """The gradients given for the float outputs, and the backward's arguments."""
+    """The gradients given for the float outputs, and the backward's arguments (the
+    forward's outputs and saved values as `engine` computes them)."""
     from tcpy.parser import check_source
 
-    outs = dict(zip((t.name for t in cdef.outputs), _tuple(ref.run(cdef.name, *args)), strict=True))
+    run = cdef.name if derived.forward is None else f"{cdef.name}_saving"
+    names = [t.name for t in cdef.outputs] + list(derived.saved)
+    outs = dict(zip(names, _tuple(engine.run(run, *args)), strict=True))
     if not all(np.all(np.isfinite(o)) for o in outs.values() if o.dtype.kind == "f"):
         raise InvalidCase("the forward is not finite at these inputs")
     rng = np.random.default_rng(seed + 2)
     seeds = {
-        n: rng.uniform(-1, 1, o.shape).astype(o.dtype)
-        for n, o in outs.items()
-        if o.dtype.kind == "f"
+        t.name: rng.uniform(-1, 1, outs[t.name].shape).astype(outs[t.name].dtype)
+        for t in cdef.outputs
+        if outs[t.name].dtype.kind == "f"
     }
     given = dict(zip((t.name for t in cdef.inputs), args, strict=True))
     bargs = []
-    for p in check_source(text)[f"{cdef.name}_grad"].inputs:
+    for p in check_source(derived.backward)[f"{cdef.name}_grad"].inputs:
         value = given.get(p.name, outs.get(p.name))
         bargs.append(value if value is not None else seeds[p.name.removeprefix("d_")])
     return seeds, bargs

@@ -286,6 +286,25 @@ class Prepared:
         scratch = self.kernel._temporaries(self.temporaries, poison=False)
         self.kernel.run(self.sizes, [*inputs, *outputs, *scratch])
 
+    def by_address(self) -> Callable[[Sequence[int]], None] | None:
+        """This call taking the addresses of the inputs and outputs (contiguous, of
+        the checked shapes and types), for a kernel that can be called so (a C
+        kernel's, `CpuKernel.at`); None for others."""
+        at = getattr(self.kernel.run, "at", None)
+        if at is None:
+            return None
+        count = len(self.kernel.cdef.inputs) + len(self.shapes) + len(self.temporaries)
+        call: Callable[[Sequence[int]], None] = at(self.sizes, count)
+        if not self.temporaries:
+            return call
+        kernel, shapes = self.kernel, self.temporaries
+
+        def with_scratch(addresses: Sequence[int]) -> None:
+            scratch = kernel._temporaries(shapes, poison=False)
+            call([*addresses, *(b.ctypes.data for b in scratch)])
+
+        return with_scratch
+
 
 def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A buffer of all-ones bytes: NaN for floats, -1 for integers."""

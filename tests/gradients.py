@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import tcpy
-from tcpy.autodiff import gradient
+from tcpy.autodiff.derive import Save, derive
 from tcpy.parser import check_source
 from tcpy.parser.parse import retyped
 from tcpy.types import ScalarType
@@ -77,33 +77,39 @@ def _outputs(engine: tcpy.ExecutionEngine, name: str, inputs: Sequence[np.ndarra
 
 def backward(
     source: str, name: str, inputs: Sequence[np.ndarray], wrt: Sequence[str] | None = None,
-    seed: int = 0,
+    seed: int = 0, save: Save = None,
 ) -> Backward:  # fmt: skip
-    """The backward of `name` with its arguments: `inputs`, the outputs it reads (the
-    forward run on `reference`) and random gradients of the float outputs."""
-    with warnings.catch_warnings():
+    """The backward of `name` with its arguments: `inputs`, the outputs it reads and the
+    values it saves (the forward, or the forward that saves them, run on `reference`)
+    and random gradients of the float outputs."""
+    with warnings.catch_warnings():  # the forward's, said when it was defined
         warnings.simplefilter("ignore")
         cdef = check_source(source)[name]
+        derived = derive(source, name, wrt, save=save)
         engine = tcpy.ExecutionEngine("reference")
         engine.define(source)
-    outputs = dict(zip((t.name for t in cdef.outputs), _outputs(engine, name, inputs), strict=True))
+        run = name
+        if derived.forward is not None:
+            engine.define(derived.forward)
+            run = f"{name}_saving"
+    names = [t.name for t in cdef.outputs] + list(derived.saved)
+    values = dict(zip(names, _outputs(engine, run, inputs), strict=True))
+    outputs = {t.name: values[t.name] for t in cdef.outputs}
     rng = np.random.default_rng(seed)
     seeds = {
         n: rng.uniform(-1, 1, size=np.shape(o)).astype(np.asarray(o).dtype)
         for n, o in outputs.items()
         if np.asarray(o).dtype.kind == "f"
     }
-    with warnings.catch_warnings():  # the forward's, said when it was defined
-        warnings.simplefilter("ignore")
-        text = gradient(source, name, wrt)
+    text = derived.backward
     bdef = check_source(text)[f"{name}_grad"]
     given = dict(zip((t.name for t in cdef.inputs), inputs, strict=True))
     args = []
     for p in bdef.inputs:
         if p.name in given:
             args.append(given[p.name])
-        elif p.name in outputs:
-            args.append(outputs[p.name])
+        elif p.name in values:
+            args.append(values[p.name])
         else:
             args.append(seeds[p.name.removeprefix("d_")])
     return Backward(text, f"{name}_grad", tuple(args), seeds)

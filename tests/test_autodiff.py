@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tcpy
+from tcpy.autodiff import derive, forward_saving
 from tcpy.parser import check_source
 
 import gradients
@@ -248,16 +249,27 @@ def test_the_command_prints_the_backward(tmp_path: Path, capsys: pytest.CaptureF
     printed = capsys.readouterr().out
     assert check_source(printed)["mm_grad"].outputs[0].name == "d_A"
     assert printed == tcpy.gradient(path.read_text(), "mm", ["A"])
+    ln = Path(__file__).parent.parent / "examples" / "layernorm.tc"
+    assert main(["grad", str(ln), "--save", "auto"]) == 0
+    defs = check_source(capsys.readouterr().out)
+    assert [t.name for t in defs["layernorm_saving"].outputs] == ["Y", "mean", "var"]
+    assert "mean" in [t.name for t in defs["layernorm_grad"].inputs]
+    assert main(["grad", str(ln), "--save", "X"]) == 1
+    assert "save names 'X'" in capsys.readouterr().err
 
 
 def test_the_documented_example_prints_what_the_document_shows(
     capsys: pytest.CaptureFixture,
 ) -> None:
+    """Each ```python block of docs/autodiff.md prints the ```text block after it."""
     doc = (Path(__file__).parent.parent / "docs" / "autodiff.md").read_text()
-    code = doc.split("```python\n")[1].split("```")[0]
-    shown = doc.split("```text\n")[1].split("```")[0]
-    exec(compile(code, "autodiff.md", "exec"), {})
-    assert capsys.readouterr().out == shown + "\n"
+    blocks = doc.split("```python\n")[1:]
+    assert len(blocks) >= 2
+    for block in blocks:
+        code = block.split("```")[0]
+        shown = block.split("```text\n")[1].split("```")[0]
+        exec(compile(code, "autodiff.md", "exec"), {})
+        assert capsys.readouterr().out.rstrip("\n") == shown.rstrip("\n")
 
 
 PADDED = [
@@ -335,3 +347,170 @@ def test_a_condition_on_an_index_no_factor_reads_is_kept() -> None:
     rng = np.random.default_rng(7)
     bw = gradients.check(source, "f", [rng.uniform(-1, 1, (4, 9))])
     assert "padded" not in bw.text
+
+
+# --- saved values (`save`) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", DIFFERENTIABLE, ids=lambda c: c.name)
+def test_a_backward_that_saves_gives_the_recomputing_backwards_gradients(case: Case) -> None:
+    """With `save="auto"`, the backward takes what the forward computed by a reduction
+    from the forward that returns it (`forward_saving`), and gives the gradients of the
+    backward that recomputes everything (checked against finite differences above)."""
+    if case.name in NO_RULE:
+        return
+    source, inputs = _case64(case)
+    saving = gradients.backward(source, case.entry, inputs, save="auto")
+    if saving.text == tcpy.gradient(source, case.entry):
+        assert forward_saving(source, case.entry) is None
+        return
+    recomputing = gradients.backward(source, case.entry, inputs)
+    for got, want in zip(_run(saving), _run(recomputing), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def _run(bw: gradients.Backward) -> tuple[np.ndarray, ...]:
+    """A backward's gradients on `reference`."""
+    engine = tcpy.ExecutionEngine("reference")
+    engine.define(bw.text)
+    out = getattr(engine, bw.name)(*bw.args)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def test_enough_of_the_corpus_saves_values() -> None:
+    """The reductions a backward reads are common: norms, softmaxes, layers with a
+    product before their activation."""
+    saving = [
+        c
+        for c in DIFFERENTIABLE
+        if c.name not in NO_RULE and forward_saving(*_case64(c)[:1], c.entry) is not None
+    ]
+    assert len(saving) >= 10
+
+
+LAYERNORM = """
+def ln(double(N, D) X, double(D) g) -> (Y) {
+    mean(n) +=! X(n, d) / D
+    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
+    Y(n, d) = g(d) * (X(n, d) - mean(n)) * rsqrt(var(n) + 1e-5)
+}"""
+
+
+def test_the_interface_of_a_backward_that_saves() -> None:
+    """The saved values come after the forward's inputs and the outputs it reads,
+    before the gradients given, in the forward's order; the saving forward returns
+    them after its outputs, in the same order, and recomputes nothing it saves."""
+    derived = derive(LAYERNORM, "ln", save="auto")
+    assert derived.saved == ("mean", "var")
+    bdef = check_source(derived.backward)["ln_grad"]
+    assert [t.name for t in bdef.inputs] == ["X", "g", "mean", "var", "d_Y"]
+    for saved in ("\n    mean(n) +=!", "\n    var(n) +=!"):
+        assert saved not in derived.backward
+    assert derived.forward is not None
+    fdef = check_source(derived.forward)["ln_saving"]
+    assert [t.name for t in fdef.outputs] == ["Y", "mean", "var"]
+    assert [str(t.scalar.value) for t in fdef.outputs] == ["float64"] * 3
+    rng = np.random.default_rng(8)
+    gradients.check(LAYERNORM, "ln", [rng.uniform(-1, 1, (3, 6)), rng.uniform(-1, 1, 6)])
+
+
+def test_auto_saves_reductions_and_recomputes_point_wise_values() -> None:
+    """A point-wise temporary is recomputed from its operands (the backward reads them
+    anyway); a maximum is saved where it reduces a plain read, recomputed where it
+    reduces a computed value (its ties compare for equality: both sides must round
+    alike); a version of a rewritten tensor is saved like a temporary."""
+    softmax = (CORPUS / "softmax.tc").read_text()
+    assert derive(softmax, "softmax", save="auto").saved == ("maxVal", "expSum")
+    computed = """
+    def f(double(N, D) X) -> (Y) {
+        mx(n) max=! 2 * X(n, d)
+        Y(n, d) = exp(X(n, d) - mx(n))
+    }"""
+    derived = derive(computed, "f", save="auto")
+    assert derived.saved == () and derived.forward is None
+    relu = """
+    def fc(double(B, M) I, double(N, M) W, double(N) b) -> (O) {
+        O(i, j) +=! I(i, k) * W(j, k)
+        O(i, j) = O(i, j) + b(j)
+        O(i, j) = fmax(O(i, j), 0)
+    }"""
+    assert derive(relu, "fc", save="auto").saved == ("O_1",)
+
+
+def test_a_maximum_saved_by_name_of_a_computed_value_is_recomputed_for_its_ties() -> None:
+    """Saved by name, a maximum of computed values is still recomputed beside the
+    values its ties compare with it (`mx_max`), and the gradients stay right."""
+    source = """
+    def f(double(N, D) X) -> (Y) {
+        mx(n) max=! X(n, d) * X(n, d)
+        Y(n, d) = exp(X(n, d) - mx(n))
+    }"""
+    bw = gradients.backward(source, "f", [np.zeros((1, 1))], save=["mx"])
+    assert "mx_max(n) max=!" in bw.text, bw.text
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (3, 5))
+    x[1, 2] = -x[1, 4]  # a tie: two elements of equal square
+    got, want = (_run(gradients.backward(source, "f", [x], save=save)) for save in (["mx"], None))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("save", "message"),
+    [(["X"], "save names 'X', not a value"), (["Y"], "save names 'Y', an output"),
+     (["nope"], "save names 'nope', not a value"), ("some", 'save is "auto", "all", "none"')],
+)  # fmt: skip
+def test_save_errors(save: object, message: str) -> None:
+    with pytest.raises(tcpy.TCGradientError, match=message) as info:
+        tcpy.gradient(LAYERNORM, "ln", save=save)  # type: ignore[arg-type]
+    assert "^" in str(info.value)
+
+
+def test_save_none_recomputes_as_the_default_does() -> None:
+    assert tcpy.gradient(LAYERNORM, "ln", save="none") == tcpy.gradient(LAYERNORM, "ln")
+    assert forward_saving(LAYERNORM, "ln", save="none") is None
+
+
+def test_save_all_recomputes_nothing() -> None:
+    """`save="all"`: every value the backward reads comes from the forward, point-wise
+    ones too, and the gradients are the recomputing backward's."""
+    source = """
+    def f(double(N, D) X) -> (Y) {
+        mx(n) max=! X(n, d)
+        e(n, d) = exp(X(n, d) - mx(n))
+        s(n) +=! e(n, d)
+        Y(n, d) = e(n, d) / s(n)
+    }"""
+    assert derive(source, "f", save="auto").saved == ("mx", "s")
+    derived = derive(source, "f", save="all")
+    assert derived.saved == ("mx", "e", "s")
+    body = derived.backward.split("{", 1)[1]
+    assert not any(f"\n    {n}(" in body for n in derived.saved), derived.backward
+    x = [np.random.default_rng(10).uniform(-1, 1, (3, 5))]
+    saving, recomputing = (gradients.backward(source, "f", x, save=s) for s in ("all", None))
+    for got, want in zip(_run(saving), _run(recomputing), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_a_recomputed_version_keeps_its_tensors_type() -> None:
+    """A temporary accumulated with `+=` (from zeros) and a version first written with
+    a float32 literal are recomputed in the tensor's own type: the backward (and the
+    saving forward) start them at `float64(0)` and cast the literal, where `T(i) = 0`
+    made `T` an int32 tensor and the backward failed to type-check."""
+    source = """
+    def f(double(N) A) -> (O, Z) {
+        T(i) += A(i) * A(i)
+        O(i) = T(i) * A(i)
+        Z +=! A(i)
+        Z = 0.0
+    }"""
+    rng = np.random.default_rng(11)
+    text = gradients.check(source, "f", [rng.uniform(-1, 1, 5)]).text
+    assert "T(i) = float64(0)" in text, text
+    forward = forward_saving(source, "f", save="all")
+    assert forward is not None and "Z = float64(0.0)" in forward, forward
+    outputs = check_source(forward)["f_saving"].outputs
+    assert [(t.name, t.scalar.value) for t in outputs] == [
+        ("O", "float64"),
+        ("Z", "float64"),
+        ("T", "float64"),
+    ]

@@ -25,7 +25,7 @@ _VARYING = [
     (re.compile(r"\d+\.\d+x"), "<ratio>"),
     (re.compile(r"key [0-9a-f]{12}"), "key <key>"),
     (re.compile(r"\b\d+ (trials|candidates)"), r"<n> \1"),  # the search follows the times
-    (re.compile(r"(tcpy::\w+?)_[0-9a-f]{12}\b"), r"\1_<digest>"),  # a hash of the source
+    (re.compile(r"(tcpy(::|\.)\w+?)_[0-9a-f]{12}\b"), r"\1_<digest>"),  # a hash of the source
 ]
 
 

@@ -1,7 +1,8 @@
 """Reverse-mode differentiation of TC defs: the backward of a def, as TC text
-(`gradient`). It sits beside the front end: it reads checked defs and writes TC that
-the front end checks again, like any def a user writes."""
+(`gradient`), and the forward that saves values for it (`forward_saving`, `derive`).
+It sits beside the front end: it reads checked defs and writes TC that the front end
+checks again, like any def a user writes."""
 
-from tcpy.autodiff.derive import gradient
+from tcpy.autodiff.derive import Derived, Save, derive, forward_saving, gradient
 
-__all__ = ["gradient"]
+__all__ = ["Derived", "Save", "derive", "forward_saving", "gradient"]

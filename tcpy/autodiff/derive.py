@@ -4,7 +4,8 @@ The backward is one def, `<name>_grad`. Its inputs: the forward's inputs, the fo
 outputs it reads, then `d_<output>` for every output. Its outputs: `d_<input>` for each
 input differentiated (`wrt`, by default every float input), in the forward's order.
 It recomputes the temporaries (and the versions of tensors written more than once,
-`tcpy.autodiff.versions`) it reads, then walks the statements backwards, adding the
+`tcpy.autodiff.versions`) it reads, or takes them as inputs where they are saved
+(`save`, below), then walks the statements backwards, adding the
 adjoint of each read to its tensor's (`tcpy.autodiff.solve` says where), through the
 reduction's rule:
 
@@ -18,6 +19,16 @@ gradient: `h = y - kh` within `0:H-KH+1`) and only one factor of the adjoint rea
 it, that factor is read from a copy padded with zeros (`_padded`), so the sum needs no
 guard: a guarded sum is a conditional per instance, which compilers neither vectorise
 nor bound (the convolution's input gradient ran 9 times slower than the padded one).
+
+Saved values (`save`): a value the backward reads that the forward computed by a
+reduction (`mean(n) +=! X(n, d) / D`, a matrix product) costs a pass over its operands
+to recompute and only its own elements to save, so `save="auto"` takes each such value
+as an input of the backward, after the forward's outputs it reads; point-wise values
+are recomputed from their operands, which the backward reads anyway. A maximum or
+minimum is saved only where it reduces a plain read (`mx(n) max=! X(n, d)`): its ties
+are found by comparing for equality, and a value recomputed by the backward's kernel
+may round otherwise than the forward's. `forward_saving` gives the forward that
+returns the saved values beside its outputs.
 """
 
 from __future__ import annotations
@@ -41,20 +52,70 @@ A = ast.AssignOp
 Reduction = ast.Reduction
 
 
+Save = str | Sequence[str] | None
+"""What a backward takes as inputs instead of recomputing: None (or `"none"`):
+nothing, it recomputes every value it reads; `"auto"`: the values computed by a
+reduction (see the module); `"all"`: every value it reads; or the names of the values
+to save (a temporary, or a version `O_1` of a tensor written several times, as the
+backward names it)."""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A def's backward (`backward`, TC text), the forward's values it takes as inputs
+    (`saved`, in the order it takes them), and the forward that returns them after its
+    outputs (`forward`, TC text of `<name>_saving`; None when nothing is saved)."""
+
+    backward: str
+    saved: tuple[str, ...]
+    forward: str | None
+
+
 def gradient(
-    source: str, name: str, wrt: Sequence[str] | None = None, filename: str | None = None
+    source: str,
+    name: str,
+    wrt: Sequence[str] | None = None,
+    filename: str | None = None,
+    save: Save = None,
 ) -> str:
     """The backward of def `name` of `source` as TC text (see the module): a def
     `<name>_grad` that the engine compiles, fuses and tunes as any other, and that a
     user may read, edit and pass back as a hand-written backward. `wrt`: the inputs
-    to differentiate (default: every float input); `filename`: for errors."""
+    to differentiate (default: every float input); `filename`: for errors; `save`:
+    the forward's values it takes as inputs (default none: it recomputes them; the
+    forward that returns them is `forward_saving`'s)."""
+    return derive(source, name, wrt, filename, save).backward
+
+
+def forward_saving(
+    source: str,
+    name: str,
+    wrt: Sequence[str] | None = None,
+    filename: str | None = None,
+    save: Save = "auto",
+) -> str | None:
+    """The forward of def `name` that also returns what `gradient(..., save=save)`
+    takes as saved inputs, after its outputs, in that order: TC text of a def
+    `<name>_saving`; None when that backward saves nothing."""
+    return derive(source, name, wrt, filename, save).forward
+
+
+def derive(
+    source: str,
+    name: str,
+    wrt: Sequence[str] | None = None,
+    filename: str | None = None,
+    save: Save = None,
+) -> Derived:
+    """The backward of def `name` of `source`, what it saves, and the forward that
+    returns it (the arguments as `gradient`'s)."""
     defs = check_source(source, filename)
     if name not in defs:
         known = ", ".join(defs) or "none"
         raise TCGradientError(f"no def named {name!r} in the source (defs: {known})")
     cdef = defs[name]
     try:
-        return _Backward(cdef, _wrt(cdef, wrt)).text()
+        return _Backward(cdef, _wrt(cdef, wrt), save).derived()
     except TCGradientError as e:
         raise cdef.located(e) from None
 
@@ -85,11 +146,13 @@ class _Backward:
 
     cdef: CheckedDef
     wrt: list[str]
+    save: Save = None
     taken: set[str] = field(default_factory=set)
     lines: list[str] = field(default_factory=list)  # adjoint statements, in order
     adjoint: dict[str, str] = field(default_factory=dict)  # version name -> its adjoint's
     started: set[str] = field(default_factory=set)  # adjoints with a statement already
     read: set[str] = field(default_factory=set)  # the tensors the statements read
+    saved: tuple[str, ...] = ()  # the saved versions the backward reads, once derived
 
     def __post_init__(self) -> None:
         c = self.cdef
@@ -103,6 +166,7 @@ class _Backward:
         # the element type of every tensor of the backward, by name
         self.types = {n: self.versions.tensor(v).scalar for n, v in self.versions.of.items()}
         self.types |= {f"d_{t.name}": t.scalar for t in c.outputs}
+        self.savable = self._savable()  # versions taken as inputs where the backward reads them
 
     # --- which versions matter --------------------------------------------------------
 
@@ -127,10 +191,51 @@ class _Backward:
                     out.add(vs.before[s].name)
         return out
 
+    def _savable(self) -> set[str]:
+        """The versions to take as inputs, not recompute, where the backward reads
+        them (`save`; see the module)."""
+        vs = self.versions
+        if self.save is None or self.save == "none":
+            return set()
+        if self.save == "auto":
+            out = set()
+            for s, st in enumerate(self.cdef.statements):
+                w = vs.written[s]
+                if vs.is_final_output(w) or st.scatter or len(st.ranges) == len(st.indices):
+                    continue
+                extremum = st.op.reduction in (Reduction.MAX, Reduction.MIN)
+                if not extremum or isinstance(vs.rhs[s], ast.Access):
+                    out.add(w.name)
+            return out
+        written = {w.name for w in vs.written if not vs.is_final_output(w)}
+        if self.save == "all":
+            return written
+        if isinstance(self.save, str):
+            raise TCGradientError(
+                f'save is "auto", "all", "none" or a list of names, not {self.save!r}',
+                self.cdef.span,
+            )
+        for n in self.save:
+            if n not in written:
+                what = "an output" if n in {t.name for t in self.cdef.outputs} else "not a value"
+                known = ", ".join(sorted(written)) or "none"
+                raise TCGradientError(
+                    f"save names {n!r}, {what} that {self.cdef.name} computes and a backward "
+                    f"could take (its temporaries and versions: {known})",
+                    self.cdef.span,
+                )
+        return set(self.save)
+
     def needs(self, v: Version) -> bool:
         return v.name in self.relevant and v.name in self.nonzero
 
     # --- the adjoint statements ---------------------------------------------------------
+
+    def derived(self) -> Derived:
+        backward = self.text()
+        if not self.saved:
+            return Derived(backward, (), None)
+        return Derived(backward, self.saved, self._forward())
 
     def text(self) -> str:
         vs = self.versions
@@ -413,7 +518,9 @@ class _Backward:
         itself where the backward recomputes it anyway, by the same statement (a
         temporary, not a final output), and stores `f` unconverted."""
         here = tuple(ast.Index(i, st.span) for i in st.indices)
-        if old is None and not self.versions.is_final_output(w) and self._same_type(st, f):
+        exact = w.name not in self.savable or isinstance(f, ast.Access)  # see the module
+        final = self.versions.is_final_output(w)
+        if old is None and not final and self._same_type(st, f) and exact:
             return ast.Access(w.name, here, st.span)
         name = fresh(
             f"{w.tensor}_{'max' if st.op.reduction is Reduction.MAX else 'min'}", self.taken
@@ -489,58 +596,83 @@ class _Backward:
             f"{lhs} {op.value} {text.expr(value)}" + (f" where {where}" if where else "")
         )
 
-    def _recompute(self) -> tuple[list[str], set[str]]:
+    def _recompute(self) -> tuple[list[str], set[str], list[str]]:
         """The statements that recompute the versions the adjoints read (temporaries,
-        versions overwritten), in the forward's order, and the forward outputs read."""
+        versions overwritten), in the forward's order; the forward outputs read; the
+        saved versions read, in the forward's order."""
         vs = self.versions
         wanted = {n for n in vs.of if n in self.read}
         needed: set[int] = set()
+        saved: set[int] = set()
         stack = [vs.of[n] for n in wanted]
         while stack:
             v = stack.pop()
             if v.statement is None or vs.is_final_output(v) or v.statement in needed:
+                continue
+            if v.name in self.savable:
+                saved.add(v.statement)
                 continue
             needed.add(v.statement)
             stack += vs.reads(v.statement)
             if vs.keeps[v.statement] and not vs.before[v.statement].zeros:
                 stack.append(vs.before[v.statement])
         lines: list[str] = []
-        saved = self.lines
+        kept = self.lines
         self.lines = lines
         for s in sorted(needed):
             self._recompute_one(s)
-        self.lines = saved
+        self.lines = kept
         outputs = {vs.last(t.name).name for t in self.cdef.outputs}
-        return lines, outputs & self.read
+        return lines, outputs & self.read, [vs.written[s].name for s in sorted(saved)]
 
     def _recompute_one(self, s: int) -> None:
         vs = self.versions
         st, w = self.cdef.statements[s], vs.written[s]
         t = vs.tensor(w)
+        rhs = vs.rhs[s]
         if vs.keeps[s]:
             dims = self._dims(len(t.shape))
             prev = vs.before[s]
             old: ast.Expr = (
-                b.num(0, st.span)
+                b.cast(t.scalar, b.num(0, st.span))  # its first write gives a tensor its type
                 if prev.zeros
                 else ast.Access(prev.name, tuple(ast.Index(d, st.span) for d in dims), st.span)
             )
             self._emit(w.name, dims, A.ASSIGN, old, self._whole(t, dims))
+        elif rhs.ty is not None and rhs.ty is not t.scalar:
+            rhs = b.cast(t.scalar, rhs)  # a version's first write: the tensor's type, as stored
         places = vs.places[s]
         self.read |= {n.tensor for a in places for n in ast.walk(a) if isinstance(n, ast.Access)}
         lhs = [text.expr(a) for a in places] if places else st.indices
-        self._emit(w.name, lhs, st.op, vs.rhs[s], st.ranges)
+        self._emit(w.name, lhs, st.op, rhs, st.ranges)
 
     def _def(self) -> str:
-        c = self.cdef
-        recompute, outputs_read = self._recompute()
+        c, vs = self.cdef, self.versions
+        recompute, outputs_read, saved = self._recompute()
+        self.saved = tuple(saved)
         params = [self._param(t, t.name) for t in c.inputs]
         params += [self._param(t, t.name) for t in c.outputs if t.name in outputs_read]
+        params += [self._param(vs.tensor(vs.of[n]), n) for n in saved]
         params += [self._param(t, f"d_{t.name}") for t in c.outputs if t.scalar.is_float]
         results = [self._param(c.tensor(n), f"d_{n}") for n in self.wrt]
         head = f"def {c.name}_grad({', '.join(params)}) -> ({', '.join(results)})"
         body = "".join(f"    {line}\n" for line in (*recompute, *self.lines))
         return f"{head} {{\n{body}}}\n"
+
+    def _forward(self) -> str:
+        """The forward returning the saved versions after its outputs: its statements
+        as the backward recomputes them (versions named apart)."""
+        c = self.cdef
+        lines: list[str] = []
+        kept = self.lines
+        self.lines = lines
+        for s in range(len(c.statements)):
+            self._recompute_one(s)
+        self.lines = kept
+        params = ", ".join(self._param(t, t.name) for t in c.inputs)
+        results = ", ".join([t.name for t in c.outputs] + list(self.saved))
+        body = "".join(f"    {line}\n" for line in lines)
+        return f"def {c.name}_saving({params}) -> ({results}) {{\n{body}}}\n"
 
     def _param(self, t: TensorInfo, name: str) -> str:
         dims = [self._dim(t, k, e) for k, e in enumerate(t.shape)]

@@ -200,6 +200,17 @@ class CpuKernel:
         c_buffers = _array_type(ctypes.c_void_p, len(buffers))(*map(address, buffers))
         check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads)))
 
+    def at(self, sizes: Sequence[int], count: int) -> Callable[[Sequence[int]], None]:
+        """The kernel at fixed `sizes`, called with the addresses of its `count`
+        buffers (a caller that holds its buffers as addresses, `tcpy.torch`)."""
+        c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
+        buffers, fn, threads = _array_type(ctypes.c_void_p, count), self._fn, self.threads
+
+        def call(addresses: Sequence[int]) -> None:
+            check_status(fn(c_sizes, buffers(*addresses), threads_now(threads)))
+
+        return call
+
 
 @functools.cache
 def _array_type(element: Any, length: int) -> Any:

@@ -1,12 +1,13 @@
 """tcpy defs as PyTorch operators, with gradients.
 
     import tcpy.torch
-    ops = tcpy.torch.define(SOURCE)     # options=..., backward="auto" | TC source | None
+    ops = tcpy.torch.define(SOURCE)     # options=..., backward="auto" | TC source | None,
+                                        # save="auto" | "all" | "none" | names
     y = ops.layernorm(x, gamma, beta)   # a registered PyTorch operator
 
-Every def of the source becomes a `torch.library` custom operator (`ops.<def>` is the
-object `torch.library.custom_op` returns), so that `torch.compile` sees one opaque node
-per call and `torch.library.opcheck` can test it. Each has a fake implementation from
+Every def of the source becomes a `torch.library` operator (`ops.<def>` is its
+`torch.ops` overload), so that `torch.compile` sees one opaque node per call and
+`torch.library.opcheck` can test it. Each has a fake implementation from
 tcpy's range inference (output shapes from the inputs', symbolic sizes included), runs
 on CPU tensors with the `cpu` target and on CUDA tensors with the `cuda` target, and has
 an autograd formula from the def's backward: derived (`tcpy.gradient`), given as TC, or

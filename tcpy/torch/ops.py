@@ -1,14 +1,28 @@
 """The registration of a source's defs as PyTorch operators (`define`).
 
-Each def `f` of a source becomes the custom operator `tcpy::f_<digest>`, the digest a
+Each def `f` of a source becomes the operator `tcpy::f_<digest>`, the digest a
 hash of the source, the options, the backward asked for and tcpy's version: defining
 the same source twice gives the same operators, and two sources with a def of the
 same name do not clash. Its backward, where it has one, is `tcpy::f_<digest>_grad`.
+They are registered with `torch.library.Library` (a schema, the kernel for CPU and
+CUDA tensors, a fake implementation, an autograd formula): the registrations
+`torch.library.custom_op` makes, without the checks it wraps every call in (a dozen
+microseconds a call, a small kernel's time).
+
+Where the backward takes values the forward computed by a reduction (`save="auto"`,
+`tcpy.autodiff.derive`: a layer norm's mean and variance, a linear layer's product
+before its activation) rather than recompute them, `f` is a composite operator
+(PyTorch's `CompositeImplicitAutograd`): with a gradient asked for, it calls
+`tcpy::f_<digest>_saving`, whose kernel also returns those values and whose autograd
+formula hands them to the backward; without, `tcpy::f_<digest>_forward`, the plain
+kernel. Both compute the outputs by the same statements; their kernels may be fused
+differently, so the outputs may differ in their last bits between the two modes.
 
 Decisions: a 0-d input (`float eps`) is a 0-d tensor in the operator's schema, like
 every input, so that it may require a gradient; outputs are new contiguous tensors;
 the autograd formula saves the inputs and only the outputs its backward reads; a second
-derivative is a `TCGradientError` when it is asked for; under `torch.autocast` the
+derivative, or a gradient of a def defined without a backward, is a `TCGradientError`
+when it is asked for; under `torch.autocast` the
 operators are not cast (PyTorch casts only the operators it knows): they run in the
 dtypes they are given, and a def declared float32 given float16 is an input error.
 """
@@ -26,12 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tcpy.autodiff import gradient
+from tcpy.autodiff.derive import Derived, Save, derive
 from tcpy.cache.kernels import tcpy_version
 from tcpy.compiled import Compiled
 from tcpy.engine import ExecutionEngine, OptionsArg
 from tcpy.errors import TCError, TCGradientError
-from tcpy.kernels import Prepared
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.symbolic import Sym
@@ -40,6 +53,7 @@ from tcpy.types import ScalarType
 NAMESPACE = "tcpy"
 
 _REGISTERED: dict[str, Any] = {}  # by qualified name: the operators defined so far
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # their registrations, kept alive
 _LOCK = threading.Lock()
 
 Backward = str | None
@@ -52,6 +66,8 @@ class Ops:
     itself); `backward_source` holds the TC of their backwards."""
 
     def __init__(self, ops: Mapping[str, Any], backward_source: str) -> None:
+        """`backward_source`: the backwards, and the forwards that save values for
+        them (`<def>_saving`), as TC."""
         for name, op in ops.items():
             setattr(self, name, op)
         self._names = tuple(ops)
@@ -69,15 +85,17 @@ def define(
     *,
     options: OptionsArg = None,
     backward: Backward = "auto",
+    save: Save = "auto",
     filename: str | None = None,
 ) -> Ops:
     """Register every def of `source` as a PyTorch operator (see the module); `options`
     are the forward kernels' mapping options (as for `ExecutionEngine.run`), the
-    backwards take their target's defaults."""
+    backwards take their target's defaults; `save`: what a derived backward takes
+    from the forward rather than recompute (`tcpy.autodiff.derive.Save`)."""
     with warnings.catch_warnings():
         defs = check_source(source, filename)
-    digest = _digest(source, options, backward)
-    backwards, bsource = _backwards(source, defs, backward, filename)
+    digest = _digest(source, options, backward, save)
+    backwards, bsource = _backwards(source, defs, backward, save, filename)
     kernels = _Kernels(source, bsource, options, filename)
     ops = {}
     with _LOCK:
@@ -86,27 +104,45 @@ def define(
     return Ops(ops, bsource)
 
 
-def _digest(source: str, options: OptionsArg, backward: Backward) -> str:
+@dataclass(frozen=True)
+class _Gradient:
+    """A def's backward, the forward values it takes (`saved`, after the outputs it
+    reads), and the forward that returns them after the outputs (None: none saved)."""
+
+    backward: CheckedDef
+    saved: tuple[str, ...] = ()
+    saving: CheckedDef | None = None
+
+
+def _digest(source: str, options: OptionsArg, backward: Backward, save: Save) -> str:
     """A hash of what an operator means: the source, the options, the backward asked
     for, and tcpy's own sources (a derived backward's interface may change with them,
     and PyTorch's compiled-graph caches outlive a process)."""
     if isinstance(options, MappingOptions):
         options = options.to_dict()
-    text = json.dumps([source, options, backward, tcpy_version()], sort_keys=True, default=str)
+    save = save if save is None or isinstance(save, str) else list(save)
+    text = json.dumps(
+        [source, options, backward, save, tcpy_version()], sort_keys=True, default=str
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _backwards(
-    source: str, defs: Mapping[str, CheckedDef], backward: Backward, filename: str | None
-) -> tuple[dict[str, CheckedDef | TCGradientError], str]:
-    """The backward def of each def that has one, or why a derived one could not be
-    had (raised when a gradient is asked of it), and the TC source of the backwards."""
+    source: str,
+    defs: Mapping[str, CheckedDef],
+    backward: Backward,
+    save: Save,
+    filename: str | None,
+) -> tuple[dict[str, _Gradient | TCGradientError], str]:
+    """The backward of each def that has one, or why a derived one could not be had
+    (raised when a gradient is asked of it), and the TC source of the backwards and
+    of the forwards that save values for them."""
     if backward is None:
         return {}, ""
     if backward != "auto":
         given = check_source(backward)
-        return {n: given[f"{n}_grad"] for n in defs if f"{n}_grad" in given}, backward
-    texts: list[str] = []
+        return {n: _Gradient(given[f"{n}_grad"]) for n in defs if f"{n}_grad" in given}, backward
+    derived: dict[str, Derived] = {}
     failed: dict[str, TCGradientError] = {}
     for name, cdef in defs.items():
         if not any(t.scalar.is_float for t in cdef.inputs) or not any(
@@ -114,13 +150,15 @@ def _backwards(
         ):
             continue
         try:
-            texts.append(gradient(source, name, filename=filename))
+            derived[name] = derive(source, name, filename=filename, save=save)
         except TCGradientError as e:
             failed[name] = e
-    bsource = "\n".join(texts)
+    bsource = "\n".join(t for d in derived.values() for t in (d.forward, d.backward) if t)
     checked = check_source(bsource) if bsource else {}
-    found: dict[str, CheckedDef | TCGradientError] = dict(failed)
-    found |= {n: checked[f"{n}_grad"] for n in defs if f"{n}_grad" in checked}
+    found: dict[str, _Gradient | TCGradientError] = dict(failed)
+    for n, d in derived.items():
+        saving = checked[f"{n}_saving"] if d.saved else None
+        found[n] = _Gradient(checked[f"{n}_grad"], d.saved, saving)
     return found, bsource
 
 
@@ -150,17 +188,20 @@ class _Kernels:
             self.engines[key] = engine
         return engine
 
-    def run(self, name: str, args: Sequence[torch.Tensor], backward: bool) -> tuple[Any, ...]:
+    def run(
+        self, name: str, args: Sequence[torch.Tensor], backward: bool, options: OptionsArg = None
+    ) -> tuple[Any, ...]:
+        """Run def `name` (of the backward source if `backward`) on `args`, with
+        `options` (as for `ExecutionEngine.run`)."""
         tensors = [a.detach().contiguous() for a in args]  # below autograd: no graph here
         key = (name, backward, *[(t.shape, t.dtype, t.is_cuda) for t in tensors])
         ready = self.ready.get(key)
         if ready is not None:
             try:
-                return ready([t.numpy() for t in tensors])
+                return ready(tensors)
             except TCError:
                 pass  # the checked call below says where the values went wrong
         engine = self.engine(tensors, backward)
-        options = None if backward else self.options
         if any(t.is_cuda for t in tensors):
             out = engine.run(name, *tensors, options=options)
             return out if isinstance(out, tuple) else (out,)
@@ -176,27 +217,28 @@ class _Kernels:
 class _Ready:
     """A host kernel's call at one signature, checked by a first call through the
     engine: later calls at that signature allocate the outputs as tensors and run the
-    kernel with nothing checked again but the values (a fault goes back to the engine,
-    which explains it)."""
+    kernel on the tensors' addresses, with nothing checked again but the values (a
+    fault goes back to the engine, which explains it)."""
 
-    call: Prepared
+    call: Callable[[Sequence[int]], None]
     outputs: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...]  # shape, dtype, zeroed
 
     @staticmethod
     def of(compiled: Compiled, arrays: Sequence[np.ndarray]) -> _Ready | None:
-        call = compiled.prepared(*arrays)
-        if call is None:
+        prepared = compiled.prepared(*arrays)
+        call = None if prepared is None else prepared.by_address()
+        if prepared is None or call is None:
             return None
         dtypes = [torch_dtype(t.scalar) for t in compiled.cdef.outputs]
-        specs = [(s, d, z) for (s, z), d in zip(call.outputs, dtypes, strict=True)]
+        specs = [(s, d, z) for (s, z), d in zip(prepared.outputs, dtypes, strict=True)]
         return _Ready(call, tuple(specs))
 
-    def __call__(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         outs = tuple(
             torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
             for shape, dtype, zero in self.outputs
         )
-        self.call(arrays, [o.numpy() for o in outs])
+        self.call([*(t.data_ptr() for t in tensors), *(o.data_ptr() for o in outs)])
         return outs
 
 
@@ -205,58 +247,107 @@ def _operator(
     cdef: CheckedDef,
     digest: str,
     kernels: _Kernels,
-    bdef: CheckedDef | TCGradientError | None,
+    grad: _Gradient | TCGradientError | None,
 ) -> Any:
     qualified = f"{NAMESPACE}::{name}_{digest}"
     known = _REGISTERED.get(qualified)
     if known is not None:
         return known
-    single = len(cdef.outputs) == 1
-
-    def forward(*args: torch.Tensor) -> Any:
-        out = kernels.run(name, args, backward=False)
-        return out[0] if single else out
-
-    op = torch.library.custom_op(qualified, forward, mutates_args=(), schema=_schema(cdef))
-    op.register_fake(_fake(cdef))
-    if isinstance(bdef, TCGradientError):  # raised when a gradient is asked for
-        op.register_autograd(_raises(bdef), setup_context=lambda ctx, inputs, output: None)
-    elif bdef is not None:
-        grad_op = _backward_operator(f"{qualified}_grad", bdef, kernels)
-        setup, formula = _autograd(cdef, bdef, grad_op)
-        op.register_autograd(formula, setup_context=setup)
+    if isinstance(grad, _Gradient) and grad.saving is not None:
+        op = _composite(qualified, cdef, kernels, grad)
+    else:
+        op = _kernel_operator(qualified, name, cdef, kernels)
+        if grad is None:
+            grad = TCGradientError(
+                f"{name} has no backward: it was defined with backward=None, or a hand-written "
+                f"backward source without a def {name}_grad"
+            )
+        if isinstance(grad, TCGradientError):  # raised when a gradient is asked for
+            _no_gradient(qualified, grad)
+        else:
+            grad_op = _backward_operator(f"{qualified}_grad", grad.backward, kernels)
+            setup, formula = _autograd(cdef, cdef, grad.backward, grad_op)
+            torch.library.register_autograd(qualified, formula, setup_context=setup, lib=_LIBRARY)
     _REGISTERED[qualified] = op
     return op
+
+
+def _kernel_operator(
+    qualified: str,
+    name: str,
+    cdef: CheckedDef,
+    kernels: _Kernels,
+    backward: bool = False,
+    options: bool = True,
+) -> Any:
+    """The operator that runs def `name`'s kernel (a def of the backward source if
+    `backward`), with the forward's options if `options`: a schema, the kernel for
+    CPU and CUDA tensors, and the fake implementation."""
+    single = len(cdef.outputs) == 1
+    given = kernels.options if options else None
+
+    def forward(*args: torch.Tensor) -> Any:
+        out = kernels.run(name, args, backward, given)
+        return out[0] if single else out
+
+    opname = qualified.split("::")[1]
+    _LIBRARY.define(opname + _schema(cdef))
+    for device in ("CPU", "CUDA"):
+        _LIBRARY.impl(opname, forward, device)
+    torch.library.register_fake(qualified, _fake(cdef), lib=_LIBRARY)
+    return getattr(getattr(torch.ops, NAMESPACE), opname).default
+
+
+def _composite(qualified: str, cdef: CheckedDef, kernels: _Kernels, grad: _Gradient) -> Any:
+    """Def `cdef` as a composite operator (see the module): `<qualified>_saving` where
+    a gradient is asked for, `<qualified>_forward` where none is."""
+    assert grad.saving is not None
+    n = len(cdef.outputs)
+    plain = _kernel_operator(f"{qualified}_forward", cdef.name, cdef, kernels)
+    saving = _kernel_operator(
+        f"{qualified}_saving", grad.saving.name, grad.saving, kernels, backward=True
+    )
+    grad_op = _backward_operator(f"{qualified}_grad", grad.backward, kernels)
+    setup, formula = _autograd(cdef, grad.saving, grad.backward, grad_op)
+    torch.library.register_autograd(
+        f"{qualified}_saving", formula, setup_context=setup, lib=_LIBRARY
+    )
+
+    def composite(*args: torch.Tensor) -> Any:
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+            out = saving(*args)
+            return out[0] if n == 1 else tuple(out[:n])
+        return plain(*args)
+
+    opname = qualified.split("::")[1]
+    _LIBRARY.define(opname + _schema(cdef))
+    _LIBRARY.impl(opname, composite, "CompositeImplicitAutograd")
+    return getattr(getattr(torch.ops, NAMESPACE), opname).default
 
 
 def _backward_operator(qualified: str, bdef: CheckedDef, kernels: _Kernels) -> Any:
     known = _REGISTERED.get(qualified)
     if known is not None:
         return known
-    single = len(bdef.outputs) == 1
-
-    def run(*args: torch.Tensor) -> Any:
-        out = kernels.run(bdef.name, args, backward=True)
-        return out[0] if single else out
-
-    op = torch.library.custom_op(qualified, run, mutates_args=(), schema=_schema(bdef))
-    op.register_fake(_fake(bdef))
-
+    op = _kernel_operator(qualified, bdef.name, bdef, kernels, backward=True, options=False)
     second = TCGradientError(
         f"{bdef.name} has no derivative: tcpy operators have first derivatives only"
     )
-    op.register_autograd(_raises(second), setup_context=lambda ctx, inputs, output: None)
+    _no_gradient(qualified, second)
     _REGISTERED[qualified] = op
     return op
 
 
-def _raises(error: TCGradientError) -> Callable[..., Any]:
-    """An autograd formula that raises `error`: the operator has no gradient."""
+def _no_gradient(qualified: str, error: TCGradientError) -> None:
+    """An autograd formula for operator `qualified` that raises `error`: it has no
+    gradient."""
 
     def formula(ctx: Any, *grads: Any) -> Any:
         raise error
 
-    return formula
+    torch.library.register_autograd(
+        qualified, formula, setup_context=lambda ctx, inputs, output: None, lib=_LIBRARY
+    )
 
 
 def _schema(cdef: CheckedDef) -> str:
@@ -309,28 +400,33 @@ def _size(extent: Sym, sizes: Mapping[str, Any]) -> Any:
 
 
 def _autograd(
-    cdef: CheckedDef, bdef: CheckedDef, grad_op: Any
+    cdef: CheckedDef, run: CheckedDef, bdef: CheckedDef, grad_op: Any
 ) -> tuple[Callable[..., None], Callable[..., Any]]:
-    """The autograd formula of `cdef` from its backward `bdef` (parameters matched by
-    name: the forward's inputs, its outputs, `d_<output>`): what to save, and how to
-    call the backward."""
+    """The autograd formula of `cdef`, computed by the kernel of `run` (`cdef` itself,
+    or its saving forward: `cdef`'s outputs, then the values saved for the backward),
+    from its backward `bdef` (parameters matched by name: the forward's inputs, its
+    outputs and saved values, `d_<output>`): what to save, and how to call the
+    backward."""
     names = [t.name for t in cdef.inputs]
     outputs = [t.name for t in cdef.outputs]
-    read = [n for n in outputs if n in {t.name for t in bdef.inputs}]
+    returned = [t.name for t in run.outputs]  # `outputs`, then the saved values
+    read = [n for n in returned if n in {t.name for t in bdef.inputs}]
     params = [t.name for t in bdef.inputs]
     results = [t.name.removeprefix("d_") for t in bdef.outputs]
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *(outs[outputs.index(n)] for n in read))
-        ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
-        ctx.shapes = [(o.shape, o.dtype) for o in outs]
+        ctx.save_for_backward(*inputs, *(outs[returned.index(n)] for n in read))
+        ctx.mark_non_differentiable(
+            *(o for k, o in enumerate(outs) if k >= len(outputs) or not o.is_floating_point())
+        )
+        ctx.shapes = [(o.shape, o.dtype) for o in outs[: len(outputs)]]
 
     def formula(ctx: Any, *grads: Any) -> Any:
         saved = ctx.saved_tensors
         values = dict(zip(names, saved[: len(names)], strict=True))
         values |= dict(zip(read, saved[len(names) :], strict=True))
-        for n, g, (shape, dtype) in zip(outputs, grads, ctx.shapes, strict=True):
+        for n, g, (shape, dtype) in zip(outputs, grads, ctx.shapes, strict=False):
             values[f"d_{n}"] = (
                 g if g is not None else torch.zeros(shape, dtype=dtype, device=saved[0].device)
             )
