@@ -17,7 +17,9 @@ tensors once) over the least it must move (its inputs read once, its gradients
 written once).
 
 Overhead: a `tcpy.torch` operator on 16 elements against the engine's call of the same
-def, the compiled kernel alone, and PyTorch's own `torch.add`.
+def, the compiled kernel alone, PyTorch's own `torch.add`, and two Python operators that
+do nothing (PyTorch's floor: one made by `torch.library.custom_op`, one registered with
+`torch.library.Library` as `tcpy.torch` registers its own).
 
 Training: a two-layer MLP and a small convolutional network, 200 steps of SGD each, with
 tcpy operators and with PyTorch's, in float64 and float32: the largest relative
@@ -308,6 +310,27 @@ def _empty_custom_op() -> Callable[..., object]:
     return op
 
 
+def _empty_library_op() -> Callable[..., object]:
+    """An operator that does nothing, registered as `tcpy.torch` registers its own
+    (`torch.library.Library`: schema, CPU and CUDA kernels, fake, autograd formula)."""
+    known = getattr(_empty_library_op, "op", None)
+    if known is not None:
+        return known
+    lib = torch.library.Library("tcpy_bench", "FRAGMENT")
+    lib.define("empty_like_first_lib(Tensor x, Tensor y) -> Tensor")
+    for device in ("CPU", "CUDA"):
+        lib.impl("empty_like_first_lib", lambda x, y: torch.empty_like(x), device)
+    name = "tcpy_bench::empty_like_first_lib"
+    torch.library.register_fake(name, lambda x, y: torch.empty_like(x), lib=lib)
+    torch.library.register_autograd(
+        name, lambda ctx, g: (g, g), setup_context=lambda ctx, inputs, output: None, lib=lib
+    )
+    op = torch.ops.tcpy_bench.empty_like_first_lib.default
+    _empty_library_op.op = op  # type: ignore[attr-defined]
+    _empty_library_op.lib = lib  # type: ignore[attr-defined]  (kept alive)
+    return op
+
+
 def overhead() -> dict[str, float]:
     """A `tcpy.torch` operator call on 16 elements, beside the engine's call, the kernel
     alone, `torch.add` and a custom operator that does nothing (PyTorch's floor for an
@@ -317,10 +340,11 @@ def overhead() -> dict[str, float]:
     engine = tcpy.ExecutionEngine("cuda" if DEVICE == "cuda" else "cpu")
     engine.define(source)
     a, b = torch.rand(16, device=DEVICE), torch.rand(16, device=DEVICE)
-    floor = _empty_custom_op()
+    floor, library_floor = _empty_custom_op(), _empty_library_op()
     paths = {
         "torch_op": lambda: ops.add(a, b),
         "custom_op_floor": lambda: floor(a, b),
+        "library_op_floor": lambda: library_floor(a, b),
         "engine_call": lambda: engine.add(a, b),
         "torch_add": lambda: torch.add(a, b),
     }
