@@ -44,8 +44,8 @@ build_pycuda() {
         --cudadrv-lib-dir=/usr/local/cuda/lib64/stubs,/usr/local/cuda/lib64,/usr/lib/x86_64-linux-gnu,/usr/local/nvidia/lib64 \
         && python3 setup.py build_ext --inplace -j 8
 }
-if [ -d .whl/pycuda-built ]; then
-    cp -r .whl/pycuda-built /tmp/pycuda
+if [ -f .whl/pycuda-built.tgz ]; then  # a build from an earlier session's $OUT
+    rm -rf /tmp/pycuda && (cd /tmp && tar xzf "$root"/.whl/pycuda-built.tgz)
 else
     (build_pycuda > "$OUT/pycuda-build.log" 2>&1; echo "rc=$?" >> "$OUT/pycuda-build.log") &
 fi
@@ -91,7 +91,7 @@ if [ "$what" != bench ]; then
     wait "$builder" 2>/dev/null
     tail -n 3 "$OUT/pycuda-build.log" 2>/dev/null
     if python3 -c "import sys; sys.path.insert(0, '/tmp/pycuda'); import pycuda.driver"; then
-        [ -d "$root/.whl/pycuda-built" ] || (cd /tmp && tar czf "$OUT/pycuda-built.tgz" pycuda)
+        [ -f "$root/.whl/pycuda-built.tgz" ] || (cd /tmp && tar czf "$OUT/pycuda-built.tgz" pycuda)
         PYTHONPATH=/tmp/pycuda:$PYTHONPATH run_tests pycuda "${TEST_SECONDS:-180}"
     fi
     wait
