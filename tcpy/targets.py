@@ -39,6 +39,7 @@ from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import summary
+from tcpy.poly.scop import instances
 
 if TYPE_CHECKING:
     from tcpy.poly.scop import Scop
@@ -138,7 +139,12 @@ class Cpu(Target):
             return record
 
         def load(directory: Path) -> HostKernel:
-            kernel = runtime.CpuKernel(directory / "kernel.so", threads)
+            symbols = cdef.size_symbols
+            kernel = runtime.CpuKernel(
+                directory / "kernel.so",
+                threads,
+                lambda sizes: instances(cdef, dict(zip(symbols, sizes, strict=True))),
+            )
             source = (directory / "kernel.c").read_text()
             built, written = _read_record(directory)
             return HostKernel(

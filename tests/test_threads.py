@@ -57,6 +57,32 @@ def test_without_a_count_kernels_leave_the_cores_other_processes_use(
     assert cpu.threads_now(2) == 2  # the options' count is kept
 
 
+def test_a_small_call_runs_on_one_thread_unless_more_are_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below `SERIAL_WORK` statement instances a team costs more than it shares: the
+    kernel runs on one thread, unless the options or the environment give a count."""
+    monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(knobs, "cores", lambda: 4)
+    monkeypatch.setattr(cpu, "_LOAD", cpu.Load(interval=0))
+    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 0)
+    assert cpu.threads_now(0, cpu.SERIAL_WORK - 1) == 1
+    assert cpu.threads_now(0, cpu.SERIAL_WORK) == 4
+    assert cpu.threads_now(3, 10) == 3
+    monkeypatch.setenv("TCPY_NUM_THREADS", "2")
+    assert cpu.threads_now(0, 10) == 2
+    monkeypatch.delenv("TCPY_NUM_THREADS")
+    seen: list[int | None] = []
+    monkeypatch.setattr(cpu, "threads_now", lambda asked, work: seen.append(work) or 1)
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+    small, large = np.ones(16, np.float32), np.ones(1 << 16, np.float32)
+    engine.add(small, small)
+    engine.add(large, large)
+    assert seen == [16, 1 << 16]  # the kernel's work at each call's sizes
+
+
 def test_the_load_is_sampled_at_most_once_an_interval() -> None:
     load = cpu.Load(interval=0.05, samples=3)
     taken: list[float] = []

@@ -178,9 +178,15 @@ def _compile(
 
 class CpuKernel:
     """A loaded kernel: call it with the sizes and the buffers in kernel order; it runs
-    on `threads` threads, or as many as `knobs.cpu_threads` says at each call."""
+    on `threads` threads, or as many as `threads_now` says at each call (`work`: the
+    statement instances at given sizes, which it weighs)."""
 
-    def __init__(self, library_path: Path, threads: int = 0) -> None:
+    def __init__(
+        self,
+        library_path: Path,
+        threads: int = 0,
+        work: Callable[[Sequence[int]], int] | None = None,
+    ) -> None:
         try:
             self._lib = ctypes.CDLL(os.fspath(library_path))
             fn = getattr(self._lib, KERNEL_SYMBOL)
@@ -194,22 +200,34 @@ class CpuKernel:
         self.path = library_path
         self.threads = threads
         self.counters = loop_counters(self._lib)  # a counting build's (`Compiled.iterations`)
+        self._work = work
+        self._works: dict[tuple[int, ...], int | None] = {}  # by the sizes' values
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
         c_buffers = _array_type(ctypes.c_void_p, len(buffers))(*map(address, buffers))
-        check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads)))
+        check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads, self.work(sizes))))
 
     def at(self, sizes: Sequence[int], count: int) -> Callable[[Sequence[int]], None]:
         """The kernel at fixed `sizes`, called with the addresses of its `count`
         buffers (a caller that holds its buffers as addresses, `tcpy.torch`)."""
         c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
         buffers, fn, threads = _array_type(ctypes.c_void_p, count), self._fn, self.threads
+        work = self.work(sizes)
 
         def call(addresses: Sequence[int]) -> None:
-            check_status(fn(c_sizes, buffers(*addresses), threads_now(threads)))
+            check_status(fn(c_sizes, buffers(*addresses), threads_now(threads, work)))
 
         return call
+
+    def work(self, sizes: Sequence[int]) -> int | None:
+        """The statement instances a call at `sizes` runs (None: not known)."""
+        key = tuple(sizes)
+        if key not in self._works:
+            if len(self._works) >= 256:
+                self._works.clear()
+            self._works[key] = None if self._work is None else self._work(sizes)
+        return self._works[key]
 
 
 @functools.cache
@@ -230,9 +248,17 @@ def address(array: np.ndarray) -> int:
 # --- how many threads -------------------------------------------------------------------
 
 
-def threads_now(asked: int = 0) -> int:
+SERIAL_WORK = 1 << 15
+"""Fewer statement instances than this run on one thread unless more are given:
+starting an OpenMP team and its barriers cost more than they share (measured on 2
+cores: an addition of 16 or 4,096 elements took 11-12 us on one thread and 15-16 on
+two; at 65,536 both took 32; at 2^20, two threads 140 against 242)."""
+
+
+def threads_now(asked: int = 0, work: int | None = None) -> int:
     """The threads a kernel runs on at this call: those given (`knobs.cpu_threads`),
-    else the cores less those other processes keep busy. An OpenMP team waits at each
+    else one for less than `SERIAL_WORK` statement instances (`work`), else the
+    cores less those other processes keep busy. An OpenMP team waits at each
     barrier for its slowest thread, and a thread that shares its core with a busy
     process loses whole time slices there: measured on 2 cores beside one busy
     process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
@@ -240,6 +266,8 @@ def threads_now(asked: int = 0) -> int:
     given = knobs.cpu_threads(asked)
     if given is not None:
         return given
+    if work is not None and work < SERIAL_WORK:
+        return 1
     return _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
 
 
