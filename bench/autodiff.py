@@ -4,7 +4,8 @@ against their minimum; the overhead of an operator call; and two small models tr
 with tcpy operators against PyTorch's losses.
 
     python bench/autodiff.py [--only layernorm,softmax] [--no-train] [--tag NAME]
-                             [--device cuda] [--no-compile] [--out bench/results]
+                             [--device cuda] [--no-compile] [--save auto|all|none]
+                             [--out bench/results]
 
 For each layer: the forward and backward of tcpy's operator (its backward derived by
 `tcpy.gradient`), of PyTorch's eager functions, and of `torch.compile` (inductor) over
@@ -27,7 +28,9 @@ difference of the losses (targets 1e-5 and 1e-3) and the time per step.
 
 With `--device cuda` the layers' tensors live on the GPU (tcpy's `cuda` target), each
 timed call ends with `torch.cuda.synchronize()` and PyTorch's TF32 is off; the overhead
-is then that of a call on CUDA tensors. `--no-compile` leaves `torch.compile` out (its
+is then that of a call on CUDA tensors. `--save` is what the backwards take from the
+forwards rather than recompute (`tcpy.torch.define`'s `save`, default auto).
+`--no-compile` leaves `torch.compile` out (its
 first compile takes tens of seconds a layer on a GPU).
 
 Results go to `bench/results/autodiff-<date>[-<tag>].json`.
@@ -255,10 +258,10 @@ def _accesses(e: Any) -> list[Any]:
     return [n for n in ast.walk(e) if isinstance(n, ast.Access)]
 
 
-def measure(layer: Layer, compile: bool = True) -> dict[str, Any]:
+def measure(layer: Layer, compile: bool = True, save: str = "auto") -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ops = tcpy.torch.define(layer.tc)
+        ops = tcpy.torch.define(layer.tc, save=save)
     op = getattr(ops, layer.entry)
     args = [
         a.detach().to(DEVICE).requires_grad_(a.requires_grad)
@@ -466,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", help="appended to the result file's name")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--save", choices=["auto", "all", "none"], default="auto",
+                        help="what backwards take from the forwards (default auto)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     global DEVICE
@@ -476,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [] if args.train_only else chosen
     rows = []
     for layer in chosen:
-        row = measure(layer, compile=not args.no_compile)
+        row = measure(layer, compile=not args.no_compile, save=args.save)
         rows.append(row)
         print(
             f"{row['layer']:14} tcpy {row['tcpy_ms']:9.3f} ms  eager {row['eager_ms']:9.3f}  "
@@ -509,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "geomean_vs_compile": geo_c,
         "overhead_us": over,
         "training": training,
+        "save": args.save,
     }
     name = f"autodiff-{result['date']}" + (f"-{args.tag}" if args.tag else "") + ".json"
     args.out.mkdir(parents=True, exist_ok=True)
