@@ -22,9 +22,9 @@ Decisions: a 0-d input (`float eps`) is a 0-d tensor in the operator's schema, l
 every input, so that it may require a gradient; outputs are new contiguous tensors;
 the autograd formula saves the inputs and only the outputs its backward reads; a second
 derivative, or a gradient of a def defined without a backward, is a `TCGradientError`
-when it is asked for; under `torch.autocast` the
-operators are not cast (PyTorch casts only the operators it knows): they run in the
-dtypes they are given, and a def declared float32 given float16 is an input error.
+when it is asked for; under `torch.autocast` the operators are not cast (PyTorch casts
+only the operators it knows): they run in the dtypes they are given, and a def declared
+float32 given float16 is an input error.
 """
 
 from __future__ import annotations
@@ -106,11 +106,10 @@ def define(
 
 @dataclass(frozen=True)
 class _Gradient:
-    """A def's backward, the forward values it takes (`saved`, after the outputs it
-    reads), and the forward that returns them after the outputs (None: none saved)."""
+    """A def's backward, and the forward that returns the values the backward takes
+    from it after its outputs (`saving`; None where it takes none)."""
 
     backward: CheckedDef
-    saved: tuple[str, ...] = ()
     saving: CheckedDef | None = None
 
 
@@ -158,7 +157,7 @@ def _backwards(
     found: dict[str, _Gradient | TCGradientError] = dict(failed)
     for n, d in derived.items():
         saving = checked[f"{n}_saving"] if d.saved else None
-        found[n] = _Gradient(checked[f"{n}_grad"], d.saved, saving)
+        found[n] = _Gradient(checked[f"{n}_grad"], saving)
     return found, bsource
 
 
