@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import tcpy
-from tcpy.autodiff.derive import Save, derive
+from tcpy.autodiff import Save, derive
 from tcpy.parser import check_source
 from tcpy.parser.parse import retyped
 from tcpy.types import ScalarType

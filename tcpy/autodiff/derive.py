@@ -5,7 +5,7 @@ outputs it reads, then `d_<output>` for every output. Its outputs: `d_<input>` f
 input differentiated (`wrt`, by default every float input), in the forward's order.
 It recomputes the temporaries (and the versions of tensors written more than once,
 `tcpy.autodiff.versions`) it reads, or takes them as inputs where they are saved
-(`save`, below), then walks the statements backwards, adding the
+(`save`), then walks the statements backwards, adding the
 adjoint of each read to its tensor's (`tcpy.autodiff.solve` says where), through the
 reduction's rule:
 
@@ -20,15 +20,10 @@ it, that factor is read from a copy padded with zeros (`_padded`), so the sum ne
 guard: a guarded sum is a conditional per instance, which compilers neither vectorise
 nor bound (the convolution's input gradient ran 9 times slower than the padded one).
 
-Saved values (`save`): a value the backward reads that the forward computed by a
-reduction (`mean(n) +=! X(n, d) / D`, a matrix product) costs a pass over its operands
-to recompute and only its own elements to save, so `save="auto"` takes each such value
-as an input of the backward, after the forward's outputs it reads; point-wise values
-are recomputed from their operands, which the backward reads anyway. A maximum or
-minimum is saved only where it reduces a plain read (`mx(n) max=! X(n, d)`): its ties
-are found by comparing for equality, and a value recomputed by the backward's kernel
-may round otherwise than the forward's. `forward_saving` gives the forward that
-returns the saved values beside its outputs.
+Saved values (`save`, `tcpy.autodiff.saving`) are inputs of the backward, after the
+forward's outputs it reads; `forward_saving` gives the forward that returns them beside
+its outputs. The rules of max, min and product are `tcpy.autodiff.extrema`'s; the text
+of the backward, its recomputed statements and its signature, `tcpy.autodiff.writer`'s.
 """
 
 from __future__ import annotations
@@ -38,26 +33,21 @@ from dataclasses import dataclass, field
 
 from tcpy.autodiff import build as b
 from tcpy.autodiff import text
+from tcpy.autodiff.extrema import extremum, product
 from tcpy.autodiff.rules import read_adjoints
+from tcpy.autodiff.saving import Save, savable
 from tcpy.autodiff.solve import Solved, solve, span_of
-from tcpy.autodiff.versions import Version, covers, fresh, versions_of
+from tcpy.autodiff.versions import Version, covers, fresh
+from tcpy.autodiff.writer import Writer
 from tcpy.errors import TCGradientError
 from tcpy.parser import ast, check_source
-from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange, TensorInfo
+from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange
 from tcpy.parser.ranges import guarded_accesses
 from tcpy.parser.symbolic import Sym, provably_positive
 from tcpy.types import ScalarType
 
 A = ast.AssignOp
 Reduction = ast.Reduction
-
-
-Save = str | Sequence[str] | None
-"""What a backward takes as inputs instead of recomputing: None (or `"none"`):
-nothing, it recomputes every value it reads; `"auto"`: the values computed by a
-reduction (see the module); `"all"`: every value it reads; or the names of the values
-to save (a temporary, or a version `O_1` of a tensor written several times, as the
-backward names it)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +105,7 @@ def derive(
         raise TCGradientError(f"no def named {name!r} in the source (defs: {known})")
     cdef = defs[name]
     try:
-        return _Backward(cdef, _wrt(cdef, wrt), save).derived()
+        return _Backward(cdef, wrt=_wrt(cdef, wrt), save=save).derived()
     except TCGradientError as e:
         raise cdef.located(e) from None
 
@@ -140,33 +130,21 @@ def _wrt(cdef: CheckedDef, wrt: Sequence[str] | None) -> list[str]:
     return [n for n in floats if n in wrt]
 
 
-@dataclass
-class _Backward:
+@dataclass(kw_only=True)
+class _Backward(Writer):
     """The backward of `cdef` being built: its statements, adjoint by adjoint."""
 
-    cdef: CheckedDef
     wrt: list[str]
     save: Save = None
-    taken: set[str] = field(default_factory=set)
-    lines: list[str] = field(default_factory=list)  # adjoint statements, in order
     adjoint: dict[str, str] = field(default_factory=dict)  # version name -> its adjoint's
     started: set[str] = field(default_factory=set)  # adjoints with a statement already
-    read: set[str] = field(default_factory=set)  # the tensors the statements read
-    saved: tuple[str, ...] = ()  # the saved versions the backward reads, once derived
 
     def __post_init__(self) -> None:
-        c = self.cdef
-        self.taken |= {t.name for t in c.tensors} | set(c.size_symbols)
-        self.indices = {i for st in c.statements for i in st.all_indices}
-        self.taken |= self.indices
-        self.versions = versions_of(c, self.taken)
+        super().__post_init__()
         self.relevant = self._relevant()
         self.nonzero = self._nonzero()
-        self.sizes: dict[tuple[str, int], str] = {}
-        # the element type of every tensor of the backward, by name
-        self.types = {n: self.versions.tensor(v).scalar for n, v in self.versions.of.items()}
-        self.types |= {f"d_{t.name}": t.scalar for t in c.outputs}
-        self.savable = self._savable()  # versions taken as inputs where the backward reads them
+        # the versions taken as inputs where the backward reads them
+        self.savable = savable(self.cdef, self.versions, self.save)
 
     # --- which versions matter --------------------------------------------------------
 
@@ -191,53 +169,12 @@ class _Backward:
                     out.add(vs.before[s].name)
         return out
 
-    def _savable(self) -> set[str]:
-        """The versions to take as inputs, not recompute, where the backward reads
-        them (`save`; see the module)."""
-        vs = self.versions
-        if self.save is None or self.save == "none":
-            return set()
-        if self.save == "auto":
-            out = set()
-            for s, st in enumerate(self.cdef.statements):
-                w = vs.written[s]
-                if vs.is_final_output(w) or st.scatter or len(st.ranges) == len(st.indices):
-                    continue
-                extremum = st.op.reduction in (Reduction.MAX, Reduction.MIN)
-                if not extremum or isinstance(vs.rhs[s], ast.Access):
-                    out.add(w.name)
-            return out
-        written = {w.name for w in vs.written if not vs.is_final_output(w)}
-        if self.save == "all":
-            return written
-        if isinstance(self.save, str):
-            raise TCGradientError(
-                f'save is "auto", "all", "none" or a list of names, not {self.save!r}',
-                self.cdef.span,
-            )
-        for n in self.save:
-            if n not in written:
-                what = "an output" if n in {t.name for t in self.cdef.outputs} else "not a value"
-                known = ", ".join(sorted(written)) or "none"
-                raise TCGradientError(
-                    f"save names {n!r}, {what} that {self.cdef.name} computes and a backward "
-                    f"could take (its temporaries and versions: {known})",
-                    self.cdef.span,
-                )
-        return set(self.save)
-
     def needs(self, v: Version) -> bool:
         return v.name in self.relevant and v.name in self.nonzero
 
     # --- the adjoint statements ---------------------------------------------------------
 
     def derived(self) -> Derived:
-        backward = self.text()
-        if not self.saved:
-            return Derived(backward, (), None)
-        return Derived(backward, self.saved, self._forward())
-
-    def text(self) -> str:
         vs = self.versions
         for s in reversed(range(len(vs.written))):
             if self.needs(vs.written[s]):
@@ -245,9 +182,10 @@ class _Backward:
         for n in self.wrt:
             if n not in self.started:
                 t = self.cdef.tensor(n)
-                dims = self._dims(len(t.shape))
-                self._emit(self._name_of(n), dims, A.ASSIGN, b.num(0, t.span), self._whole(t, dims))
-        return self._def()
+                dims = self.dims(len(t.shape))
+                self.emit(self._name_of(n), dims, A.ASSIGN, b.num(0, t.span), self.whole(t, dims))
+        backward, saved = self.backward(self.wrt, self.savable)
+        return Derived(backward, saved, self.forward(saved) if saved else None)
 
     def _statement(self, s: int) -> None:
         """The adjoints of the reads of statement `s` (its written version needs one)."""
@@ -263,10 +201,10 @@ class _Backward:
         old = self._old_value(s)  # `max=`, `min=`, `*=`: the value reduced into
         to_old: ast.Expr | None = None  # the adjoint that value gets
         if st.op.reduction in (Reduction.MAX, Reduction.MIN):
-            seed_f, to_old = self._extremum(st, f, w, seed, old)
+            seed_f, to_old = extremum(self, st, f, w, seed, old, self._reuses(st, f, w, old))
             contributions = read_adjoints(f, seed_f)
         elif st.op.reduction is Reduction.PROD:
-            contributions, to_old = self._product(st, f, seed, old)
+            contributions, to_old = product(self, st, f, seed, old)
         elif st.op is A.ASSIGN:  # the value written is the rhs's: `exp`'s derivative
             written = ast.Access(w.name, here, st.span)
             contributions = read_adjoints(f, seed, written if self._same_type(st, f) else None)
@@ -281,6 +219,16 @@ class _Backward:
         else:
             t = vs.tensor(prev)
             self._accumulate(prev, st.indices, self._as(to_old, t.scalar), st.ranges[: len(here)])
+
+    def _reuses(self, st: CheckedStatement, f: ast.Expr, w: Version, old: ast.Expr | None) -> bool:
+        """Whether the ties of the extremum `st` compare with the version `w` it writes
+        (which the backward recomputes anyway, by the same statement: a temporary, not a
+        final output, stored unconverted, with no value reduced into), rather than with
+        a result recomputed beside them; a saved `w` only where it reduces a plain read
+        (`tcpy.autodiff.saving`)."""
+        exact = w.name not in self.savable or isinstance(f, ast.Access)
+        final = self.versions.is_final_output(w)
+        return old is None and not final and self._same_type(st, f) and exact
 
     def _same_type(self, st: CheckedStatement, f: ast.Expr) -> bool:
         """Whether `st` stores its rhs `f` unconverted (its tensor's type is `f`'s)."""
@@ -362,7 +310,7 @@ class _Backward:
             return None
         ranges = [IndexRange(d, Sym.of(0), e) for d, e in zip(solved.dims, shape, strict=True)]
         ranges += solved.free
-        dims = self._dims(len(names))
+        dims = self.dims(len(names))
         pad_ranges, shifts, within = [], [], None
         for d, var in zip(dims, names, strict=True):
             assert var is not None
@@ -393,10 +341,9 @@ class _Backward:
             b.simplified(b.sub(ast.Index(d, st.span), b.size(k, st.span)))
             for d, k in zip(dims, shifts, strict=True)
         )
-        name = fresh(f"{read.tensor}_padded", self.taken)
-        self.types[name] = self.types[read.tensor]
+        name = self.temporary(f"{read.tensor}_padded", self.types[read.tensor])
         value = b.select(within, ast.Access(read.tensor, source, st.span), b.num(0, st.span))
-        self._emit(name, dims, A.ASSIGN, value, pad_ranges)
+        self.emit(name, dims, A.ASSIGN, value, pad_ranges)
         shifted = tuple(
             b.add(ast.Index(v, st.span), b.size(k, st.span)) if v in bounded else a
             for v, k, a in zip(names, shifts, read.args, strict=True)
@@ -411,18 +358,18 @@ class _Backward:
         forward's times the tensor's; a read under a condition keeps the gather form
         (`solve`), whose subscripts are evaluated only where the forward evaluated them."""
         t = self.versions.tensor(v)
-        self._start(v, self._dims(len(t.shape)))
+        self._start(v, self.dims(len(t.shape)))
         self.read |= {n.tensor for a in read.args for n in ast.walk(a) if isinstance(n, ast.Access)}
         body = self._as(b.simplified(adj), t.scalar)
         places = [text.expr(a) for a in read.args]
-        self._emit(self.adjoint[v.name], places, A.SUM, body, st.ranges)
+        self.emit(self.adjoint[v.name], places, A.SUM, body, st.ranges)
 
     def _pass_through(self, st: CheckedStatement, grad: str, prev: Version) -> None:
         """The adjoint of `prev`, the version before the one `st` writes (whose adjoint
         is `grad`), where `st` kept its values: everywhere after a `+=`, outside the
         written box after another write."""
         t = self.versions.tensor(prev)
-        dims = self._dims(len(t.shape))
+        dims = self.dims(len(t.shape))
         value: ast.Expr = ast.Access(grad, tuple(ast.Index(d, st.span) for d in dims), st.span)
         if not (st.op.is_reduction and not st.op.initializes):
             outside = None
@@ -434,7 +381,7 @@ class _Backward:
                 outside = b.either(outside, b.either(lo, hi))
             if outside is not None:
                 value = b.select(outside, value, b.num(0, st.span))
-        self._accumulate(prev, dims, value, self._whole(t, dims))
+        self._accumulate(prev, dims, value, self.whole(t, dims))
 
     def _accumulate(
         self, v: Version, dims: Sequence[str], value: ast.Expr, ranges: Sequence[IndexRange]
@@ -445,10 +392,10 @@ class _Backward:
             self.adjoint[v.name] = self._name_of(v.name)
             # with nothing summed over, `+=!` would store 0 and then add: `=` stores once
             op = A.SUM_INIT if len(ranges) > len(dims) else A.ASSIGN
-            self._emit(self.adjoint[v.name], dims, op, value, ranges)
+            self.emit(self.adjoint[v.name], dims, op, value, ranges)
             return
         self._start(v, dims)
-        self._emit(self.adjoint[v.name], dims, A.SUM, value, ranges)
+        self.emit(self.adjoint[v.name], dims, A.SUM, value, ranges)
 
     def _start(self, v: Version, dims: Sequence[str]) -> None:
         """Write the adjoint of `v` whole, unless a statement did: the gradient given
@@ -457,15 +404,14 @@ class _Backward:
             return
         self.started.add(v.name)
         t = self.versions.tensor(v)
-        whole = self._whole(t, dims)
+        whole = self.whole(t, dims)
         if self.versions.is_final_output(v):
-            name = self.adjoint[v.name] = fresh(f"d_{v.tensor}_sum", self.taken)
-            self.types[name] = t.scalar
+            name = self.adjoint[v.name] = self.temporary(f"d_{v.tensor}_sum", t.scalar)
             given = ast.Access(f"d_{v.tensor}", tuple(ast.Index(d, t.span) for d in dims), t.span)
-            self._emit(name, dims, A.ASSIGN, given, whole)
+            self.emit(name, dims, A.ASSIGN, given, whole)
             return
         self.adjoint[v.name] = self._name_of(v.name)
-        self._emit(self.adjoint[v.name], dims, A.ASSIGN, b.num(0, t.span), whole)
+        self.emit(self.adjoint[v.name], dims, A.ASSIGN, b.num(0, t.span), whole)
 
     def _name_of(self, version: str) -> str:
         name = f"d_{version}" if version in self.wrt else fresh(f"d_{version}", self.taken)
@@ -482,216 +428,6 @@ class _Backward:
         ]
         widest = max((t.dtype.itemsize for t in floats if t is not None and t.is_float), default=0)
         return b.cast(target, value) if widest > target.dtype.itemsize else value
-
-    # --- the rules of min, max and product ------------------------------------------
-
-    def _extremum(
-        self, st: CheckedStatement, f: ast.Expr, w: Version, seed: ast.Expr, old: ast.Expr | None
-    ) -> tuple[ast.Expr, ast.Expr | None]:
-        """`max=!`/`min=!` (and without `!`, `old` the value reduced into): the
-        adjoint of an instance equal to the result, shared evenly with the others
-        equal to it (`ties`, counting `old` among them); and the adjoint of `old`.
-        The result is recomputed beside the values compared with it, not read from
-        the forward: equality needs both computed alike to the last bit, and a C
-        compiler's fused multiply-adds or a GPU's order of a sum may differ between
-        the forward's kernel and the backward's."""
-        here = tuple(ast.Index(i, st.span) for i in st.indices)
-        result = self._result(st, f, w, old)
-        equal = b.binary(ast.BinaryOp.EQ, f, result)
-        ties = fresh(f"{w.tensor}_ties", self.taken)
-        self.types[ties] = ScalarType.INT32
-        one, zero = b.num(1, st.span), b.num(0, st.span)
-        self._emit(ties, st.indices, A.SUM_INIT, b.select(equal, one, zero), st.ranges)
-        count: ast.Expr = ast.Access(ties, here, st.span)
-        if old is None:
-            return b.select(equal, b.div(seed, count), zero), None
-        old_equal = b.binary(ast.BinaryOp.EQ, old, result)
-        count = b.add(count, b.select(old_equal, one, zero))
-        share = b.div(seed, count)
-        return b.select(equal, share, zero), b.select(old_equal, share, zero)
-
-    def _result(
-        self, st: CheckedStatement, f: ast.Expr, w: Version, old: ast.Expr | None
-    ) -> ast.Access:
-        """The result of the extremum `st` (of right-hand side `f`, into `old` without
-        `!`), recomputed by the backward into a temporary of its own; the version `w`
-        itself where the backward recomputes it anyway, by the same statement (a
-        temporary, not a final output), and stores `f` unconverted."""
-        here = tuple(ast.Index(i, st.span) for i in st.indices)
-        exact = w.name not in self.savable or isinstance(f, ast.Access)  # see the module
-        final = self.versions.is_final_output(w)
-        if old is None and not final and self._same_type(st, f) and exact:
-            return ast.Access(w.name, here, st.span)
-        name = fresh(
-            f"{w.tensor}_{'max' if st.op.reduction is Reduction.MAX else 'min'}", self.taken
-        )
-        lhs = st.ranges[: len(st.indices)]
-        if old is None:
-            assert f.ty is not None
-            self.types[name] = f.ty
-            self._emit(name, st.indices, st.op, f, st.ranges)
-        else:
-            scalar = self.types[name] = self.cdef.tensor(st.tensor).scalar
-            start = old if old.ty is scalar else b.cast(scalar, old)  # `0` is an int32
-            self._emit(name, st.indices, A.ASSIGN, start, lhs)
-            self._emit(name, st.indices, st.op, f, st.ranges)
-        return ast.Access(name, here, st.span)
-
-    def _product(
-        self, st: CheckedStatement, f: ast.Expr, seed: ast.Expr, old: ast.Expr | None
-    ) -> tuple[list[tuple[ast.Access, ast.Expr]], ast.Expr | None]:
-        """`*=!` (and `*=`, `old` the value multiplied into, one more factor): the
-        adjoint of each factor is the product of the others: the product of the
-        nonzero factors divided by it where none is zero, that product where it is
-        the one zero, else 0. Returns the reads' adjoints and `old`'s."""
-        here = tuple(ast.Index(i, st.span) for i in st.indices)
-        one, zero = b.num(1, st.span), b.num(0, st.span)
-        zeros = fresh(f"{st.tensor}_zeros", self.taken)
-        nonzero = fresh(f"{st.tensor}_nonzero", self.taken)
-        self.types[zeros] = ScalarType.INT32
-        self.types[nonzero] = self.cdef.tensor(st.tensor).scalar
-        f_zero = b.binary(ast.BinaryOp.EQ, f, zero)
-        self._emit(zeros, st.indices, A.SUM_INIT, b.select(f_zero, one, zero), st.ranges)
-        self._emit(nonzero, st.indices, A.PROD_INIT, b.select(f_zero, one, f), st.ranges)
-        z: ast.Expr = ast.Access(zeros, here, st.span)
-        p: ast.Expr = ast.Access(nonzero, here, st.span)
-        if old is not None:
-            old_zero = b.binary(ast.BinaryOp.EQ, old, zero)
-            z = b.add(z, b.select(old_zero, one, zero))
-            p = b.mul(p, b.select(old_zero, one, old))
-
-        def others(factor: ast.Expr, is_zero: ast.Expr) -> ast.Expr:
-            alone = b.both(b.binary(ast.BinaryOp.EQ, z, one), is_zero)
-            none = b.binary(ast.BinaryOp.EQ, z, zero)
-            return b.select(none, b.div(p, factor), b.select(alone, p, zero))
-
-        reads = read_adjoints(f, b.mul(seed, others(f, f_zero)))
-        if old is None:
-            return reads, None
-        return reads, b.mul(seed, others(old, b.binary(ast.BinaryOp.EQ, old, zero)))
-
-    # --- text ------------------------------------------------------------------------
-
-    def _dims(self, rank: int) -> tuple[str, ...]:
-        """Indices for a statement over a whole tensor of `rank` dimensions."""
-        names = ("i", "j", "k", "l", "m", "n")
-        chosen = [n for n in names if n not in self.taken - self.indices]
-        return tuple(chosen[k] if k < len(chosen) else f"i{k}" for k in range(rank))
-
-    def _whole(self, t: TensorInfo, dims: Sequence[str]) -> tuple[IndexRange, ...]:
-        return tuple(IndexRange(d, Sym.of(0), e) for d, e in zip(dims, t.shape, strict=True))
-
-    def _emit(
-        self,
-        tensor: str,
-        dims: Sequence[str],
-        op: ast.AssignOp,
-        value: ast.Expr,
-        ranges: Sequence[IndexRange],
-    ) -> None:
-        self.read |= {n.tensor for n in ast.walk(value) if isinstance(n, ast.Access)}
-        lhs = f"{tensor}({', '.join(dims)})" if dims else tensor
-        where = ", ".join(f"{r.var} in {text.size(r.lo)}:{text.size(r.hi)}" for r in ranges)
-        self.lines.append(
-            f"{lhs} {op.value} {text.expr(value)}" + (f" where {where}" if where else "")
-        )
-
-    def _recompute(self) -> tuple[list[str], set[str], list[str]]:
-        """The statements that recompute the versions the adjoints read (temporaries,
-        versions overwritten), in the forward's order; the forward outputs read; the
-        saved versions read, in the forward's order."""
-        vs = self.versions
-        wanted = {n for n in vs.of if n in self.read}
-        needed: set[int] = set()
-        saved: set[int] = set()
-        stack = [vs.of[n] for n in wanted]
-        while stack:
-            v = stack.pop()
-            if v.statement is None or vs.is_final_output(v) or v.statement in needed:
-                continue
-            if v.name in self.savable:
-                saved.add(v.statement)
-                continue
-            needed.add(v.statement)
-            stack += vs.reads(v.statement)
-            if vs.keeps[v.statement] and not vs.before[v.statement].zeros:
-                stack.append(vs.before[v.statement])
-        lines: list[str] = []
-        kept = self.lines
-        self.lines = lines
-        for s in sorted(needed):
-            self._recompute_one(s)
-        self.lines = kept
-        outputs = {vs.last(t.name).name for t in self.cdef.outputs}
-        return lines, outputs & self.read, [vs.written[s].name for s in sorted(saved)]
-
-    def _recompute_one(self, s: int) -> None:
-        vs = self.versions
-        st, w = self.cdef.statements[s], vs.written[s]
-        t = vs.tensor(w)
-        rhs = vs.rhs[s]
-        if vs.keeps[s]:
-            dims = self._dims(len(t.shape))
-            prev = vs.before[s]
-            old: ast.Expr = (
-                b.cast(t.scalar, b.num(0, st.span))  # its first write gives a tensor its type
-                if prev.zeros
-                else ast.Access(prev.name, tuple(ast.Index(d, st.span) for d in dims), st.span)
-            )
-            self._emit(w.name, dims, A.ASSIGN, old, self._whole(t, dims))
-        elif rhs.ty is not None and rhs.ty is not t.scalar:
-            rhs = b.cast(t.scalar, rhs)  # a version's first write: the tensor's type, as stored
-        places = vs.places[s]
-        self.read |= {n.tensor for a in places for n in ast.walk(a) if isinstance(n, ast.Access)}
-        lhs = [text.expr(a) for a in places] if places else st.indices
-        self._emit(w.name, lhs, st.op, rhs, st.ranges)
-
-    def _def(self) -> str:
-        c, vs = self.cdef, self.versions
-        recompute, outputs_read, saved = self._recompute()
-        self.saved = tuple(saved)
-        params = [self._param(t, t.name) for t in c.inputs]
-        params += [self._param(t, t.name) for t in c.outputs if t.name in outputs_read]
-        params += [self._param(vs.tensor(vs.of[n]), n) for n in saved]
-        params += [self._param(t, f"d_{t.name}") for t in c.outputs if t.scalar.is_float]
-        results = [self._param(c.tensor(n), f"d_{n}") for n in self.wrt]
-        head = f"def {c.name}_grad({', '.join(params)}) -> ({', '.join(results)})"
-        body = "".join(f"    {line}\n" for line in (*recompute, *self.lines))
-        return f"{head} {{\n{body}}}\n"
-
-    def _forward(self) -> str:
-        """The forward returning the saved versions after its outputs: its statements
-        as the backward recomputes them (versions named apart)."""
-        c = self.cdef
-        lines: list[str] = []
-        kept = self.lines
-        self.lines = lines
-        for s in range(len(c.statements)):
-            self._recompute_one(s)
-        self.lines = kept
-        params = ", ".join(self._param(t, t.name) for t in c.inputs)
-        results = ", ".join([t.name for t in c.outputs] + list(self.saved))
-        body = "".join(f"    {line}\n" for line in lines)
-        return f"def {c.name}_saving({params}) -> ({results}) {{\n{body}}}\n"
-
-    def _param(self, t: TensorInfo, name: str) -> str:
-        dims = [self._dim(t, k, e) for k, e in enumerate(t.shape)]
-        return f"{t.scalar.value}({', '.join(dims)}) {name}" if dims else f"{t.scalar.value} {name}"
-
-    def _dim(self, t: TensorInfo, k: int, extent: Sym) -> str:
-        """A dimension of a parameter: its size, or a size of its own where the forward
-        computes it (an output `H - KH + 1` long)."""
-        if extent.is_const or (
-            len(extent.terms) == 1
-            and extent.const == 0
-            and extent.terms[0][1] == 1
-            and isinstance(extent.terms[0][0], str)
-        ):
-            return text.size(extent)
-        key = (t.name, k)
-        if key not in self.sizes:
-            self.sizes[key] = fresh(f"{t.name}_dim{k}", self.taken)
-        return self.sizes[key]
 
 
 def _factors(e: ast.Expr) -> list[ast.Expr]:

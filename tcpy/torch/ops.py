@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tcpy.autodiff.derive import Derived, Save, derive
+from tcpy.autodiff import Derived, Save, derive
 from tcpy.cache.kernels import tcpy_version
 from tcpy.compiled import Compiled
 from tcpy.engine import ExecutionEngine, OptionsArg
@@ -91,7 +91,7 @@ def define(
     """Register every def of `source` as a PyTorch operator (see the module); `options`
     are the forward kernels' mapping options (as for `ExecutionEngine.run`), the
     backwards take their target's defaults; `save`: what a derived backward takes
-    from the forward rather than recompute (`tcpy.autodiff.derive.Save`)."""
+    from the forward rather than recompute (`tcpy.autodiff.saving.Save`)."""
     with warnings.catch_warnings():
         defs = check_source(source, filename)
     digest = _digest(source, options, backward, save)
