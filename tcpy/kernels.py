@@ -21,6 +21,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, Role, TensorInfo
 from tcpy.poly.scop import instances
 from tcpy.reference import interpreter
+from tcpy.runtime.cpu import address
 from tcpy.runtime.loop_counts import LoopCounters
 
 # The destinations of `out=`, one per output, or None: new arrays.
@@ -301,7 +302,7 @@ class Prepared:
 
         def with_scratch(addresses: Sequence[int]) -> None:
             scratch = kernel._temporaries(shapes, poison=False)
-            call([*addresses, *(b.ctypes.data for b in scratch)])
+            call([*addresses, *map(address, scratch)])
 
         return with_scratch
 

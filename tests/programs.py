@@ -36,6 +36,21 @@ LAYERNORM = """def layernorm(float(N, D) X, float(D) g, float(D) b) -> (O) {
     O(n, d) = (X(n, d) - mean(n)) / sqrt(var(n) + 1e-5) * g(d) + b(d)
 }"""
 
+LAYERNORM64 = """def ln(double(N, D) X, double(D) g) -> (Y) {
+    mean(n) +=! X(n, d) / D
+    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
+    Y(n, d) = g(d) * (X(n, d) - mean(n)) * rsqrt(var(n) + 1e-5)
+}"""
+"""A layer norm in float64 (for gradients), its mean and variance the reductions a
+backward saves."""
+
+FC_RELU64 = """def fc_relu(double(B, M) I, double(N, M) W, double(N) b) -> (O) {
+    O(i, j) +=! I(i, k) * W(j, k)
+    O(i, j) = O(i, j) + b(j)
+    O(i, j) = fmax(O(i, j), 0)
+}"""
+"""TC's idiom of writing one tensor three times (versions `O_1`, `O_2`, `O`), in float64."""
+
 
 def renamed(program: str, name: str) -> str:
     """`program` with its (first) def called `name`."""

@@ -16,6 +16,7 @@ from tcpy.parser import check_source
 
 import gradients
 from corpus_cases import CASES, Case
+from programs import FC_RELU64, LAYERNORM64
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -142,15 +143,9 @@ def test_versions_of_a_rewritten_output_and_what_the_backward_reads() -> None:
     """TC's idiom of writing one tensor three times is differentiated version by
     version; the backward recomputes the versions before the last and reads the last,
     the forward's output, as an input."""
-    source = """
-    def fc_relu(double(B, M) I, double(N, M) W, double(N) b) -> (O) {
-        O(i, j) +=! I(i, k) * W(j, k)
-        O(i, j) = O(i, j) + b(j)
-        O(i, j) = fmax(O(i, j), 0)
-    }"""
     rng = np.random.default_rng(0)
     inputs = [rng.uniform(-1, 1, (3, 5)), rng.uniform(-1, 1, (4, 5)), rng.uniform(-1, 1, 4)]
-    bw = gradients.check(source, "fc_relu", inputs)
+    bw = gradients.check(FC_RELU64, "fc_relu", inputs)
     names = [t.name for t in check_source(bw.text)["fc_relu_grad"].inputs]
     assert names == ["I", "W", "b", "d_O"]
     assert "O_2(i, j) = O_1(i, j) + b(j)" in bw.text
@@ -388,19 +383,11 @@ def test_enough_of_the_corpus_saves_values() -> None:
     assert len(saving) >= 10
 
 
-LAYERNORM = """
-def ln(double(N, D) X, double(D) g) -> (Y) {
-    mean(n) +=! X(n, d) / D
-    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
-    Y(n, d) = g(d) * (X(n, d) - mean(n)) * rsqrt(var(n) + 1e-5)
-}"""
-
-
 def test_the_interface_of_a_backward_that_saves() -> None:
     """The saved values come after the forward's inputs and the outputs it reads,
     before the gradients given, in the forward's order; the saving forward returns
     them after its outputs, in the same order, and recomputes nothing it saves."""
-    derived = derive(LAYERNORM, "ln", save="auto")
+    derived = derive(LAYERNORM64, "ln", save="auto")
     assert derived.saved == ("mean", "var")
     bdef = check_source(derived.backward)["ln_grad"]
     assert [t.name for t in bdef.inputs] == ["X", "g", "mean", "var", "d_Y"]
@@ -411,7 +398,7 @@ def test_the_interface_of_a_backward_that_saves() -> None:
     assert [t.name for t in fdef.outputs] == ["Y", "mean", "var"]
     assert [str(t.scalar.value) for t in fdef.outputs] == ["float64"] * 3
     rng = np.random.default_rng(8)
-    gradients.check(LAYERNORM, "ln", [rng.uniform(-1, 1, (3, 6)), rng.uniform(-1, 1, 6)])
+    gradients.check(LAYERNORM64, "ln", [rng.uniform(-1, 1, (3, 6)), rng.uniform(-1, 1, 6)])
 
 
 def test_auto_saves_reductions_and_recomputes_point_wise_values() -> None:
@@ -428,13 +415,7 @@ def test_auto_saves_reductions_and_recomputes_point_wise_values() -> None:
     }"""
     derived = derive(computed, "f", save="auto")
     assert derived.saved == () and derived.forward is None
-    relu = """
-    def fc(double(B, M) I, double(N, M) W, double(N) b) -> (O) {
-        O(i, j) +=! I(i, k) * W(j, k)
-        O(i, j) = O(i, j) + b(j)
-        O(i, j) = fmax(O(i, j), 0)
-    }"""
-    assert derive(relu, "fc", save="auto").saved == ("O_1",)
+    assert derive(FC_RELU64, "fc_relu", save="auto").saved == ("O_1",)
 
 
 def test_a_maximum_saved_by_name_of_a_computed_value_is_recomputed_for_its_ties() -> None:
@@ -461,13 +442,13 @@ def test_a_maximum_saved_by_name_of_a_computed_value_is_recomputed_for_its_ties(
 )  # fmt: skip
 def test_save_errors(save: object, message: str) -> None:
     with pytest.raises(tcpy.TCGradientError, match=message) as info:
-        tcpy.gradient(LAYERNORM, "ln", save=save)  # type: ignore[arg-type]
+        tcpy.gradient(LAYERNORM64, "ln", save=save)  # type: ignore[arg-type]
     assert "^" in str(info.value)
 
 
 def test_save_none_recomputes_as_the_default_does() -> None:
-    assert tcpy.gradient(LAYERNORM, "ln", save="none") == tcpy.gradient(LAYERNORM, "ln")
-    assert forward_saving(LAYERNORM, "ln", save="none") is None
+    assert tcpy.gradient(LAYERNORM64, "ln", save="none") == tcpy.gradient(LAYERNORM64, "ln")
+    assert forward_saving(LAYERNORM64, "ln", save="none") is None
 
 
 def test_save_all_recomputes_nothing() -> None:

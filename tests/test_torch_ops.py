@@ -17,6 +17,7 @@ import tcpy
 
 import gradients
 from corpus_cases import CASES, Case
+from programs import LAYERNORM64
 
 torch = pytest.importorskip("torch")
 import tcpy.torch  # noqa: E402  (after PyTorch is known to be there)
@@ -263,14 +264,6 @@ def test_cuda_tensors_run_on_the_gpu() -> None:
     torch.testing.assert_close(db, a.t() @ seed, rtol=1e-4, atol=1e-4)
 
 
-LAYERNORM = """
-def ln(double(N, D) X, double(D) g) -> (Y) {
-    mean(n) +=! X(n, d) / D
-    var(n) +=! (X(n, d) - mean(n)) * (X(n, d) - mean(n)) / D
-    Y(n, d) = g(d) * (X(n, d) - mean(n)) * rsqrt(var(n) + 1e-5)
-}"""
-
-
 def _operators_run(fn: object, qualified: str) -> set[str]:
     """The operators of def `qualified` that calling `fn` ran: "" for the def's own,
     else the suffix of its private ones (`_forward`, `_saving`, `_grad`)."""
@@ -283,7 +276,7 @@ def test_the_backward_takes_the_values_the_forward_saved() -> None:
     """`save="auto"` (the default): a layer norm's mean and variance come from the
     forward that saves them where a gradient is asked for, and the plain forward runs
     where none is; the gradients are those of the backward that recomputes them."""
-    ops, recomputing = tcpy.torch.define(LAYERNORM), tcpy.torch.define(LAYERNORM, save="none")
+    ops, recomputing = tcpy.torch.define(LAYERNORM64), tcpy.torch.define(LAYERNORM64, save="none")
     assert isinstance(ops.ln, torch._ops.OpOverload)
     assert "def ln_saving(" in ops.backward_source
     assert "ln_saving" not in recomputing.backward_source
