@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -184,6 +185,37 @@ def new_device_outputs(
                 with value.device:
                     return tuple(cupy.empty(shape, dtype) for shape, dtype in specs)
     return None
+
+
+def device_scratch(owners: Sequence[Any]) -> Callable[[int], tuple[Any, int]] | None:
+    """Temporary device memory from the caching allocator of the library of the first
+    PyTorch or CuPy GPU array among `owners`: a function of the bytes wanted returning
+    the array (to keep alive until the call's launches are queued) and its address.
+    The library reuses it in the order of its current stream, where the call's work
+    goes, and under CUDA graph capture PyTorch serves it from the graph's pool. None
+    when no owner is of such a library."""
+    for owner in owners:
+        kind = library_of(owner)
+        if kind is Kind.TORCH and owner.is_cuda:
+            return functools.partial(_torch_bytes, owner.device)
+        if kind is Kind.CUPY:
+            return functools.partial(_cupy_bytes, owner.device)
+    return None
+
+
+def _torch_bytes(device: Any, nbytes: int) -> tuple[Any, int]:
+    import torch
+
+    block = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    return block, int(block.data_ptr())
+
+
+def _cupy_bytes(device: Any, nbytes: int) -> tuple[Any, int]:
+    import cupy
+
+    with device:
+        block = cupy.empty(max(nbytes, 1), cupy.uint8)
+    return block, int(block.data.ptr)
 
 
 @functools.cache

@@ -103,6 +103,60 @@ class Binding:
         return {r.var: (r.lo.evaluate(self.sizes), r.hi.evaluate(self.sizes)) for r in st.ranges}
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceCall:
+    """What the steady call on GPU arrays reads of its inputs (`device_signature`):
+    the key of everything the checks of `bind` depend on, the arrays' addresses, the
+    arrays themselves, and the stream each asks the call to order after (None: none)."""
+
+    key: tuple[Any, ...]
+    addresses: tuple[int, ...]
+    owners: tuple[Any, ...]
+    streams: tuple[int | None, ...]
+
+
+def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
+    """The `DeviceCall` of a call whose inputs are all GPU arrays: PyTorch CUDA
+    tensors (read through their attributes) or arrays with `__cuda_array_interface__`;
+    None for any other call. Two calls with the same key pass or fail `bind`'s checks
+    alike (shapes, dtypes, contiguity, no gradient required)."""
+    key: list[Any] = []
+    addresses: list[int] = []
+    streams: list[int | None] = []
+    for a in inputs:
+        kind = type(a)
+        if kind.__module__.startswith("torch"):
+            if not getattr(a, "is_cuda", False):
+                return None
+            device = a.device
+            key.append((kind, a.shape, a.dtype, device, a.is_contiguous(), a.requires_grad))
+            addresses.append(a.data_ptr())
+            streams.append(_torch_stream(device))
+            continue
+        face = getattr(a, "__cuda_array_interface__", None)
+        if face is None:
+            return None
+        key.append((kind, face["shape"], face["typestr"], face.get("strides")))
+        addresses.append(face["data"][0])
+        if kind.__module__.startswith("cupy"):
+            import cupy
+
+            streams.append(int(cupy.cuda.get_current_stream().ptr))
+        else:
+            streams.append(cai_stream(face))
+    return DeviceCall(tuple(key), tuple(addresses), tuple(inputs), tuple(streams))
+
+
+def _torch_stream(device: Any) -> int:
+    """The raw handle of PyTorch's current stream on `device`."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(device.index))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
 def signature_key(args: Sequence[Any]) -> tuple[Any, ...]:
     """What a compiled kernel depends on: the shape and dtype of every input."""
     return tuple((np.shape(a), getattr(a, "dtype", type(a).__name__)) for a in args)

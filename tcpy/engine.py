@@ -25,7 +25,9 @@ import numpy as np
 from tcpy import log, targets
 from tcpy.binding import (
     Binding,
+    DeviceCall,
     bind,
+    device_signature,
     generic_signature_key,
     signature_key,
 )
@@ -56,10 +58,12 @@ class ExecutionEngine:
     out-of-bounds accesses, shared-memory races and divergent barriers; `device` names
     the GPU the kernels are mapped for (`tcpy.mapping.gpu.device.PROFILES`; default
     `TCPY_CUDA_DEVICE`, else "h100"). Option of cuda only: `asynchronous` (default
-    False) lets a call whose inputs and outputs are on the device return without
-    waiting for its kernels; a failure it meets (an out-of-range gather, a division by
-    zero, a failed launch) is raised at the next call on the GPU or by `synchronize()`.
-    A cuda call runs on the caller's current stream (`tcpy.runtime.streams`)."""
+    True) lets a call whose inputs and outputs are on the device return once its
+    kernels are queued on the caller's current stream (`tcpy.runtime.streams`); a
+    failure they meet (an out-of-range gather, a division by zero, a failed launch) is
+    raised at a later call, by `synchronize()`, or when host data is read, naming the
+    def and the call. `asynchronous=False` (or `TCPY_LAUNCH_BLOCKING=1`) makes every
+    call wait and check, as calls on NumPy arrays always do."""
 
     def __init__(
         self,
@@ -79,8 +83,8 @@ class ExecutionEngine:
             if device is not None:
                 named(device)  # an unknown name is an error now, not at the first call
             chosen = targets.CudaEmu(check=emu_check, device=device)
-        if asynchronous:
-            chosen = targets.Cuda(asynchronous=True)
+        if asynchronous is not None:
+            chosen = targets.Cuda(asynchronous=asynchronous)
         self._setup(name, chosen)
 
     @classmethod
@@ -94,17 +98,19 @@ class ExecutionEngine:
 
     def synchronize(self) -> None:
         """Wait for the GPU's calls that did not wait (`asynchronous`), synchronising
-        the streams they were queued on, and raise the first failure among them.
-        Nothing to do on other targets, or when none is pending."""
+        the streams they were queued on, and raise the first failure among them (or
+        among the replays of captured CUDA graphs). Nothing to do on other targets, or
+        when no call is in flight."""
         if self.target != "cuda":
             return
         from tcpy.runtime import cuda as runtime
+        from tcpy.runtime.words import settle
 
         try:
             drv = runtime.driver()
         except TCError:
             return  # no GPU here: nothing ever ran
-        runtime.settle(drv)
+        settle(drv)
 
     def _setup(self, name: str, target: targets.Target) -> None:
         self.target = name
@@ -277,8 +283,10 @@ class ExecutionEngine:
         which the program is undefined, `TCMappingError` for invalid options,
         `TCCompileError` or `TCLaunchError` when the generated code does not build
         or run."""
-        hit = self._known_call(entry, inputs, options)
-        compiled, binding = hit if hit is not None else self._compile(entry, inputs, options)
+        hit = self._known_call(entry, inputs, options, out)
+        if hit is not None and hit[2] is not None:  # GPU arrays: the steady path
+            return hit[0].device_call(hit[1].sizes, hit[2])
+        compiled, binding = hit[:2] if hit is not None else self._compile(entry, inputs, options)
         return compiled.call(binding, inputs, out)
 
     def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
@@ -288,19 +296,28 @@ class ExecutionEngine:
         return self._compile(entry, inputs, options)[0]
 
     def _known_call(
-        self, entry: str, inputs: tuple[Any, ...], options: OptionsArg
-    ) -> tuple[Compiled, Binding] | None:
+        self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
+    ) -> tuple[Compiled, Binding, DeviceCall | None] | None:
         """The kernel and binding of a call whose NumPy inputs have the shapes and
         dtypes of an earlier call with the same options: those were checked then, and
-        every check of a call depends only on them."""
+        every check of a call depends only on them. For GPU arrays whose
+        `device_signature` is that of an earlier call (and no `out=`), the binding
+        holds the sizes only, and the `DeviceCall` is the third item."""
         if options is not None and not isinstance(options, MappingOptions):
             return None
         signature = plain_signature(inputs)
-        known = self._calls.get((entry, options, signature)) if signature is not None else None
+        if signature is None:
+            call = device_signature(inputs) if out is None else None
+            known = self._calls.get((entry, options, call.key)) if call is not None else None
+            if known is None:
+                return None
+            self._session.stats.memory_hits += 1
+            return known[0], Binding((), known[1]), call
+        known = self._calls.get((entry, options, signature))
         if known is None:
             return None
         self._session.stats.memory_hits += 1
-        return known[0], Binding(inputs, known[1])
+        return known[0], Binding(inputs, known[1]), None
 
     def _compile(
         self, entry: str, inputs: tuple[Any, ...], given: OptionsArg
@@ -334,6 +351,9 @@ class ExecutionEngine:
         compiled = Compiled(cdef, kernel, signature_of(kernel, binding), binding.sizes, origin)
         plain = plain_signature(inputs)
         fast = given is None or isinstance(given, MappingOptions)
+        if plain is None and hasattr(kernel, "device_call"):
+            call = device_signature(inputs)
+            plain = None if call is None else call.key  # GPU arrays: `device_call` runs it
         if plain is not None and fast and not binding.empty:
             if len(self._calls) >= _KNOWN_CALLS:
                 self._calls.clear()
@@ -414,8 +434,10 @@ class ExecutionEngine:
 
         def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
             # `run`, inlined: this is the path of every call in a user's loop
-            hit = known(name, inputs, options)
-            compiled, binding = hit if hit is not None else compile_(name, inputs, options)
+            hit = known(name, inputs, options, out)
+            if hit is not None and hit[2] is not None:  # GPU arrays: the steady path
+                return hit[0].device_call(hit[1].sizes, hit[2])
+            compiled, binding = hit[:2] if hit is not None else compile_(name, inputs, options)
             return compiled.call(binding, inputs, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY

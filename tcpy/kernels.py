@@ -7,18 +7,19 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from tcpy import knobs
-from tcpy.binding import Binding, empty_at
+from tcpy.arrays import library_of
+from tcpy.binding import Binding, DeviceCall, empty_at
 from tcpy.empty import EmptyCall
-from tcpy.errors import TCError
+from tcpy.errors import TCError, TCLaunchError
 from tcpy.mapping.options import MappingOptions
-from tcpy.parser.checked import CheckedDef, Role, TensorInfo
+from tcpy.parser.checked import CheckedDef, TensorInfo
 from tcpy.poly.scop import instances
 from tcpy.reference import interpreter
 from tcpy.runtime.cpu import address
@@ -307,6 +308,12 @@ class Prepared:
         return with_scratch
 
 
+def _address(array: Any) -> int:
+    """The device address of a PyTorch tensor or CuPy array."""
+    pointer = getattr(array, "data_ptr", None)
+    return int(pointer()) if pointer is not None else int(array.data.ptr)
+
+
 def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A buffer of all-ones bytes: NaN for floats, -1 for integers."""
     size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -339,21 +346,20 @@ class EmulatedKernel(HostKernel):
 class GpuKernels:
     """Compiled CUDA kernels of one definition on the GPU. NumPy inputs are copied to
     the device and the outputs back; device inputs are used in place, and the outputs
-    then stay on the device (`DeviceArray`, which PyTorch and CuPy take without copy).
+    then stay on the device (new arrays of the inputs' library, from its allocator,
+    made by `tcpy.compiled`; else `DeviceArray`s from the driver's pool).
 
-    A call borrows what it does not hand to the caller from the driver's memory pool
-    (`runtime.pool`): the copies of host inputs, the temporaries, host outputs on their
-    way back and the status word. Outputs and temporaries start at zero, except the
-    tensors the kernels write whole before reading them (`written`), which are not
-    filled (with `TCPY_POISON=1`, filled with all-ones bytes, so that an element the
-    kernels failed to write shows). Every copy, memset and launch of a call is queued
-    on the caller's current stream (`runtime.streams.call_streams`), the kernels back
-    to back; the call synchronises that stream once, after the last, and then checks
-    the status word. With `asynchronous`, a call whose outputs all stay on the device
-    returns without waiting: its status word is read at the next call on the GPU or at
-    `runtime.settle` (`ExecutionEngine.synchronize`), which synchronise its stream and
-    raise its failure then; the memory it borrowed goes back to the pool pending on its
-    stream."""
+    A call's launches at given sizes are a `runtime.launch.LaunchPlan`, built on the
+    first call at those sizes and replayed. Every copy, memset and launch is queued on
+    the caller's current stream (`runtime.streams.call_streams`), the kernels back to
+    back. A call whose arrays all stay on the device returns once its work is queued
+    (`asynchronous`, the default): its status word is read lazily
+    (`runtime.words`), and a failure raised at a later call, at `ExecutionEngine.
+    synchronize` or when host data is read. A call with NumPy inputs or outputs, or
+    with `asynchronous=False` or `TCPY_LAUNCH_BLOCKING=1`, synchronises its stream
+    after its last kernel and checks its status word then. Outputs and temporaries
+    start at zero, except the tensors the kernels write whole before reading them
+    (`written`; with `TCPY_POISON=1`, filled with all-ones bytes instead)."""
 
     cdef: CheckedDef
     source: str
@@ -361,17 +367,25 @@ class GpuKernels:
     launches: list[Launch]
     options: MappingOptions
     written: frozenset[str] = frozenset()
-    asynchronous: bool = False
+    asynchronous: bool = True
     generic: bool = False
     cache_key: str = ""
     accepts_device_out: ClassVar[bool] = True
+    # launch plans by the values of the sizes and the driver; output shapes by sizes
+    _plans: dict[tuple[Any, ...], Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _specs: dict[tuple[int, ...], Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime import streams
+        from tcpy.runtime.words import words
 
         drv = runtime.driver()
-        runtime.settle(drv)  # an earlier call's failure is reported before this one runs
+        words(drv).check()  # an earlier call's failure is reported before this one runs
         dests = out or (None,) * len(self.cdef.outputs)
         # the caller's stream (and those of other libraries' arrays among the inputs)
         ordered = streams.call_streams((*binding.arrays, *dests))
@@ -381,95 +395,187 @@ class GpuKernels:
         finally:
             streams.leave(drv, ordered)
 
+    def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> tuple[Any, ...]:
+        """The steady call on GPU arrays (`Compiled.device_call`): the inputs were
+        checked at these sizes by an earlier call with the same `device_signature`;
+        new outputs from the inputs' library (PyTorch, CuPy), else `DeviceArray`s
+        from the pool."""
+        from tcpy.arrays import device_scratch, new_device_outputs
+        from tcpy.runtime import cuda as runtime
+        from tcpy.runtime import streams
+        from tcpy.runtime.launch import borrow
+        from tcpy.runtime.words import words
+
+        drv = runtime.driver()
+        words(drv).check()  # an earlier call's failure is reported before this one runs
+        cdef = self.cdef
+        plan = self.plan(drv, [sizes[s] for s in cdef.size_symbols])
+        specs = self._output_specs(sizes)
+        outputs = new_device_outputs(library_of(call.owners[0]), call.owners, specs)
+        ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None)) or (0,)
+        stream = ordered[0]
+        if outputs is None:
+            memory = runtime.pool(drv)
+            captured = drv.capturing(stream)
+            outputs = tuple(
+                runtime.DeviceArray(
+                    shape, dtype, borrow(memory, nbytes, stream, captured), drv, stream, captured
+                )
+                for (shape, dtype), nbytes in zip(specs, plan.buffers, strict=False)
+            )
+            addresses = [*call.addresses, *(o.pointer for o in outputs)]
+            for owner in call.owners:
+                if isinstance(owner, runtime.DeviceArray):
+                    owner.used_on(stream)
+            scratch = None
+        else:
+            addresses = [*call.addresses, *map(_address, outputs)]
+            scratch = device_scratch(call.owners)
+        many = len(ordered) > 1 or drv.work_stream(stream) != stream
+        if many:
+            streams.enter(drv, ordered)
+        try:
+            code = plan.run(addresses, stream, scratch, self.waits(stream))
+        finally:
+            if many:
+                streams.leave(drv, ordered)
+        if code:
+            from tcpy.runtime.status import check_status
+
+            check_status(code)
+        return outputs
+
+    def _output_specs(self, sizes: Mapping[str, int]) -> list[tuple[tuple[int, ...], Any]]:
+        """The shape and dtype of each output at `sizes`."""
+        key = tuple(sizes[s] for s in self.cdef.size_symbols)
+        found = self._specs.get(key)
+        if found is None:
+            if len(self._specs) >= 64:
+                self._specs.clear()
+            found = self._specs[key] = [
+                (tuple(max(d.evaluate(sizes), 0) for d in t.shape), t.scalar.dtype)
+                for t in self.cdef.outputs
+            ]
+        return found
+
+    def plan(self, drv: Any, sizes: Sequence[int]) -> Any:
+        """The launch plan at `sizes` (the values of the def's size symbols)."""
+        from tcpy.runtime.launch import LaunchPlan
+
+        key = (*sizes, id(drv))
+        found = self._plans.get(key)
+        if found is not None and found.drv is drv:
+            return found
+        cdef = self.cdef
+        values = dict(zip(cdef.size_symbols, sizes, strict=True))
+        tensors = (*cdef.outputs, *cdef.temporaries)
+        buffers = [
+            math.prod(max(d.evaluate(values), 0) for d in t.shape) * t.scalar.dtype.itemsize
+            for t in tensors
+        ]
+        if len(self._plans) >= 64:
+            self._plans.clear()
+        found = self._plans[key] = LaunchPlan(
+            cdef.name, self.functions, self.launches, list(sizes), len(cdef.inputs),
+            len(cdef.outputs), buffers, [t.name not in self.written for t in tensors], drv,
+        )  # fmt: skip
+        return found
+
+    def waits(self, stream: int) -> bool:
+        """Whether a call on the device queued on `stream` waits for its kernels: with
+        `asynchronous=False`, `TCPY_LAUNCH_BLOCKING=1`, or on the per-thread default
+        stream (which only the thread that queued the call can name)."""
+        from tcpy.runtime.streams import PER_THREAD
+
+        return not self.asynchronous or knobs.launch_blocking() or stream == PER_THREAD
+
     def _run(
         self, drv: Any, binding: Binding, dests: tuple[Any, ...], stream: int
     ) -> tuple[Any, ...]:
         """The call's work, every operation queued on `stream` in order."""
+        from tcpy.arrays import device_scratch
         from tcpy.binding import DeviceInput
         from tcpy.runtime import cuda as runtime
+        from tcpy.runtime.launch import borrow
         from tcpy.runtime.status import check_status
-        from tcpy.runtime.streams import PER_THREAD
 
         memory = runtime.pool(drv)
         cdef = self.cdef
+        plan = self.plan(drv, [binding.sizes[s] for s in cdef.size_symbols])
+        captured = drv.capturing(stream)
+        given = (*binding.arrays, *(d for d in dests if d is not None))
+        if captured and not all(isinstance(a, DeviceInput) for a in given):
+            raise TCLaunchError(
+                f"a call of {cdef.name} being captured into a CUDA graph cannot copy host "
+                "arrays or wait for its kernels: pass arrays on the device"
+            )
         borrowed: list[int] = []  # given back to the pool when the call ends
         handed: list[int] = []  # the caller's, unless the call fails
-        pending: int | None = stream  # the stream whose queued work may use `borrowed`
+        owners = []
 
-        def borrow(nbytes: int) -> int:
+        def lend(nbytes: int) -> int:
             borrowed.append(memory.acquire(nbytes, stream))
             return borrowed[-1]
 
         try:
-            pointers = []
+            addresses = []
             for a in binding.arrays:
                 if isinstance(a, DeviceInput):
-                    pointers.append(a.pointer)
+                    addresses.append(a.pointer)
+                    owners.append(a.owner)
                 else:
-                    pointers.append(borrow(a.nbytes))
-                    drv.to_device(pointers[-1], a, stream)
-            results = []
-            tensors = (*cdef.outputs, *cdef.temporaries)
-            for t, dest in zip(tensors, (*dests, *(None,) * len(cdef.temporaries)), strict=True):
-                shape = binding.shape_of(t)
-                nbytes = int(np.prod(shape, dtype=np.int64)) * t.scalar.dtype.itemsize
+                    addresses.append(lend(a.nbytes))
+                    drv.to_device(addresses[-1], a, stream)
+            stays = True
+            for nbytes, dest in zip(plan.buffers, dests, strict=False):
                 if isinstance(dest, DeviceInput):
-                    pointer = dest.pointer
-                elif t.role is Role.OUTPUT and dest is None and binding.on_device:
-                    pointer = drv.alloc(max(nbytes, 1))  # a DeviceArray of the caller's
-                    handed.append(pointer)
+                    addresses.append(dest.pointer)
+                    owners.append(dest.owner)
+                elif dest is None and binding.on_device:  # a DeviceArray
+                    addresses.append(borrow(memory, nbytes, stream, captured))
+                    handed.append(addresses[-1])
                 else:
-                    pointer = borrow(nbytes)
-                if t.name not in self.written:
-                    drv.memset(pointer, 0, nbytes, stream)
-                elif knobs.poison_buffers():
-                    drv.memset(pointer, 0xFF, nbytes, stream)
-                results.append((t, shape, pointer, dest))
-                pointers.append(pointer)
-            status = borrow(4)
-            drv.memset(status, 0, 4, stream)
-            args = [("i64", binding.sizes[s]) for s in cdef.size_symbols]
-            args += [("ptr", p) for p in pointers] + [("ptr", status)]
-            for function, (grid, block) in zip(self.functions, self.launches, strict=True):
-                drv.launch(function, grid, block, args, stream)
-            stays = all(dest is None or isinstance(dest, DeviceInput) for dest in dests)
-            # another thread could not synchronise this thread's per-thread stream
-            if self.asynchronous and binding.on_device and stays and stream != PER_THREAD:
-                runtime.defer(drv, borrowed.pop(), cdef.name, stream)  # read later
-            else:
-                runtime.wait(drv, stream)  # once per call: a failed launch raises here
-                pending = None
-                code = np.zeros(1, np.int32)
-                drv.to_host(code, status, stream)
-                check_status(int(code[0]))
-            outputs = self._collect(drv, binding, results, stream)
+                    addresses.append(lend(nbytes))
+                    stays = False
+            for owner in owners:
+                if isinstance(owner, runtime.DeviceArray):
+                    owner.used_on(stream)
+            wait = not (binding.on_device and stays) or self.waits(stream)
+            code = plan.run(addresses, stream, device_scratch(owners), wait)
+            if code:
+                check_status(code)
+            pointers = addresses[len(binding.arrays) :]
+            outputs = self._collect(drv, binding, pointers, dests, stream, captured)
             handed.clear()
             return tuple(outputs)
         finally:
             for pointer in borrowed:
-                memory.release(pointer, pending)
+                memory.release(pointer, stream)
             for pointer in handed:  # the call failed before handing them over
-                drv.free(pointer)
+                if not captured:
+                    memory.release(pointer, stream)
 
-    @staticmethod
-    def _collect(drv: Any, binding: Binding, results: list[Any], stream: int) -> list[Any]:
+    def _collect(
+        self, drv: Any, binding: Binding, pointers: list[int], dests: tuple[Any, ...],
+        stream: int, captured: bool,
+    ) -> list[Any]:  # fmt: skip
         """The outputs: the destinations given (a host one copied into), else new
         arrays on the device for device inputs, on the host for host inputs."""
         from tcpy.binding import DeviceInput
         from tcpy.runtime import cuda as runtime
 
         outputs: list[Any] = []
-        for t, shape, pointer, dest in results:
+        for t, pointer, dest in zip(self.cdef.outputs, pointers, dests, strict=True):
+            shape = binding.shape_of(t)
             if isinstance(dest, DeviceInput):
                 outputs.append(dest)
-            elif t.role is not Role.OUTPUT:
-                continue
             elif dest is not None or not binding.on_device:
                 host = np.empty(shape, t.scalar.dtype) if dest is None else dest
                 drv.to_host(host, pointer, stream)
                 outputs.append(host)
             else:
-                outputs.append(runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv, stream))
+                array = runtime.DeviceArray(shape, t.scalar.dtype, pointer, drv, stream, captured)
+                outputs.append(array)
         return outputs
 
 

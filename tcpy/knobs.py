@@ -136,6 +136,13 @@ def poison_buffers() -> bool:
     return _call_knob("TCPY_POISON", b"TCPY_POISON") == "1"
 
 
+def launch_blocking() -> bool:
+    """`TCPY_LAUNCH_BLOCKING=1` makes every GPU call wait for its kernels and check
+    its status word before it returns (as `CUDA_LAUNCH_BLOCKING` does for CUDA's
+    own errors); read at each call."""
+    return _call_knob("TCPY_LAUNCH_BLOCKING", b"TCPY_LAUNCH_BLOCKING") == "1"
+
+
 def emu_check() -> bool:
     """`TCPY_EMU_CHECK=1` runs `cuda-emu` kernels instrumented and checked: bounds,
     shared-memory races, divergent barriers."""

@@ -329,13 +329,13 @@ def _read_launches(directory: Path) -> list[Launch]:
 
 class Cuda(Target):
     """The CUDA target: NVRTC to a cubin for the device, launched through the driver.
-    `asynchronous`: calls whose outputs stay on the device do not wait for their
-    kernels (`GpuKernels`)."""
+    `asynchronous` (the default): calls whose arrays all stay on the device do not
+    wait for their kernels (`GpuKernels`); False: every call waits."""
 
     name = "cuda"
     accepts_device_arrays = True
 
-    def __init__(self, asynchronous: bool = False) -> None:
+    def __init__(self, asynchronous: bool = True) -> None:
         self.asynchronous = asynchronous
 
     def default_options(self, cdef: CheckedDef) -> MappingOptions:

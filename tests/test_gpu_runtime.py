@@ -1,8 +1,9 @@
 """The CUDA runtime's call path without a GPU: `GpuKernels` over a driver whose memory
 is host bytes and whose kernels are Python functions reading and writing it. What it
 checks is the runtime's own work, which the `gpu` tests repeat on a real device: memory
-borrowed from the pool and given back, the caller's outputs handed over or freed, one
-synchronisation per call, zero-fill only where the def needs it, the status word."""
+borrowed from the pool and given back, the caller's outputs handed over or given back,
+one synchronisation per call that waits and none for one that does not, zero-fill
+only where the def needs it, the status words read lazily, launch plans, captures."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tcpy.kernels import GpuKernels
 from tcpy.parser import check_source
 from tcpy.poly.coverage import written_before_read
 from tcpy.poly.scop import build_scop
-from tcpy.runtime import cuda, streams
+from tcpy.runtime import cuda, streams, words
 from tcpy.runtime.status import KernelFault
 
 SOURCE = """
@@ -52,7 +53,7 @@ def drv(monkeypatch: pytest.MonkeyPatch) -> HostMemoryDriver:
 
 
 def _kernels(
-    *functions: Callable[..., None], asynchronous: bool = False, source: str = SOURCE
+    *functions: Callable[..., None], asynchronous: bool = True, source: str = SOURCE
 ) -> tuple[GpuKernels, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tcpy.TCWarning)
@@ -77,15 +78,16 @@ def test_host_calls_borrow_from_the_pool_and_give_everything_back(
     o, p = kernels(bind(cdef, [a]))
     np.testing.assert_array_equal(o, a * 2)
     np.testing.assert_array_equal(p, a)
-    first = drv.allocs  # A's copy, O, P and the status word
-    assert first == 4 and drv.syncs == 1
+    first = drv.allocs  # A's copy, O and P (the status word is in mapped host memory)
+    assert first == 3 and drv.syncs == 1 and drv.calls["mapped_words"] == 1
     for _ in range(5):
         o, p = kernels(bind(cdef, [a]))
         np.testing.assert_array_equal(p, a)  # P is zeroed again though its block is reused
     assert drv.allocs == first and drv.frees == 0
-    assert drv.syncs == 6
+    assert drv.syncs == 6 and drv.calls["mapped_words"] == 1
     memory = cuda.pool(drv)
-    assert sum(len(b) for b in memory.idle.values()) == 4
+    assert sum(len(b) for b in memory.idle.values()) == 3
+    assert not words.words(drv).owner  # every call read its word and gave it back
 
 
 def test_only_the_tensors_not_written_whole_are_zero_filled(
@@ -96,11 +98,11 @@ def test_only_the_tensors_not_written_whole_are_zero_filled(
     monkeypatch.delenv("TCPY_POISON", raising=False)
     kernels(bind(cdef, [a]))
     fills = [(value, nbytes) for _, value, nbytes in drv.memsets]
-    assert fills == [(0, 16), (0, 4)]  # P, then the status word; not O
+    assert fills == [(0, 16)]  # P; not O, and no status word (the host zeroes those)
     drv.memsets.clear()
     monkeypatch.setenv("TCPY_POISON", "1")
     o, _ = kernels(bind(cdef, [a]))
-    assert [(v, n) for _, v, n in drv.memsets] == [(0xFF, 16), (0, 16), (0, 4)]
+    assert [(v, n) for _, v, n in drv.memsets] == [(0xFF, 16), (0, 16)]
     np.testing.assert_array_equal(o, a * 2)
 
 
@@ -119,22 +121,23 @@ def test_kernels_run_back_to_back_and_synchronise_once(drv: HostMemoryDriver) ->
     assert order == ["first after 0 syncs", "second after 0 syncs"] and drv.syncs == 1
 
 
-def test_device_outputs_are_the_callers_and_freed_if_the_call_fails(
+def test_device_outputs_are_the_callers_and_given_back_if_the_call_fails(
     drv: HostMemoryDriver,
 ) -> None:
-    kernels, cdef = _kernels(_scale)
+    kernels, cdef = _kernels(_scale, asynchronous=False)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32))
     o, p = kernels(bind(cdef, [a]))
     assert isinstance(o, cuda.DeviceArray) and isinstance(p, cuda.DeviceArray)
     np.testing.assert_array_equal(o.get(), [0, 2, 4])
-    assert drv.frees == 0
-    allocs = drv.allocs
+    memory = cuda.pool(drv)
+    idle = sum(len(b) for b in memory.idle.values())
     drv.fail_sync = True
     with pytest.raises(TCLaunchError, match="injected"):
         kernels(bind(cdef, [a]))
-    assert drv.allocs == allocs + 2 and drv.frees == 2  # the two outputs it would have handed
+    assert sum(len(b) for b in memory.idle.values()) == idle + 2  # the two it would have handed
     del o, p
-    assert drv.frees == 4  # a DeviceArray frees its memory with the object
+    assert sum(len(b) for b in memory.idle.values()) == idle + 4  # back with the objects
+    assert drv.frees == 0  # all in the pool, for the next call
 
 
 def test_a_fault_in_the_status_word_is_raised_and_the_memory_given_back(
@@ -144,7 +147,8 @@ def test_a_fault_in_the_status_word_is_raised_and_the_memory_given_back(
     with pytest.raises(KernelFault, match="outside its extent"):
         kernels(bind(cdef, [np.ones(3, np.float32)]))
     assert drv.syncs == 1
-    assert drv.frees == 0 and sum(len(b) for b in cuda.pool(drv).idle.values()) == 4
+    assert drv.frees == 0 and sum(len(b) for b in cuda.pool(drv).idle.values()) == 3
+    assert not words.words(drv).owner
 
 
 @pytest.mark.parametrize("nbytes", [1, 512, 513, 1000, 4096, 4097, 10**6, 3 * 2**20 + 1])
@@ -177,42 +181,166 @@ def test_the_pool_keeps_only_so_much_idle_and_retries_after_trimming() -> None:
     assert memory.idle_bytes == 0 and drv.frees == 2  # the idle block freed, then retried
 
 
-def test_an_asynchronous_call_on_the_device_returns_without_waiting(
+def test_a_call_on_the_device_returns_without_waiting_by_default(
     drv: HostMemoryDriver,
 ) -> None:
-    """Device inputs and outputs: no synchronisation at the call; the next call waits
-    for it first and reads its status word. Host outputs still wait."""
-    kernels, cdef = _kernels(_scale, asynchronous=True)
+    """Device inputs and outputs: no synchronisation and no copy at the call, nor at
+    the next; host outputs still wait, once."""
+    kernels, cdef = _kernels(_scale)
+    assert kernels.asynchronous  # the target's default
     a = DeviceVector(drv, np.arange(3, dtype=np.float32))
     o, _ = kernels(bind(cdef, [a]))
-    assert drv.syncs == 0
-    np.testing.assert_array_equal(o.get(), [0, 2, 4])
     kernels(bind(cdef, [a]))
-    assert drv.syncs == 1  # the first call's status, read before the second ran
+    assert drv.syncs == 0 and drv.calls["to_host"] == 0
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])  # reads on its stream
     kernels(bind(cdef, [np.ones(3, np.float32)]))  # host outputs: copied back, so waited
-    assert drv.syncs == 3
+    assert drv.syncs == 1
 
 
 def test_an_asynchronous_failure_is_raised_at_the_next_call_or_by_synchronize(
     drv: HostMemoryDriver,
 ) -> None:
-    faulty, cdef = _kernels(_gather_fault, asynchronous=True)
+    faulty, cdef = _kernels(_gather_fault)
     kernels, _ = _kernels(_scale)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32))
     faulty(bind(cdef, [a]))  # returns: the fault is in a status word nobody read yet
-    with pytest.raises(tcpy.TCInputError, match="a call of scale that did not wait failed") as e:
+    with pytest.raises(tcpy.TCInputError, match=r"call 1 of scale .* reported asynchronously") as e:
         kernels(bind(cdef, [a]))
     assert not isinstance(e.value, KernelFault)  # not explained by the call running now
+    assert "TCPY_LAUNCH_BLOCKING=1" in str(e.value)
+    assert drv.syncs == 0  # found in mapped memory, without waiting
     kernels(bind(cdef, [a]))  # reported once
-    engine = tcpy.ExecutionEngine("cuda", asynchronous=True)
+    engine = tcpy.ExecutionEngine("cuda")
     faulty(bind(cdef, [a]))
     with pytest.raises(tcpy.TCInputError, match="outside its extent"):
         engine.synchronize()
-    syncs = drv.syncs
-    engine.synchronize()  # nothing pending: no wait
-    assert drv.syncs == syncs
-    memory = cuda.pool(drv)  # every block back, the deferred status words too
-    assert sum(len(b) for b in memory.idle.values()) == len(memory.sizes)
+    assert drv.syncs == 1  # the one stream with calls in flight
+    engine.synchronize()  # nothing in flight: no wait
+    assert drv.syncs == 1
+    assert not words.words(drv).owner  # every word read and free
+    memory = cuda.pool(drv)
+    assert sum(len(b) for b in memory.idle.values()) == len(memory.sizes) - 0
+
+
+def test_a_failure_is_raised_where_host_data_is_read(drv: HostMemoryDriver) -> None:
+    faulty, cdef = _kernels(_gather_fault)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32))
+    o, _ = faulty(bind(cdef, [a]))
+    with pytest.raises(tcpy.TCInputError, match="call 1 of scale"):
+        o.get()
+
+
+def test_launch_blocking_checks_every_call_at_the_call(
+    drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faulty, cdef = _kernels(_gather_fault)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32))
+    monkeypatch.setenv("TCPY_LAUNCH_BLOCKING", "1")
+    with pytest.raises(KernelFault, match="outside its extent"):
+        faulty(bind(cdef, [a]))
+    assert drv.syncs == 1
+    monkeypatch.delenv("TCPY_LAUNCH_BLOCKING")
+    blocking, _ = _kernels(_gather_fault, asynchronous=False)  # the engine's option
+    with pytest.raises(KernelFault):
+        blocking(bind(cdef, [a]))
+    assert drv.syncs == 2 and not words.words(drv).owner
+
+
+def test_a_steady_call_launches_and_nothing_else(
+    drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once warm, a call on device arrays asks the driver for its launches only: no
+    synchronisation, copy, memset of a status word or allocation; an event every
+    `BATCH` calls tells when their words may be reused, and the words are reused."""
+    monkeypatch.delenv("TCPY_POISON", raising=False)
+    kernels, cdef = _kernels(_scale)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32))
+    binding = bind(cdef, [a])
+    for _ in range(3):  # warm: the pool holds blocks for the outputs
+        del _
+        kernels(binding)
+    drv.calls.clear()
+    calls = 4 * words.SLAB
+    for _ in range(calls):
+        kernels(binding)
+    steady = dict(drv.calls)
+    assert steady.pop("launch") == calls
+    assert steady.pop("memset") == calls  # P's zeros (the def adds to them), not a word
+    assert steady.pop("record") == calls // words.BATCH
+    assert steady.pop("done") <= calls // words.BATCH  # queried, never waited for
+    assert steady.pop("event", 0) <= 2 * words.SLAB // words.BATCH  # then reused
+    assert steady == {}  # no synchronisation, copy, allocation or new slab
+
+
+def test_words_in_flight_are_never_waited_for(drv: HostMemoryDriver) -> None:
+    """While the device is behind (no event done), a call takes a new slab of words
+    rather than wait."""
+    kernels, cdef = _kernels(_scale)
+    binding = bind(cdef, [DeviceVector(drv, np.arange(3, dtype=np.float32))])
+    drv.busy = True
+    for _ in range(words.SLAB + 1):
+        kernels(binding)
+    assert drv.calls["mapped_words"] == 2 and drv.syncs == 0
+    drv.busy = False
+    tcpy.ExecutionEngine("cuda").synchronize()
+    assert not words.words(drv).owner
+
+
+def test_a_call_captured_into_a_graph_is_checked_after_its_replays(
+    drv: HostMemoryDriver,
+) -> None:
+    """During a capture nothing waits, allocates or records; the captured call's word
+    is the graph's, read after replays, and reported as a replay's failure."""
+    replay: list[Callable[[], None]] = []
+
+    def captured(d: HostMemoryDriver, args: list[int]) -> None:
+        replay.append(lambda: _gather_fault(d, args))  # what a replay will do
+
+    kernels, cdef = _kernels(captured)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    kernels(bind(cdef, [a]))  # a warm-up: the pool holds the blocks the capture needs
+    drv.capture = STREAM_A
+    drv.calls.clear()
+    kernels(bind(cdef, [a]))
+    assert set(drv.calls) <= {"launch", "memset"}
+    drv.capture = None
+    tcpy.ExecutionEngine("cuda").synchronize()  # no replay yet: all well
+    replay[-1]()  # the graph replayed, and its kernel faulted
+    with pytest.raises(tcpy.TCInputError, match="a replay of a CUDA graph that captured call"):
+        tcpy.ExecutionEngine("cuda").synchronize()
+    tcpy.ExecutionEngine("cuda").synchronize()  # reported once per fault
+    replay[-1]()
+    with pytest.raises(tcpy.TCInputError, match="replay"):
+        kernels(bind(cdef, [a]))  # the next call looks too
+
+
+def test_a_capture_needs_no_driver_memory_or_wait(drv: HostMemoryDriver) -> None:
+    kernels, cdef = _kernels(_twice, source=TEMPORARY)
+    a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
+    drv.capture = STREAM_A
+    with pytest.raises(TCLaunchError, match="warm-up"):
+        kernels(bind(cdef, [a]))  # T needs memory, and none is idle
+    drv.capture = streams.DEFAULT  # where NumPy inputs go
+    with pytest.raises(TCLaunchError, match="cannot copy host arrays or wait"):
+        kernels(bind(cdef, [np.ones(3, np.float32)]))
+    drv.capture = None
+    kernels(bind(cdef, [a]))  # warm-up
+    tcpy.ExecutionEngine("cuda").synchronize()
+    drv.capture = STREAM_A
+    memory = cuda.pool(drv)
+    idle = memory.idle_bytes
+    kernels(bind(cdef, [a]))
+    assert memory.idle_bytes < idle  # T's block now the graph's, not given back
+    drv.capture = None
+
+
+def test_a_failure_nobody_was_told_of_is_printed_at_exit(
+    drv: HostMemoryDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    faulty, cdef = _kernels(_gather_fault)
+    faulty(bind(cdef, [DeviceVector(drv, np.arange(3, dtype=np.float32))]))
+    words._at_exit()
+    assert "a GPU call failed and was never reported: call 1 of scale" in capsys.readouterr().err
 
 
 def test_asynchronous_is_an_option_of_the_cuda_target_only() -> None:
@@ -235,9 +363,8 @@ def test_a_call_runs_on_the_stream_its_inputs_interface_names(drv: HostMemoryDri
     a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
     drv.streams.clear()
     o, _ = kernels(bind(cdef, [a]))
-    assert _operations(drv) == {"memset", "launch", "synchronize", "to_host"}
-    assert {stream for _, stream in drv.streams} == {STREAM_A}
-    assert drv.streams.count(("synchronize", STREAM_A)) == 1 and not drv.orders
+    assert _operations(drv) == {"memset", "launch"}  # no wait, no copy
+    assert {stream for _, stream in drv.streams} == {STREAM_A} and not drv.orders
     drv.streams.clear()
     np.testing.assert_array_equal(o.get(), [0, 2, 4])  # read back in the stream's order
     assert drv.streams == [("to_host", STREAM_A)]
@@ -292,6 +419,7 @@ def test_arrays_on_two_streams_run_on_the_first_ordered_against_the_other(
     assert {stream for _, stream in drv.streams} == {STREAM_A}
     assert drv.orders == [(STREAM_A, STREAM_B), (STREAM_B, STREAM_A)]
     np.testing.assert_array_equal(drv.view(o.pointer, 3), [0, 2, 4])
+    tcpy.ExecutionEngine("cuda").synchronize()
 
 
 def test_a_driver_with_a_stream_of_its_own_is_ordered_against_the_callers(
@@ -304,31 +432,29 @@ def test_a_driver_with_a_stream_of_its_own_is_ordered_against_the_callers(
     monkeypatch.setattr(cuda, "driver", lambda: drv)
     kernels, cdef = _kernels(_scale)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
-    kernels(bind(cdef, [a]))
+    blocking, _ = _kernels(_scale, asynchronous=False)
+    blocking(bind(cdef, [a]))
     assert drv.orders == [(own, STREAM_A), (STREAM_A, own)]
-    asynchronous, _ = _kernels(_scale, asynchronous=True)
+    kernels, cdef = _kernels(_scale)
     drv.orders.clear()
-    asynchronous(bind(cdef, [a]))  # returns before the kernels ran: ordered all the same
+    kernels(bind(cdef, [a]))  # returns before the kernels ran: ordered all the same
     assert drv.orders == [(own, STREAM_A), (STREAM_A, own)]
 
 
-def test_the_asynchronous_mode_settles_the_streams_calls_were_queued_on(
+def test_synchronize_waits_for_the_streams_calls_were_queued_on(
     drv: HostMemoryDriver,
 ) -> None:
-    kernels, cdef = _kernels(_scale, asynchronous=True)
+    kernels, cdef = _kernels(_scale)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
     b = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_B)
     kernels(bind(cdef, [a]))
+    drv.streams.clear()
+    kernels(bind(cdef, [b]))  # queued on B without waiting for A's call
+    assert {stream for _, stream in drv.streams} == {STREAM_B}
     assert drv.syncs == 0
     drv.streams.clear()
-    kernels(bind(cdef, [b]))  # settles A's call first, then queues on B
-    assert drv.streams[:2] == [("synchronize", STREAM_A), ("to_host", STREAM_A)]
-    assert {stream for _, stream in drv.streams[2:]} == {STREAM_B}
-    assert ("synchronize", STREAM_B) not in drv.streams
-    kernels(bind(cdef, [a]))  # B's call settled, then one on A pending
-    drv.streams.clear()
-    tcpy.ExecutionEngine("cuda", asynchronous=True).synchronize()
-    assert drv.streams == [("synchronize", STREAM_A), ("to_host", STREAM_A)]
+    tcpy.ExecutionEngine("cuda").synchronize()
+    assert drv.streams == [("synchronize", STREAM_A), ("synchronize", STREAM_B)]
 
 
 def test_a_call_on_the_per_thread_default_stream_waits_even_when_asynchronous(
@@ -336,7 +462,7 @@ def test_a_call_on_the_per_thread_default_stream_waits_even_when_asynchronous(
 ) -> None:
     """Only the thread that queued it can name its per-thread default stream, and a
     pending word may be read from another thread."""
-    kernels, cdef = _kernels(_scale, asynchronous=True)
+    kernels, cdef = _kernels(_scale)
     kernels(bind(cdef, [DeviceVector(drv, np.ones(3, np.float32), stream=streams.PER_THREAD)]))
     assert drv.streams.count(("synchronize", streams.PER_THREAD)) == 1
 
@@ -361,11 +487,11 @@ def test_a_block_given_back_pending_on_one_stream_waits_for_its_synchronisation(
     """An asynchronous call on A gives T's block back while its kernels may still run:
     a request for A may have it (A's order puts it after them), one for B not until A
     is synchronised."""
-    kernels, cdef = _kernels(_twice, asynchronous=True, source=TEMPORARY)
+    kernels, cdef = _kernels(_twice, source=TEMPORARY)
     memory = cuda.pool(drv)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)
     o = kernels(bind(cdef, [a]))[0]
-    np.testing.assert_array_equal(o.get(), [0, 2, 4])
+    np.testing.assert_array_equal(drv.view(o.pointer, 3), [0, 2, 4])
     (block,) = (p for (_, key), blocks in memory.idle.items() if key == STREAM_A for p in blocks)
     other = memory.acquire(12, STREAM_B)
     assert other != block
@@ -374,8 +500,9 @@ def test_a_block_given_back_pending_on_one_stream_waits_for_its_synchronisation(
     memory.release(block, STREAM_A)
     drv.streams.clear()
     kernels(bind(cdef, [DeviceVector(drv, np.ones(3, np.float32), stream=STREAM_B)]))
-    first_on_b = next(k for k, (_, s) in enumerate(drv.streams) if s == STREAM_B)
-    assert ("synchronize", STREAM_A) in drv.streams[:first_on_b]  # settled before B had it
+    assert block in memory.idle[(memory.rounded(12), STREAM_A)]  # B took another, unwaited
+    assert drv.syncs == 0
+    np.testing.assert_array_equal(o.get(), [0, 2, 4])  # A synchronised: its blocks free
     assert all(key != STREAM_A for _, key in memory.idle)
 
 
@@ -411,3 +538,66 @@ def test_the_drivers_context_is_made_current_once_in_each_thread_that_asks(
     other.start()
     other.join()
     assert driver.bound == 2
+
+
+# The engine's steady path on GPU arrays: the cubin built by NVRTC, the kernels the
+# fake driver's Python functions.
+
+DOUBLE = "def twice_of(float(N) A) -> (O) { O(i) = A(i) * 2 }"
+
+
+def _double(drv: HostMemoryDriver, args: list[int]) -> None:
+    n, a, o, _status = args[0], args[1], args[-2], args[-1]  # a second input: ignored
+    drv.view(o, n)[:] = drv.view(a, n) * 2
+
+
+@pytest.fixture
+def engine_drv(monkeypatch: pytest.MonkeyPatch) -> HostMemoryDriver:
+    pytest.importorskip("cuda.bindings.nvrtc")
+    driver = HostMemoryDriver(kernels={"tc_kernel_0": _double})
+    monkeypatch.setattr(cuda, "driver", lambda: driver)
+    monkeypatch.delenv("TCPY_POISON", raising=False)
+    return driver
+
+
+def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
+    engine_drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drv = engine_drv
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(DOUBLE)
+    a = DeviceVector(drv, np.arange(4, dtype=np.float32))
+    first = engine.twice_of(a)
+    np.testing.assert_array_equal(first.get(), [0, 2, 4, 6])
+    del first
+    compiled = engine.compile("twice_of", a)
+    compiled(a)  # checked once
+
+    def unexpected(*args: Any) -> None:
+        raise AssertionError("a steady call binds nothing")
+
+    monkeypatch.setattr("tcpy.engine.bind", unexpected)
+    monkeypatch.setattr("tcpy.compiled.bind", unexpected)
+    b = DeviceVector(drv, np.arange(4, dtype=np.float32) + 1)
+    for _ in range(2):  # the pool then holds the two blocks the loop alternates between
+        out = engine.twice_of(b)
+    drv.calls.clear()
+    for _ in range(10):
+        out = engine.twice_of(b)  # the last output goes back to the pool: reused
+    assert dict(drv.calls) == {"launch": 10}  # warm: not an allocation, copy or wait
+    np.testing.assert_array_equal(out.get(), [2, 4, 6, 8])
+    drv.calls.clear()
+    np.testing.assert_array_equal(compiled(a).get(), [0, 2, 4, 6])
+    assert drv.calls["launch"] == 1 and drv.calls["to_host"] == 1
+
+
+def test_a_steady_call_at_another_shape_is_checked_again(engine_drv: HostMemoryDriver) -> None:
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define("def add(float(N) A, float(N) B) -> (O) { O(i) = A(i) + B(i) }")
+    drv = engine_drv
+    a3 = DeviceVector(drv, np.ones(3, np.float32))
+    engine.add(a3, a3)
+    with pytest.raises(tcpy.TCInputError, match="input B has 4 in dimension 0"):
+        engine.add(a3, DeviceVector(drv, np.ones(4, np.float32)))
+    with pytest.raises(tcpy.TCInputError, match="must be float32"):
+        engine.add(a3, DeviceVector(drv, np.ones(3, np.float64)))

@@ -47,11 +47,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from tcpy import knobs
-from tcpy.errors import TCError, TCInputError, TCLaunchError
+from tcpy.errors import TCLaunchError
 from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.runtime.pool import POOL_IDLE_BYTES, DevicePool, pool
-from tcpy.runtime.status import check_status
 from tcpy.runtime.streams import DEFAULT, LibcudaEvents
+from tcpy.runtime.words import words
 
 __all__ = ["POOL_IDLE_BYTES", "DeviceArray", "DevicePool", "Driver", "driver", "pool"]
 
@@ -78,10 +78,38 @@ class Driver(Protocol):
         """Copy, and wait for the stream: the array holds the data on return."""
         ...
 
+    def arguments(self, kinds: Sequence[str]) -> Arguments:
+        """A kernel's argument buffer for arguments of `kinds` ("i64", "ptr"), built
+        once and patched at each call (`Arguments.set`)."""
+        ...
+
     def launch(
         self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-        args: Sequence[tuple[str, int]], stream: int,
+        args: Arguments, stream: int,
     ) -> None: ...  # fmt: skip
+    def mapped_words(self, count: int) -> tuple[np.ndarray, int]:
+        """`count` int32 words of page-locked host memory mapped into the device's
+        address space (the device writes through to it): the host's view, and the
+        device address."""
+        ...
+
+    def event(self) -> Any:
+        """A new event (without timing), for `record` and `done`."""
+        ...
+
+    def record(self, event: Any, stream: int) -> None:
+        """Record `event` after the work queued for `stream` so far."""
+        ...
+
+    def done(self, event: Any) -> bool:
+        """Whether the work before `event`'s record has finished: a query, never a
+        wait; a failure of that work raises a TCLaunchError."""
+        ...
+
+    def capturing(self, stream: int) -> bool:
+        """Whether `stream` is being captured into a CUDA graph."""
+        ...
+
     def synchronize(self, stream: int) -> None:
         """Wait for the work queued for `stream`; a failure of any of it raises."""
         ...
@@ -94,6 +122,25 @@ class Driver(Protocol):
         """Make the work queued on `after` from now on run after the work queued on
         `before` so far (on the GPU: the host does not wait)."""
         ...
+
+
+class Arguments:
+    """A kernel's arguments as `cuLaunchKernel` takes them: a slot per argument (a
+    64-bit integer or a pointer) and the array of the slots' addresses, built once (a
+    launch plan's) and patched at each call with `set`."""
+
+    def __init__(self, kinds: Sequence[str]) -> None:
+        self.kinds = tuple(kinds)
+        self.slots = [ctypes.c_int64() if k == "i64" else ctypes.c_void_p() for k in kinds]
+        self.addresses = (ctypes.c_void_p * len(kinds))(*map(ctypes.addressof, self.slots))
+        self.address = ctypes.addressof(self.addresses)
+
+    def set(self, index: int, value: int) -> None:
+        self.slots[index].value = value
+
+    @property
+    def values(self) -> list[int]:
+        return [s.value or 0 for s in self.slots]
 
 
 # The driver's device attributes (`CU_DEVICE_ATTRIBUTE_<name>`) each profile field reads.
@@ -221,12 +268,40 @@ class _PyCuda:
         self.cuda.memcpy_dtoh_async(array, pointer, self.stream)
         self.synchronize(stream)
 
-    def launch(self, function: Any, grid: Any, block: Any, args: Any, stream: int) -> None:
-        values = [np.int64(v) if kind == "i64" else np.uintp(v) for kind, v in args]
+    def arguments(self, kinds: Sequence[str]) -> Arguments:
+        return Arguments(kinds)
+
+    def launch(self, function: Any, grid: Any, block: Any, args: Arguments, stream: int) -> None:
+        # a prepared call packs the arguments by a format set once per function
+        form = "".join("q" if kind == "i64" else "P" for kind in args.kinds)
+        if getattr(function, "_tcpy_form", None) != form:
+            function.prepare(form)
+            function._tcpy_form = form
         try:
-            function(*values, grid=grid, block=block, stream=self.stream)
+            function.prepared_async_call(grid, block, self.stream, *args.values)
         except self.cuda.Error as e:
             raise TCLaunchError(f"the kernel launch failed: {e}") from None
+
+    def mapped_words(self, count: int) -> tuple[np.ndarray, int]:
+        flags = self.cuda.host_alloc_flags.DEVICEMAP
+        host = self.cuda.pagelocked_zeros(count, np.int32, mem_flags=flags)
+        self._mapped = [*getattr(self, "_mapped", []), host]  # kept for the process
+        return host, int(host.base.get_device_pointer())
+
+    def event(self) -> Any:
+        return self.cuda.Event(self.cuda.event_flags.DISABLE_TIMING)
+
+    def record(self, event: Any, stream: int) -> None:
+        event.record(self.stream)
+
+    def done(self, event: Any) -> bool:
+        try:
+            return bool(event.query())
+        except self.cuda.Error as e:
+            raise TCLaunchError(f"the kernel failed while running: {e}") from None
+
+    def capturing(self, stream: int) -> bool:
+        return self.events.capturing(stream) or self.events.capturing(int(self.stream.handle))
 
     def synchronize(self, stream: int) -> None:
         try:
@@ -306,15 +381,43 @@ class _Bindings:
         self._check(copy, "copy out")
         self.synchronize(stream)
 
-    def launch(self, function: Any, grid: Any, block: Any, args: Any, stream: int) -> None:
-        values = [ctypes.c_int64(v) if kind == "i64" else ctypes.c_void_p(v) for kind, v in args]
-        pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        self._check(
-            self.cu.cuLaunchKernel(
-                function, *grid, *block, 0, stream, ctypes.addressof(pointers), 0
-            ),
-            "cuLaunchKernel",
-        )
+    def arguments(self, kinds: Sequence[str]) -> Arguments:
+        return Arguments(kinds)
+
+    def launch(self, function: Any, grid: Any, block: Any, args: Arguments, stream: int) -> None:
+        gx, gy, gz = grid
+        bx, by, bz = block
+        err = self.cu.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, 0, stream, args.address, 0)
+        if int(err[0] if isinstance(err, tuple) else err) != 0:
+            raise TCLaunchError(f"cuLaunchKernel failed: {err}")
+
+    def mapped_words(self, count: int) -> tuple[np.ndarray, int]:
+        flags = self.cu.CU_MEMHOSTALLOC_DEVICEMAP
+        host = int(self._check(self.cu.cuMemHostAlloc(4 * count, flags), "cuMemHostAlloc"))
+        device = self._check(self.cu.cuMemHostGetDevicePointer(host, 0), "device pointer")
+        view = np.ctypeslib.as_array((ctypes.c_int32 * count).from_address(host))
+        view[:] = 0
+        return view, int(device)  # kept for the process
+
+    def event(self) -> Any:
+        flags = self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return self._check(self.cu.cuEventCreate(flags), "cuEventCreate")
+
+    def record(self, event: Any, stream: int) -> None:
+        self._check(self.cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def done(self, event: Any) -> bool:
+        err = self.cu.cuEventQuery(event)
+        code = err[0] if isinstance(err, tuple) else err
+        if code == self.cu.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        if int(code) != 0:
+            raise TCLaunchError(f"the kernel failed while running: {err}")
+        return True
+
+    def capturing(self, stream: int) -> bool:
+        status = self._check(self.cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+        return bool(int(status) == 1)  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
     def synchronize(self, stream: int) -> None:
         err = self.cu.cuStreamSynchronize(stream)
@@ -335,24 +438,6 @@ class _Bindings:
         return self._check(self.cu.cuEventCreate(flags), "cuEventCreate")
 
 
-# per driver: the driver, and the status words not yet read, each with its def's name
-# and the stream its call was queued on
-_pending: dict[int, tuple[Driver, list[tuple[int, str, int]]]] = {}
-_pending_lock = threading.Lock()
-
-
-def defer(drv: Driver, status: int, name: str, stream: int) -> None:
-    """Leave the status word `status` (a block of `pool(drv)`) of a call of def `name`
-    that did not wait for its kernels, queued on `stream`, to be read by the next
-    `settle`."""
-    with _pending_lock:
-        owner, waiting = _pending.get(id(drv), (drv, []))
-        if owner is not drv:  # a driver gone, whose id was reused
-            waiting = []
-        waiting.append((status, name, stream))
-        _pending[id(drv)] = (drv, waiting)
-
-
 def wait(drv: Driver, stream: int) -> None:
     """Wait for the work queued for `stream` (a failure of it raises a TCLaunchError);
     the pool's blocks pending on it are then free for every stream."""
@@ -360,56 +445,28 @@ def wait(drv: Driver, stream: int) -> None:
     pool(drv).settled(stream)
 
 
-def settle(drv: Driver) -> None:
-    """Wait for the calls that did not wait for their kernels (an asynchronous
-    engine's), synchronising each stream they were queued on, read their status words
-    and give them back to the pool; raise the first failure among them, naming its
-    def. Nothing to do (and no synchronisation) when there are none."""
-    with _pending_lock:
-        owner, waiting = _pending.pop(id(drv), (drv, []))
-    if owner is not drv or not waiting:
-        return
-    memory = pool(drv)
-    failure: TCError | None = None
-    for stream in dict.fromkeys(s for _, _, s in waiting):
-        try:
-            wait(drv, stream)
-        except TCLaunchError as e:
-            name = next(n for _, n, s in waiting if s == stream)
-            failure = TCLaunchError(f"a call of {name} that did not wait failed: {e}")
-            break
-    for status, name, stream in waiting:
-        code = np.zeros(1, np.int32)
-        if failure is None:
-            drv.to_host(code, status, stream)
-        memory.release(status, None if failure is None else stream)
-        if failure is None and code[0]:
-            try:
-                check_status(int(code[0]))
-            except TCError as e:  # not a KernelFault: the call running now did not make it
-                kind = TCInputError if isinstance(e, TCInputError) else type(e)
-                failure = kind(f"a call of {name} that did not wait failed: {e}")
-    if failure is not None:
-        raise failure
-
-
 class DeviceArray:
     """An array in GPU memory that tcpy allocated (the outputs of a call whose inputs
-    were device arrays). It exposes `__cuda_array_interface__`, so PyTorch
-    (`torch.as_tensor`) and CuPy (`cupy.asarray`) take it without a copy; `get()`
-    copies it to a NumPy array. The memory is freed with the object. Its contents are
-    ready in the order of `stream`, the stream of the call that made it (the caller's
-    current one): work queued there after the call, and `get()`, see them."""
+    were device arrays of no library with an allocator of its own). It exposes
+    `__cuda_array_interface__`, so PyTorch (`torch.as_tensor`) and CuPy
+    (`cupy.asarray`) take it without a copy; `get()` copies it to a NumPy array. Its
+    memory is a block of the driver's pool (`pool`), given back with the object,
+    pending on the streams that used it (kept, when a CUDA graph capture made it: the
+    graph's replays write there). Its contents are ready in the order of
+    `stream`, the stream of the call that made it: work queued there after the call,
+    and `get()`, see them."""
 
     def __init__(
         self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver,
-        stream: int = DEFAULT,
+        stream: int = DEFAULT, captured: bool = False,
     ) -> None:  # fmt: skip
         self.shape = shape
+        self.captured = captured  # made under a CUDA graph capture: the graph's memory
         self.dtype = np.dtype(dtype)
         self.ndim = len(shape)
         self.pointer = pointer
         self.stream = stream
+        self.others: set[int] = set()  # other streams calls that read it were queued on
         self._driver = drv
 
     @property
@@ -420,13 +477,33 @@ class DeviceArray:
             "data": (self.pointer, False),
             "version": 3,
             "strides": None,
+            "stream": None,  # ordered by tcpy itself (`used_on`)
         }
 
+    def used_on(self, stream: int) -> None:
+        """A call queued on `stream` reads or writes the array: its memory is reused
+        only after that work (see `__del__`)."""
+        if stream != self.stream:
+            self.others.add(stream)
+
     def get(self) -> np.ndarray:
+        """The array on the host. Waits for the array's stream; a failure of a call
+        queued there (or of any call in flight) is raised here."""
+        drv = self._driver
         out = np.empty(self.shape, self.dtype)
-        self._driver.to_host(out, self.pointer, self.stream)
+        drv.to_host(out, self.pointer, self.stream)
+        pool(drv).settled(self.stream)
+        status = words(drv)
+        failure = status.failure()
+        status.settled(self.stream)
+        if failure is not None:
+            raise failure
         return out
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # the context may be gone at interpreter exit
-            self._driver.free(self.pointer)
+            drv = self._driver
+            for other in self.others:  # the array's stream waits for their work, on the GPU
+                drv.order(drv.work_stream(self.stream), other)
+            if not self.captured:  # a graph's replays keep writing there
+                pool(drv).release(self.pointer, self.stream)

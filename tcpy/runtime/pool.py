@@ -74,6 +74,19 @@ class DevicePool:
             self.sizes[pointer] = size
         return pointer
 
+    def take_idle(self, nbytes: int, stream: int = 0) -> int | None:
+        """An idle block of at least `nbytes` for work queued on `stream`, never
+        allocated (during a CUDA graph capture, when the driver must not be asked); it
+        is the caller's for good. None when there is none."""
+        size = self.rounded(nbytes)
+        with self.lock:
+            for key in ((size, stream_key(stream)), (size, None)):
+                blocks = self.idle.get(key)
+                if blocks:
+                    self.idle_bytes -= size
+                    return blocks.pop()
+        return None
+
     def release(self, pointer: int, pending: int | None = None) -> None:
         """Take back a block; `pending`: the stream whose queued work may still use it
         (None: no work on the GPU does)."""

@@ -124,6 +124,7 @@ def stream_key(stream: int) -> Hashable:
 
 
 _CU_EVENT_DISABLE_TIMING = 2
+_CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
 
 
 class LibcudaEvents:
@@ -140,9 +141,16 @@ class LibcudaEvents:
         self._record = _function(lib, "cuEventRecord", voidp, voidp)
         self._wait = _function(lib, "cuStreamWaitEvent", voidp, voidp, uint)
         create = _function(lib, "cuEventCreate", ctypes.POINTER(voidp), uint)
+        self._is_capturing = _function(lib, "cuStreamIsCapturing", voidp, ctypes.POINTER(uint))
         self._event = voidp()
         _check(create(ctypes.byref(self._event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         self._lock = threading.Lock()
+
+    def capturing(self, stream: int) -> bool:
+        """Whether `stream` is being captured into a CUDA graph."""
+        status = ctypes.c_uint()
+        _check(self._is_capturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
+        return status.value == _CU_STREAM_CAPTURE_STATUS_ACTIVE
 
     def order(self, after: int, before: int) -> None:
         with self._lock:
