@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
-# with both driver layers, `bench/gpu.py`, `bench/gpu_variants.py`, forward + backward
+# with both driver layers, `bench/gpu.py`, `bench/overhead.py --gpu` (host time per
+# call), `bench/gpu_variants.py`, forward + backward
 # of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
 # the `cuda` target (beside the pycuda tests, which need no timing). Run from the
 # repository's root.
@@ -55,7 +56,8 @@ run_tests() {  # $1: driver, $2: seconds
     local k="$1"
     [ -n "$filter" ] && k="$k and ($filter)"
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
-        --tb=short -rfE tests/test_gpu.py tests/test_empty.py tests/test_torch_ops.py \
+        --tb=short -rfE tests/test_gpu.py tests/test_gpu_async.py tests/test_empty.py \
+        tests/test_torch_ops.py \
         > "$OUT/tests-$1.log" 2>&1
     echo "tests $1: rc=$?"; tail -n 3 "$OUT/tests-$1.log"
 }
@@ -67,6 +69,11 @@ if [ "$what" != tests ]; then
     timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" ${BENCH_ARGS:-} \
         > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
+    if [ "${OVERHEAD_SECONDS:-60}" != 0 ]; then  # host time per call, beside the peers
+        timeout "${OVERHEAD_SECONDS:-60}" python3 bench/overhead.py --gpu --out "$OUT" \
+            > "$OUT/overhead.log" 2>&1
+        echo "overhead: rc=$?"; tail -n 9 "$OUT/overhead.log"
+    fi
     if [ "${VARIANT_SECONDS:-90}" != 0 ]; then
         timeout "${VARIANT_SECONDS:-90}" python3 bench/gpu_variants.py --out "$OUT" \
             > "$OUT/variants.log" 2>&1

@@ -1,6 +1,9 @@
 """Per-call overhead: what a call of a tiny kernel costs in Python, beside the kernel.
 
-    python bench/overhead.py [--tag NAME] [--out bench/results]
+    python bench/overhead.py [--tag NAME] [--out bench/results] [--gpu | --fake-gpu]
+
+With `--gpu` (a GPU machine) or `--fake-gpu` (none: the CI's fake driver), the host
+time of steady GPU calls instead (`bench/overhead_gpu.py`).
 
 A 16-element `C(i) = A(i) + B(i)` on the `cpu` target, compiled once. Timed, as the
 best of 7 rounds of 20,000 calls each: the compiled C function called directly through
@@ -68,7 +71,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--gpu", action="store_true", help="GPU calls on a real device")
+    parser.add_argument("--fake-gpu", action="store_true", help="GPU calls on a fake driver")
     args = parser.parse_args()
+    if args.gpu or args.fake_gpu:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench import overhead_gpu
+
+        return overhead_gpu.main(args.gpu, args.tag, args.out)
 
     import tcpy
     from tcpy.runtime import cpu as runtime

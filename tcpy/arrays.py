@@ -160,12 +160,13 @@ class _Capsule:
 
 
 def new_device_outputs(
-    kind: Kind, inputs: tuple[Any, ...], specs: list[tuple[tuple[int, ...], np.dtype]]
+    kind: Kind, inputs: tuple[Any, ...], specs: Sequence[tuple[Any, ...]]
 ) -> tuple[Any, ...] | None:
-    """Empty outputs of `specs` (shape, dtype) for a call on the GPU whose inputs are of
-    library `kind`, from that library's caching allocator, on the device of its first
-    GPU input: a call then asks the driver for no memory, and the library reuses the
-    memory in the order of its current stream, the stream the call's work is queued on.
+    """Empty outputs of `specs` ((shape, dtype, ...): what follows is ignored) for a
+    call on the GPU whose inputs are of library `kind`, from that library's caching
+    allocator, on the device of its first GPU input: a call then asks the driver for
+    no memory, and the library reuses the memory in the order of its current stream,
+    the stream the call's work is queued on.
     None where the library has no GPU input among `inputs` (the runtime then allocates
     `DeviceArray`s)."""
     if kind is Kind.TORCH:
@@ -174,8 +175,8 @@ def new_device_outputs(
         for value in inputs:
             if isinstance(value, torch.Tensor) and value.is_cuda:
                 return tuple(
-                    torch.empty(shape, dtype=_torch_dtype(dtype), device=value.device)
-                    for shape, dtype in specs
+                    torch.empty(spec[0], dtype=_torch_dtype(spec[1]), device=value.device)
+                    for spec in specs
                 )
     elif kind is Kind.CUPY:
         import cupy
@@ -183,7 +184,7 @@ def new_device_outputs(
         for value in inputs:
             if isinstance(value, cupy.ndarray):
                 with value.device:
-                    return tuple(cupy.empty(shape, dtype) for shape, dtype in specs)
+                    return tuple(cupy.empty(spec[0], spec[1]) for spec in specs)
     return None
 
 

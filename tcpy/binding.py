@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -103,16 +103,20 @@ class Binding:
         return {r.var: (r.lo.evaluate(self.sizes), r.hi.evaluate(self.sizes)) for r in st.ranges}
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceCall:
+class DeviceCall(NamedTuple):
     """What the steady call on GPU arrays reads of its inputs (`device_signature`):
     the key of everything the checks of `bind` depend on, the arrays' addresses, the
-    arrays themselves, and the stream each asks the call to order after (None: none)."""
+    arrays themselves, the stream each asks the call to order after (None: none), the
+    call's stream (the first of those, else the default stream), whether they name
+    several, and the first array's library ("torch", "cupy" or "")."""
 
     key: tuple[Any, ...]
     addresses: tuple[int, ...]
     owners: tuple[Any, ...]
     streams: tuple[int | None, ...]
+    stream: int
+    many: bool
+    library: str
 
 
 def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
@@ -125,7 +129,18 @@ def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
     streams: list[int | None] = []
     for a in inputs:
         kind = type(a)
-        if kind.__module__.startswith("torch"):
+        library = _LIBRARIES.get(kind)
+        if library is None:
+            module = kind.__module__
+            library = (
+                "torch"
+                if module.startswith("torch")
+                else "cupy"
+                if module.startswith("cupy")
+                else ""
+            )
+            _LIBRARIES[kind] = library
+        if library == "torch":
             if not getattr(a, "is_cuda", False):
                 return None
             device = a.device
@@ -138,13 +153,31 @@ def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
             return None
         key.append((kind, face["shape"], face["typestr"], face.get("strides")))
         addresses.append(face["data"][0])
-        if kind.__module__.startswith("cupy"):
+        if library == "cupy":
             import cupy
 
             streams.append(int(cupy.cuda.get_current_stream().ptr))
         else:
-            streams.append(cai_stream(face))
-    return DeviceCall(tuple(key), tuple(addresses), tuple(inputs), tuple(streams))
+            stream = face.get("stream")  # `cai_stream`, inlined
+            streams.append(
+                None if stream is None or face["version"] < 3 else 0 if stream == 1 else stream
+            )
+    first: int | None = None
+    many = False
+    for stream in streams:
+        if stream is not None:
+            if first is None:
+                first = stream
+            elif stream != first:
+                many = True
+    return DeviceCall(
+        tuple(key), tuple(addresses), tuple(inputs), tuple(streams),
+        0 if first is None else first, many, _LIBRARIES[type(inputs[0])] if inputs else "",
+    )  # fmt: skip
+
+
+# the library of each array type met by `device_signature`: "torch", "cupy" or ""
+_LIBRARIES: dict[type, str] = {}
 
 
 def _torch_stream(device: Any) -> int:

@@ -284,10 +284,12 @@ class ExecutionEngine:
         `TCCompileError` or `TCLaunchError` when the generated code does not build
         or run."""
         hit = self._known_call(entry, inputs, options, out)
-        if hit is not None and hit[2] is not None:  # GPU arrays: the steady path
-            return hit[0].device_call(hit[1].sizes, hit[2])
-        compiled, binding = hit[:2] if hit is not None else self._compile(entry, inputs, options)
-        return compiled.call(binding, inputs, out)
+        if hit is None:
+            compiled, binding = self._compile(entry, inputs, options)
+            return compiled.call(binding, inputs, out)
+        if hit[2] is not None:  # GPU arrays: the steady path
+            return hit[0].device_call(hit[1], hit[2])
+        return hit[0].call(Binding(inputs, hit[1]), inputs, out)
 
     def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
@@ -297,12 +299,12 @@ class ExecutionEngine:
 
     def _known_call(
         self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
-    ) -> tuple[Compiled, Binding, DeviceCall | None] | None:
-        """The kernel and binding of a call whose NumPy inputs have the shapes and
+    ) -> tuple[Compiled, Mapping[str, int], DeviceCall | None] | None:
+        """The kernel and sizes of a call whose NumPy inputs have the shapes and
         dtypes of an earlier call with the same options: those were checked then, and
-        every check of a call depends only on them. For GPU arrays whose
-        `device_signature` is that of an earlier call (and no `out=`), the binding
-        holds the sizes only, and the `DeviceCall` is the third item."""
+        every check of a call depends only on them; for GPU arrays whose
+        `device_signature` is that of an earlier call (and no `out=`), with the
+        `DeviceCall` as the third item (else None)."""
         if options is not None and not isinstance(options, MappingOptions):
             return None
         signature = plain_signature(inputs)
@@ -312,12 +314,12 @@ class ExecutionEngine:
             if known is None:
                 return None
             self._session.stats.memory_hits += 1
-            return known[0], Binding((), known[1]), call
+            return known[0], known[1], call
         known = self._calls.get((entry, options, signature))
         if known is None:
             return None
         self._session.stats.memory_hits += 1
-        return known[0], Binding(inputs, known[1]), None
+        return known[0], known[1], None
 
     def _compile(
         self, entry: str, inputs: tuple[Any, ...], given: OptionsArg
@@ -435,10 +437,12 @@ class ExecutionEngine:
         def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
             # `run`, inlined: this is the path of every call in a user's loop
             hit = known(name, inputs, options, out)
-            if hit is not None and hit[2] is not None:  # GPU arrays: the steady path
-                return hit[0].device_call(hit[1].sizes, hit[2])
-            compiled, binding = hit[:2] if hit is not None else compile_(name, inputs, options)
-            return compiled.call(binding, inputs, out)
+            if hit is None:
+                compiled, binding = compile_(name, inputs, options)
+                return compiled.call(binding, inputs, out)
+            if hit[2] is not None:  # GPU arrays: the steady path
+                return hit[0].device_call(hit[1], hit[2])
+            return hit[0].call(Binding(inputs, hit[1]), inputs, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

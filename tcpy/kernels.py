@@ -14,16 +14,22 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from tcpy import knobs
-from tcpy.arrays import library_of
-from tcpy.binding import Binding, DeviceCall, empty_at
+from tcpy.arrays import device_scratch, library_of, new_device_outputs
+from tcpy.binding import Binding, DeviceCall, DeviceInput, empty_at
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCLaunchError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, TensorInfo
 from tcpy.poly.scop import instances
 from tcpy.reference import interpreter
+from tcpy.runtime import cuda as runtime
+from tcpy.runtime import streams
 from tcpy.runtime.cpu import address
+from tcpy.runtime.launch import LaunchPlan, borrow
 from tcpy.runtime.loop_counts import LoopCounters
+from tcpy.runtime.status import check_status
+from tcpy.runtime.streams import PER_THREAD
+from tcpy.runtime.words import words
 
 # The destinations of `out=`, one per output, or None: new arrays.
 Outputs = tuple[Any, ...] | None
@@ -371,19 +377,16 @@ class GpuKernels:
     generic: bool = False
     cache_key: str = ""
     accepts_device_out: ClassVar[bool] = True
-    # launch plans by the values of the sizes and the driver; output shapes by sizes
+    # launch plans by the values of the sizes and the driver; what steady calls reuse,
+    # by the sizes object of the engine's known call (`_steady_at`)
     _plans: dict[tuple[Any, ...], Any] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
-    _specs: dict[tuple[int, ...], Any] = field(
+    _steady: dict[int, tuple[Any, ...]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
 
     def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
-        from tcpy.runtime import cuda as runtime
-        from tcpy.runtime import streams
-        from tcpy.runtime.words import words
-
         drv = runtime.driver()
         words(drv).check()  # an earlier call's failure is reported before this one runs
         dests = out or (None,) * len(self.cdef.outputs)
@@ -399,68 +402,74 @@ class GpuKernels:
         """The steady call on GPU arrays (`Compiled.device_call`): the inputs were
         checked at these sizes by an earlier call with the same `device_signature`;
         new outputs from the inputs' library (PyTorch, CuPy), else `DeviceArray`s
-        from the pool."""
-        from tcpy.arrays import device_scratch, new_device_outputs
-        from tcpy.runtime import cuda as runtime
-        from tcpy.runtime import streams
-        from tcpy.runtime.launch import borrow
-        from tcpy.runtime.words import words
-
+        from the pool. The path of every call in a training loop: kept lean."""
         drv = runtime.driver()
-        words(drv).check()  # an earlier call's failure is reported before this one runs
-        cdef = self.cdef
-        plan = self.plan(drv, [sizes[s] for s in cdef.size_symbols])
-        specs = self._output_specs(sizes)
-        outputs = new_device_outputs(library_of(call.owners[0]), call.owners, specs)
-        ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None)) or (0,)
-        stream = ordered[0]
-        if outputs is None:
-            memory = runtime.pool(drv)
-            captured = drv.capturing(stream)
-            outputs = tuple(
-                runtime.DeviceArray(
-                    shape, dtype, borrow(memory, nbytes, stream, captured), drv, stream, captured
-                )
-                for (shape, dtype), nbytes in zip(specs, plan.buffers, strict=False)
-            )
-            addresses = [*call.addresses, *(o.pointer for o in outputs)]
-            for owner in call.owners:
-                if isinstance(owner, runtime.DeviceArray):
-                    owner.used_on(stream)
-            scratch = None
-        else:
-            addresses = [*call.addresses, *map(_address, outputs)]
-            scratch = device_scratch(call.owners)
-        many = len(ordered) > 1 or drv.work_stream(stream) != stream
-        if many:
+        found = self._steady.get(id(sizes))
+        if found is None or found[0] is not sizes or found[1].drv is not drv:
+            found = self._steady_at(drv, sizes)
+        plan = found[1]
+        plan.status.check()  # an earlier call's failure is reported before this one runs
+        stream = call.stream
+        if call.many or drv.work_stream(stream) != stream:
+            ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None))
             streams.enter(drv, ordered)
-        try:
-            code = plan.run(addresses, stream, scratch, self.waits(stream))
-        finally:
-            if many:
+            try:
+                return self._device_work(drv, plan, found[2], call, stream)
+            finally:
                 streams.leave(drv, ordered)
-        if code:
-            from tcpy.runtime.status import check_status
+        return self._device_work(drv, plan, found[2], call, stream)
 
+    def _device_work(
+        self, drv: Any, plan: Any, specs: list[tuple[tuple[int, ...], Any, int]],
+        call: DeviceCall, stream: int,
+    ) -> tuple[Any, ...]:  # fmt: skip
+        owners = call.owners
+        capturing = drv.capturing(stream)
+        addresses = list(call.addresses)
+        scratch = None
+        if call.library:  # PyTorch's or CuPy's outputs, from the library's allocator
+            outputs = new_device_outputs(library_of(owners[0]), owners, specs)
+            assert outputs is not None
+            addresses += map(_address, outputs)
+            if plan.temporaries:
+                scratch = device_scratch(owners)
+        else:
+            memory = plan.memory
+            made = []
+            for shape, dtype, nbytes in specs:
+                if capturing:
+                    pointer = borrow(memory, nbytes, stream, capturing)
+                else:
+                    pointer = memory.acquire(nbytes, stream)
+                made.append(
+                    runtime.DeviceArray(shape, dtype, pointer, drv, stream, capturing, memory)
+                )
+                addresses.append(pointer)
+            outputs = tuple(made)
+            for owner in owners:
+                if type(owner) is runtime.DeviceArray:
+                    owner.used_on(stream)
+        wait = not self.asynchronous or stream == PER_THREAD or knobs.launch_blocking()
+        code = plan.run(addresses, stream, scratch, wait, capturing)
+        if code:
             check_status(code)
         return outputs
 
-    def _output_specs(self, sizes: Mapping[str, int]) -> list[tuple[tuple[int, ...], Any]]:
-        """The shape and dtype of each output at `sizes`."""
-        key = tuple(sizes[s] for s in self.cdef.size_symbols)
-        found = self._specs.get(key)
-        if found is None:
-            if len(self._specs) >= 64:
-                self._specs.clear()
-            found = self._specs[key] = [
-                (tuple(max(d.evaluate(sizes), 0) for d in t.shape), t.scalar.dtype)
-                for t in self.cdef.outputs
-            ]
+    def _steady_at(self, drv: Any, sizes: Mapping[str, int]) -> tuple[Any, ...]:
+        """What the steady calls at `sizes` reuse: the plan, and each output's shape,
+        dtype and bytes."""
+        plan = self.plan(drv, [sizes[s] for s in self.cdef.size_symbols])
+        specs = [
+            (tuple(max(d.evaluate(sizes), 0) for d in t.shape), t.scalar.dtype, nbytes)
+            for t, nbytes in zip(self.cdef.outputs, plan.buffers, strict=False)
+        ]
+        if len(self._steady) >= 64:
+            self._steady.clear()
+        found = self._steady[id(sizes)] = (sizes, plan, specs)
         return found
 
     def plan(self, drv: Any, sizes: Sequence[int]) -> Any:
         """The launch plan at `sizes` (the values of the def's size symbols)."""
-        from tcpy.runtime.launch import LaunchPlan
 
         key = (*sizes, id(drv))
         found = self._plans.get(key)
@@ -485,7 +494,6 @@ class GpuKernels:
         """Whether a call on the device queued on `stream` waits for its kernels: with
         `asynchronous=False`, `TCPY_LAUNCH_BLOCKING=1`, or on the per-thread default
         stream (which only the thread that queued the call can name)."""
-        from tcpy.runtime.streams import PER_THREAD
 
         return not self.asynchronous or knobs.launch_blocking() or stream == PER_THREAD
 
@@ -493,11 +501,6 @@ class GpuKernels:
         self, drv: Any, binding: Binding, dests: tuple[Any, ...], stream: int
     ) -> tuple[Any, ...]:
         """The call's work, every operation queued on `stream` in order."""
-        from tcpy.arrays import device_scratch
-        from tcpy.binding import DeviceInput
-        from tcpy.runtime import cuda as runtime
-        from tcpy.runtime.launch import borrow
-        from tcpy.runtime.status import check_status
 
         memory = runtime.pool(drv)
         cdef = self.cdef
@@ -541,10 +544,10 @@ class GpuKernels:
                 if isinstance(owner, runtime.DeviceArray):
                     owner.used_on(stream)
             wait = not (binding.on_device and stays) or self.waits(stream)
-            code = plan.run(addresses, stream, device_scratch(owners), wait)
+            pointers = addresses[len(binding.arrays) :]  # the outputs'
+            code = plan.run(addresses, stream, device_scratch(owners), wait, captured)
             if code:
                 check_status(code)
-            pointers = addresses[len(binding.arrays) :]
             outputs = self._collect(drv, binding, pointers, dests, stream, captured)
             handed.clear()
             return tuple(outputs)
@@ -561,8 +564,6 @@ class GpuKernels:
     ) -> list[Any]:  # fmt: skip
         """The outputs: the destinations given (a host one copied into), else new
         arrays on the device for device inputs, on the host for host inputs."""
-        from tcpy.binding import DeviceInput
-        from tcpy.runtime import cuda as runtime
 
         outputs: list[Any] = []
         for t, pointer, dest in zip(self.cdef.outputs, pointers, dests, strict=True):
@@ -590,7 +591,6 @@ class NoGpu:
     cache_key: str = ""
 
     def __call__(self, binding: Binding, out: Outputs = None) -> tuple[Any, ...]:
-        from tcpy.runtime import cuda as runtime
 
         runtime.driver()  # raises the TCLaunchError that says why there is no GPU
         raise TCError("a GPU appeared after these kernels were compiled; compile again")

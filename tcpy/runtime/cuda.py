@@ -22,10 +22,6 @@ wait for it at the end (`streams.enter`, `streams.leave`), with events through l
 (a few microseconds, no host wait), and serialises the calls of every caller stream
 on pycuda's one stream.
 
-Asynchronous calls (`defer`) leave their status word pending on their stream; `settle`
-synchronises each stream with a pending word, reads the words and raises the first
-failure.
-
 Threads. The driver's context is current in the thread that made the driver;
 `driver()` makes it current in any other thread that asks for it (PyTorch's autograd
 runs a CUDA backward on a thread of its own), once per thread.
@@ -458,7 +454,7 @@ class DeviceArray:
 
     def __init__(
         self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver,
-        stream: int = DEFAULT, captured: bool = False,
+        stream: int = DEFAULT, captured: bool = False, memory: DevicePool | None = None,
     ) -> None:  # fmt: skip
         self.shape = shape
         self.captured = captured  # made under a CUDA graph capture: the graph's memory
@@ -466,8 +462,9 @@ class DeviceArray:
         self.ndim = len(shape)
         self.pointer = pointer
         self.stream = stream
-        self.others: set[int] = set()  # other streams calls that read it were queued on
+        self.others: set[int] | None = None  # other streams calls that used it were on
         self._driver = drv
+        self._pool = memory or pool(drv)  # where the block goes back
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -484,7 +481,7 @@ class DeviceArray:
         """A call queued on `stream` reads or writes the array: its memory is reused
         only after that work (see `__del__`)."""
         if stream != self.stream:
-            self.others.add(stream)
+            self.others = {*(self.others or ()), stream}
 
     def get(self) -> np.ndarray:
         """The array on the host. Waits for the array's stream; a failure of a call
@@ -501,9 +498,11 @@ class DeviceArray:
         return out
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # the context may be gone at interpreter exit
+        try:
             drv = self._driver
-            for other in self.others:  # the array's stream waits for their work, on the GPU
+            for other in self.others or ():  # the array's stream waits for their work
                 drv.order(drv.work_stream(self.stream), other)
             if not self.captured:  # a graph's replays keep writing there
-                pool(drv).release(self.pointer, self.stream)
+                self._pool.release(self.pointer, self.stream)
+        except Exception:  # the context may be gone at interpreter exit
+            return

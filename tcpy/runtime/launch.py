@@ -62,53 +62,62 @@ class LaunchPlan:
         self.args = self.drv.arguments(kinds)
         for k, size in enumerate(self.sizes):
             self.args.set(k, size)
-        self._first = count  # the slot of the first address
+        self.slots = self.args.slots[count:]  # the addresses', in order, the word's last
+        self.temporaries = list(self.buffers[self.outputs :])
+        self.zeros = [
+            (self.inputs + k, nbytes)
+            for k, (nbytes, zero) in enumerate(zip(self.buffers, self.zeroed, strict=True))
+            if zero
+        ]
+        self.fills = [
+            (self.inputs + k, nbytes) for k, nbytes in enumerate(self.buffers)
+        ]  # every buffer, for TCPY_POISON (those not zeroed get all-ones bytes)
+        self.work = [(f, g, b) for f, (g, b) in zip(self.functions, self.launches, strict=True)]
+        self.memory = cuda.pool(self.drv)
+        self.status = words(self.drv)
 
     def run(
-        self, addresses: Sequence[int], stream: int, scratch: Scratch | None = None,
-        wait: bool = False,
+        self, addresses: list[int], stream: int, scratch: Scratch | None = None,
+        wait: bool = False, capturing: bool = False,
     ) -> int:  # fmt: skip
         """Queue the launches on `stream` for the inputs' and outputs' device
-        `addresses`; temporaries from `scratch` (the caller's library), else from the
-        pool. Returns 0 without waiting, or, with `wait`, after synchronising the
-        stream, the status code of the call (0: all went well)."""
+        `addresses` (the list is extended); temporaries from `scratch` (the caller's
+        library), else from the pool. `capturing`: the stream is being captured into a
+        CUDA graph. Returns 0 without waiting, or, with `wait`, after synchronising
+        the stream, the status code of the call (0: all went well)."""
         drv = self.drv
-        memory = cuda.pool(drv)
-        capturing = drv.capturing(stream)
         if capturing and wait:
             raise TCLaunchError(
                 "a call being captured into a CUDA graph cannot wait for its kernels: "
                 "pass arrays on the device (not NumPy), and do not set "
                 "TCPY_LAUNCH_BLOCKING or asynchronous=False while capturing"
             )
-        status = words(drv)
+        status = self.status
         kept: list[Any] = []  # the library's temporaries, alive until the launches
         borrowed: list[int] = []
         word, word_address = status.issue(self.name, stream, captured=capturing, waited=wait)
         try:
-            pointers = list(addresses)
-            for nbytes in self.buffers[self.outputs :]:
+            for nbytes in self.temporaries:
                 if scratch is not None:
                     owner, pointer = scratch(nbytes)
                     kept.append(owner)
                 else:
-                    pointer = borrow(memory, nbytes, stream, capturing)
+                    pointer = borrow(self.memory, nbytes, stream, capturing)
                     borrowed.append(pointer)
-                pointers.append(pointer)
-            poison = knobs.poison_buffers()
-            for pointer, nbytes, zero in zip(
-                pointers[self.inputs :], self.buffers, self.zeroed, strict=True
-            ):
-                if zero:
-                    drv.memset(pointer, 0, nbytes, stream)
-                elif poison:
-                    drv.memset(pointer, 0xFF, nbytes, stream)
+                addresses.append(pointer)
+            if knobs.poison_buffers():
+                zeros = dict(self.zeros)
+                for k, nbytes in self.fills:
+                    drv.memset(addresses[k], 0 if k in zeros else 0xFF, nbytes, stream)
+            else:
+                for k, nbytes in self.zeros:
+                    drv.memset(addresses[k], 0, nbytes, stream)
+            addresses.append(word_address)
             with self.lock:  # the buffer is patched and read by the launches together
-                args, first = self.args, self._first
-                for k, pointer in enumerate(pointers):
-                    args.set(first + k, pointer)
-                args.set(first + len(pointers), word_address)
-                for function, (grid, block) in zip(self.functions, self.launches, strict=True):
+                for slot, address in zip(self.slots, addresses, strict=True):
+                    slot.value = address
+                args = self.args
+                for function, grid, block in self.work:
                     drv.launch(function, grid, block, args, stream)
             if not wait:
                 return 0
@@ -119,9 +128,9 @@ class LaunchPlan:
         finally:
             if word >= 0 and wait:
                 status.abandon(word)
-            if not capturing:  # a captured call's blocks are the graph's
+            if borrowed and not capturing:  # a captured call's blocks are the graph's
                 for pointer in borrowed:
-                    memory.release(pointer, stream)
+                    self.memory.release(pointer, stream)
 
 
 def borrow(memory: Any, nbytes: int, stream: int, capturing: bool) -> int:

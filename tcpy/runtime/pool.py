@@ -58,13 +58,13 @@ class DevicePool:
     def acquire(self, nbytes: int, stream: int = 0) -> int:
         """A block of at least `nbytes` for work queued on `stream`."""
         size = self.rounded(nbytes)
+        pending = stream if stream != PER_THREAD else stream_key(stream)
         with self.lock:
             # a block pending on this stream first, keeping the free ones for others
-            for key in ((size, stream_key(stream)), (size, None)):
-                blocks = self.idle.get(key)
-                if blocks:
-                    self.idle_bytes -= size
-                    return blocks.pop()
+            blocks = self.idle.get((size, pending)) or self.idle.get((size, None))
+            if blocks:
+                self.idle_bytes -= size
+                return blocks.pop()
         try:
             pointer = self.drv.alloc(size)
         except Exception:  # out of memory, maybe only for want of the idle blocks
@@ -93,8 +93,11 @@ class DevicePool:
         with self.lock:
             size = self.sizes[pointer]
             if self.idle_bytes + size <= self.idle_limit:
-                key = None if pending is None else stream_key(pending)
-                self.idle.setdefault((size, key), []).append(pointer)
+                key = pending if pending != PER_THREAD else stream_key(pending)
+                blocks = self.idle.get((size, key))
+                if blocks is None:
+                    blocks = self.idle[(size, key)] = []
+                blocks.append(pointer)
                 self.idle_bytes += size
                 return
             del self.sizes[pointer]

@@ -22,9 +22,9 @@ others, and `leave` makes the others wait for the call's work, so that no stream
 later work overwrites an input the call still reads, or reads an output early. The
 outputs are ready in the order of every one of those streams.
 
-A stream must outlive what tcpy still does on it: an asynchronous call's settlement
-(`cuda.settle`, at the next call or `engine.synchronize()`) synchronises the stream by
-its handle, and `DeviceArray.get()` copies on it. PyTorch never destroys its streams;
+A stream must outlive what tcpy still does on it: `engine.synchronize()`
+(`words.settle`) synchronises the streams of the calls in flight by their handles, and
+`DeviceArray.get()` copies on its own. PyTorch never destroys its streams;
 keep a CuPy or Numba stream object alive until then.
 
 A driver queues a call's work on `work_stream(stream)`: the stream itself for

@@ -33,11 +33,12 @@ import sys
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from tcpy.errors import TCError, TCInputError, TCLaunchError
+from tcpy.runtime.pool import pool
 from tcpy.runtime.status import check_status
 from tcpy.runtime.streams import PER_THREAD, stream_key
 
@@ -55,8 +56,7 @@ class WordDriver(Protocol):
     def synchronize(self, stream: int) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Issued:
+class Issued(NamedTuple):
     """What a word in flight belongs to: its call (the def's name and the call's
     number, counted per driver) and the stream the call was queued on."""
 
@@ -69,6 +69,10 @@ class Issued:
     def describe(self) -> str:
         where = "a replay of a CUDA graph that captured " if self.captured else ""
         return f"{where}call {self.call} of {self.name} (stream {self.stream:#x})"
+
+
+_new = tuple.__new__
+_ZEROS = bytes(4 * SLAB)
 
 
 @dataclass
@@ -85,6 +89,8 @@ class StatusWords:
         self.drv = drv
         self.slabs: list[tuple[np.ndarray, int]] = []  # host view, device address
         self.free: list[int] = []
+        self.addresses: list[int] = []  # each word's device address
+        self.views: list[memoryview] = []  # each slab's bytes
         self.owner: dict[int, Issued] = {}  # words in flight (and captured ones)
         self.open: dict[Hashable, _Batch] = {}  # per stream, words since its last event
         self.closed: list[_Batch] = []  # batches with an event, oldest first
@@ -109,18 +115,17 @@ class StatusWords:
                 self._grow()
             word = self.free.pop()
             self.calls += 1
-            issued = Issued(word, name, self.calls, stream, captured)
-            self.owner[word] = issued
+            fields = (word, name, self.calls, stream, captured)
+            issued = self.owner[word] = _new(Issued, fields)  # `Issued(...)`, faster
             if not captured and not waited:
-                key = stream_key(stream)
+                key = stream_key(stream) if stream == PER_THREAD else stream
                 batch = self.open.get(key)
                 if batch is None:
                     batch = self.open[key] = _Batch(stream)
                 batch.words.append(issued)
                 if len(batch.words) >= BATCH and stream != PER_THREAD:
                     self._close(key)
-            slab, offset = divmod(word, SLAB)
-            return word, self.slabs[slab][1] + 4 * offset
+            return word, self.addresses[word]
 
     def result(self, word: int) -> int:
         """The code in the word of a call that waited for its stream (`waited`); the
@@ -154,13 +159,13 @@ class StatusWords:
     def failure(self) -> TCError | None:
         """The first failure among the words in flight, reported (its word zeroed and,
         unless captured, freed), or None."""
-        with self.lock:
-            for slab, (host, _) in enumerate(self.slabs):
-                if np.count_nonzero(host):
-                    found = self._report(slab, host)
-                    if found is not None:
-                        return found
-            return None
+        for slab, view in enumerate(self.views):  # reads need no lock
+            if view.tobytes() != _ZEROS:  # the fastest look at 4 KB from Python
+                with self.lock:
+                    found = self._report(slab, self.slabs[slab][0])
+                if found is not None:
+                    return found
+        return None
 
     def settled(self, stream: int) -> None:
         """`stream` was synchronised: the words of its calls are free (after a last
@@ -191,6 +196,8 @@ class StatusWords:
         host[:] = 0
         base = len(self.slabs) * SLAB
         self.slabs.append((host, device))
+        self.views.append(memoryview(host).cast("B"))  # type: ignore[arg-type]
+        self.addresses.extend(range(device, device + 4 * SLAB, 4))
         self.free.extend(range(base + SLAB - 1, base - 1, -1))  # popped lowest first
 
     def _close(self, key: Hashable) -> None:
@@ -218,12 +225,15 @@ class StatusWords:
         self.closed = still
 
     def _finish(self, batch: _Batch) -> None:
+        owner, free, reported = self.owner, self.free, self.reported
         for issued in batch.words:
-            if self.owner.get(issued.word) is issued:  # not reported and reissued since
-                del self.owner[issued.word]
-                self.reported.discard(issued.word)
-                self._host(issued.word)[...] = 0
-                self.free.append(issued.word)
+            word = issued[0]
+            if owner.get(word) is issued:  # not reported and reissued since
+                del owner[word]
+                free.append(word)
+                if word in reported:  # zeroed when reported, but maybe written again
+                    reported.discard(word)
+                    self._host(word)[...] = 0
         if batch.event is not None:
             self.events.append(batch.event)
 
@@ -291,6 +301,7 @@ def settle(drv: WordDriver) -> None:
             continue
         found = status.failure()
         status.settled(stream)
+        pool(drv).settled(stream)  # type: ignore[arg-type]  # the blocks pending there too
         failure = failure or found
     failure = failure or status.failure()  # captured words, replayed since
     if failure is not None:
