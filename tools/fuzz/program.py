@@ -255,7 +255,14 @@ class Info:
 
 
 def analyze(p: Program) -> Info:
-    """Ranges, shapes and value bounds of `p` at `p.sizes`; raises `Invalid`."""
+    """Ranges, shapes and value bounds of `p` at `p.sizes`; raises `Invalid`. Two
+    passes: the first finds the inputs that subscript a tensor (a gather), whose values
+    reach the extent they index, not 3; the second bounds every value with them."""
+    gathers = _analyze(p, {}).gather_extent
+    return _analyze(p, gathers)
+
+
+def _analyze(p: Program, gathers: dict[str, int]) -> Info:
     info = Info({}, {}, {}, {})
     declared = {x for d in p.inputs for x in d.dims if isinstance(x, str)}
     if declared != set(p.sizes):
@@ -263,7 +270,7 @@ def analyze(p: Program) -> Info:
     for d in p.inputs:
         info.types[d.name] = d.ty
         info.shapes[d.name] = tuple(p.sizes[x] if isinstance(x, str) else x for x in d.dims)
-        info.bounds[d.name] = 3
+        info.bounds[d.name] = max(gathers[d.name] - 1, 3) if d.name in gathers else 3
     for s in p.stmts:
         _statement(p, s, info)
     for d in p.inputs:
