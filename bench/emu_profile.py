@@ -4,13 +4,20 @@ emulator: each kernel's launches and memory traffic, checked against NumPy.
     python bench/emu_profile.py [--only matmul,softmax] [--options naive] [--device h100]
                                 [--tag after] [--out bench/results]
 
-For each kernel: the launch shapes, the bytes the lanes request and the bytes the
-sectors they touch move, the memory efficiency, sectors per request, shared-memory
-bytes and bank conflicts, barriers, shuffles and atomics, against the fewest bytes the
-def must move. Then, mapped at the suite's full sizes for the device profile (nothing
-runs), each kernel's grid: how many blocks it launches against two waves of the
-device's SMs. This is the GPU-free measure of the generated CUDA; no time is taken.
-Results go to `bench/results/emu-profile-<date>[-<tag>].json`.
+For each kernel: the launch shapes, the bytes the lanes request, the bytes the sectors
+they touch move (`moved`: every warp request's sectors, nothing cached) and the bytes
+that reach DRAM behind the device's L2 (`dram`: each launch's distinct sectors loaded
+plus stored, where they fit the L2; `tcpy.runtime.profile`), the memory efficiency,
+sectors per request, shared-memory bytes and bank conflicts, barriers, shuffles and
+atomics, against the fewest bytes the def must move: both totals as multiples of it.
+
+Then, mapped at the suite's GPU sizes (`bench.suite.GPU_SIZES`) for the device profile
+(nothing runs), each launch's grid and whether it holds at least `FILL_WAVES` (two)
+blocks per SM. The rule is judged on the launches that move at least
+`JUDGED_SHARE` (10%) of the def's DRAM bytes at the reduced sizes: a launch that
+zeroes a small output before a split reduction is exempt (shown as such). This is
+the GPU-free measure of the generated CUDA; no time is taken. Results go to
+`bench/results/emu-profile-<date>[-<tag>].json`.
 """
 
 from __future__ import annotations
@@ -20,18 +27,22 @@ import datetime
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel, reduced
+from bench.suite import GPU_SIZES, SUITE, Kernel, reduced
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.gpu.sizes import FILL_WAVES
 from tcpy.pipeline import lower_to_cuda
 from tcpy.runtime import profile
+
+JUDGED_SHARE = 0.1
+"""The share of a def's DRAM bytes from which a launch must fill the device."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,35 +76,58 @@ def main(argv: list[str] | None = None) -> int:
         minimum = profile.minimum_bytes(inputs, outputs)
         shown = ", ".join(f"{k}={v}" for k, v in kernel.sizes.items())
         print(f"\n{kernel.name} ({shown})")
-        print(profile.table(launches, minimum))
+        print(profile.table(launches, minimum, device.l2_bytes))
+        for launch in launches:
+            launch["dram_bytes"] = profile.dram_bytes(launch, device.l2_bytes)
         moved = sum(profile.moved_bytes(launch) for launch in launches)
-        grids = _full_size_grids(engine, full, options, device)
-        shown = ", ".join(f"{k}={v}" for k, v in full.sizes.items())
-        print(f"at full size ({shown}): " + ", ".join(f"{g} blocks" for g in grids))
+        dram = sum(launch["dram_bytes"] for launch in launches)
+        sizes = GPU_SIZES[full.name]
+        grids = _gpu_size_grids(engine, full, sizes, options, device, launches)
+        shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        print(f"at GPU sizes ({shown}), {FILL_WAVES * device.sms} blocks for two per SM: "
+              + ", ".join(_shown(g) for g in grids))  # fmt: skip
         results.append(
             {"kernel": kernel.name, "sizes": kernel.sizes, "minimum_bytes": minimum,
-             "moved_bytes": moved, "launches": launches,
-             "full_sizes": full.sizes, "full_size_blocks": grids}
+             "moved_bytes": moved, "dram_bytes": dram, "moved_x": round(moved / minimum, 3),
+             "dram_x": round(dram / minimum, 3), "launches": launches,
+             "gpu_sizes": sizes, "gpu_size_grids": grids,
+             "fills": all(g["fills"] for g in grids if g["judged"])}
         )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
     path = args.out / f"emu-profile-{datetime.date.today().isoformat()}{tag}.json"
     record = {"options": args.options or "cuda default", "device": device.key(),
-              "fill_blocks": FILL_WAVES * device.sms, "kernels": results}  # fmt: skip
+              "l2_bytes": device.l2_bytes, "fill_blocks": FILL_WAVES * device.sms,
+              "judged_share": JUDGED_SHARE, "kernels": results}  # fmt: skip
     path.write_text(json.dumps(record, indent=1))
     print(f"\nwritten: {path}")
     return 0
 
 
-def _full_size_grids(
-    engine: tcpy.ExecutionEngine, kernel: Kernel, options: tcpy.MappingOptions | None,
-    device: DeviceProfile,
-) -> list[int]:  # fmt: skip
-    """The blocks of each launch of `kernel` mapped at its full sizes for `device`."""
+def _gpu_size_grids(
+    engine: tcpy.ExecutionEngine, kernel: Kernel, sizes: dict[str, int],
+    options: tcpy.MappingOptions | None, device: DeviceProfile, reduced: list[dict[str, Any]],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Each launch of `kernel` mapped at `sizes` for `device`: its blocks, whether they
+    are `FILL_WAVES` per SM, and whether the rule is judged on it: where it moves at
+    least `JUDGED_SHARE` of the DRAM bytes of the `reduced` profile's launches (every
+    launch where the two mappings launch differently)."""
     cdef = engine.checked(kernel.entry)
     chosen = options or cuda_defaults(cdef)
-    lowered = lower_to_cuda(cdef, kernel.sizes, chosen, device=device)
-    return [k.blocks for k in lowered.mapping.kernels]
+    lowered = lower_to_cuda(cdef, sizes, chosen, device=device)
+    total = sum(launch["dram_bytes"] for launch in reduced)
+    same = len(reduced) == len(lowered.mapping.kernels)
+    grids = []
+    for k, mapped in enumerate(lowered.mapping.kernels):
+        judged = not same or not total or reduced[k]["dram_bytes"] >= JUDGED_SHARE * total
+        fills = mapped.blocks >= FILL_WAVES * device.sms
+        grids.append({"blocks": mapped.blocks, "fills": fills, "judged": judged})
+    return grids
+
+
+def _shown(grid: dict[str, Any]) -> str:
+    verdict = "ok" if grid["fills"] else "FEWER" if grid["judged"] else "exempt, < 10% of bytes"
+    return f"{grid['blocks']} blocks ({verdict})"
 
 
 if __name__ == "__main__":

@@ -214,7 +214,8 @@ class Compiled:
         """Run once on the `cuda-emu` target, counting: one dict per kernel launch, with
         `kernel`, `grid`, `block`, `global_load_bytes`, `global_store_bytes`,
         `global_requests`, `global_sectors`, `shared_bytes`, `bank_conflicts`,
-        `barriers`, `shuffles` and `atomics` (see `tcpy.runtime.emulator`)."""
+        `barriers`, `shuffles`, `atomics` and the footprint's `distinct_load_sectors`,
+        `distinct_store_sectors` and `distinct_sectors` (see `tcpy.runtime.emulator`)."""
         binding = self._bind(inputs)
         profile = getattr(self._kernel, "profile", None)
         if profile is None:

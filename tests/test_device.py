@@ -16,6 +16,10 @@ def test_named_profiles_and_the_default(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("TCPY_CUDA_DEVICE", raising=False)
     assert device.default_profile().name == "h100"
     assert device.named("H100").sms == 132 and device.named("a100").arch == "sm_80"
+    # the L2 the emulator's DRAM bytes are counted behind (published sizes)
+    mib = 1 << 20
+    l2 = {name: p.l2_bytes for name, p in device.PROFILES.items()}
+    assert l2 == {"h100": 50 * mib, "h200": 50 * mib, "a100": 40 * mib, "l4": 48 * mib}
     monkeypatch.setenv("TCPY_CUDA_DEVICE", "l4")
     assert device.default_profile().sms == 58
     with pytest.raises(tcpy.TCError, match=r"unknown device profile 'v100'.*a100, h100"):

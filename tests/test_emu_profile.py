@@ -94,11 +94,18 @@ def test_minimum_bytes_and_table() -> None:
         "kernel": "k#0", "grid": (2, 1, 1), "block": (32, 1, 1), "global_load_bytes": 256,
         "global_store_bytes": 0, "global_requests": 2, "global_sectors": 16, "shared_bytes": 0,
         "bank_conflicts": 0, "barriers": 0, "shuffles": 0, "atomics": 0,
+        "distinct_load_sectors": 8, "distinct_store_sectors": 0, "distinct_sectors": 8,
     }  # fmt: skip
     text = profile.table([launch], minimum=256)
     assert "0.500" in text  # 256 bytes asked for, 16 sectors of 32 moved
     assert "8.00" in text  # sectors per request
-    assert text.splitlines()[-1] == "total: 512 bytes moved, 256 the definition must move (2.00x)"
+    # the two requests read the same 8 sectors: once from DRAM behind an L2
+    assert text.splitlines()[-1] == (
+        "total: 512 bytes moved, 256 DRAM bytes, 256 the definition must move "
+        "(moved 2.00x, DRAM 1.00x)"
+    )
+    # an L2 smaller than the footprint keeps nothing: DRAM bytes are the moved bytes
+    assert "total: 512 bytes moved, 512 DRAM bytes" in profile.table([launch], 256, l2_bytes=128)
 
 
 def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,7 +115,7 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main([*argv, "--profile"]) == 0
     out = capsys.readouterr().out
     assert "efficiency" in out and "copy#0" in out
-    assert "total: 4096 bytes moved, 4096 the definition must move (1.00x)" in out
+    assert "total: 4096 bytes moved, 4096 DRAM bytes, 4096 the definition must move" in out
     assert main(["run", str(f), "--entry", "copy", "--target", "cpu", "--profile"]) == 1
     assert "--target cuda-emu" in capsys.readouterr().err
 

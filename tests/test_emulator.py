@@ -19,7 +19,8 @@ What is tested:
 * dynamic shared memory and its bounds; float2/float4/int2/int4/double2 loads and make_*;
 * the profile's counters, computed by hand, on small kernels (coalesced, strided and
   broadcast loads, a load site run in a loop, float4 loads, bank conflicts and shared
-  broadcasts, shuffles, barriers, atomics);
+  broadcasts, shuffles, barriers, atomics), and each launch's distinct sectors loaded
+  and stored (a vector every block reads is one footprint, moved once per block);
 * the unflattening of 3-D thread and block indices.
 
 Sources that several tests use are compiled once per module; most of them gather
@@ -40,6 +41,7 @@ import pytest
 from tcpy.codegen.cuda import ACCESS_MACROS
 from tcpy.errors import TCEmulationError, TCLaunchError
 from tcpy.runtime import emulator
+from tcpy.runtime.profile import dram_bytes, moved_bytes
 
 Dim = int | tuple[int, int, int]
 Counters = dict[str, Any]
@@ -1133,6 +1135,9 @@ KERNEL(k_atomics) {
   atomicAdd(TC_AT(t_O, TID % 4), TC_LD(t_A, GID));
   if (TID < 16) atomicAdd(TC_AT(t_O, 4), 1.0f);
 }
+KERNEL(k_same_vector) {  /* every block reads the same 64 floats */
+  TC_ST(t_O, GID) = TC_LD(t_A, TID);
+}
 KERNEL(k_vector_copy) {  /* a float4 per thread */
   float4 v = TC_LDV(float4, t_A, 4 * GID);
   TC_ST(t_O, 4 * GID) = v.x;
@@ -1150,25 +1155,43 @@ COUNTER_PARAMS = [
 
 # every kernel: 2 blocks of 64 threads, 4 full warps; 32-byte sectors, 4-byte floats
 LANES, WARPS, BLOCKS = 128, 4, 2
-# a float per lane, read and written linearly: 128 bytes, 4 sectors per request
+# a float per lane, read and written linearly: 128 bytes, 4 sectors per request; the
+# footprint: 512 bytes of A loaded and of O stored, 16 distinct sectors each
 COPY = {
     "global_load_bytes": LANES * 4,
     "global_store_bytes": LANES * 4,
     "global_requests": 2 * WARPS,
     "global_sectors": 2 * WARPS * 4,
+    "distinct_load_sectors": 16,
+    "distinct_store_sectors": 16,
+    "distinct_sectors": 32,
 }
+
+
+def footprint(loads: int, stores: int, shared: int = 0) -> dict[str, int]:
+    """The distinct sectors a launch loads and stores (`shared`: in both)."""
+    return {
+        "distinct_load_sectors": loads,
+        "distinct_store_sectors": stores,
+        "distinct_sectors": loads + stores - shared,
+    }
+
+
 EXPECTED_COUNTERS = {
     "copy": counters(**COPY),
     # each lane's read 128 bytes from the next: 32 sectors per load
-    "strided": counters(**{**COPY, "global_sectors": WARPS * (32 + 4)}),
+    "strided": counters(**{**COPY, "global_sectors": WARPS * (32 + 4), **footprint(128, 16)}),
     # every lane reads A[0]: 32 lanes x 4 bytes counted, from 1 sector
-    "broadcast": counters(**{**COPY, "global_sectors": WARPS * (1 + 4)}),
+    "broadcast": counters(**{**COPY, "global_sectors": WARPS * (1 + 4), **footprint(1, 16)}),
+    # each block reads A[0..63]: 8 sectors a block, 2 x 8 moved, 8 distinct
+    "same_vector": counters(**{**COPY, "global_sectors": WARPS * (4 + 4), **footprint(8, 16)}),
     # each pass of the loop is a request of its own: 4 coalesced loads, 1 store per warp
     "loop": counters(
         global_load_bytes=4 * LANES * 4,
         global_store_bytes=LANES * 4,
         global_requests=WARPS * (4 + 1),
         global_sectors=WARPS * (4 + 1) * 4,
+        **footprint(64, 16),
     ),
     # 4 store instructions of one lane are 4 requests (4 bytes, 1 sector each), even
     # though they share a site and a sector
@@ -1177,6 +1200,7 @@ EXPECTED_COUNTERS = {
         global_requests=WARPS * 4,
         global_sectors=WARPS * 4,
         barriers=BLOCKS,
+        **footprint(0, 2),  # O[0..15]
     ),
     # lanes 2 words apart: 64 words over 16 banks, 2 per bank, 1 wavefront more than
     # 32 words need, for the store and the load of each warp
@@ -1197,6 +1221,7 @@ EXPECTED_COUNTERS = {
         global_sectors=(BLOCKS + WARPS) * 4,
         shared_bytes=(BLOCKS * 32 + LANES) * 4,
         barriers=BLOCKS,
+        **footprint(BLOCKS * 4, 16),
     ),
     # 5 shuffles per warp; lane 0 alone stores: 4 bytes, 1 sector per warp
     "warp_sum": counters(
@@ -1205,6 +1230,7 @@ EXPECTED_COUNTERS = {
         global_requests=2 * WARPS,
         global_sectors=WARPS * (4 + 1),
         shuffles=5 * WARPS,
+        **footprint(16, 1),  # O[0..3]
     ),
     "barriers": counters(barriers=3 * BLOCKS),
     # one atomic per lane, one more for threads 0-15 of each block; atomics are no
@@ -1214,6 +1240,7 @@ EXPECTED_COUNTERS = {
         global_requests=WARPS,
         global_sectors=WARPS * 4,
         atomics=LANES + 16 * BLOCKS,
+        **footprint(16 + 1, 1, shared=1),  # the atomics' O[0..4] loaded and stored
     ),
     # 16 bytes per lane read: 512 bytes, 16 sectors per load; each of the 4 stores
     # writes a float every 16 bytes: 512 bytes spanned, 16 sectors
@@ -1222,6 +1249,7 @@ EXPECTED_COUNTERS = {
         global_store_bytes=LANES * 16,
         global_requests=WARPS * (1 + 4),
         global_sectors=WARPS * (16 + 4 * 16),
+        **footprint(64, 64),
     ),
 }
 
@@ -1252,6 +1280,17 @@ def test_counters(profiled: tuple[dict[str, Counters], Any, Any], kernel: str) -
     profile = profiled[0][kernel]
     assert (profile["grid"], profile["block"]) == ((BLOCKS, 1, 1), (LANES // BLOCKS, 1, 1))
     assert counted(profile) == EXPECTED_COUNTERS[kernel]
+
+
+def test_dram_bytes_count_a_vector_every_block_reads_once(
+    profiled: tuple[dict[str, Counters], Any, Any],
+) -> None:
+    """Both blocks read the same 256 bytes of A: moved twice (2 x 8 sectors), loaded from
+    DRAM once when the launch's footprint (8 + 16 sectors) fits the L2, twice when not."""
+    launch = profiled[0]["same_vector"]
+    assert moved_bytes(launch) == (2 * 8 + 16) * 32
+    assert dram_bytes(launch, l2_bytes=24 * 32) == (8 + 16) * 32
+    assert dram_bytes(launch, l2_bytes=24 * 32 - 1) == moved_bytes(launch)
 
 
 def test_vector_copy_copies(profiled: tuple[Any, np.ndarray, np.ndarray]) -> None:

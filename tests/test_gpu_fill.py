@@ -19,7 +19,9 @@ from tcpy.mapping.gpu.sizes import MIN_CHUNK
 
 from differential import run_against_reference
 
-SMALL = DeviceProfile("small", "sm_90", 2, 1024, 256, 8, 48 * 1024, 96 * 1024, 65536, 65536)
+SMALL = DeviceProfile(
+    "small", "sm_90", 2, 1024, 256, 8, 48 * 1024, 96 * 1024, 65536, 65536, 2 << 20
+)
 
 
 @pytest.fixture(autouse=True)

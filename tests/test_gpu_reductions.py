@@ -146,3 +146,64 @@ def test_float_max_and_deterministic_results_are_not_split() -> None:
     got, want, text = _run(source, data, options=fixed)
     assert "atomic" not in text
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --- reductions over a small window, whole in each thread ---------------------------------
+
+MAXPOOL = """def maxpool(float(N,C,H,W) I) -> (O) {
+    O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:2, kw in 0:2
+}"""
+
+
+def test_a_window_reduction_starts_in_registers_in_one_launch() -> None:
+    """A max-pool's outputs start at the identity in each thread's registers and are
+    stored once, in one launch: O is never loaded, each of its sectors stored once,
+    I's loaded once (through shared memory, coalesced). Before, O was set to -inf by a
+    launch of its own and the reduction's launch loaded it back."""
+    x = np.random.default_rng(3).standard_normal((2, 8, 32, 32), dtype=np.float32)
+    compiled, got, want = run_against_reference("cuda-emu", MAXPOOL, x)
+    np.testing.assert_array_equal(got, want)
+    assert compiled.source.count("__global__") == 1
+    assert "tc_acc[tc_j] = (-1.0f / 0.0f);" in compiled.source
+    (launch,) = compiled.profile(x)
+    assert launch["distinct_load_sectors"] * 32 == x.nbytes  # I alone
+    assert launch["distinct_store_sectors"] * 32 == got.nbytes
+    assert launch["global_store_bytes"] == got.nbytes
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        MAXPOOL,
+        # a window whose last output lacks some values, and a sum into a float
+        """def f(float(N,W) I) -> (O) { O(n,w) +=! I(n,w+k) where w in 0:W-2, k in 0:3 }""",
+    ],
+)
+def test_window_reductions_at_odd_sizes(source: str) -> None:
+    rng = np.random.default_rng(4)
+    shape = (1, 3, 7, 9) if "maxpool" in source else (5, 37)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[3] = np.nan  # the max's NaN reaches its output
+    compiled, got, want = run_against_reference("cuda-emu", source, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, equal_nan=True)
+    assert np.isnan(got).any()
+    assert compiled.source.count("__global__") == 1
+
+
+def test_which_defs_fuse_their_initialisation() -> None:
+    """`Max` outer fusion for reductions over small windows of constant extent alone;
+    a reduction over a size (it may be split across blocks, with its output zeroed
+    apart) and a contraction keep `Min`."""
+    from tcpy.mapping.gpu.strategy import cuda_defaults
+    from tcpy.mapping.options import Fusion
+
+    def fusion(src: str) -> Fusion:
+        (cdef,) = check_source(src).values()
+        return cuda_defaults(cdef).outer_schedule_fusion
+
+    assert fusion(MAXPOOL) is Fusion.MAX
+    assert fusion("def f(float(B,N) G) -> (O) { O(n) +=! G(b,n) }") is Fusion.MIN
+    big = "def f(float(N,W) I) -> (O) { O(n,w) +=! I(n,w+k) where w in 0:W-99, k in 0:100 }"
+    assert fusion(big) is Fusion.MIN
+    mm = "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+    assert fusion(mm) is Fusion.MIN

@@ -27,6 +27,8 @@ from tcpy.codegen.printer import Instance, Printer
 from tcpy.mapping.gpu import MappedKernel
 from tcpy.mapping.marks import Mark, Shared, ThreadRegisters, of_ast
 from tcpy.naming import THREAD_PARAMS, tensor_name
+from tcpy.poly.isl_helpers import list_items
+from tcpy.poly.scop import Kind
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class ThreadTile:
     reductions: tuple[Header, ...]  # outermost first
     instance: Instance
     parts: StatementParts
+    # the nest initialises each output first (`initialisation`): it starts at the
+    # identity in its register, and is never loaded
+    initialised: bool = False
 
 
 @dataclass
@@ -292,7 +297,9 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) ->
     strided by the block (`c3 = threadIdx.y; c3 <= 31; c3 += 8`), of constant trip
     counts, around a perfect nest of reduction loops (a convolution's c, kh, kw)
     whose innermost body is one reduction statement into an element none of them
-    changes, each strided loop's index added alone to some subscript of that
+    changes (or its initialisation at their first iteration, then it: the tile then
+    starts at the identity, `initialisation`), each strided loop's index added alone
+    to some subscript of that
     element (so that every iteration has an element of its own), and no bound of
     a reduction loop using them. Each output is then combined in the order it was.
     None for any other loop."""
@@ -310,7 +317,8 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) ->
     while node.get_type() == FOR:
         reductions.append(printer.loop_header(node))
         node = node.for_get_body()
-    reduced = printer.reduction_at(node)
+    update = initialisation(printer, node, reductions)
+    reduced = printer.reduction_at(node if update is None else update)
     if not strided or not reductions or reduced is None:
         return None
     if math.prod(s.trips for s in strided) > outputs:
@@ -329,7 +337,56 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) ->
     if not all(_alone_in_some(n, names, subscripts) for n in names):
         return None
     parts = printer.bodies.parts(reduced.source, reduced.values, ids=reduced.ids())
-    return ThreadTile(tuple(strided), tuple(reductions), reduced, parts)
+    return ThreadTile(tuple(strided), tuple(reductions), reduced, parts, update is not None)
+
+
+def initialisation(
+    printer: ThreadPrinter, node: isl.AstNode, reductions: list[Header]
+) -> isl.AstNode | None:
+    """The update of a reduction nest's body that first initialises its element: a
+    block of the statement's initialisation, guarded by the first iteration of every
+    loop of `reductions` (`c9 == 0 && c10 == 0`, each loop's start), then its update of
+    the same element (the initialisation fused into the reduction's band, as `Max`
+    fusion schedules it: `tcpy.mapping.gpu.strategy.cuda_defaults`). None for any
+    other body."""
+    if node.get_type() != isl.ast_node_type.block or not reductions:
+        return None
+    children = list_items(node.block_get_children())
+    if len(children) != 2 or children[0].get_type() != IF or children[0].if_has_else_node():
+        return None
+    guard, update = children
+    init = guard.if_get_then_node()
+    if init.get_type() != isl.ast_node_type.user or update.get_type() != isl.ast_node_type.user:
+        return None
+    first, then = printer.ast.user(init), printer.ast.user(update)
+    init_stmt, update_stmt = (
+        printer.scop.statement(first.statement),
+        printer.scop.statement(then.statement),
+    )
+    if init_stmt.kind is not Kind.INIT or init_stmt.index != update_stmt.index:
+        return None
+    lhs = init_stmt.source(printer.scop.cdef).indices
+    at, of = printer.instance(first), printer.instance(then)
+    if any(at.values[v] != of.values[v] for v in lhs):
+        return None
+    starts = {r.id: r.node.for_get_init().to_C_str() for r in reductions}
+    tests = _conjuncts(guard.if_get_cond())
+    found = {}
+    for test in tests:
+        args = expr_args(test, isl.ast_expr_op_type.eq)
+        if args is None or len(args) != 2 or expr_id(args[0]) not in starts:
+            return None
+        found[expr_id(args[0])] = args[1].to_C_str()
+    return update if len(tests) == len(starts) and found == starts else None
+
+
+def _conjuncts(e: isl.AstExpr) -> list[isl.AstExpr]:
+    """The terms of a conjunction (`&&`, isl's `and`), or `e` alone."""
+    for op in (isl.ast_expr_op_type.and_, isl.ast_expr_op_type.and_then):  # type: ignore[attr-defined]
+        args = expr_args(e, op)
+        if args is not None:
+            return [t for a in args for t in _conjuncts(a)]
+    return [e]
 
 
 def print_thread_tile(
@@ -337,7 +394,8 @@ def print_thread_tile(
 ) -> None:
     """`tile`'s outputs in a register array across the reduction loops: loaded
     before them, each step combining every one of them (unrolled: the
-    operand values they share are loaded once), stored after it. An output some
+    operand values they share are loaded once), stored after it; a tile its nest
+    initialises starts at the identity instead of being loaded. An output some
     threads do not have (the block does not divide the tile) is guarded. `held`:
     the array and its flag `tc_held` are declared above loops enclosing this nest
     (`print_held_tile`), which load it the first time the nest runs and store it
@@ -345,7 +403,10 @@ def print_thread_tile(
     parts, n = tile.parts, tile_size(tile)
     firsts = [f for f in (r.first() for r in tile.reductions) if f is not None]
     printer.emit(depth, f"if ({' && '.join(f'({f})' for f in firsts)}) {{" if firsts else "{")
-    if held:
+    if tile.initialised:
+        printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
+        each_output(printer, tile, f"tc_acc[tc_j] = {parts.identity};", depth + 1)
+    elif held:
         printer.emit(depth + 1, "if (!tc_held) {")
         move_outputs(printer, tile, depth + 2, store=False)
         printer.emit(depth + 2, "tc_held = true;")
@@ -480,8 +541,9 @@ def may_hold(held: Held, tile: ThreadTile) -> bool:
     """Whether `tile` may be held across the loops of `held`: there are some, the
     elements it computes are the same at every iteration of them (no loop's index in
     their addresses or in the strided loops), and they are in global memory (a copy
-    in shared memory would be read again, stale, at each tile)."""
-    if not held.iterators or tile.instance.element_uses(*held.iterators):
+    in shared memory would be read again, stale, at each tile); not a tile its nest
+    initialises, which starts again at each of their iterations."""
+    if tile.initialised or not held.iterators or tile.instance.element_uses(*held.iterators):
         return False
     if any(s.loop.uses(*held.iterators) for s in tile.strided):
         return False

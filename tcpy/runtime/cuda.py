@@ -149,6 +149,7 @@ _PROFILE_ATTRIBUTES = {
     "shared_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
     "registers_per_block": "MAX_REGISTERS_PER_BLOCK",
     "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "l2_bytes": "L2_CACHE_SIZE",
 }
 
 

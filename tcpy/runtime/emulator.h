@@ -53,7 +53,8 @@ static const int warpSize = 32;
 struct tc_emu_buffer { const char *base; long long bytes; const char *name; };
 enum { TC_EMU_GLOBAL_LOAD_BYTES, TC_EMU_GLOBAL_STORE_BYTES, TC_EMU_GLOBAL_REQUESTS,
        TC_EMU_GLOBAL_SECTORS, TC_EMU_SHARED_BYTES, TC_EMU_BANK_CONFLICTS, TC_EMU_BARRIERS,
-       TC_EMU_SHUFFLES, TC_EMU_ATOMICS, TC_EMU_COUNTERS };
+       TC_EMU_SHUFFLES, TC_EMU_ATOMICS, TC_EMU_DISTINCT_LOAD_SECTORS,
+       TC_EMU_DISTINCT_STORE_SECTORS, TC_EMU_DISTINCT_SECTORS, TC_EMU_COUNTERS };
 struct tc_emu_launch {
   int check, count;
   int n_buffers;
@@ -224,6 +225,65 @@ static tc_emu_launch *launch_info;
 static int launch_sites;
 static volatile int failed;
 static const size_t STACK_BYTES = 256 * 1024;
+
+/* The footprint of a counting launch: for each of its buffers, a bit per 32-byte
+   sector the launch loads and one per sector it stores (an atomic does both), set by
+   every block; the distinct sectors, whatever the warps and blocks that touched them. */
+struct Footprint {
+  uintptr_t first = 0;  /* the buffer's first sector */
+  uint64_t n = 0;       /* its sectors */
+  uint64_t *loads = nullptr, *stores = nullptr;
+};
+static Footprint *footprints;
+
+static void open_footprints(const tc_emu_launch &L) {
+  footprints = new Footprint[L.n_buffers > 0 ? L.n_buffers : 1];
+  for (int k = 0; k < L.n_buffers; k++) {
+    Footprint &f = footprints[k];
+    uintptr_t base = (uintptr_t)L.buffers[k].base;
+    long long bytes = L.buffers[k].bytes;
+    if (bytes <= 0) continue;
+    f.first = base / 32;
+    f.n = (base + bytes - 1) / 32 - f.first + 1;
+    f.loads = (uint64_t *)calloc((f.n + 63) / 64, sizeof(uint64_t));
+    f.stores = (uint64_t *)calloc((f.n + 63) / 64, sizeof(uint64_t));
+  }
+}
+
+static void close_footprints(tc_emu_launch &L) {
+  long long loads = 0, stores = 0, either = 0;
+  for (int k = 0; k < L.n_buffers; k++) {
+    Footprint &f = footprints[k];
+    for (uint64_t i = 0; i < (f.n + 63) / 64; i++) {
+      loads += __builtin_popcountll(f.loads[i]);
+      stores += __builtin_popcountll(f.stores[i]);
+      either += __builtin_popcountll(f.loads[i] | f.stores[i]);
+    }
+    free(f.loads);
+    free(f.stores);
+  }
+  delete[] footprints;
+  footprints = nullptr;
+  L.counters[TC_EMU_DISTINCT_LOAD_SECTORS] = loads;
+  L.counters[TC_EMU_DISTINCT_STORE_SECTORS] = stores;
+  L.counters[TC_EMU_DISTINCT_SECTORS] = either;
+}
+
+/* Marks the sectors of an access of `bytes` at `address` in the buffer holding it. */
+static void touch(const tc_emu_launch &L, const void *address, long long bytes, bool load,
+                  bool store) {
+  uintptr_t a = (uintptr_t)address, first = a / 32, last = (a + bytes - 1) / 32;
+  for (int k = 0; k < L.n_buffers; k++) {
+    Footprint &f = footprints[k];
+    if (first < f.first || first - f.first >= f.n) continue;
+    for (uintptr_t s = first; s <= last && s - f.first < f.n; s++) {
+      uint64_t i = s - f.first, bit = 1ull << (i % 64);
+      if (load) __atomic_fetch_or(&f.loads[i / 64], bit, __ATOMIC_RELAXED);
+      if (store) __atomic_fetch_or(&f.stores[i / 64], bit, __ATOMIC_RELAXED);
+    }
+    return;
+  }
+}
 
 struct Worker {
   int n = 0;  /* threads in a block */
@@ -540,6 +600,7 @@ static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_la
   int threads = (int)(dims[3] * dims[4] * dims[5]);
   if (blocks <= 0 || threads <= 0) return 0;
   bool fibers = sync || L->count;
+  if (L->count) open_footprints(*L);
   int teams = (int)smaller_of(blocks, omp_get_max_threads());
   #pragma omp parallel num_threads(teams > 0 ? teams : 1)
   {
@@ -558,6 +619,7 @@ static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_la
     worker = nullptr;
     delete w;
   }
+  if (L->count) close_footprints(*L);
   return failed;
 }
 

@@ -20,6 +20,10 @@ same word with no barrier between them) or divergent barrier, and raises
 A warp-level request gathers the lanes that execute the same access site for the
 same time; its sectors are the distinct 32-byte segments its lanes touch, and a
 shared request's bank conflicts are the wavefronts it needs beyond one per 32 words.
+A launch's footprint is counted apart from its requests: the distinct sectors it loads,
+those it stores (an atomic both loads and stores its sector, though its traffic is not
+in the request counts) and those it touches at all, over every warp and block
+(`tcpy.runtime.profile.dram_bytes` reads them).
 
 Each kernel gets a launcher, `tc_launch_<k>(grid_and_block, sizes, buffers, status,
 launch)`, generated from the kernel's parameter list, which the Python side calls in
@@ -68,6 +72,9 @@ COUNTERS = (
     "barriers",
     "shuffles",
     "atomics",
+    "distinct_load_sectors",
+    "distinct_store_sectors",
+    "distinct_sectors",
 )
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]

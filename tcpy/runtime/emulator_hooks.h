@@ -160,6 +160,7 @@ static T *global_access(T *base, long long index, long long bytes, int kind, int
     }
   }
   T *address = base + index;
+  if (L.count) touch(L, address, bytes, kind != STORE, kind != LOAD);
   if (L.count && kind != ATOMIC) {
     w.counters[kind == LOAD ? TC_EMU_GLOBAL_LOAD_BYTES : TC_EMU_GLOBAL_STORE_BYTES] += bytes;
     count_access(site, address, bytes, false);

@@ -44,6 +44,7 @@ class DeviceProfile:
     shared_per_sm: int  # bytes
     registers_per_block: int
     registers_per_sm: int
+    l2_bytes: int  # the L2 cache (not read by the mapping: the emulator's DRAM model)
 
     @property
     def resident_threads(self) -> int:
@@ -60,16 +61,25 @@ class DeviceProfile:
         )
 
 
+_MIB = 1024 * 1024
 PROFILES: dict[str, DeviceProfile] = {
     p.name: p
     for p in (
-        # H100 SXM5 and H200 (GH100, 132 SMs enabled), compute capability 9.0
-        DeviceProfile("h100", "sm_90", 132, 1024, 2048, 32, 227 * 1024, 228 * 1024, 65536, 65536),
-        DeviceProfile("h200", "sm_90", 132, 1024, 2048, 32, 227 * 1024, 228 * 1024, 65536, 65536),
-        # A100 SXM4 (GA100, 108 SMs enabled), compute capability 8.0
-        DeviceProfile("a100", "sm_80", 108, 1024, 2048, 32, 163 * 1024, 164 * 1024, 65536, 65536),
-        # L4 (AD104, 58 SMs), compute capability 8.9
-        DeviceProfile("l4", "sm_89", 58, 1024, 1536, 24, 99 * 1024, 100 * 1024, 65536, 65536),
+        # H100 SXM5 and H200 (GH100, 132 SMs enabled, 50 MB of L2), compute capability 9.0
+        DeviceProfile(
+            "h100", "sm_90", 132, 1024, 2048, 32, 227 * 1024, 228 * 1024, 65536, 65536, _MIB * 50
+        ),
+        DeviceProfile(
+            "h200", "sm_90", 132, 1024, 2048, 32, 227 * 1024, 228 * 1024, 65536, 65536, _MIB * 50
+        ),
+        # A100 SXM4 (GA100, 108 SMs enabled, 40 MB of L2), compute capability 8.0
+        DeviceProfile(
+            "a100", "sm_80", 108, 1024, 2048, 32, 163 * 1024, 164 * 1024, 65536, 65536, _MIB * 40
+        ),
+        # L4 (AD104, 58 SMs, 48 MB of L2), compute capability 8.9
+        DeviceProfile(
+            "l4", "sm_89", 58, 1024, 1536, 24, 99 * 1024, 100 * 1024, 65536, 65536, _MIB * 48
+        ),
     )
 }
 DEFAULT = "h100"

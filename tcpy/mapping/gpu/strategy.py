@@ -85,15 +85,46 @@ SMALLEST_REDUCTION_TILE = 4
 """The smallest tile of the first reduction member `fit_shared` tries."""
 
 
+SMALL_WINDOW = 64
+"""The most values a reduction's window (`window_reductions`) may have."""
+
+
 def cuda_defaults(cdef: CheckedDef) -> MappingOptions:
     """The CUDA preset, with `Max` outer fusion for a pipeline of several statements
     that has no contraction (softmax, layernorm): each row is then one nest, mapped as
-    a row kernel (`tcpy.mapping.gpu.rows`) whose intermediate values stay on the chip.
-    A contraction keeps `Min`, which leaves its reduction loops one band to tile."""
+    a row kernel (`tcpy.mapping.gpu.rows`) whose intermediate values stay on the chip;
+    and for reductions over small windows alone (`window_reductions`: a max-pool),
+    whose initialisation then shares the reduction's band, so that a thread starts
+    its outputs at the identity in registers and stores them once, in one launch
+    (`tcpy.codegen.thread_tile`). A contraction keeps `Min`, which leaves its
+    reduction loops one band to tile."""
     options = MappingOptions.cuda()
-    if len(cdef.statements) > 1 and not any(contraction(st) for st in cdef.statements):
+    if any(contraction(st) for st in cdef.statements):
+        return options
+    if len(cdef.statements) > 1 or window_reductions(cdef):
         return options.replace(outer_schedule_fusion=Fusion.MAX)
     return options
+
+
+def window_reductions(cdef: CheckedDef) -> bool:
+    """Whether `cdef` has reductions and each runs over a window of constant extent,
+    `SMALL_WINDOW` values at most (`where kh in 0:2, kw in 0:2`): a thread then
+    reduces its output's whole window itself; a reduction over a size (a row, a
+    column sum) may be spread over lanes or split across blocks, whose combination
+    needs the output initialised apart."""
+    reductions = [st for st in cdef.statements if st.reduction_indices]
+    if not reductions:
+        return False
+    for st in reductions:
+        values = 1
+        for var in st.reduction_indices:
+            extent = st.range_of(var).hi - st.range_of(var).lo
+            if not extent.is_const:
+                return False
+            values *= max(extent.const, 0)
+        if values > SMALL_WINDOW:
+            return False
+    return True
 
 
 def map_to_gpu(
