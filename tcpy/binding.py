@@ -127,44 +127,41 @@ def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
     key: list[Any] = []
     addresses: list[int] = []
     streams: list[int | None] = []
+    first: int | None = None  # the call's stream
+    many = False
+    device: Any = None  # the last PyTorch device seen, and its current stream
+    stream: int | None = None
     for a in inputs:
         kind = type(a)
         library = _LIBRARIES.get(kind)
         if library is None:
             module = kind.__module__
-            library = (
-                "torch"
-                if module.startswith("torch")
-                else "cupy"
-                if module.startswith("cupy")
-                else ""
+            library = _LIBRARIES[kind] = next(
+                (name for name in ("torch", "cupy") if module.startswith(name)), ""
             )
-            _LIBRARIES[kind] = library
         if library == "torch":
             if not getattr(a, "is_cuda", False):
                 return None
-            device = a.device
+            if a.device != device:
+                device = a.device
+                stream = _torch_stream(device)
             key.append((kind, a.shape, a.dtype, device, a.is_contiguous(), a.requires_grad))
             addresses.append(a.data_ptr())
-            streams.append(_torch_stream(device))
-            continue
-        face = getattr(a, "__cuda_array_interface__", None)
-        if face is None:
-            return None
-        key.append((kind, face["shape"], face["typestr"], face.get("strides")))
-        addresses.append(face["data"][0])
-        if library == "cupy":
-            import cupy
-
-            streams.append(int(cupy.cuda.get_current_stream().ptr))
         else:
-            stream = face.get("stream")  # `cai_stream`, inlined
-            streams.append(
-                None if stream is None or face["version"] < 3 else 0 if stream == 1 else stream
-            )
-    first: int | None = None
-    many = False
-    for stream in streams:
+            face = getattr(a, "__cuda_array_interface__", None)
+            if face is None:
+                return None
+            key.append((kind, face["shape"], face["typestr"], face.get("strides")))
+            addresses.append(face["data"][0])
+            if library == "cupy":
+                import cupy
+
+                stream = int(cupy.cuda.get_current_stream().ptr)
+            else:
+                stream = face.get("stream")  # `cai_stream`, inlined
+                if stream is not None:
+                    stream = None if face["version"] < 3 else 0 if stream == 1 else stream
+        streams.append(stream)
         if stream is not None:
             if first is None:
                 first = stream
@@ -176,10 +173,6 @@ def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
     )  # fmt: skip
 
 
-# the library of each array type met by `device_signature`: "torch", "cupy" or ""
-_LIBRARIES: dict[type, str] = {}
-
-
 def _torch_stream(device: Any) -> int:
     """The raw handle of PyTorch's current stream on `device`."""
     import torch
@@ -188,6 +181,10 @@ def _torch_stream(device: Any) -> int:
     if raw is not None:
         return int(raw(device.index))
     return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+# the library of each array type met by `device_signature`: "torch", "cupy" or ""
+_LIBRARIES: dict[type, str] = {}
 
 
 def signature_key(args: Sequence[Any]) -> tuple[Any, ...]:

@@ -446,7 +446,7 @@ class GpuKernels:
                 )
                 addresses.append(pointer)
             outputs = tuple(made)
-            for owner in owners:
+            for owner in owners:  # tcpy's own arrays among the inputs
                 if type(owner) is runtime.DeviceArray:
                     owner.used_on(stream)
         wait = not self.asynchronous or stream == PER_THREAD or knobs.launch_blocking()

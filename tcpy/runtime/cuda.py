@@ -121,22 +121,27 @@ class Driver(Protocol):
 
 
 class Arguments:
-    """A kernel's arguments as `cuLaunchKernel` takes them: a slot per argument (a
-    64-bit integer or a pointer) and the array of the slots' addresses, built once (a
-    launch plan's) and patched at each call with `set`."""
+    """A kernel's arguments as `cuLaunchKernel` takes them: one array of 64-bit slots
+    (an integer or a pointer each) and the array of the slots' addresses, built once
+    (a launch plan's) and patched at each call (`set`, or `patch` for a run of them)."""
 
     def __init__(self, kinds: Sequence[str]) -> None:
         self.kinds = tuple(kinds)
-        self.slots = [ctypes.c_int64() if k == "i64" else ctypes.c_void_p() for k in kinds]
-        self.addresses = (ctypes.c_void_p * len(kinds))(*map(ctypes.addressof, self.slots))
+        self.slots = (ctypes.c_uint64 * len(kinds))()
+        base = ctypes.addressof(self.slots)
+        self.addresses = (ctypes.c_void_p * len(kinds))(*range(base, base + 8 * len(kinds), 8))
         self.address = ctypes.addressof(self.addresses)
 
     def set(self, index: int, value: int) -> None:
-        self.slots[index].value = value
+        self.slots[index] = value & 0xFFFFFFFFFFFFFFFF  # an i64 as its two's complement
+
+    def patch(self, first: int, values: list[int]) -> None:
+        """Slots `first`, `first + 1`, ... take `values` (addresses)."""
+        self.slots[first : first + len(values)] = values  # type: ignore[assignment]
 
     @property
     def values(self) -> list[int]:
-        return [s.value or 0 for s in self.slots]
+        return [v - (1 << 64) if v >> 63 else v for v in self.slots]
 
 
 # The driver's device attributes (`CU_DEVICE_ATTRIBUTE_<name>`) each profile field reads.
@@ -453,13 +458,16 @@ class DeviceArray:
     `stream`, the stream of the call that made it: work queued there after the call,
     and `get()`, see them."""
 
+    __slots__ = ("__weakref__", "_driver", "_pool", "captured", "dtype", "ndim", "others",
+                 "pointer", "shape", "stream")  # fmt: skip
+
     def __init__(
         self, shape: tuple[int, ...], dtype: np.dtype, pointer: int, drv: Driver,
         stream: int = DEFAULT, captured: bool = False, memory: DevicePool | None = None,
     ) -> None:  # fmt: skip
         self.shape = shape
         self.captured = captured  # made under a CUDA graph capture: the graph's memory
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.ndim = len(shape)
         self.pointer = pointer
         self.stream = stream

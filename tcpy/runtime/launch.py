@@ -62,7 +62,7 @@ class LaunchPlan:
         self.args = self.drv.arguments(kinds)
         for k, size in enumerate(self.sizes):
             self.args.set(k, size)
-        self.slots = self.args.slots[count:]  # the addresses', in order, the word's last
+        self.first = count  # the slot of the first address (the word's is the last)
         self.temporaries = list(self.buffers[self.outputs :])
         self.zeros = [
             (self.inputs + k, nbytes)
@@ -114,9 +114,8 @@ class LaunchPlan:
                     drv.memset(addresses[k], 0, nbytes, stream)
             addresses.append(word_address)
             with self.lock:  # the buffer is patched and read by the launches together
-                for slot, address in zip(self.slots, addresses, strict=True):
-                    slot.value = address
                 args = self.args
+                args.patch(self.first, addresses)
                 for function, grid, block in self.work:
                     drv.launch(function, grid, block, args, stream)
             if not wait:
