@@ -71,6 +71,8 @@ class Compiled:
         self._origin = origin  # how to rebuild it; None: it cannot be pickled
         self.options = kernel.options
         self._kernel = kernel
+        if hasattr(kernel, "device_call"):  # the steady path on GPU arrays, unwrapped
+            self.device_call = kernel.device_call  # type: ignore[method-assign]
         self._signature = signature
         self._sizes = sizes
         # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
@@ -182,16 +184,9 @@ class Compiled:
     def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> Any:
         """Run on GPU arrays whose `device_signature` matched that of an earlier call
         checked at `sizes` (the engine's steady path): the launch plan replayed with
-        the arrays' addresses, the outputs new arrays of the inputs' library."""
-        kernel = self._kernel
-        try:
-            outputs = kernel.device_call(sizes, call)  # type: ignore[attr-defined]
-        except KernelFault as e:  # the inputs are on the GPU: nothing to interpret
-            hint = KernelFault(f"{e}; the reference target names the index values")
-            raise self.cdef.located(hint) from None
-        except TCError as e:
-            raise self.cdef.located(e) from None
-        return outputs[0] if len(outputs) == 1 else outputs
+        the arrays' addresses, the outputs new arrays of the inputs' library
+        (`GpuKernels.device_call`, which this is for a GPU kernel)."""
+        raise TCError("only GPU kernels have a steady path")  # replaced in __init__
 
     def _library_outputs(
         self, binding: Binding, inputs: tuple[Any, ...], kind: Kind

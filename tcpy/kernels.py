@@ -27,7 +27,7 @@ from tcpy.runtime import streams
 from tcpy.runtime.cpu import address
 from tcpy.runtime.launch import LaunchPlan, borrow
 from tcpy.runtime.loop_counts import LoopCounters
-from tcpy.runtime.status import check_status
+from tcpy.runtime.status import KernelFault, check_status
 from tcpy.runtime.streams import PER_THREAD
 from tcpy.runtime.words import words
 
@@ -398,62 +398,66 @@ class GpuKernels:
         finally:
             streams.leave(drv, ordered)
 
-    def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> tuple[Any, ...]:
+    def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> Any:
         """The steady call on GPU arrays (`Compiled.device_call`): the inputs were
         checked at these sizes by an earlier call with the same `device_signature`;
         new outputs from the inputs' library (PyTorch, CuPy), else `DeviceArray`s
-        from the pool. The path of every call in a training loop: kept lean."""
+        from the pool; one output bare, several as a tuple. The path of every call in a
+        training loop: kept lean."""
         drv = runtime.driver()
         found = self._steady.get(id(sizes))
         if found is None or found[0] is not sizes or found[1].drv is not drv:
             found = self._steady_at(drv, sizes)
         plan = found[1]
-        plan.status.check()  # an earlier call's failure is reported before this one runs
-        stream = call.stream
-        if call.many or drv.work_stream(stream) != stream:
-            ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None))
-            streams.enter(drv, ordered)
-            try:
-                return self._device_work(drv, plan, found[2], call, stream)
-            finally:
-                streams.leave(drv, ordered)
-        return self._device_work(drv, plan, found[2], call, stream)
+        try:
+            plan.status.check()  # an earlier call's failure, before this one runs
+            stream = call.stream
+            owners = call.owners
+            capturing = drv.capturing(stream)
+            addresses = list(call.addresses)
+            scratch = None
+            if call.library:  # PyTorch's or CuPy's outputs, from the library's allocator
+                outputs = new_device_outputs(library_of(owners[0]), owners, found[2])
+                assert outputs is not None
+                addresses += map(_address, outputs)
+                if plan.temporaries:
+                    scratch = device_scratch(owners)
+            else:
+                outputs = self._device_arrays(drv, plan, found[2], stream, capturing, addresses)
+                for owner in owners:  # tcpy's own arrays among the inputs
+                    if type(owner) is runtime.DeviceArray:
+                        owner.used_on(stream)
+            ordered = None
+            if call.many or drv.work_stream(stream) != stream:
+                ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None))
+            wait = not self.asynchronous or stream == PER_THREAD or knobs.launch_blocking()
+            code = plan.run(addresses, stream, scratch, wait, capturing, ordered)
+            if code:
+                check_status(code)
+        except KernelFault as e:  # the inputs are on the GPU: nothing to interpret
+            hint = KernelFault(f"{e}; the reference target names the index values")
+            raise self.cdef.located(hint) from None
+        except TCError as e:
+            raise self.cdef.located(e) from None
+        return outputs[0] if len(outputs) == 1 else outputs
 
-    def _device_work(
-        self, drv: Any, plan: Any, specs: list[tuple[tuple[int, ...], Any, int]],
-        call: DeviceCall, stream: int,
+    @staticmethod
+    def _device_arrays(
+        drv: Any, plan: Any, specs: list[tuple[tuple[int, ...], Any, int]], stream: int,
+        capturing: bool, addresses: list[int],
     ) -> tuple[Any, ...]:  # fmt: skip
-        owners = call.owners
-        capturing = drv.capturing(stream)
-        addresses = list(call.addresses)
-        scratch = None
-        if call.library:  # PyTorch's or CuPy's outputs, from the library's allocator
-            outputs = new_device_outputs(library_of(owners[0]), owners, specs)
-            assert outputs is not None
-            addresses += map(_address, outputs)
-            if plan.temporaries:
-                scratch = device_scratch(owners)
-        else:
-            memory = plan.memory
-            made = []
-            for shape, dtype, nbytes in specs:
-                if capturing:
-                    pointer = borrow(memory, nbytes, stream, capturing)
-                else:
-                    pointer = memory.acquire(nbytes, stream)
-                made.append(
-                    runtime.DeviceArray(shape, dtype, pointer, drv, stream, capturing, memory)
-                )
-                addresses.append(pointer)
-            outputs = tuple(made)
-            for owner in owners:  # tcpy's own arrays among the inputs
-                if type(owner) is runtime.DeviceArray:
-                    owner.used_on(stream)
-        wait = not self.asynchronous or stream == PER_THREAD or knobs.launch_blocking()
-        code = plan.run(addresses, stream, scratch, wait, capturing)
-        if code:
-            check_status(code)
-        return outputs
+        """New `DeviceArray`s of `specs` from the pool for work on `stream`, their
+        addresses appended to `addresses`."""
+        memory = plan.memory
+        made = []
+        for shape, dtype, nbytes in specs:
+            if capturing:
+                pointer = borrow(memory, nbytes, stream, capturing)
+            else:
+                pointer = memory.acquire(nbytes, stream)
+            made.append(runtime.DeviceArray(shape, dtype, pointer, drv, stream, capturing, memory))
+            addresses.append(pointer)
+        return tuple(made)
 
     def _steady_at(self, drv: Any, sizes: Mapping[str, int]) -> tuple[Any, ...]:
         """What the steady calls at `sizes` reuse: the plan, and each output's shape,

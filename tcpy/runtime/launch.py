@@ -29,7 +29,7 @@ from typing import Any
 
 from tcpy import knobs
 from tcpy.errors import TCLaunchError
-from tcpy.runtime import cuda
+from tcpy.runtime import cuda, streams
 from tcpy.runtime.words import words
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
@@ -78,13 +78,15 @@ class LaunchPlan:
 
     def run(
         self, addresses: list[int], stream: int, scratch: Scratch | None = None,
-        wait: bool = False, capturing: bool = False,
+        wait: bool = False, capturing: bool = False, ordered: Sequence[int] | None = None,
     ) -> int:  # fmt: skip
         """Queue the launches on `stream` for the inputs' and outputs' device
         `addresses` (the list is extended); temporaries from `scratch` (the caller's
         library), else from the pool. `capturing`: the stream is being captured into a
-        CUDA graph. Returns 0 without waiting, or, with `wait`, after synchronising
-        the stream, the status code of the call (0: all went well)."""
+        CUDA graph; `ordered`: the streams of the call's arrays, `stream` first, when
+        the work must be ordered against them (`streams.enter`, `streams.leave`).
+        Returns 0 without waiting, or, with `wait`, after synchronising the stream,
+        the status code of the call (0: all went well)."""
         drv = self.drv
         if capturing and wait:
             raise TCLaunchError(
@@ -113,11 +115,17 @@ class LaunchPlan:
                 for k, nbytes in self.zeros:
                     drv.memset(addresses[k], 0, nbytes, stream)
             addresses.append(word_address)
-            with self.lock:  # the buffer is patched and read by the launches together
-                args = self.args
-                args.patch(self.first, addresses)
-                for function, grid, block in self.work:
-                    drv.launch(function, grid, block, args, stream)
+            if ordered:
+                streams.enter(drv, ordered)
+            try:
+                with self.lock:  # the buffer is patched and read by the launches together
+                    args = self.args
+                    args.patch(self.first, addresses)
+                    for function, grid, block in self.work:
+                        drv.launch(function, grid, block, args, stream)
+            finally:
+                if ordered:
+                    streams.leave(drv, ordered)
             if not wait:
                 return 0
             cuda.wait(drv, stream)  # a failed launch raises here
