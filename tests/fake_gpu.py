@@ -109,6 +109,8 @@ class HostMemoryDriver:
 
     def mapped_words(self, count: int) -> tuple[np.ndarray, int]:
         self.calls["mapped_words"] += 1
+        if self.capture is not None:
+            raise TCLaunchError("cuMemHostAlloc failed: not permitted while a stream is capturing")
         pointer, self.next = self.next, self.next + 4 * count + 4096
         self.memory[pointer] = bytearray(4 * count)
         return np.frombuffer(self.memory[pointer], np.int32, count), pointer

@@ -314,6 +314,24 @@ def test_a_call_captured_into_a_graph_is_checked_after_its_replays(
         kernels(bind(cdef, [a]))  # the next call looks too
 
 
+def test_a_long_capture_finds_its_status_words_ready(drv: HostMemoryDriver) -> None:
+    """Outside captures the free words are kept at `RESERVE` or more, so that a capture
+    of that many calls never asks the driver for a slab or queries an event."""
+    kernels, cdef = _kernels(_scale)
+    binding = bind(cdef, [DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)])
+    dests = bind_out(cdef, binding, tuple(DeviceVector(drv, np.zeros(3, np.float32)) for _ in "op"))
+    drv.busy = True  # nothing finishes: the free words only fall
+    for _ in range(words.SLAB - words.RESERVE // 2):
+        kernels(binding, dests)
+    drv.capture = STREAM_A
+    drv.calls.clear()
+    for _ in range(words.RESERVE):
+        kernels(binding, dests)
+    assert set(drv.calls) <= {"launch", "memset"}
+    drv.capture = None
+    drv.busy = False
+
+
 def test_a_capture_needs_no_driver_memory_or_wait(drv: HostMemoryDriver) -> None:
     kernels, cdef = _kernels(_twice, source=TEMPORARY)
     a = DeviceVector(drv, np.arange(3, dtype=np.float32), stream=STREAM_A)

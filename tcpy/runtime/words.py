@@ -22,8 +22,10 @@ graph's life (`captured`): every replay writes there, `check` reads it like the 
 and the host zeroes it after reporting; nothing is recorded or synchronised during the
 capture.
 
-Words come in slabs of `SLAB` words; when none is free, a new slab is allocated (a
-driver call, rare: the words in flight are bounded by the work the device has queued).
+Words come in slabs of `SLAB` words; when fewer than `RESERVE` are free, the finished
+ones are freed and, if still too few, a new slab is allocated (a driver call, rare: the
+words in flight are bounded by the work the device has queued), never during a
+capture, which must not ask the driver for memory.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ SLAB = 1024
 """Words per slab of mapped memory (4 KB)."""
 BATCH = 32
 """Calls on a stream between two events that tell when their words may be reused."""
+RESERVE = 256
+"""Free words kept ready outside CUDA graph captures (see `StatusWords.issue`)."""
 
 
 class WordDriver(Protocol):
@@ -109,10 +113,14 @@ class StatusWords:
         is the graph's for good; `waited`: the call will synchronise its stream and
         read its word itself (`result`)."""
         with self.lock:
-            if not self.free:
+            if len(self.free) < RESERVE and not captured:
+                # refilled outside captures, where the driver may be asked (queries,
+                # a new slab), so that a capture of up to RESERVE calls never needs to
                 self._reap()
+                if len(self.free) < RESERVE:
+                    self._grow()
             if not self.free:
-                self._grow()
+                self._grow()  # a capture longer than RESERVE calls: may fail there
             word = self.free.pop()
             self.calls += 1
             fields = (word, name, self.calls, stream, captured)
