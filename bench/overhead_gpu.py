@@ -74,7 +74,7 @@ def _counted(drv: Any, names: tuple[str, ...]) -> Counter[str]:
 
 
 DRIVER_CALLS = ("launch", "synchronize", "to_host", "to_device", "memset", "alloc", "record",
-                "done", "order", "event")  # fmt: skip
+                "done", "order", "event", "capturing")  # fmt: skip
 
 
 def fake_gpu() -> dict[str, Any]:

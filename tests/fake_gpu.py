@@ -129,6 +129,7 @@ class HostMemoryDriver:
         return not self.busy
 
     def capturing(self, stream: int) -> bool:
+        self.calls["capturing"] += 1
         return self.capture is not None and stream == self.capture
 
     def synchronize(self, stream: int) -> None:

@@ -265,6 +265,7 @@ def test_a_steady_call_launches_and_nothing_else(
         kernels(binding)
     steady = dict(drv.calls)
     assert steady.pop("launch") == calls
+    assert steady.pop("capturing") == calls  # a query: is the stream being captured?
     assert steady.pop("memset") == calls  # P's zeros (the def adds to them), not a word
     assert steady.pop("record") == calls // words.BATCH
     assert steady.pop("done") <= calls // words.BATCH  # queried, never waited for
@@ -302,7 +303,7 @@ def test_a_call_captured_into_a_graph_is_checked_after_its_replays(
     drv.capture = STREAM_A
     drv.calls.clear()
     kernels(bind(cdef, [a]))
-    assert set(drv.calls) <= {"launch", "memset"}
+    assert set(drv.calls) <= {"launch", "memset", "capturing"}
     drv.capture = None
     tcpy.ExecutionEngine("cuda").synchronize()  # no replay yet: all well
     replay[-1]()  # the graph replayed, and its kernel faulted
@@ -327,7 +328,7 @@ def test_a_long_capture_finds_its_status_words_ready(drv: HostMemoryDriver) -> N
     drv.calls.clear()
     for _ in range(words.RESERVE):
         kernels(binding, dests)
-    assert set(drv.calls) <= {"launch", "memset"}
+    assert set(drv.calls) <= {"launch", "memset", "capturing"}
     drv.capture = None
     drv.busy = False
 
@@ -602,7 +603,8 @@ def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
     drv.calls.clear()
     for _ in range(10):
         out = engine.twice_of(b)  # the last output goes back to the pool: reused
-    assert dict(drv.calls) == {"launch": 10}  # warm: not an allocation, copy or wait
+    # warm: not an allocation, copy or wait; a query whether the stream is capturing
+    assert dict(drv.calls) == {"launch": 10, "capturing": 10}
     np.testing.assert_array_equal(out.get(), [2, 4, 6, 8])
     drv.calls.clear()
     np.testing.assert_array_equal(compiled(a).get(), [0, 2, 4, 6])
