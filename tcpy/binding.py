@@ -173,6 +173,24 @@ def device_signature(inputs: Sequence[Any]) -> DeviceCall | None:
     )  # fmt: skip
 
 
+def host_tensors(inputs: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[np.ndarray, ...]] | None:
+    """For a call whose inputs are all contiguous CPU PyTorch tensors that require no
+    gradient: the key of what `bind`'s checks depend on (their shapes and dtypes) and
+    the tensors as NumPy views (no copy); None for any other call."""
+    key = []
+    for a in inputs:
+        if not type(a).__module__.startswith("torch") or getattr(a, "is_cuda", True):
+            return None
+        if a.requires_grad or not a.is_contiguous():
+            return None
+        key.append((a.shape, a.dtype))
+    try:
+        arrays = tuple(a.numpy() for a in inputs)
+    except (RuntimeError, TypeError):  # a lazy view NumPy cannot share (conjugate, ...)
+        return None
+    return ("torch-cpu", *key), arrays
+
+
 def _torch_stream(device: Any) -> int:
     """The raw handle of PyTorch's current stream on `device`."""
     import torch

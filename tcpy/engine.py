@@ -29,6 +29,7 @@ from tcpy.binding import (
     bind,
     device_signature,
     generic_signature_key,
+    host_tensors,
     signature_key,
 )
 from tcpy.cache import TunedStore, tcpy_version, tuned_key
@@ -289,7 +290,7 @@ class ExecutionEngine:
             return compiled.call(binding, inputs, out)
         if hit[2] is not None:  # GPU arrays: the steady path
             return hit[0].device_call(hit[1], hit[2])
-        return hit[0].call(Binding(inputs, hit[1]), inputs, out)
+        return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
 
     def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
@@ -299,27 +300,34 @@ class ExecutionEngine:
 
     def _known_call(
         self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
-    ) -> tuple[Compiled, Mapping[str, int], DeviceCall | None] | None:
-        """The kernel and sizes of a call whose NumPy inputs have the shapes and
-        dtypes of an earlier call with the same options: those were checked then, and
-        every check of a call depends only on them; for GPU arrays whose
-        `device_signature` is that of an earlier call (and no `out=`), with the
-        `DeviceCall` as the third item (else None)."""
+    ) -> tuple[Compiled, Mapping[str, int], DeviceCall | None, tuple[Any, ...]] | None:
+        """The kernel and sizes of a call whose inputs have the shapes and dtypes of an
+        earlier call with the same options (those were checked then, and every check of
+        a call depends only on them), with the arrays to bind: NumPy inputs as they
+        are, CPU PyTorch tensors as NumPy views (`host_tensors`). For GPU arrays whose
+        `device_signature` is that of an earlier call (and no `out=`), the
+        `DeviceCall` is the third item (else None)."""
         if options is not None and not isinstance(options, MappingOptions):
             return None
         signature = plain_signature(inputs)
+        arrays = inputs
         if signature is None:
             call = device_signature(inputs) if out is None else None
-            known = self._calls.get((entry, options, call.key)) if call is not None else None
-            if known is None:
+            if call is not None:
+                known = self._calls.get((entry, options, call.key))
+                if known is None:
+                    return None
+                self._session.stats.memory_hits += 1
+                return known[0], known[1], call, inputs
+            host = host_tensors(inputs)
+            if host is None:
                 return None
-            self._session.stats.memory_hits += 1
-            return known[0], known[1], call
+            signature, arrays = host
         known = self._calls.get((entry, options, signature))
         if known is None:
             return None
         self._session.stats.memory_hits += 1
-        return known[0], known[1], None
+        return known[0], known[1], None, arrays
 
     def _compile(
         self, entry: str, inputs: tuple[Any, ...], given: OptionsArg
@@ -356,6 +364,9 @@ class ExecutionEngine:
         if plain is None and hasattr(kernel, "device_call"):
             call = device_signature(inputs)
             plain = None if call is None else call.key  # GPU arrays: `device_call` runs it
+        if plain is None and not binding.on_device:
+            host = host_tensors(inputs)  # CPU PyTorch tensors, bound as NumPy views
+            plain = None if host is None else host[0]
         if plain is not None and fast and not binding.empty:
             if len(self._calls) >= _KNOWN_CALLS:
                 self._calls.clear()
@@ -442,7 +453,7 @@ class ExecutionEngine:
                 return compiled.call(binding, inputs, out)
             if hit[2] is not None:  # GPU arrays: the steady path
                 return hit[0].device_call(hit[1], hit[2])
-            return hit[0].call(Binding(inputs, hit[1]), inputs, out)
+            return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -183,6 +183,32 @@ def test_torch_in_gives_torch_out(engine: tcpy.ExecutionEngine) -> None:
     assert isinstance(s, torch.Tensor) and isinstance(d, torch.Tensor)
 
 
+def test_a_repeated_call_on_torch_cpu_tensors_binds_nothing(
+    engine: tcpy.ExecutionEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second call with CPU tensors of the same shapes and dtypes takes the known
+    call's kernel and sizes, the tensors as NumPy views; other shapes, a strided view
+    and a tensor that requires a gradient are checked as on a first call."""
+    torch = pytest.importorskip("torch")
+    a, b = (torch.from_numpy(x) for x in _inputs(3))
+    torch.testing.assert_close(engine.mm(a, b), a @ b)
+
+    def unexpected(*args: object) -> None:
+        raise AssertionError("a known call binds nothing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("tcpy.engine.bind", unexpected)
+        c = engine.mm(a * 2, b)  # other values, same shapes
+    assert isinstance(c, torch.Tensor)
+    torch.testing.assert_close(c, (a * 2) @ b)
+    wide = torch.ones(7, 6)
+    torch.testing.assert_close(engine.mm(a, wide), a @ wide)  # new shapes: bound, compiled
+    strided = torch.ones(3, 14)[:, ::2].T  # (7, 3), not contiguous
+    torch.testing.assert_close(engine.mm(a, strided), a @ strided)
+    with pytest.raises(tcpy.TCInputError, match="requires a gradient"):
+        engine.mm(a, b.clone().requires_grad_())
+
+
 def test_torch_inputs_are_not_copied() -> None:
     """A torch CPU tensor is seen through its memory: writing the array tcpy sees
     shows in the tensor."""
