@@ -7,6 +7,7 @@ right and report their faults. Marked `gpu`: skipped cleanly without one."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,18 +17,12 @@ import tcpy
 from tcpy.runtime import cuda as runtime
 from tcpy.runtime.status import KernelFault
 
+from programs import SOFTMAX  # with temporaries: from PyTorch's allocator on its tensors
+
 pytestmark = pytest.mark.gpu
 
 AFFINE = "def affine(float(N) A) -> (O) { O(i) = A(i) * 2 + 1 }"
 GATHER = "def g(float(N) A, int32(M) I) -> (O) { O(m) = A(I(m)) }"
-SOFTMAX = """
-def softmax(float(N, D) I) -> (O) {
-    m(n) max=! I(n, d)
-    e(n, d) = exp(I(n, d) - m(n))
-    s(n) +=! e(n, d)
-    O(n, d) = e(n, d) / s(n)
-}
-"""  # with temporaries: from PyTorch's allocator on PyTorch tensors
 
 
 @pytest.fixture(params=["pycuda", "bindings"])
@@ -81,10 +76,15 @@ def test_a_steady_call_on_torch_tensors_queues_its_launches_only(
     engine.synchronize()
 
 
-def test_a_fault_is_read_from_mapped_memory_at_a_later_call(torch: Any) -> None:
+def _gathering(torch: Any) -> tuple[tcpy.ExecutionEngine, Any]:
+    """An engine with `g` (a gather), and a vector of 8 to gather from."""
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(GATHER)
-    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    return engine, torch.arange(8, dtype=torch.float32, device="cuda")
+
+
+def test_a_fault_is_read_from_mapped_memory_at_a_later_call(torch: Any) -> None:
+    engine, a = _gathering(torch)
     bad = torch.tensor([0, 9], dtype=torch.int32, device="cuda")
     engine.g(a, bad)  # returns at once: the fault is not known yet
     torch.cuda.synchronize()  # PyTorch's wait: tcpy is not told
@@ -95,9 +95,7 @@ def test_a_fault_is_read_from_mapped_memory_at_a_later_call(torch: Any) -> None:
 
 
 def test_launch_blocking_raises_at_the_call(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = tcpy.ExecutionEngine("cuda")
-    engine.define(GATHER)
-    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    engine, a = _gathering(torch)
     bad = torch.tensor([0, 9], dtype=torch.int32, device="cuda")
     monkeypatch.setenv("TCPY_LAUNCH_BLOCKING", "1")
     with pytest.raises(KernelFault, match="outside its extent"):
@@ -109,17 +107,22 @@ def test_launch_blocking_raises_at_the_call(torch: Any, monkeypatch: pytest.Monk
         blocking.g(a, bad)
 
 
+def _warm_up(torch: Any, calls: Callable[[], object]) -> None:
+    """Run `calls` twice on a side stream, as PyTorch asks before a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            calls()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def test_calls_captured_by_torch_cuda_graph_replay_right(torch: Any) -> None:
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(SOFTMAX)
     engine.define(AFFINE)
     x = torch.randn(64, 300, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up, as PyTorch asks before a capture
-        for _ in range(2):
-            engine.affine(engine.softmax(x).reshape(-1))
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(torch, lambda: engine.affine(engine.softmax(x).reshape(-1)))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = x
@@ -136,15 +139,9 @@ def test_calls_captured_by_torch_cuda_graph_replay_right(torch: Any) -> None:
 
 
 def test_a_fault_in_a_replayed_graph_is_reported(torch: Any) -> None:
-    engine = tcpy.ExecutionEngine("cuda")
-    engine.define(GATHER)
-    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    engine, a = _gathering(torch)
     index = torch.tensor([3, 1], dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        engine.g(a, index)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(torch, lambda: engine.g(a, index))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = engine.g(a, index)

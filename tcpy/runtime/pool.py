@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Hashable
-from typing import Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, Protocol, TypeVar
 
 from tcpy.errors import TCLaunchError
 from tcpy.runtime.streams import PER_THREAD, stream_key
+
+T = TypeVar("T")
 
 POOL_IDLE_BYTES = 1 << 30
 """The most device memory the pool keeps idle between calls; beyond it, blocks given
@@ -134,14 +136,26 @@ class DevicePool:
                     self.drv.free(pointer)
 
 
-_pools: dict[int, DevicePool] = {}
-_pools_lock = threading.Lock()
+class PerDriver(Generic[T]):
+    """One object per driver for the process, made by `make(drv)` on first use; a
+    driver gone whose id another reuses gets a new one."""
+
+    def __init__(self, make: Callable[[Any], T]) -> None:
+        self.make = make
+        self.made: dict[int, tuple[Any, T]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, drv: Any) -> T:
+        with self.lock:
+            found = self.made.get(id(drv))
+            if found is None or found[0] is not drv:
+                found = self.made[id(drv)] = (drv, self.make(drv))
+            return found[1]
+
+    def values(self) -> list[T]:
+        with self.lock:
+            return [made for _, made in self.made.values()]
 
 
-def pool(drv: Memory) -> DevicePool:
-    """The memory pool of driver `drv` (one per driver, for the process)."""
-    with _pools_lock:
-        found = _pools.get(id(drv))
-        if found is None or found.drv is not drv:
-            found = _pools[id(drv)] = DevicePool(drv)
-        return found
+pool = PerDriver(DevicePool)
+"""The memory pool of a driver (`pool(drv)`)."""

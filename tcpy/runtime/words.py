@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from tcpy.errors import TCError, TCInputError, TCLaunchError
-from tcpy.runtime.pool import pool
+from tcpy.runtime.pool import PerDriver, pool
 from tcpy.runtime.status import check_status
 from tcpy.runtime.streams import PER_THREAD, stream_key
 
@@ -279,17 +279,8 @@ class StatusWords:
         raise AssertionError("a nonzero status word raises")  # pragma: no cover
 
 
-_words: dict[int, StatusWords] = {}
-_words_lock = threading.Lock()
-
-
-def words(drv: WordDriver) -> StatusWords:
-    """The status words of driver `drv` (one set per driver, for the process)."""
-    with _words_lock:
-        found = _words.get(id(drv))
-        if found is None or found.drv is not drv:
-            found = _words[id(drv)] = StatusWords(drv)
-        return found
+words = PerDriver(StatusWords)
+"""The status words of a driver (`words(drv)`)."""
 
 
 def settle(drv: WordDriver) -> None:
@@ -309,7 +300,7 @@ def settle(drv: WordDriver) -> None:
             continue
         found = status.failure()
         status.settled(stream)
-        pool(drv).settled(stream)  # type: ignore[arg-type]  # the blocks pending there too
+        pool(drv).settled(stream)  # the blocks pending there too
         failure = failure or found
     failure = failure or status.failure()  # captured words, replayed since
     if failure is not None:
@@ -319,7 +310,7 @@ def settle(drv: WordDriver) -> None:
 def _at_exit() -> None:
     """At interpreter exit: wait for the calls in flight and print a failure nobody
     was told of (there is no caller left to raise it to)."""
-    for status in list(_words.values()):
+    for status in words.values():
         try:
             settle(status.drv)
         except TCError as e:
