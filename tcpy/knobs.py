@@ -9,7 +9,7 @@
 - `TCPY_EMU_CHECK=1`: check every `cuda-emu` launch (bounds, shared-memory races,
   divergent barriers), with the emulator's instrumented build.
 - `TCPY_CUDA_DRIVER`: `pycuda` or `bindings` to choose the CUDA driver layer (default:
-  pycuda when installed, else cuda.bindings).
+  cuda.bindings, else pycuda).
 - `TCPY_CUDA_DEVICE`: the device profile (`tcpy.mapping.gpu.device`) that `cuda-emu`
   maps for, and `cuda` when no GPU is present (default `h100`).
 - `TCPY_CUDA_ARCH`: the architecture cubins are built for when no GPU is present

@@ -1,9 +1,12 @@
 """The CUDA runtime: a small driver layer with two implementations, chosen at run time.
 
-`driver()` returns the pycuda implementation when pycuda is installed, else the one on
-`cuda.bindings.driver`; the rest of tcpy only sees the `Driver` interface: the device's
-name and compute capability, loading a cubin, device memory, copies, memsets, and
-launching a kernel with its grid, block and arguments. Every call is checked.
+`driver()` returns the implementation on `cuda.bindings.driver`, else (or when
+`TCPY_CUDA_DRIVER=pycuda` asks) the pycuda one: cuda.bindings launches on the caller's
+stream, so a steady call asks the driver for its launches only, where pycuda orders its
+own stream against the caller's with events at every call. The rest of tcpy only sees
+the `Driver` interface: the device's name and compute capability, loading a cubin,
+device memory, copies, memsets, events, and launching a kernel with its grid, block
+and arguments. Every call is checked.
 
 Streams. Every copy, memset and launch, and the synchronisation, takes the stream of
 the call it belongs to (`tcpy.runtime.streams.call_streams`: the caller's current
@@ -176,9 +179,9 @@ _thread = threading.local()
 
 
 def driver() -> Driver:
-    """The driver `TCPY_CUDA_DRIVER` names, else pycuda if it is installed, else
-    cuda.bindings'; a TCLaunchError when none can reach a GPU. Its context is current
-    in the calling thread."""
+    """The driver `TCPY_CUDA_DRIVER` names, else cuda.bindings', else pycuda's if
+    cuda.bindings cannot reach a GPU; a TCLaunchError when none can. Its context is
+    current in the calling thread."""
     drv = _driver(knobs.cuda_driver())
     if getattr(_thread, "bound", None) is not drv:
         drv.bind_thread()
@@ -189,7 +192,7 @@ def driver() -> Driver:
 @functools.cache
 def _driver(choice: str | None) -> Driver:
     errors = []
-    makers: tuple[type[_PyCuda] | type[_Bindings], ...] = (_PyCuda, _Bindings)
+    makers: tuple[type[_PyCuda] | type[_Bindings], ...] = (_Bindings, _PyCuda)
     if choice == "pycuda":
         makers = (_PyCuda,)
     elif choice == "bindings":
