@@ -286,11 +286,25 @@ class ExecutionEngine:
         or run."""
         hit = self._known_call(entry, inputs, options, out)
         if hit is None:
-            compiled, binding = self._compile(entry, inputs, options)
-            return compiled.call(binding, inputs, out)
+            return self._checked_call(entry, inputs, options, out)
         if hit[2] is not None:  # GPU arrays: the steady path
-            return hit[0].device_call(hit[1], hit[2])
+            done = hit[0].device_call(hit[1], hit[2])
+            return done if done is not None else self._checked_call(entry, inputs, options, out)
         return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
+
+    def _checked_call(
+        self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
+    ) -> Any:
+        """A call checked whole (and compiled when new); a call on GPU arrays with
+        `out=` that passed is remembered for the steady path (`_known_call`)."""
+        compiled, binding = self._compile(entry, inputs, options)
+        result = compiled.call(binding, inputs, out)
+        if out is not None and binding.on_device and hasattr(compiled, "device_call"):
+            call = device_signature((*inputs, *(out if isinstance(out, tuple) else (out,))))
+            fast = options is None or isinstance(options, MappingOptions)
+            if call is not None and fast and not binding.empty:
+                self._calls[(entry, options, ("out", call.key))] = (compiled, binding.sizes)
+        return result
 
     def compile(self, entry: str, *inputs: Any, options: OptionsArg = None) -> Compiled:
         """The kernel of `entry` for the shapes and dtypes of `inputs` (compiled on the
@@ -305,16 +319,20 @@ class ExecutionEngine:
         earlier call with the same options (those were checked then, and every check of
         a call depends only on them), with the arrays to bind: NumPy inputs as they
         are, CPU PyTorch tensors as NumPy views (`host_tensors`). For GPU arrays whose
-        `device_signature` is that of an earlier call (and no `out=`), the
-        `DeviceCall` is the third item (else None)."""
+        `device_signature` (with the `out=` arrays after the inputs) is that of an
+        earlier call, the `DeviceCall` is the third item (else None)."""
         if options is not None and not isinstance(options, MappingOptions):
             return None
         signature = plain_signature(inputs)
         arrays = inputs
         if signature is None:
-            call = device_signature(inputs) if out is None else None
+            if out is None:
+                call = device_signature(inputs)
+            else:  # the `out=` arrays after the inputs
+                call = device_signature((*inputs, *(out if isinstance(out, tuple) else (out,))))
             if call is not None:
-                known = self._calls.get((entry, options, call.key))
+                key = call.key if out is None else ("out", call.key)
+                known = self._calls.get((entry, options, key))
                 if known is None:
                     return None
                 self._session.stats.memory_hits += 1
@@ -443,16 +461,16 @@ class ExecutionEngine:
         """`engine.<name>`: a function with the def's signature and a docstring."""
         cdef = self._defs[name]
 
-        known, compile_ = self._known_call, self._compile
+        known, checked = self._known_call, self._checked_call
 
         def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
             # `run`, inlined: this is the path of every call in a user's loop
             hit = known(name, inputs, options, out)
             if hit is None:
-                compiled, binding = compile_(name, inputs, options)
-                return compiled.call(binding, inputs, out)
+                return checked(name, inputs, options, out)
             if hit[2] is not None:  # GPU arrays: the steady path
-                return hit[0].device_call(hit[1], hit[2])
+                done = hit[0].device_call(hit[1], hit[2])
+                return done if done is not None else checked(name, inputs, options, out)
             return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY

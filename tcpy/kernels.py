@@ -314,6 +314,18 @@ class Prepared:
         return with_scratch
 
 
+def _overlapping(addresses: Sequence[int], extents: Sequence[int], outputs: int) -> bool:
+    """Whether one of the `outputs` last arrays (`out=` destinations) shares memory
+    with another array of the call: their device `addresses` and their bytes."""
+    spans = [(a, a + n) for a, n in zip(addresses, extents, strict=True)]
+    for k in range(len(spans) - outputs, len(spans)):
+        lo, hi = spans[k]
+        for j, (a, b) in enumerate(spans):
+            if j != k and a < hi and lo < b and a < b and lo < hi:
+                return True
+    return False
+
+
 def _address(array: Any) -> int:
     """The device address of a PyTorch tensor or CuPy array."""
     pointer = getattr(array, "data_ptr", None)
@@ -399,11 +411,13 @@ class GpuKernels:
             streams.leave(drv, ordered)
 
     def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> Any:
-        """The steady call on GPU arrays (`Compiled.device_call`): the inputs were
-        checked at these sizes by an earlier call with the same `device_signature`;
-        new outputs from the inputs' library (PyTorch, CuPy), else `DeviceArray`s
-        from the pool; one output bare, several as a tuple. The path of every call in a
-        training loop: kept lean."""
+        """The steady call on GPU arrays (`Compiled.device_call`): the arrays were
+        checked at these sizes by an earlier call with the same `device_signature`.
+        Outputs: the `out=` arrays when `call` holds them after the inputs (None, for
+        the caller to check the call whole, when they share memory with an input or
+        with each other), else new arrays of the inputs' library (PyTorch, CuPy), else
+        `DeviceArray`s from the pool; one output bare, several as a tuple. The path of
+        every call in a training loop: kept lean."""
         drv = runtime.driver()
         found = self._steady.get(id(sizes))
         if found is None or found[0] is not sizes or found[1].drv is not drv:
@@ -416,9 +430,21 @@ class GpuKernels:
             capturing = drv.capturing(stream)
             addresses = list(call.addresses)
             scratch = None
-            if call.library:  # PyTorch's or CuPy's outputs, from the library's allocator
-                outputs = new_device_outputs(library_of(owners[0]), owners, found[2])
-                assert outputs is not None
+            count = len(self.cdef.inputs)
+            if len(owners) > count:  # out= destinations
+                if _overlapping(addresses, found[3], len(owners) - count):
+                    return None
+                outputs = owners[count:]
+                owners = owners[:count]
+                for owner in outputs:
+                    if type(owner) is runtime.DeviceArray:
+                        owner.used_on(stream)
+                if plan.temporaries:
+                    scratch = device_scratch(owners)
+            elif call.library:  # PyTorch's or CuPy's outputs, from its allocator
+                made = new_device_outputs(library_of(owners[0]), owners, found[2])
+                assert made is not None
+                outputs = made
                 addresses += map(_address, outputs)
                 if plan.temporaries:
                     scratch = device_scratch(owners)
@@ -460,16 +486,20 @@ class GpuKernels:
         return tuple(made)
 
     def _steady_at(self, drv: Any, sizes: Mapping[str, int]) -> tuple[Any, ...]:
-        """What the steady calls at `sizes` reuse: the plan, and each output's shape,
-        dtype and bytes."""
+        """What the steady calls at `sizes` reuse: the plan, each output's shape, dtype
+        and bytes, and the bytes of each input and then each output."""
         plan = self.plan(drv, [sizes[s] for s in self.cdef.size_symbols])
         specs = [
             (tuple(max(d.evaluate(sizes), 0) for d in t.shape), t.scalar.dtype, nbytes)
             for t, nbytes in zip(self.cdef.outputs, plan.buffers, strict=False)
         ]
+        extents = [
+            math.prod(max(d.evaluate(sizes), 0) for d in t.shape) * t.scalar.dtype.itemsize
+            for t in self.cdef.inputs
+        ] + [nbytes for _, _, nbytes in specs]
         if len(self._steady) >= 64:
             self._steady.clear()
-        found = self._steady[id(sizes)] = (sizes, plan, specs)
+        found = self._steady[id(sizes)] = (sizes, plan, specs, extents)
         return found
 
     def plan(self, drv: Any, sizes: Sequence[int]) -> Any:

@@ -621,3 +621,41 @@ def test_a_steady_call_at_another_shape_is_checked_again(engine_drv: HostMemoryD
         engine.add(a3, DeviceVector(drv, np.ones(4, np.float32)))
     with pytest.raises(tcpy.TCInputError, match="must be float32"):
         engine.add(a3, DeviceVector(drv, np.ones(3, np.float64)))
+
+
+def test_a_steady_call_with_out_binds_nothing_and_writes_the_destination(
+    engine_drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drv = engine_drv
+    engine = tcpy.ExecutionEngine("cuda")
+    engine.define(DOUBLE)
+    a = DeviceVector(drv, np.arange(4, dtype=np.float32))
+    o = DeviceVector(drv, np.zeros(4, np.float32))
+    assert engine.twice_of(a, out=o) is o  # checked whole, then remembered
+    with monkeypatch.context() as patched:
+        for module in ("tcpy.engine", "tcpy.compiled"):
+            patched.setattr(f"{module}.bind", lambda *args: pytest.fail("bound again"))
+        patched.setattr("tcpy.compiled.bind_out", lambda *args: pytest.fail("bound again"))
+        b = DeviceVector(drv, np.arange(4, dtype=np.float32) + 1)
+        drv.calls.clear()
+        assert engine.twice_of(b, out=o) is o
+        assert dict(drv.calls) == {"launch": 1, "capturing": 1}  # no allocation at all
+        np.testing.assert_array_equal(drv.view(o.pointer, 4), [2, 4, 6, 8])
+    # an out= that is the input: checked whole (computed aside, then copied in); a
+    # destination of another shape is refused as on a first call
+    with pytest.raises(tcpy.TCInputError, match="shares memory with an input"):
+        engine.twice_of(b, out=b)
+    with pytest.raises(tcpy.TCInputError, match="out for O must be float32 of shape"):
+        engine.twice_of(b, out=DeviceVector(drv, np.zeros(5, np.float32)))
+
+
+def test_out_destinations_that_share_memory_are_found_at_each_call() -> None:
+    from tcpy.kernels import _overlapping
+
+    # two inputs of 16 bytes at 0 and 100, one output of 16 bytes
+    assert not _overlapping([0, 100, 200], [16, 16, 16], 1)
+    assert _overlapping([0, 100, 8], [16, 16, 16], 1)  # into the first input
+    assert _overlapping([0, 100, 84], [16, 16, 20], 1)  # its end into the second
+    assert not _overlapping([0, 16, 32], [16, 16, 16], 1)  # adjacent only
+    assert _overlapping([0, 100, 100], [16, 0, 16], 1) is False  # an empty input
+    assert _overlapping([0, 200, 208], [16, 16, 16], 2)  # two outputs overlapping
