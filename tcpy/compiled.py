@@ -71,8 +71,11 @@ class Compiled:
         self._origin = origin  # how to rebuild it; None: it cannot be pickled
         self.options = kernel.options
         self._kernel = kernel
-        if hasattr(kernel, "device_call"):  # the steady path on GPU arrays, unwrapped
-            self.device_call = kernel.device_call  # type: ignore[method-assign]
+        # the steady path on GPU arrays (`GpuKernels.device_call`: the arrays' checks
+        # made by an earlier call with the same `device_signature`), None elsewhere
+        self.device_call: Callable[[Mapping[str, int], DeviceCall], Any] | None = getattr(
+            kernel, "device_call", None
+        )
         self._signature = signature
         self._sizes = sizes
         # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
@@ -127,10 +130,11 @@ class Compiled:
         if unchecked:
             binding = self._unchecked(inputs)
             return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
-        if out is None and self._device is not None and plain_signature(inputs) is None:
-            call = device_signature(inputs)
+        steady = self.device_call
+        if out is None and self._device is not None and steady is not None:
+            call = device_signature(inputs) if plain_signature(inputs) is None else None
             if call is not None and call.key == self._device[0]:  # checked before
-                return self.device_call(self._device[1], call)
+                return steady(self._device[1], call)
         return self.call(self._bind(inputs), inputs, out)
 
     def __repr__(self) -> str:
@@ -180,13 +184,6 @@ class Compiled:
             raise self.cdef.located(explained(self.cdef, binding, e)) from None
         except TCError as e:
             raise self.cdef.located(e) from None
-
-    def device_call(self, sizes: Mapping[str, int], call: DeviceCall) -> Any:
-        """Run on GPU arrays whose `device_signature` matched that of an earlier call
-        checked at `sizes` (the engine's steady path): the launch plan replayed with
-        the arrays' addresses, the outputs new arrays of the inputs' library
-        (`GpuKernels.device_call`, which this is for a GPU kernel)."""
-        raise TCError("only GPU kernels have a steady path")  # replaced in __init__
 
     def _library_outputs(
         self, binding: Binding, inputs: tuple[Any, ...], kind: Kind
@@ -263,7 +260,7 @@ class Compiled:
             )
         if not self._kernel.generic:
             self._plain = plain
-        if plain is None and not binding.empty and hasattr(self._kernel, "device_call"):
+        if plain is None and not binding.empty and self.device_call is not None:
             call = device_signature(inputs)
             if call is not None:
                 self._device = (call.key, binding.sizes)

@@ -287,8 +287,9 @@ class ExecutionEngine:
         hit = self._known_call(entry, inputs, options, out)
         if hit is None:
             return self._checked_call(entry, inputs, options, out)
-        if hit[2] is not None:  # GPU arrays: the steady path
-            done = hit[0].device_call(hit[1], hit[2])
+        steady = hit[0].device_call
+        if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
+            done = steady(hit[1], hit[2])
             return done if done is not None else self._checked_call(entry, inputs, options, out)
         return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
 
@@ -299,7 +300,7 @@ class ExecutionEngine:
         `out=` that passed is remembered for the steady path (`_known_call`)."""
         compiled, binding = self._compile(entry, inputs, options)
         result = compiled.call(binding, inputs, out)
-        if out is not None and binding.on_device and hasattr(compiled, "device_call"):
+        if out is not None and binding.on_device and compiled.device_call is not None:
             call = device_signature((*inputs, *(out if isinstance(out, tuple) else (out,))))
             fast = options is None or isinstance(options, MappingOptions)
             if call is not None and fast and not binding.empty:
@@ -468,8 +469,9 @@ class ExecutionEngine:
             hit = known(name, inputs, options, out)
             if hit is None:
                 return checked(name, inputs, options, out)
-            if hit[2] is not None:  # GPU arrays: the steady path
-                done = hit[0].device_call(hit[1], hit[2])
+            steady = hit[0].device_call
+            if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
+                done = steady(hit[1], hit[2])
                 return done if done is not None else checked(name, inputs, options, out)
             return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
 

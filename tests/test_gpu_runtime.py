@@ -219,7 +219,7 @@ def test_an_asynchronous_failure_is_raised_at_the_next_call_or_by_synchronize(
     assert drv.syncs == 1
     assert not words.words(drv).owner  # every word read and free
     memory = cuda.pool(drv)
-    assert sum(len(b) for b in memory.idle.values()) == len(memory.sizes) - 0
+    assert sum(len(b) for b in memory.idle.values()) == len(memory.sizes)
 
 
 def test_a_failure_is_raised_where_host_data_is_read(drv: HostMemoryDriver) -> None:
@@ -579,13 +579,21 @@ def engine_drv(monkeypatch: pytest.MonkeyPatch) -> HostMemoryDriver:
     return driver
 
 
-def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
-    engine_drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    drv = engine_drv
+@pytest.fixture
+def doubling(engine_drv: HostMemoryDriver) -> tuple[tcpy.ExecutionEngine, DeviceVector]:
+    """An engine on the fake driver with `twice_of`, and a vector 0, 1, 2, 3 to double."""
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(DOUBLE)
-    a = DeviceVector(drv, np.arange(4, dtype=np.float32))
+    return engine, DeviceVector(engine_drv, np.arange(4, dtype=np.float32))
+
+
+def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
+    engine_drv: HostMemoryDriver,
+    doubling: tuple[tcpy.ExecutionEngine, DeviceVector],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drv = engine_drv
+    engine, a = doubling
     first = engine.twice_of(a)
     np.testing.assert_array_equal(first.get(), [0, 2, 4, 6])
     del first
@@ -624,12 +632,12 @@ def test_a_steady_call_at_another_shape_is_checked_again(engine_drv: HostMemoryD
 
 
 def test_a_steady_call_with_out_binds_nothing_and_writes_the_destination(
-    engine_drv: HostMemoryDriver, monkeypatch: pytest.MonkeyPatch
+    engine_drv: HostMemoryDriver,
+    doubling: tuple[tcpy.ExecutionEngine, DeviceVector],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     drv = engine_drv
-    engine = tcpy.ExecutionEngine("cuda")
-    engine.define(DOUBLE)
-    a = DeviceVector(drv, np.arange(4, dtype=np.float32))
+    engine, a = doubling
     o = DeviceVector(drv, np.zeros(4, np.float32))
     assert engine.twice_of(a, out=o) is o  # checked whole, then remembered
     with monkeypatch.context() as patched:

@@ -60,13 +60,9 @@ class DevicePool:
     def acquire(self, nbytes: int, stream: int = 0) -> int:
         """A block of at least `nbytes` for work queued on `stream`."""
         size = self.rounded(nbytes)
-        pending = stream if stream != PER_THREAD else stream_key(stream)
-        with self.lock:
-            # a block pending on this stream first, keeping the free ones for others
-            blocks = self.idle.get((size, pending)) or self.idle.get((size, None))
-            if blocks:
-                self.idle_bytes -= size
-                return blocks.pop()
+        found = self._idle(size, stream)
+        if found is not None:
+            return found
         try:
             pointer = self.drv.alloc(size)
         except Exception:  # out of memory, maybe only for want of the idle blocks
@@ -80,13 +76,17 @@ class DevicePool:
         """An idle block of at least `nbytes` for work queued on `stream`, never
         allocated (during a CUDA graph capture, when the driver must not be asked); it
         is the caller's for good. None when there is none."""
-        size = self.rounded(nbytes)
+        return self._idle(self.rounded(nbytes), stream)
+
+    def _idle(self, size: int, stream: int) -> int | None:
+        """An idle block of the rounded `size` for work on `stream`: one pending on
+        that stream first, keeping the free ones for others; None when there is none."""
+        pending = stream if stream != PER_THREAD else stream_key(stream)
         with self.lock:
-            for key in ((size, stream_key(stream)), (size, None)):
-                blocks = self.idle.get(key)
-                if blocks:
-                    self.idle_bytes -= size
-                    return blocks.pop()
+            blocks = self.idle.get((size, pending)) or self.idle.get((size, None))
+            if blocks:
+                self.idle_bytes -= size
+                return blocks.pop()
         return None
 
     def release(self, pointer: int, pending: int | None = None) -> None:

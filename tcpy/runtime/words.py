@@ -193,10 +193,6 @@ class StatusWords:
             found = [b.stream for b in self.open.values()] + [b.stream for b in self.closed]
         return list(dict.fromkeys(found))
 
-    def reap(self) -> None:
-        with self.lock:
-            self._reap()
-
     # --- inside the lock -------------------------------------------------------------
 
     def _grow(self) -> None:
