@@ -456,8 +456,7 @@ class GpuKernels:
             ordered = None
             if call.many or drv.work_stream(stream) != stream:
                 ordered = tuple(dict.fromkeys(s for s in call.streams if s is not None))
-            wait = not self.asynchronous or stream == PER_THREAD or knobs.launch_blocking()
-            code = plan.run(addresses, stream, scratch, wait, capturing, ordered)
+            code = plan.run(addresses, stream, scratch, self.waits(stream), capturing, ordered)
             if code:
                 check_status(code)
         except KernelFault as e:  # the inputs are on the GPU: nothing to interpret
@@ -504,7 +503,6 @@ class GpuKernels:
 
     def plan(self, drv: Any, sizes: Sequence[int]) -> Any:
         """The launch plan at `sizes` (the values of the def's size symbols)."""
-
         key = (*sizes, id(drv))
         found = self._plans.get(key)
         if found is not None and found.drv is drv:
@@ -528,14 +526,12 @@ class GpuKernels:
         """Whether a call on the device queued on `stream` waits for its kernels: with
         `asynchronous=False`, `TCPY_LAUNCH_BLOCKING=1`, or on the per-thread default
         stream (which only the thread that queued the call can name)."""
-
         return not self.asynchronous or knobs.launch_blocking() or stream == PER_THREAD
 
     def _run(
         self, drv: Any, binding: Binding, dests: tuple[Any, ...], stream: int
     ) -> tuple[Any, ...]:
         """The call's work, every operation queued on `stream` in order."""
-
         memory = runtime.pool(drv)
         cdef = self.cdef
         plan = self.plan(drv, [binding.sizes[s] for s in cdef.size_symbols])
