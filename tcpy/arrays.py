@@ -65,6 +65,8 @@ def conversion_hint(value: Any, dtype: np.dtype) -> str:
             return f"x.to(torch.{dtype.name})"
         case Kind.CUPY:
             return f"x.astype(cupy.{dtype.name})"
+        case _ if dtype.name == "bfloat16":
+            return "x.astype(ml_dtypes.bfloat16)"
         case _:
             return f"x.astype(np.{dtype.name})"
 
@@ -84,6 +86,8 @@ def host_view(name: str, value: Any, dtype: np.dtype) -> Any:
     `__cuda_array_interface__` for GPU memory; raises TCInputError for anything else."""
     if hasattr(value, "__cuda_array_interface__"):
         return value
+    if library_of(value) is Kind.TORCH and getattr(value.device, "type", None) == "cpu":
+        return torch_numpy(value.detach())
     if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
         return np.asarray(value)
     if type(value).__name__ == "PyCapsule":
@@ -94,6 +98,40 @@ def host_view(name: str, value: Any, dtype: np.dtype) -> Any:
         f"input {name} must be an array of {dtype} (NumPy, PyTorch, CuPy or any DLPack "
         f"producer), not {type(value).__name__}"
     )
+
+
+def torch_numpy(tensor: Any) -> np.ndarray:
+    """A CPU PyTorch tensor as a NumPy array over its memory; a bfloat16 tensor, which
+    NumPy has no dtype for, as an `ml_dtypes.bfloat16` array."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(_bfloat16())
+    return tensor.numpy()
+
+
+def from_numpy_torch(array: np.ndarray) -> Any:
+    """A NumPy array as a CPU PyTorch tensor over its memory (bfloat16 included)."""
+    import torch
+
+    if array.dtype == _bfloat16():
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def interface_dtype(typestr: str) -> np.dtype:
+    """The dtype of a `__cuda_array_interface__`'s type string: 2-byte opaque elements
+    (`<V2`) are bfloat16, as PyTorch and ml_dtypes write it."""
+    dtype = np.dtype(typestr)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+        return _bfloat16()
+    return dtype
+
+
+def _bfloat16() -> np.dtype:
+    from tcpy.types import ScalarType
+
+    return ScalarType.BFLOAT16.dtype
 
 
 # DLPack device types (dlpack.h): the host, CUDA memory, CUDA host-pinned, managed.
@@ -223,6 +261,8 @@ def _cupy_bytes(device: Any, nbytes: int) -> tuple[Any, int]:
 def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 
+    if dtype == _bfloat16():
+        return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
@@ -234,7 +274,7 @@ def wrap(outputs: tuple[Any, ...], kind: Kind) -> tuple[Any, ...]:
         import torch
 
         return tuple(
-            torch.from_numpy(o) if isinstance(o, np.ndarray) else torch.as_tensor(o, device="cuda")
+            from_numpy_torch(o) if isinstance(o, np.ndarray) else torch.as_tensor(o, device="cuda")
             for o in outputs
         )
     import cupy

@@ -21,7 +21,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tcpy.arrays import Kind, check_no_grad, conversion_hint, host_view, library_of
+from tcpy.arrays import (
+    Kind,
+    check_no_grad,
+    conversion_hint,
+    host_view,
+    interface_dtype,
+    library_of,
+    torch_numpy,
+)
 from tcpy.errors import InternalError, TCInputError, TCRangeError
 from tcpy.parser.checked import (
     CheckedDef,
@@ -56,7 +64,7 @@ class DeviceInput:
 def device_input(info: TensorInfo, value: Any, what: str = "input") -> DeviceInput:
     face = value.__cuda_array_interface__
     shape = tuple(int(d) for d in face["shape"])
-    dtype = np.dtype(face["typestr"])
+    dtype = interface_dtype(face["typestr"])
     strides = face.get("strides")
     if strides is not None:
         expected, step = [], dtype.itemsize
@@ -185,7 +193,7 @@ def host_tensors(inputs: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[np.ndarr
             return None
         key.append((a.shape, a.dtype))
     try:
-        arrays = tuple(a.numpy() for a in inputs)
+        arrays = tuple(torch_numpy(a) for a in inputs)
     except (RuntimeError, TypeError):  # a lazy view NumPy cannot share (conjugate, ...)
         return None
     return ("torch-cpu", *key), arrays

@@ -31,6 +31,7 @@ from tcpy.poly.dependences import Dependences
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import verify
+from tcpy.poly.widen import widen_half_reductions
 from tcpy.runtime import cpu as runtime
 
 
@@ -79,6 +80,7 @@ def lower_to_c(
 ) -> Lowered:
     """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
     A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
+    cdef = widen_half_reductions(cdef)
     return _within_limit(lambda o: _lower_to_c(cdef, sizes, o, check, count_loops), options)
 
 
@@ -148,6 +150,7 @@ def lower_to_cuda(
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
     source past `SOURCE_LIMIT` is lowered again with `plain` options."""
+    cdef = widen_half_reductions(cdef)
 
     def lower(o: MappingOptions) -> LoweredCuda:
         return _within_limit(

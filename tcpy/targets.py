@@ -40,6 +40,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import summary
 from tcpy.poly.scop import instances
+from tcpy.poly.widen import widen_half_reductions
 
 if TYPE_CHECKING:
     from tcpy.poly.scop import Scop
@@ -108,6 +109,7 @@ class Cpu(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
+        cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
         kernel = self._prepare(cdef, binding, options, session, count_loops=False)
         return replace(kernel, counting=_once(
             lambda: self._prepare(cdef, binding, options, session, count_loops=True)
@@ -186,6 +188,7 @@ class CudaEmu(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
+        cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
         check = knobs.emu_check() if self.check is None else self.check
         kernel = self._prepare(cdef, binding, options, session, instrumented=check)
         counting = _once(lambda: self._prepare(cdef, binding, options, session, False, True))
@@ -363,6 +366,7 @@ class Cuda(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
+        cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime import nvrtc

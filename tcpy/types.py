@@ -24,6 +24,7 @@ class ScalarType(enum.Enum):
     INT32 = "int32"
     INT64 = "int64"
     FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
     FLOAT32 = "float32"
     FLOAT64 = "float64"
 
@@ -38,7 +39,17 @@ class ScalarType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (ScalarType.FLOAT16, ScalarType.FLOAT32, ScalarType.FLOAT64)
+        return self in (
+            ScalarType.FLOAT16,
+            ScalarType.BFLOAT16,
+            ScalarType.FLOAT32,
+            ScalarType.FLOAT64,
+        )
+
+    @property
+    def is_half(self) -> bool:
+        """A 16-bit float: a storage type, computed in float32."""
+        return self in (ScalarType.FLOAT16, ScalarType.BFLOAT16)
 
     @property
     def is_integer(self) -> bool:
@@ -50,7 +61,9 @@ class ScalarType(enum.Enum):
 
     @property
     def bits(self) -> int:
-        return 1 if self.is_bool else int("".join(c for c in self.value if c.isdigit()))
+        if self.is_bool:
+            return 1
+        return 16 if self.is_half else int("".join(c for c in self.value if c.isdigit()))
 
     @property
     def dtype(self) -> np.dtype:
@@ -59,15 +72,15 @@ class ScalarType(enum.Enum):
 
     @property
     def compute(self) -> ScalarType:
-        """The type arithmetic on this type is carried out in: float16 is a storage
-        type, computed in float32."""
-        return ScalarType.FLOAT32 if self is ScalarType.FLOAT16 else self
+        """The type arithmetic on this type is carried out in: float16 and bfloat16
+        are storage types, computed in float32."""
+        return ScalarType.FLOAT32 if self.is_half else self
 
     @classmethod
     def from_dtype(cls, dtype: np.dtype) -> ScalarType | None:
         try:
             return cls(np.dtype(dtype).name)
-        except ValueError:
+        except (ValueError, TypeError):
             return None
 
 
@@ -87,7 +100,8 @@ def promote(a: ScalarType, b: ScalarType) -> ScalarType:
     """The type of arithmetic mixing `a` and `b`.
 
     Equal types stay; bool gives way to anything; an integer with a float gives the
-    float; two floats give the wider; two unsigned give the wider unsigned; a signed
+    float; two floats give the wider (float16 with bfloat16 gives float32, which holds
+    both exactly); two unsigned give the wider unsigned; a signed
     with any integer gives a signed integer of the wider width.
     """
     if a is b:
@@ -97,6 +111,8 @@ def promote(a: ScalarType, b: ScalarType) -> ScalarType:
     if b.is_bool:
         return a
     if a.is_float or b.is_float:
+        if a.is_half and b.is_half:  # float16 with bfloat16: neither holds the other
+            return ScalarType.FLOAT32
         if a.is_float and b.is_float:
             return a if a.bits >= b.bits else b
         return a if a.is_float else b
@@ -113,10 +129,22 @@ def assignable(value: ScalarType, target: ScalarType) -> bool:
 
 
 def builtin_result(args: tuple[ScalarType, ...]) -> ScalarType:
-    """Builtins compute in float, or in double if any argument is double."""
-    return ScalarType.FLOAT64 if ScalarType.FLOAT64 in args else ScalarType.FLOAT32
+    """The type of a builtin's value: the promoted type of its float arguments
+    (double if any is double; a half type where all are of it), float32 where none is
+    a float. It computes in that type's compute type."""
+    floats = [a for a in args if a.is_float]
+    if not floats:
+        return ScalarType.FLOAT32
+    result = floats[0]
+    for a in floats[1:]:
+        result = promote(result, a)
+    return result
 
 
 @functools.cache
 def _dtype(name: str) -> np.dtype:
+    if name == "bfloat16":  # NumPy has none: ml_dtypes' (JAX's), imported when needed
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)

@@ -224,6 +224,16 @@ __device__ void race_ww(long long defect, long long n, const float *A, float *O)
   TC_ST(O, GID) = TC_SLD(tile, TID);
 }
 
+/* a tile of 2-byte elements: threads 2k and 2k + 1 write the two halves of one word,
+   which is no race; when defective, odd threads write their even neighbour's too */
+__device__ void race_halves(long long defect, long long n, const float *A, float *O) {
+  __shared__ __half tile[64];
+  TC_SST(tile, TID) = tc_float_to_float16(TC_LD(A, GID));
+  if (defect && TID % 2 == 1) TC_SST(tile, TID - 1) = tc_float_to_float16(TC_LD(A, GID));
+  __syncthreads();
+  TC_ST(O, GID) = tc_float16_to_float(TC_SLD(tile, TID));
+}
+
 /* O[i] = A[i + 1]: the last thread reads A[n] when defective */
 __device__ void shift_left(long long defect, long long n, const float *A, float *O) {
   if (GID < (defect ? n : n - 1)) TC_ST(O, GID) = TC_LD(A, GID + 1);
@@ -392,6 +402,12 @@ DEFECTS = [
         "race_ww",
         128,
         lambda a: _per_block(a, _even_from_odd),
+        ("race", "tile", "a write by block", "thread (0, 0, 0) and a write by", "thread (1, 0, 0)"),
+    ),
+    Defect(
+        "race_halves",
+        128,
+        lambda a: a,
         ("race", "tile", "a write by block", "thread (0, 0, 0) and a write by", "thread (1, 0, 0)"),
     ),
     Defect(

@@ -12,6 +12,7 @@ from tcpy.autodiff import text
 from tcpy.autodiff.versions import fresh, versions_of
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, IndexRange, TensorInfo
+from tcpy.parser.sema import weakly_typed
 from tcpy.parser.symbolic import Sym
 from tcpy.types import ScalarType
 
@@ -116,8 +117,10 @@ class Writer:
                 else ast.Access(prev.name, tuple(ast.Index(d, st.span) for d in dims), st.span)
             )
             self.emit(w.name, dims, A.ASSIGN, old, self.whole(t, dims))
-        elif rhs.ty is not None and rhs.ty is not t.scalar:
-            rhs = b.cast(t.scalar, rhs)  # a version's first write: the tensor's type, as stored
+        elif rhs.ty is not None and (
+            rhs.ty is not t.scalar or (weakly_typed(rhs) and t.scalar is not ScalarType.FLOAT32)
+        ):  # a version's first write: the tensor's type, as stored (a literal alone: float32)
+            rhs = b.cast(t.scalar, rhs)
         places = vs.places[s]
         self.read |= {n.tensor for a in places for n in ast.walk(a) if isinstance(n, ast.Access)}
         lhs = [text.expr(a) for a in places] if places else st.indices

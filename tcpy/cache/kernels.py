@@ -93,10 +93,11 @@ it keeps)."""
 
 @functools.cache
 def tcpy_version() -> str:
-    """A hash of tcpy's own sources (Python modules and the grammar)."""
+    """A hash of tcpy's own sources (Python modules, the grammar, and the emulator's
+    C++ headers, which every emulated kernel is built with)."""
     root = Path(__file__).resolve().parent.parent  # tcpy/, two levels up from tcpy/cache/
     digest = hashlib.sha256()
-    for path in sorted([*root.rglob("*.py"), *root.rglob("*.lark")]):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.lark"), *root.rglob("*.h")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from tcpy.codegen import halves
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA, CUDA_NARROW, Dialect
@@ -42,7 +43,7 @@ from tcpy.codegen.thread_tile import (
     print_held_tile,
     print_thread_tile,
 )
-from tcpy.errors import InternalError, TCMappingError
+from tcpy.errors import InternalError
 from tcpy.mapping.gpu import GpuMapping, MappedKernel
 from tcpy.mapping.gpu.device import WARP
 from tcpy.mapping.marks import (
@@ -502,12 +503,6 @@ def print_cuda(
     constants; `count_loops`: a counting build, for the emulator only
     (`tcpy.codegen.loops.COUNT_LOOP`)."""
     cdef = scop.cdef
-    for t in cdef.tensors:
-        if t.scalar is ScalarType.FLOAT16:
-            raise TCMappingError(
-                f"{t.name} is float16, which the CUDA target does not support yet; "
-                "use float32 or the cpu target"
-            )
     narrow = narrow_indices(scop, options, sizes)
     dialect = CUDA_NARROW if narrow else CUDA
     kernels: list[str] = []
@@ -523,6 +518,7 @@ def print_cuda(
         *(f"/*   {line.replace('*/', '* /')} */" for line in def_text(cdef).splitlines()),
         "",
         ACCESS_MACROS,
+        *([halves.CUDA_HALF_TYPES] if halves.half_types(cdef) else []),
         *([loop_count_declarations(counted, cxx=True)] if count_loops else []),
         helper_source(helpers, dialect) if helpers is not None else "",
     ]

@@ -18,6 +18,7 @@ _C_TYPES = {
     ScalarType.INT32: "int32_t",
     ScalarType.INT64: "int64_t",
     ScalarType.FLOAT16: "_Float16",
+    ScalarType.BFLOAT16: "uint16_t",  # its bits: C has no bfloat16 before GCC 13
     ScalarType.FLOAT32: "float",
     ScalarType.FLOAT64: "double",
 }
@@ -33,6 +34,8 @@ _CUDA_TYPES = {
     ScalarType.INT16: "short",
     ScalarType.INT32: "int",
     ScalarType.INT64: "long long",
+    ScalarType.FLOAT16: "__half",  # 16-bit structs of `tcpy.codegen.halves`
+    ScalarType.BFLOAT16: "__nv_bfloat16",
     ScalarType.FLOAT32: "float",
     ScalarType.FLOAT64: "double",
 }
@@ -54,6 +57,8 @@ class Dialect:
     copy_load: str = "{array}[{index}]"  # an element of a local (CPU) or shared (GPU) copy
     copy_store: str = "{array}[{index}]"  # written (a temporary kept in shared memory)
     address: str = "&{array}[{index}]"  # an element's address (for an atomic)
+    zero: str = "({ctype})0"  # a zero of a C type (C++'s value-initialisation in CUDA,
+    # which the 16-bit structs of the half types take)
 
     def ctype(self, ty: ScalarType) -> str:
         return self.types[ty]
@@ -76,6 +81,7 @@ CUDA = Dialect(
     copy_load="TC_SLD({array}, {index})",
     copy_store="TC_SST({array}, {index})",
     address="TC_AT({array}, {index})",
+    zero="{ctype}{{}}",
 )
 # CUDA whose index arithmetic is 32-bit (`int`): a kernel compiled for sizes at which
 # every index fits (`tcpy.codegen.cuda.narrow_indices`). The GPU's integer units do a

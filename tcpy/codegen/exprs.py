@@ -11,6 +11,7 @@ trapping, and a subscript that range inference did not prove in bounds (a gather
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 import numpy as np
 
+from tcpy.codegen import halves
 from tcpy.codegen.dialect import Dialect
 from tcpy.errors import InternalError
 from tcpy.naming import extent_name, size_name, tensor_name
@@ -232,7 +234,7 @@ class BodyPrinter:
         `substitute` a load's text to what is printed in its place (`parts`)."""
         parts = self.parts(st, indices, init, substitute=substitute)
         if init:
-            return f"{parts.target} = {parts.identity};"
+            return f"{parts.target} = {parts.store(parts.identity)};"
         value = parts.value
         if parts.reduction is not None:
             value = parts.combine(parts.current)
@@ -265,18 +267,11 @@ class BodyPrinter:
             target = self.dialect.copy_store.format(array=array, index=lhs)
             current = self.dialect.copy_load.format(array=array, index=lhs)
         reduction = st.op.reduction
-        identity = (
-            "" if reduction is None else _literal(reduction.neutral(tensor.scalar), tensor.scalar)
-        )
+        identity = "" if reduction is None else _literal(reduction.neutral(tensor.scalar), compute)
         value = "" if init else ctx.expr(st.rhs, compute)
 
-        def combine(current: str) -> str:
-            return merge(current, value)
-
         def merge(a: str, b: str) -> str:
-            if reduction is None:
-                return b
-            return ctx.combine(reduction, a, b, compute)
+            return b if reduction is None else ctx.combine(reduction, a, b, compute)
 
         return StatementParts(
             target=target,
@@ -292,11 +287,14 @@ class BodyPrinter:
             storage=self.dialect.ctype(tensor.scalar),
             floating=compute.is_float,
             itemsize=compute.dtype.itemsize,
-            combine=combine,
+            combine=lambda current: merge(current, value),
             merge=merge,
             prelude=tuple(ctx.prelude),
             reads=tuple(ctx.reads),
             conditional=_conditional(st.rhs),
+            stored=functools.partial(
+                _convert, have=compute, want=tensor.scalar, dialect=self.dialect
+            ),
         )
 
 
@@ -323,13 +321,15 @@ class StatementParts:
     prelude: tuple[str, ...] = ()  # declarations `value` uses (`BodyPrinter.hoist_loads`)
     reads: tuple[Read, ...] = ()  # the loads of `value` (and `prelude`), in print order
     conditional: bool = False  # `value` evaluates some part only under a condition
+    stored: Callable[[str], str] = str  # a compute-type value -> the storage type's
 
     def wrap(self, line: str) -> str:
         """A line that uses `value`, in a scope with the declarations it needs."""
         return f"{{ {' '.join(self.prelude)} {line} }}" if self.prelude else line
 
     def store(self, value: str) -> str:
-        return value if self.compute == self.storage else f"({self.storage})({value})"
+        """`value`, of the compute type, as stored (rounded to a half type)."""
+        return self.stored(value)
 
 
 class _Context:
@@ -378,7 +378,7 @@ class _Context:
             case ast.IntLit(value=v):
                 return str(v)
             case ast.FloatLit(value=v):
-                return _literal(v, ScalarType.FLOAT32)
+                return _literal(v, ty)
             case ast.Index(name=n):
                 return f"(({self.d.ctype(ScalarType.INT32)})({self.indices[n]}))"
             case ast.SizeRef(name=n):
@@ -388,8 +388,8 @@ class _Context:
             case ast.Cast(to=to, value=v):
                 inner = self.value(v)
                 assert v.ty is not None
-                if to is ScalarType.FLOAT16:
-                    return f"(({self.d.ctype(ty)})({self.d.ctype(to)})({inner}))"
+                if to.is_half:  # rounded to `to`, computed on in float32
+                    return _convert(_convert(inner, v.ty.compute, to, self.d), to, ty, self.d)
                 return _convert(inner, v.ty.compute, ty, self.d)
             case ast.Call(name=name, args=args):
                 fn = name + ("f" if ty is ScalarType.FLOAT32 else "")
@@ -558,8 +558,14 @@ def extremum_helper(smallest: bool, ty: ScalarType) -> str:
 
 
 def _convert(text: str, have: ScalarType, want: ScalarType, dialect: Dialect) -> str:
+    """`text`, a value of type `have` (a half type: as stored), as a value of `want`
+    (a half type: rounded for storing, `tcpy.codegen.halves`)."""
     if have is want:
         return text
+    if have.is_half:
+        return _convert(f"{halves.to_float(have)}({text})", ScalarType.FLOAT32, want, dialect)
+    if want.is_half:
+        return f"{halves.from_float(want)}({_convert(text, have, ScalarType.FLOAT32, dialect)})"
     return f"(({dialect.ctype(want)}){text})"
 
 
@@ -577,8 +583,6 @@ def _literal(value: float | int | bool, ty: ScalarType) -> str:
         text = str(np.float32(value))
         if "e" not in text and "." not in text:
             text += ".0"
-        if ty is ScalarType.FLOAT16:
-            return f"(({'float'})({text}f))"
         return text + "f"
     v = int(value)
     if v in (-(2**31), -(2**63)):  # the literal of the magnitude would overflow

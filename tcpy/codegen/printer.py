@@ -225,7 +225,8 @@ class Printer:
         declarations = []
         for read, local in reads:
             ctype = self.dialect.ctype(tensors[read.array].scalar)
-            value = read.text if first is None else f"({first}) ? {read.text} : ({ctype})0"
+            zero = self.dialect.zero.format(ctype=ctype)
+            value = read.text if first is None else f"({first}) ? {read.text} : {zero}"
             declarations.append(f"const {ctype} {local} = {value};")
         return declarations
 

@@ -172,6 +172,8 @@ class _DefChecker:
         fixed, lets, exists = self.where_clauses(st)
         resolver = _Resolver(self, st, lets)
         rhs = resolver.expr(st.rhs)
+        if lhs.scalar is not None and lhs.scalar.is_float and weakly_typed(rhs):
+            rhs = _retyped(rhs, lhs.scalar)  # `Y(i) = 0.1`: the literal takes Y's type
         target = resolver.target(lhs, st.scatter, st.lhs_span) if st.scatter else None
         exists_exprs = tuple(resolver.expr(e) for e in exists)
         self.here = replace(self.here, resolved=(rhs, *exists_exprs))
@@ -448,7 +450,7 @@ class _Resolver:
             case ast.Ternary(cond=c, then=t, orelse=o, span=span):
                 cond = self.expr(c)
                 _require(cond, BOOL, "the condition of ?:")
-                then, orelse = self.expr(t), self.expr(o)
+                then, orelse = _met(self.expr(t), self.expr(o))
                 return ast.Ternary(cond, then, orelse, span, promote(_ty(then), _ty(orelse)))
         raise TypeError(f"unexpected node {type(e).__name__}")
 
@@ -486,6 +488,10 @@ class _Resolver:
             args = tuple(self.expr(a) for a in e.args)
             for a in args:
                 _require_number(a, f"an argument of {name}")
+            strong = [_ty(a) for a in args if _ty(a).is_float and not weakly_typed(a)]
+            if strong:  # literals take the type of the float arguments they meet
+                met = builtin_result(tuple(strong))
+                args = tuple(_retyped(a, met) if weakly_typed(a) else a for a in args)
             return ast.Call(name, args, e.span, builtin_result(tuple(_ty(a) for a in args)))
         if name in self.c.sizes:
             raise TCSemanticError(f"{name} is a size, not a tensor or function", e.name_span)
@@ -551,6 +557,8 @@ class _Resolver:
         return ast.Unary(op, v, span, _ty(v))
 
     def binary(self, op: ast.BinaryOp, a: ast.Expr, b: ast.Expr, span: Span) -> ast.Expr:
+        if not op.is_logical:
+            a, b = _met(a, b)
         if op.is_logical:
             _require(a, BOOL, f"the operands of {op.value}")
             _require(b, BOOL, f"the operands of {op.value}")
@@ -574,6 +582,61 @@ class _Resolver:
                 span,
             )
         return ast.Binary(op, a, b, span, ty)
+
+
+def weakly_typed(e: ast.Expr) -> bool:
+    """Whether `e` is a float value made of literals only (with integers: `0.5 * i`),
+    whose type is that of the float it meets (docs/language.md, "Literals")."""
+    match e:
+        case ast.FloatLit():
+            return True
+        case ast.Unary(op=ast.UnaryOp.NEG, operand=v):
+            return weakly_typed(v)
+        case ast.Binary(op=op, lhs=a, rhs=b) if not (op.is_comparison or op.is_logical):
+            return _literals_and_integers((a, b))
+        case ast.Ternary(then=t, orelse=o):
+            return _literals_and_integers((t, o))
+        case ast.Call(args=args):
+            return _literals_and_integers(args)
+    return False
+
+
+def _literals_and_integers(parts: tuple[ast.Expr, ...]) -> bool:
+    """Some of `parts` are literal floats (`weakly_typed`), and the others integers."""
+    weak = [weakly_typed(p) for p in parts]
+    floats = [p.ty is not None and p.ty.is_float for p in parts]
+    return any(weak) and all(w or not f for w, f in zip(weak, floats, strict=True))
+
+
+def _met(a: ast.Expr, b: ast.Expr) -> tuple[ast.Expr, ast.Expr]:
+    """`a` and `b` with a literal operand given the type of the other, where that one
+    is a float of its own (a tensor's value, a cast)."""
+    if weakly_typed(a) and not weakly_typed(b) and _ty(b).is_float:
+        return _retyped(a, _ty(b)), b
+    if weakly_typed(b) and not weakly_typed(a) and _ty(a).is_float:
+        return a, _retyped(b, _ty(a))
+    return a, b
+
+
+def _retyped(e: ast.Expr, ty: ScalarType) -> ast.Expr:
+    """The literal expression `e` (`_weak`) computed in float type `ty`: its literals
+    keep their exact values (a half type computes them in float32)."""
+
+    def inner(x: ast.Expr) -> ast.Expr:
+        return _retyped(x, ty) if weakly_typed(x) else x
+
+    match e:
+        case ast.FloatLit():
+            return replace(e, ty=ty)
+        case ast.Unary(operand=v):
+            return replace(e, operand=inner(v), ty=ty)
+        case ast.Binary(lhs=a, rhs=b):
+            return replace(e, lhs=inner(a), rhs=inner(b), ty=ty)
+        case ast.Ternary(then=t, orelse=o):
+            return replace(e, then=inner(t), orelse=inner(o), ty=ty)
+        case ast.Call(args=args):
+            return replace(e, args=tuple(inner(a) for a in args), ty=ty)
+    return e
 
 
 def _ty(e: ast.Expr) -> ScalarType:

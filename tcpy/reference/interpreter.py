@@ -6,7 +6,9 @@ over a grid of its indices (one array axis per index, left-hand indices first) w
 NumPy broadcasting, then stored or reduced into its tensor. Reductions are split into
 chunks along the reduction indices so that memory stays bounded.
 
-Values are computed in the types sema assigned (float16 computed in float32), integer
+Values are computed in the types sema assigned (float16 and bfloat16 in float32: the
+interpreter holds a half tensor in float32 and rounds what a statement wrote once the
+statement is done, so a reduction into it accumulates in float32), integer
 `/` and `%` truncate as in C, and the branches of `?:` and the right operands of `&&`
 and `||` are evaluated under a mask, so that an index or a divisor that C would never
 evaluate raises no error. Every subscript is checked on the data: an out-of-range
@@ -61,14 +63,34 @@ class Call(Protocol):
 def run(cdef: CheckedDef, binding: Call) -> tuple[np.ndarray, ...]:
     """Evaluate `cdef` on checked inputs; returns the outputs in declaration order."""
     tensors: dict[str, np.ndarray] = {
-        info.name: array for info, array in zip(cdef.inputs, binding.host_arrays, strict=True)
+        info.name: _widened(array, info.scalar)
+        for info, array in zip(cdef.inputs, binding.host_arrays, strict=True)
     }
     for info in cdef.tensors:
         if info.role is not Role.INPUT:
-            tensors[info.name] = np.zeros(binding.shape_of(info), dtype=info.scalar.dtype)
+            tensors[info.name] = np.zeros(binding.shape_of(info), dtype=info.scalar.compute.dtype)
     for st in cdef.statements:
         _Statement(st, tensors, binding.sizes, binding.ranges(st)).execute()
-    return tuple(tensors[o.name] for o in cdef.outputs)
+        scalar = cdef.tensor(st.tensor).scalar
+        if scalar.is_half:  # rounded once, when the statement is done
+            tensors[st.tensor] = rounded(tensors[st.tensor], scalar)
+    return tuple(
+        tensors[o.name].astype(o.scalar.dtype) if o.scalar.is_half else tensors[o.name]
+        for o in cdef.outputs
+    )
+
+
+def rounded(values: np.ndarray, to: ScalarType) -> np.ndarray:
+    """Float `values` rounded to the half type `to` (to nearest, ties to even), kept in
+    float32. A float64 value goes through float32 first, on every target."""
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond the range: infinity
+        return values.astype(np.float32).astype(to.dtype).astype(np.float32)
+
+
+def _widened(array: np.ndarray, scalar: ScalarType) -> np.ndarray:
+    """The values of a tensor as the interpreter holds them: a half type in float32
+    (exactly), so that reductions into it accumulate in float32."""
+    return array.astype(np.float32) if scalar.is_half else array
 
 
 @dataclass
@@ -157,6 +179,8 @@ class _Grid:
                 return np.asarray(self.stmt.sizes[n], dtype=np.int32)
             case ast.Access():
                 return self.access(e, mask)
+            case ast.Cast(to=to, value=v) if to.is_half:
+                return rounded(self.eval(v, mask), to)
             case ast.Cast(to=to, value=v):
                 return self.eval(v, mask).astype(to.compute.dtype)
             case ast.Call(name=name, args=args):

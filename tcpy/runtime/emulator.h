@@ -168,14 +168,16 @@ struct Requests {  /* the open requests of one warp */
   int n, capacity;
 };
 
-/* Of one 4-byte word of shared memory, for the race check: its last writer and up to
-   two readers since, each with the block's clock at the access. */
+/* Of one element of shared memory (one word of elements of 4 bytes or more), for the
+   race check: its last writer and up to two readers since, each with the block's clock
+   at the access. Elements, not words: threads may write the two halves of a word
+   (float16 and bfloat16 elements), which is no race. */
 struct Shadow {
   int writer = -1, reader = -1, other = -1;
   long long written = 0, read = 0, other_read = 0;
 };
 
-/* The shadow words of a block's shared memory, by address: open addressing. */
+/* The shadows of a block's shared memory, by address: open addressing. */
 struct ShadowTable {
   uintptr_t *keys = nullptr;
   Shadow *values = nullptr;
@@ -191,7 +193,7 @@ struct ShadowTable {
     while (keys[i] && keys[i] != key) i = (i + 1) & (capacity - 1);
     return i;
   }
-  Shadow &at(uintptr_t key) {  /* key: a word's address, never 0 */
+  Shadow &at(uintptr_t key) {  /* key: an element's (a word's) address, never 0 */
     if (2 * (used + 1) > capacity) grow();
     size_t i = slot(key);
     if (!keys[i]) {
@@ -680,6 +682,30 @@ static inline float __int_as_float(int v) { return tc_emu::unbits<float>(tc_emu:
 static inline float __uint_as_float(unsigned int v) { return tc_emu::unbits<float>(tc_emu::bits(v)); }
 static inline long long __double_as_longlong(double v) { return tc_emu::unbits<long long>(tc_emu::bits(v)); }
 static inline double __longlong_as_double(long long v) { return tc_emu::unbits<double>(tc_emu::bits(v)); }
+
+/* The half types of the generated source (tcpy/codegen/halves.py) and their
+   conversions, bit for bit those of PTX's cvt.f32.f16, cvt.rn.f16.f32 and
+   cvt.rn.bf16.f32: round to nearest, ties to even; a NaN stays a quiet NaN. */
+#define TC_HALF_TYPES
+struct __attribute__((aligned(2))) __half { unsigned short x; };
+struct __attribute__((aligned(2))) __nv_bfloat16 { unsigned short x; };
+static inline float tc_float16_to_float(__half h) {
+  _Float16 v;
+  memcpy(&v, &h.x, 2);
+  return (float)v;
+}
+static inline __half tc_float_to_float16(float f) {
+  _Float16 v = (_Float16)f;
+  __half h;
+  memcpy(&h.x, &v, 2);
+  return h;
+}
+static inline float tc_bfloat16_to_float(__nv_bfloat16 h) { return __uint_as_float((unsigned int)h.x << 16); }
+static inline __nv_bfloat16 tc_float_to_bfloat16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{(unsigned short)((u >> 16) | 0x40u)};
+  return __nv_bfloat16{(unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
 
 #define TC_EMU_ATOMIC_INT(T)                                                              \
   static inline T atomicAdd(T *p, T v) { tc_emu::count_atomic(); return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); } \

@@ -1,6 +1,6 @@
 /* tcpy's CUDA emulator, continued: the hooks of the access macros. Counting groups
    the lanes of a warp into warp-level requests; checking tracks the last writer and
-   readers of every shared word for the race check, and bounds every access. */
+   readers of every shared element (of every word of the wider ones) for the race check, and bounds every access. */
 
 namespace tc_emu {
 
@@ -89,13 +89,16 @@ static bool ordered(Worker &w, int first, long long at, int then) {
   return w.paired[((size_t)(first / 32) * 32 + lane_of(first)) * 32 + lane_of(then)] > at;
 }
 
-static void check_race(const char *array, const void *address, long long bytes, int kind) {
+/* An access of `bytes` at `address` to a shared array whose elements are `unit` bytes
+   (at most 4): its race check unit by unit, each keyed by the address it starts at. */
+static void check_race(const char *array, const void *address, long long bytes, int kind,
+                       long long unit) {
   Worker &w = *worker;
   int t = w.current;
   if (kind == ATOMIC) return;
   uintptr_t a = (uintptr_t)address;
-  for (uintptr_t word = a / 4; word <= (a + bytes - 1) / 4; word++) {
-    Shadow &s = w.shadow.at(word);
+  for (uintptr_t at = a; at < a + bytes; at += unit) {
+    Shadow &s = w.shadow.at(at);
     const char *access = kind == LOAD ? "a read" : "a write";
     if (s.writer >= 0 && !ordered(w, s.writer, s.written, t))
       return race(array, s.writer, "a write", access);
@@ -188,7 +191,7 @@ static T *shared_access(T *base, long long n, const char *name, long long index,
       fail_here(message);
       return (T *)w.sink;
     }
-    check_race(name, base + index, bytes, kind);
+    check_race(name, base + index, bytes, kind, sizeof(T) < 4 ? (long long)sizeof(T) : 4);
     if (w.aborted) return (T *)w.sink;
   }
   T *address = base + index;

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = fuzz_frontend(a.n, a.seed, a.jobs, min(a.timeout, 20.0), a.out)
     else:
         summary = fuzz(a.target, a.n, a.seed, a.jobs, a.timeout, a.out, a.shrink_seconds,
-                       run_timeout=a.run_timeout, gradient=a.gradient)  # fmt: skip
+                       run_timeout=a.run_timeout, gradient=a.gradient,
+                       float_type=a.float_type)  # fmt: skip
     for path in summary.saved:
         print(f"saved {path}")
     print(summary.line())
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("fuzz-failures"))
     p.add_argument("--shrink-seconds", type=float, default=60.0,
                    help="time to shrink each new failure (0: do not shrink)")  # fmt: skip
+    p.add_argument("--float-type", choices=("float", "float16", "bfloat16", "half"),
+                   help="the programs' float type (default: float32 for half of them, "
+                   "float16 or bfloat16 for the others; half: float16 or bfloat16)")  # fmt: skip
     p.add_argument("--mutate", action="store_true", help="mutated sources, front end only")
     p.add_argument("--gradient", action="store_true",
                    help="derive each program's backward, compile it for the target and check "

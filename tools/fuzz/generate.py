@@ -22,6 +22,7 @@ import random
 from tcpy.parser.builtins import BUILTINS
 from tools.fuzz.program import (
     FLOAT,
+    FLOAT_TYPES,
     INT,
     Bin,
     Bound,
@@ -179,8 +180,10 @@ class Generator:
         outputs = [t for t in written if self.rng.random() < 0.6]
         if not outputs or written[-1] not in outputs:
             outputs.append(written[-1])
+        # drawn last, so that a seed gives the program it gave before half types
+        float_type = self.rng.choices(FLOAT_TYPES, weights=(2, 1, 1))[0]
         return Program("f", tuple(self.inputs), tuple(dict.fromkeys(outputs)),
-                       tuple(self.stmts), dict(self.sizes), self.nan)  # fmt: skip
+                       tuple(self.stmts), dict(self.sizes), self.nan, float_type)  # fmt: skip
 
 
 class _Rhs:

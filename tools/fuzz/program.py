@@ -6,7 +6,9 @@ ask, for concrete sizes, what the front end will infer (index ranges, tensor sha
 and how large any value can get. Every value must stay an integer of magnitude below
 2**24: then float32 holds it exactly, int32 never overflows, and every evaluation order
 of + - * min max (any tiling, fusion, vectorisation, reduction order) gives the same
-bits, so outputs can be compared with exact equality.
+bits, so outputs can be compared with exact equality. A program's float tensors may
+be half-precision (`Program.float_type`): its values are computed in float32 all the
+same and rounded, deterministically, where they are stored, so the equality holds.
 
 The range analysis mirrors the range inference of docs/language.md on concrete numbers: where
 clauses first, then rounds in which each unsolved variable takes the intersection of the
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 LIMIT = 2**24  # magnitudes below this are exact in float32 and safe in int32
 
 FLOAT, INT = "float", "int32"
+FLOAT_TYPES = ("float", "float16", "bfloat16")
+"""What a program's float tensors and casts are declared as (`Program.float_type`)."""
 
 
 # --- IR ----------------------------------------------------------------------------------
@@ -153,11 +157,18 @@ class Program:
     stmts: tuple[Stmt, ...]
     sizes: dict[str, int] = field(default_factory=dict)
     nan: bool = False  # inputs may hold NaN (so no float -> int casts are generated)
+    float_type: str = FLOAT  # one of FLOAT_TYPES
 
     def render(self) -> str:
         params = ", ".join(_render_decl(d) for d in self.inputs)
         body = "".join(f"    {render_stmt(s)}\n" for s in self.stmts)
-        return f"def {self.name}({params}) -> ({', '.join(self.outputs)}) {{\n{body}}}\n"
+        text = f"def {self.name}({params}) -> ({', '.join(self.outputs)}) {{\n{body}}}\n"
+        if self.float_type == FLOAT:
+            return text
+        from tcpy.parser.parse import retyped
+        from tcpy.types import ScalarType
+
+        return retyped(text, ScalarType.from_name(self.float_type))
 
 
 def _render_decl(d: Decl) -> str:

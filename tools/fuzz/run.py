@@ -28,6 +28,7 @@ from tcpy.sandbox import Failure, Outcome, Replay, Sandbox, run_tasks
 from tools.fuzz.generate import generate
 from tools.fuzz.mutate import mutate, seed_sources, token_soup
 from tools.fuzz.options import sample_options
+from tools.fuzz.program import Program
 from tools.fuzz.shrink import Case, TextCase, shrink_case, shrink_text
 
 WORKER_ENV = {
@@ -47,11 +48,15 @@ def pair_seed(seed: int, i: int) -> int:
     return seed * 1_000_003 + i
 
 
-def make_pair(seed: int, target: str, gradient: bool = False) -> Replay:
+def make_pair(
+    seed: int, target: str, gradient: bool = False, float_type: str | None = None
+) -> Replay:
     """The (program, options) pair of a generator seed, as a not-yet-failed replay;
-    with `gradient`, a pair whose backward is checked (`fuzz_tasks.check_gradient`)."""
+    with `gradient`, a pair whose backward is checked (`fuzz_tasks.check_gradient`);
+    `float_type`: the program's float type (`program.FLOAT_TYPES`, or "half" for one of
+    the two half types) instead of the generator's draw."""
     rng = random.Random(seed)
-    program = generate(rng)
+    program = _typed(generate(rng), seed, float_type)
     options = sample_options(rng)
     inputs = GRADIENT if gradient else "exact-nan" if program.nan else "exact"
     return Replay(
@@ -63,8 +68,16 @@ def make_pair(seed: int, target: str, gradient: bool = False) -> Replay:
         target=target,
         failure="",
         inputs=inputs,
-        meta={"generator_seed": seed},
+        meta={"generator_seed": seed, "float_type": float_type},
     )
+
+
+def _typed(program: Program, seed: int, float_type: str | None) -> Program:
+    if float_type is None:
+        return program
+    if float_type == "half":
+        float_type = ("float16", "bfloat16")[seed % 2]
+    return dataclasses.replace(program, float_type=float_type)
 
 
 @dataclass
@@ -131,6 +144,7 @@ def fuzz(
     log: Any = sys.stderr,
     run_timeout: float = RUN_TIMEOUT,
     gradient: bool = False,
+    float_type: str | None = None,
 ) -> Summary:
     """Run `n` pairs on `target`; save and shrink the failures under `out`. A failure
     is saved as soon as it is found, so a run that is stopped keeps what it found;
@@ -138,7 +152,7 @@ def fuzz(
     `run_timeout` to run its kernel after that. `gradient`: check the backwards of the
     programs instead (`fuzz_tasks.check_gradient`)."""
     summary = Summary()
-    pairs = [make_pair(pair_seed(seed, i), target, gradient) for i in range(n)]
+    pairs = [make_pair(pair_seed(seed, i), target, gradient, float_type) for i in range(n)]
     start, last = time.monotonic(), time.monotonic()
     failed: list[Path] = []
     with private_cache():
@@ -214,9 +228,12 @@ def shrink_file(
 def _shrink(original: Replay, fails: Any, seconds: float) -> Replay:
     seed = original.meta.get("generator_seed")
     gradient = original.inputs == GRADIENT
-    rebuilt = make_pair(seed, original.target, gradient) if isinstance(seed, int) else None
+    float_type = original.meta.get("float_type")
+    rebuilt = (
+        make_pair(seed, original.target, gradient, float_type) if isinstance(seed, int) else None
+    )
     if rebuilt is not None and rebuilt.source == original.source:
-        program = generate(random.Random(seed))
+        program = _typed(generate(random.Random(seed)), seed, float_type)
 
         def as_replay(c: Case) -> Replay:
             return dataclasses.replace(original, source=c.program.render(),

@@ -1,0 +1,343 @@
+"""Half precision (`float16`, `bfloat16`) on every target: the promotion and literal
+rules, bit-exact conversions, float32 accumulation with one rounding, the corpus
+retyped to each half type against the corpus' own float64 NumPy computations, and
+half tensors in and out of NumPy and PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.mapping.gpu import cuda_defaults
+from tcpy.mapping.gpu.device import named
+from tcpy.parser import ast as tc
+from tcpy.parser import check_source
+from tcpy.parser.parse import retyped
+from tcpy.pipeline import lower_to_cuda
+from tcpy.runtime import nvrtc
+from tcpy.types import ScalarType as T
+from tcpy.types import builtin_result, promote
+
+from corpus_cases import CASES, Case
+from differential import CORPUS, as_tuple, make_inputs
+
+HALVES = (T.FLOAT16, T.BFLOAT16)
+TARGETS = ("reference", "cpu", "cuda-emu")
+UNIT = {T.FLOAT16: 2.0**-11, T.BFLOAT16: 2.0**-8}
+"""The unit roundoff of each half type: half the distance from 1 to the next value."""
+
+
+@cache
+def _engine(target: str, source: str) -> tcpy.ExecutionEngine:
+    engine = tcpy.ExecutionEngine(target=target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tcpy.TCWarning)
+        engine.define(source)
+    return engine
+
+
+# --- types ---------------------------------------------------------------------------
+
+
+def test_promotion_of_half_types() -> None:
+    assert promote(T.BFLOAT16, T.BFLOAT16) is T.BFLOAT16
+    assert promote(T.BFLOAT16, T.FLOAT16) is T.FLOAT32  # neither holds the other
+    assert promote(T.BFLOAT16, T.INT32) is T.BFLOAT16
+    assert promote(T.BFLOAT16, T.FLOAT32) is T.FLOAT32
+    assert promote(T.FLOAT16, T.FLOAT64) is T.FLOAT64
+    assert builtin_result((T.BFLOAT16,)) is T.BFLOAT16
+    assert builtin_result((T.FLOAT16, T.INT32)) is T.FLOAT16
+    assert builtin_result((T.FLOAT16, T.BFLOAT16)) is T.FLOAT32
+    assert builtin_result((T.INT32,)) is T.FLOAT32
+    assert T.BFLOAT16.compute is T.FLOAT32 and T.BFLOAT16.bits == 16
+    assert T.from_dtype(np.dtype(ml_dtypes.bfloat16)) is T.BFLOAT16
+    assert T.from_name("bfloat16") is T.BFLOAT16
+
+
+def _rhs_types(source: str) -> list[tuple[str, T | None]]:
+    cdef = next(iter(check_source(source).values()))
+    return [(type(n).__name__, n.ty) for st in cdef.statements for n in tc.walk(st.rhs)]
+
+
+@pytest.mark.parametrize(
+    ("declared", "output"),
+    [("float16", T.FLOAT16), ("bfloat16", T.BFLOAT16), ("double", T.FLOAT64),
+     ("float", T.FLOAT32)],
+)  # fmt: skip
+def test_literals_take_the_type_they_meet(declared: str, output: T) -> None:
+    source = f"def f({declared}(N) X) -> (Y, Z) {{ Y(i) = X(i) * 0.5 + 1.0 / 3.0\n" \
+             f" Z(i) = exp(X(i)) > 0.7978845608 ? X(i) : -0.25 }}"  # fmt: skip
+    cdef = check_source(source)["f"]
+    assert [t.scalar for t in cdef.outputs] == [output, output]
+    literals = [ty for kind, ty in _rhs_types(source) if kind == "FloatLit"]
+    assert literals == [output] * len(literals) and len(literals) == 5
+
+
+def test_a_literal_stored_into_a_tensor_takes_its_type() -> None:
+    cdef = check_source("def f(double(N) X) -> (double(N) Y) { Y(i) = 0.1 }")["f"]
+    assert cdef.statements[0].rhs.ty is T.FLOAT64
+    out = _engine("reference", "def f(double(N) X) -> (double(N) Y) { Y(i) = 0.1 }").f(np.zeros(3))
+    assert out[0] == 0.1  # the literal's exact value, not 0.1 rounded to float32
+
+
+def test_literals_alone_are_float32() -> None:
+    source = "def f(float16(N) X) -> (Y) { Y(i) = 0.5 * i where i in 0:N }"
+    assert check_source(source)["f"].outputs[0].scalar is T.FLOAT32
+
+
+def test_double_literal_keeps_its_value_on_every_target() -> None:
+    source = "def g(double(N) X) -> (Y) { Y(i) = X(i) * 0.7978845608028654 }"
+    x = np.linspace(-3, 3, 17)
+    for target in ("reference", "cpu", "cuda-emu"):
+        np.testing.assert_array_equal(_engine(target, source).g(x), x * 0.7978845608028654)
+
+
+def test_mixed_half_types_are_float32_and_need_a_cast_to_store() -> None:
+    cdef = check_source("def f(float16(N) A, bfloat16(N) B) -> (C) { C(i) = A(i) + B(i) }")
+    assert cdef["f"].outputs[0].scalar is T.FLOAT32
+    with pytest.raises(tcpy.TCTypeError, match="cannot store a float32 value into bfloat16"):
+        check_source("def f(float(N) A) -> (bfloat16(N) B) { B(i) = A(i) }")
+
+
+# --- conversions ----------------------------------------------------------------------
+
+WIDEN = """
+def widen(float16(N) H, bfloat16(N) B) -> (HF, BF) {
+    HF(i) = float(H(i))
+    BF(i) = float(B(i))
+}
+"""
+NARROW = """
+def narrow(float(N) X) -> (H, B) {
+    H(i) = float16(X(i))
+    B(i) = bfloat16(X(i))
+}
+"""
+
+
+def _every_half() -> tuple[np.ndarray, np.ndarray]:
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    return bits.view(np.float16), bits.view(ml_dtypes.bfloat16)
+
+
+def _narrowing_cases() -> np.ndarray:
+    """float32 values at and around every rounding boundary that matters: ties between
+    two half values (to even), values just either side of them, subnormals of each
+    type, the largest finite values, overflow, infinities and NaN."""
+    rng = np.random.default_rng(7)
+    below16 = np.arange(1 << 16, dtype=np.uint32) << 16  # bfloat16 values as float32
+    ties = (below16 | 0x8000).view(np.float32)
+    near = np.concatenate([(below16 | 0x7FFF), (below16 | 0x8001), below16 | 0x0001])
+    values = [ties, near.view(np.float32), rng.standard_normal(20000).astype(np.float32)]
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    h = h[np.isfinite(h)]
+    up = np.nextafter(h, np.float32(np.inf))
+    mid = ((h.astype(np.float64)[:-1] + h.astype(np.float64)[1:]) / 2).astype(np.float32)
+    values += [h, up, mid, np.float32([65504, 65519.99, 65520, 1e30, -1e30, np.inf, -np.inf])]
+    return np.concatenate(values)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conversions_are_bit_exact(target: str) -> None:
+    """Every float16 and bfloat16 value widens exactly, and float32 values round to
+    nearest-even (overflow to infinity, NaN stays NaN) as NumPy and ml_dtypes do."""
+    h, b = _every_half()
+    hf, bf = _engine(target, WIDEN).widen(h, b)
+    np.testing.assert_array_equal(hf, h.astype(np.float32))
+    np.testing.assert_array_equal(bf, b.astype(np.float32))
+    x = np.concatenate([_narrowing_cases(), np.float32([np.nan, -np.nan])])
+    hs, bs = _engine(target, NARROW).narrow(x)
+    assert hs.dtype == np.float16 and bs.dtype == ml_dtypes.bfloat16
+    nan = np.isnan(x)  # NaN stays NaN; its payload is not compared
+    for got, ty in ((hs, np.float16), (bs, ml_dtypes.bfloat16)):
+        with np.errstate(over="ignore"):
+            want = x[~nan].astype(ty).view(np.uint16)
+        np.testing.assert_array_equal(got.view(np.uint16)[~nan], want)
+        assert np.isnan(got[nan].astype(np.float32)).all()
+
+
+# --- one rounding ---------------------------------------------------------------------
+
+SUMS = """
+def sums(bfloat16(N, K) X, bfloat16(N) Y0, int32(K) I) -> (S, P, Y, bfloat16(N) Z) {
+    S(n) +=! X(n, k)
+    P(n) = Y0(n)
+    P(n) += X(n, k)
+    Y(n) = S(n) * 1.0
+    Z(I(k)) += X(0, k)
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_reductions_into_half_accumulate_in_float32(target: str) -> None:
+    """1024 ones summed into bfloat16 give 1024: rounded at every step, the sum would
+    stop at 256 (256 + 1 is no bfloat16). The same for `+=` onto a tensor's values and
+    for a scatter-add, which start from the values already there."""
+    n, k = 3, 1024
+    x = np.ones((n, k), dtype=ml_dtypes.bfloat16)
+    y0 = np.full(n, 8, dtype=ml_dtypes.bfloat16)
+    index = np.zeros(k, dtype=np.int32)
+    s, p, y, z = _engine(target, SUMS).sums(x, y0, index)
+    assert s.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(s.astype(np.float32), 1024)
+    np.testing.assert_array_equal(p.astype(np.float32), 1032)  # 1032 is a bfloat16
+    np.testing.assert_array_equal(y.astype(np.float32), 1024)
+    np.testing.assert_array_equal(z.astype(np.float32), [1024, 0, 0])
+
+
+def test_a_store_rounds_once() -> None:
+    """`Y(i) = X(i) * 3.0 + 1.0` rounds the float32 value once: not after the product."""
+    source = "def f(bfloat16(N) X) -> (Y) { Y(i) = X(i) * 3.0 + 1.0 }"
+    x = np.arange(-512, 512, dtype=np.float32).astype(ml_dtypes.bfloat16) / 7
+    x = x.astype(ml_dtypes.bfloat16)
+    want = (x.astype(np.float32) * 3 + 1).astype(ml_dtypes.bfloat16)
+    for target in TARGETS:
+        got = _engine(target, source).f(x)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16), err_msg=target)
+
+
+# --- the corpus in half precision -----------------------------------------------------
+
+BEYOND_RANGE = {("causal_mask", T.FLOAT16): "its mask value, -1e9, is beyond float16's 65504"}
+"""Corpus programs that cannot run in a half type, with the reason."""
+
+
+def halved(case: Case, ty: T) -> tuple[str, list, list]:
+    """A corpus case retyped to half type `ty` (`tcpy.parser.parse.retyped`, the helper
+    the gradient checks use for float64): its source, its inputs with every float
+    rounded to `ty`, and the same rounded values in the inputs' own float types, for
+    the case's float64 NumPy computation."""
+    inputs = make_inputs(case, case.sizes)
+    rounded, same = [], []
+    for x in inputs:
+        if np.asarray(x).dtype.kind != "f":
+            rounded.append(x)
+            same.append(x)
+            continue
+        r = np.asarray(x).astype(ty.dtype)
+        rounded.append(r if np.ndim(x) else r[()])
+        same.append(
+            np.asarray(r.astype(np.asarray(x).dtype))
+            if np.ndim(x)
+            else r.astype(np.asarray(x).dtype)[()]
+        )
+    return retyped((CORPUS / case.file).read_text(), ty), rounded, same
+
+
+def tolerance(source: str, entry: str, ty: T) -> float:
+    """The largest error allowed, relative to the output's largest magnitude: one unit
+    roundoff of `ty` for the final rounding and one for each statement that stores a
+    half value on the way (a temporary, or the output written again), and 1e-5 for the
+    float32 arithmetic and accumulation."""
+    cdef = check_source(source)[entry]
+    stores = sum(1 for st in cdef.statements if cdef.tensor(st.tensor).scalar.is_half)
+    return UNIT[ty] * (1 + stores) + 1e-5
+
+
+def _half_cases() -> list:
+    params = []
+    for case in CASES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cdef = check_source((CORPUS / case.file).read_text())[case.entry]
+        if not any(t.scalar.is_float for t in cdef.tensors):
+            continue  # nothing to retype
+        for ty in HALVES:
+            marks = []
+            if (case.name, ty) in BEYOND_RANGE:
+                marks = [pytest.mark.skip(reason=BEYOND_RANGE[(case.name, ty)])]
+            params.append(pytest.param(case, ty, id=f"{case.name}-{ty.value}", marks=marks))
+    return params
+
+
+HALF_CASES = _half_cases()
+
+
+def check_half_case(case: Case, ty: T, target: str) -> None:
+    source, rounded, same = halved(case, ty)
+    want = case.expected(*same)
+    got = as_tuple(_engine(target, source).run(case.entry, *rounded))
+    tol = tolerance(source, case.entry, ty)
+    declared = [t.scalar for t in check_source(source)[case.entry].outputs]
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, f"{case.name} output {k}"
+        if w.dtype.kind != "f":
+            np.testing.assert_array_equal(g, w, err_msg=f"{case.name} output {k}")
+            continue
+        assert g.dtype == declared[k].dtype, f"{case.name} output {k} is {g.dtype}"
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        finite = np.isfinite(w64)
+        np.testing.assert_array_equal(g64[~finite], w64[~finite])
+        scale = max(float(np.max(np.abs(w64[finite]), initial=0.0)), np.finfo(np.float32).tiny)
+        error = float(np.max(np.abs(g64[finite] - w64[finite]), initial=0.0)) / scale
+        assert error <= tol, f"{case.name} output {k}: error {error:.3g} of the largest > {tol:.3g}"
+
+
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize(("case", "ty"), HALF_CASES)
+@pytest.mark.parametrize("target", TARGETS)
+def test_corpus_in_half_precision(case: Case, ty: T, target: str) -> None:
+    check_half_case(case, ty, target)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize(("case", "ty"), HALF_CASES)
+def test_corpus_in_half_precision_on_the_gpu(case: Case, ty: T) -> None:
+    check_half_case(case, ty, "cuda")
+
+
+# --- arrays -----------------------------------------------------------------------------
+
+
+def test_half_arrays_must_match_the_declared_type() -> None:
+    engine = _engine("cpu", "def f(bfloat16(N) X) -> (Y) { Y(i) = X(i) * 0.5 }")
+    with pytest.raises(tcpy.TCInputError, match=r"must be bfloat16.*ml_dtypes\.bfloat16"):
+        engine.f(np.ones(3, np.float32))
+    with pytest.raises(tcpy.TCInputError, match="must be bfloat16, but the array is float16"):
+        engine.f(np.ones(3, np.float16))
+    engine = _engine("cpu", "def g(float(N) X) -> (Y) { Y(i) = X(i) * 0.5 }")
+    with pytest.raises(tcpy.TCInputError, match="must be float32"):
+        engine.g(np.ones(3, ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pytorch_half_tensors_in_and_out(dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    source = f"def f({dtype}(N, D) X) -> (Y) {{ Y(n, d) = X(n, d) * 2.0 + 1.0 }}"
+    engine = _engine("cpu", source)
+    x = torch.randn(5, 7).to(getattr(torch, dtype))
+    y = engine.f(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == x.dtype
+    torch.testing.assert_close(y, (x.float() * 2 + 1).to(x.dtype), rtol=0, atol=0)
+    again = engine.f(x)  # the repeated call's path
+    assert again.dtype == x.dtype and torch.equal(again, y)
+    with pytest.raises(tcpy.TCInputError, match=f"x.to\\(torch.{dtype}\\)"):
+        engine.f(x.float())
+
+
+NVRTC_PROGRAMS = ("softmax", "matmul", "layernorm", "conv2d", "embedding_backward", "argmax")
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize("name", NVRTC_PROGRAMS)
+@pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
+def test_half_programs_compile_with_nvrtc(name: str, ty: T) -> None:
+    """The half types' CUDA (PTX conversions from sm_80, integer ones before) compiles
+    for the GPUs of both kinds."""
+    case = next(c for c in CASES if c.name == name)
+    source = retyped((CORPUS / case.file).read_text(), ty)
+    cdef = check_source(source)[case.entry]
+    lowered = lower_to_cuda(cdef, case.sizes, cuda_defaults(cdef), device=named("h100"))
+    assert "__half" in lowered.source or "__nv_bfloat16" in lowered.source
+    for arch in ("sm_75", "sm_90"):
+        assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
