@@ -66,12 +66,17 @@ def _compiled(source: str, entry: str, inputs: tuple[np.ndarray, ...]) -> tcpy.C
 def measure(kernel: Kernel, ty: ScalarType, reps: int, torch: object) -> dict:  # type: ignore[type-arg]
     rng = np.random.default_rng(0)
     wide = kernel.inputs(rng, kernel.sizes)
-    half = tuple(x.astype(ty.dtype) for x in wide)
-    rounded = tuple(h.astype(np.float32) for h in half)
+    half = tuple(x.astype(ty.dtype) if x.dtype.kind == "f" else x for x in wide)
+    rounded = tuple(
+        h.astype(np.float32) if w.dtype.kind == "f" else h for w, h in zip(wide, half, strict=True)
+    )
     f32 = _compiled(kernel.tc, kernel.entry, wide)
     low = _compiled(retyped(kernel.tc, ty), kernel.entry, half)
     got = np.asarray(low(*half)).astype(np.float64)
-    want = np.asarray(kernel.numpy(*(r.astype(np.float64) for r in rounded)), dtype=np.float64)
+    want = np.asarray(
+        kernel.numpy(*(r.astype(np.float64) if r.dtype.kind == "f" else r for r in rounded)),
+        dtype=np.float64,
+    )
     error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     contenders: dict[str, Callable[[], object]] = {
         "tcpy_float32": kernel_alone(f32, wide),
@@ -80,7 +85,7 @@ def measure(kernel: Kernel, ty: ScalarType, reps: int, torch: object) -> dict:  
     if torch is not None:
         peer = torch_peer(torch, kernel)
         tensors = [torch.from_numpy(x) for x in wide]  # type: ignore[attr-defined]
-        halves = [t.to(getattr(torch, ty.value)) for t in tensors]
+        halves = [t.to(getattr(torch, ty.value)) if t.is_floating_point() else t for t in tensors]
         contenders["torch_float32"] = lambda: peer(*tensors)
         contenders[f"torch_{ty.value}"] = lambda: peer(*halves)
     ms = _time(contenders, reps)

@@ -80,7 +80,7 @@ def lower_to_c(
 ) -> Lowered:
     """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
     A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
-    cdef = widen_half_reductions(cdef)
+    cdef = widen_half_reductions(cdef, extrema=False)
     return _within_limit(lambda o: _lower_to_c(cdef, sizes, o, check, count_loops), options)
 
 

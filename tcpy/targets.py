@@ -109,7 +109,7 @@ class Cpu(Target):
     def prepare(
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
-        cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
+        cdef = widen_half_reductions(cdef, extrema=False)  # accumulated in float32
         kernel = self._prepare(cdef, binding, options, session, count_loops=False)
         return replace(kernel, counting=_once(
             lambda: self._prepare(cdef, binding, options, session, count_loops=True)

@@ -17,8 +17,8 @@ _C_TYPES = {
     ScalarType.INT16: "int16_t",
     ScalarType.INT32: "int32_t",
     ScalarType.INT64: "int64_t",
-    ScalarType.FLOAT16: "_Float16",
-    ScalarType.BFLOAT16: "uint16_t",  # its bits: C has no bfloat16 before GCC 13
+    ScalarType.FLOAT16: "uint16_t",  # their bits (`tcpy.codegen.halves`)
+    ScalarType.BFLOAT16: "uint16_t",
     ScalarType.FLOAT32: "float",
     ScalarType.FLOAT64: "double",
 }

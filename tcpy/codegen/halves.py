@@ -1,10 +1,9 @@
 """Half-precision storage in generated code: `float16` and `bfloat16` values are
 loaded into float32, computed there, and rounded to nearest-even when stored.
 
-The conversions are helpers of the translation unit, one pair per type. On the CPU a
-`float16` is C's `_Float16` (F16C's instructions where the CPU has them) and a
-`bfloat16` its 16 bits in a `uint16_t`, converted with integer operations that GCC
-vectorises. CUDA source stays self-contained (NVRTC is given no headers): `__half` and
+The conversions are helpers of the translation unit, one pair per type. On the CPU
+both types are their 16 bits in a `uint16_t`, converted with integer operations that
+GCC vectorises. CUDA source stays self-contained (NVRTC is given no headers): `__half` and
 `__nv_bfloat16` are 16-bit structs converted by PTX's `cvt` (`cvt.rn.bf16.f32` from
 sm_80; integer operations before), and the emulator's header defines the same names
 with bit-exact conversions on the CPU.
@@ -38,40 +37,57 @@ def from_float(ty: ScalarType) -> str:
 
 # bfloat16 is float32's upper half: widening shifts; rounding adds 0x7fff and the
 # lowest kept bit (ties to even) and keeps a NaN a (quiet) NaN.
-_BF16_BITS = """\
-{prefix} float tc_bfloat16_bits_to_float(unsigned int b) {{
-  {bits_to_float}
-}}
-{prefix} unsigned short tc_float_to_bfloat16_bits(float f) {{
-  {float_to_bits}
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}}
+_BFLOAT16 = """\
+static inline float tc_bfloat16_to_float(uint16_t x) {
+  union { uint32_t u; float f; } v;
+  v.u = (uint32_t)x << 16;
+  return v.f;
+}
+static inline uint16_t tc_float_to_bfloat16(float f) {
+  union { uint32_t u; float f; } v;
+  v.f = f;
+  uint32_t u = v.u;
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+"""
+
+# float16 with integer operations too, so that GCC vectorises them (it calls a library
+# function per element for C's _Float16 conversions): widening moves the exponent and
+# mantissa into place and rescales (exact, subnormals included); rounding adds half an
+# ulp less one and the lowest kept bit (ties to even), has the FPU round subnormals
+# (adding 0.5, whose ulp is float16's least subnormal), and saturates to infinity; a
+# NaN stays a (quiet) NaN. The loops vectorise with -fno-trapping-math (`runtime.cpu`).
+_FLOAT16 = """\
+static inline float tc_float16_to_float(uint16_t x) {
+  union { uint32_t u; float f; } v, scale;
+  uint32_t magnitude = (uint32_t)(x & 0x7fffu) << 13;
+  scale.u = 0x77800000u;  /* 2^112: from float16's exponent bias to float32's */
+  v.u = magnitude;
+  v.f *= scale.f;
+  uint32_t special = magnitude >= 0x0f800000u ? 0x7f800000u : 0u;  /* infinity, NaN */
+  v.u = v.u | special | (uint32_t)(x & 0x8000u) << 16;
+  return v.f;
+}
+static inline uint16_t tc_float_to_float16(float f) {
+  union { uint32_t u; float f; } v, small;
+  v.f = f;
+  uint32_t sign = (v.u >> 16) & 0x8000u, u = v.u & 0x7fffffffu;
+  small.u = u;
+  small.f += 0.5f;  /* below 2^-14, a subnormal float16: the FPU rounds it into the low bits */
+  uint32_t subnormal = small.u - 0x3f000000u;
+  uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+  uint32_t h = u < 0x38800000u ? subnormal : normal;
+  h = u >= 0x47800000u ? 0x7c00u : h;
+  h = u > 0x7f800000u ? 0x7e00u : h;
+  return (uint16_t)(h | sign);
+}
 """
 
 
 def c_helpers(types: list[ScalarType]) -> str:
     """The C conversions of `types`."""
-    prefix = "static inline"
-    parts = []
-    if ScalarType.FLOAT16 in types:
-        parts.append(
-            f"{prefix} float tc_float16_to_float(_Float16 x) {{ return (float)x; }}\n"
-            f"{prefix} _Float16 tc_float_to_float16(float x) {{ return (_Float16)x; }}\n"
-        )
-    if ScalarType.BFLOAT16 in types:
-        parts.append(
-            _BF16_BITS.format(
-                prefix=prefix,
-                bits_to_float="union { uint32_t u; float f; } v; v.u = b << 16; return v.f;",
-                float_to_bits="union { uint32_t u; float f; } v; v.f = f; uint32_t u = v.u;",
-            )
-            + f"{prefix} float tc_bfloat16_to_float(uint16_t x) "
-            "{ return tc_bfloat16_bits_to_float(x); }\n"
-            f"{prefix} uint16_t tc_float_to_bfloat16(float x) "
-            "{ return tc_float_to_bfloat16_bits(x); }\n"
-        )
-    return "\n".join(parts)
+    return "".join(_FLOAT16 if t is ScalarType.FLOAT16 else _BFLOAT16 for t in types)
 
 
 CUDA_HALF_TYPES = r"""#ifndef TC_HALF_TYPES

@@ -19,17 +19,19 @@ from tcpy.parser.symbolic import Sym
 from tcpy.types import ScalarType
 
 
-def widen_half_reductions(cdef: CheckedDef) -> CheckedDef:
+def widen_half_reductions(cdef: CheckedDef, extrema: bool = True) -> CheckedDef:
     """`cdef` with each reduction into a half tensor accumulated in a float32
     temporary of its own and stored, rounded, by a statement after it; `cdef` itself
-    where no reduction writes a half tensor."""
-    if not any(_widened(cdef, st) for st in cdef.statements):
+    where no reduction writes a half tensor. Without `extrema`, `min` and `max`
+    reductions are left as they are: rounding is monotonic, so rounding after every
+    step gives what rounding once does (the CPU's; the GPU has no 16-bit atomics)."""
+    if not any(_widened(cdef, st, extrema) for st in cdef.statements):
         return cdef
     taken = {t.name for t in cdef.tensors}
     temporaries = list(cdef.temporaries)
     statements: list[CheckedStatement] = []
     for st in cdef.statements:
-        if not _widened(cdef, st):
+        if not _widened(cdef, st, extrema):
             statements.append(st)
             continue
         half = cdef.tensor(st.tensor)
@@ -45,8 +47,11 @@ def widen_half_reductions(cdef: CheckedDef) -> CheckedDef:
     return replace(cdef, temporaries=tuple(temporaries), statements=tuple(statements))
 
 
-def _widened(cdef: CheckedDef, st: CheckedStatement) -> bool:
-    return st.op.reduction is not None and cdef.tensor(st.tensor).scalar.is_half
+def _widened(cdef: CheckedDef, st: CheckedStatement, extrema: bool) -> bool:
+    reduction = st.op.reduction
+    if reduction is None or not cdef.tensor(st.tensor).scalar.is_half:
+        return False
+    return extrema or reduction in (ast.Reduction.SUM, ast.Reduction.PROD)
 
 
 def _fresh(name: str, taken: set[str]) -> str:
