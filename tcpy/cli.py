@@ -145,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
                      help="compare the outputs with the reference target's on the same "
                      "inputs: the largest absolute and relative error; exit 1 above the "
                      "dtype's tolerance (1e-4 of the largest value for float32, 1e-2 "
-                     "float16, 1e-10 float64; integers exact)")  # fmt: skip
+                     "float16, 5e-2 bfloat16, 1e-10 float64; integers exact)")  # fmt: skip
     run.add_argument("--profile", action="store_true",
                      help="count each launch's memory traffic (cuda-emu): a table against "
                      "the bytes the def must move")  # fmt: skip

@@ -28,6 +28,7 @@ from tcpy.sandbox import (
     phase,
     run_task,
 )
+from tcpy.types import ScalarType
 
 # --- inputs and the differential check --------------------------------------------------
 
@@ -93,7 +94,8 @@ def same_outputs(got: Any, want: Any) -> str | None:
         g, w = np.asarray(g), np.asarray(w)
         if g.dtype != w.dtype or g.shape != w.shape:
             return f"output {k}: {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
-        nan = w.dtype.kind == "f"
+        ty = ScalarType.from_dtype(w.dtype)
+        nan = ty is not None and ty.is_float  # bfloat16's dtype is of kind "V"
         if not np.array_equal(g, w, equal_nan=nan):
             bad = np.argwhere(~((g == w) | (np.isnan(g) & np.isnan(w)) if nan else (g == w)))
             where = tuple(int(i) for i in bad[0])

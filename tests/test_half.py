@@ -341,3 +341,15 @@ def test_half_programs_compile_with_nvrtc(name: str, ty: T) -> None:
     assert "__half" in lowered.source or "__nv_bfloat16" in lowered.source
     for arch in ("sm_75", "sm_90"):
         assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
+
+
+def test_the_fuzzers_comparison_takes_half_nans_as_equal() -> None:
+    """bfloat16's dtype is of kind "V": NaN where NaN is still equal, a value is not."""
+    from tcpy.fuzz_tasks import same_outputs
+
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        a = np.array([np.nan, 1.0, -2.0], dtype=dtype)
+        assert same_outputs(a, a.copy()) is None
+        b = a.copy()
+        b[1] = 3.0
+        assert same_outputs(b, a) is not None
