@@ -2,7 +2,7 @@
 emulator: each kernel's launches and memory traffic, checked against NumPy.
 
     python bench/emu_profile.py [--only matmul,softmax] [--options naive] [--device h100]
-                                [--tag after] [--out bench/results]
+                                [--type bfloat16] [--tag after] [--out bench/results]
 
 For each kernel: the launch shapes, the bytes the lanes request, the bytes the sectors
 they touch move (`moved`: every warp request's sectors, nothing cached) and the bytes
@@ -16,7 +16,9 @@ Then, mapped at the suite's GPU sizes (`bench.suite.GPU_SIZES`) for the device p
 blocks per SM. The rule is judged on the launches that move at least
 `JUDGED_SHARE` (10%) of the def's DRAM bytes at the reduced sizes: a launch that
 zeroes a small output before a split reduction is exempt (shown as such). This is
-the GPU-free measure of the generated CUDA; no time is taken. Results go to
+the GPU-free measure of the generated CUDA; no time is taken. `--type` retypes the
+kernels' floats (`tcpy.parser.parse.retyped`: float16 or bfloat16, the inputs rounded
+to it), whose bytes then count at their own size. Results go to
 `bench/results/emu-profile-<date>[-<tag>].json`.
 """
 
@@ -38,8 +40,10 @@ from bench.suite import GPU_SIZES, SUITE, Kernel, reduced
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.gpu.sizes import FILL_WAVES
+from tcpy.parser.parse import retyped
 from tcpy.pipeline import lower_to_cuda
 from tcpy.runtime import profile
+from tcpy.types import ScalarType
 
 JUDGED_SHARE = 0.1
 """The share of a def's DRAM bytes from which a launch must fill the device."""
@@ -50,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated kernel names")
     parser.add_argument("--options", default=None, help="a preset name (default: cuda's)")
     parser.add_argument("--device", default=None, help="a device profile (default: h100)")
+    parser.add_argument("--type", default="float", help="the kernels' float type")
     parser.add_argument("--tag", default="", help="a suffix of the result's file name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     options = None if args.options is None else tcpy.MappingOptions.preset(args.options)
+    ty = ScalarType.from_name(args.type)
     rng = np.random.default_rng(0)
     engine = tcpy.ExecutionEngine("cuda-emu", device=args.device)
     device = named(args.device) if args.device else default_profile()
@@ -63,15 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         if only and full.name not in only:
             continue
         kernel = reduced(full)
-        engine.define(kernel.tc)
-        inputs = kernel.inputs(rng, kernel.sizes)
+        engine.define(retyped(kernel.tc, ty))
+        inputs = tuple(
+            x.astype(ty.dtype) if x.dtype.kind == "f" else x
+            for x in kernel.inputs(rng, kernel.sizes)
+        )
         compiled = engine.compile(kernel.entry, *inputs, options=options)
         got = compiled(*inputs)
-        want = kernel.numpy(*inputs)
+        want = kernel.numpy(*(x.astype(np.float64) if x.dtype != np.int32 else x for x in inputs))
         outputs = got if isinstance(got, tuple) else (got,)
         wanted = want if isinstance(want, tuple) else (want,)
+        close = 2e-3 if ty is ScalarType.FLOAT32 else 4 * 2.0**-8  # a few bfloat16 ulps
         for g, w in zip(outputs, wanted, strict=True):
-            np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3)
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=close, atol=close)
         launches = compiled.profile(*inputs)
         minimum = profile.minimum_bytes(inputs, outputs)
         shown = ", ".join(f"{k}={v}" for k, v in kernel.sizes.items())
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
     path = args.out / f"emu-profile-{datetime.date.today().isoformat()}{tag}.json"
-    record = {"options": args.options or "cuda default", "device": device.key(),
+    record = {"options": args.options or "cuda default", "type": ty.value, "device": device.key(),
               "l2_bytes": device.l2_bytes, "fill_blocks": FILL_WAVES * device.sms,
               "judged_share": JUDGED_SHARE, "kernels": results}  # fmt: skip
     path.write_text(json.dumps(record, indent=1))

@@ -70,6 +70,12 @@ def as64(source: str, inputs: Sequence[np.ndarray]) -> tuple[str, list[np.ndarra
     return retyped(source, ScalarType.FLOAT64), out
 
 
+def _floating(a: object) -> bool:
+    """Whether `a` holds floats (bfloat16's dtype is of kind "V")."""
+    ty = ScalarType.from_dtype(np.asarray(a).dtype)
+    return ty is not None and ty.is_float
+
+
 def _outputs(engine: tcpy.ExecutionEngine, name: str, inputs: Sequence[np.ndarray]) -> list:
     out = getattr(engine, name)(*inputs)
     return list(out) if isinstance(out, tuple) else [out]
@@ -99,7 +105,7 @@ def backward(
     seeds = {
         n: rng.uniform(-1, 1, size=np.shape(o)).astype(np.asarray(o).dtype)
         for n, o in outputs.items()
-        if np.asarray(o).dtype.kind == "f"
+        if _floating(o)
     }
     text = derived.backward
     bdef = check_source(text)[f"{name}_grad"]

@@ -353,3 +353,70 @@ def test_the_fuzzers_comparison_takes_half_nans_as_equal() -> None:
         b = a.copy()
         b[1] = 3.0
         assert same_outputs(b, a) is not None
+
+
+# --- gradients of half inputs ---------------------------------------------------------
+
+GRADIENT_PROGRAMS = ("softmax", "layernorm", "matmul", "conv2d")
+
+
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize("target", ["reference", "cpu", "cuda-emu"])
+@pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
+@pytest.mark.parametrize("name", GRADIENT_PROGRAMS)
+def test_gradients_of_half_inputs(name: str, ty: T, target: str) -> None:
+    """The backward derived from a half def (`tcpy.gradient`) is itself a half def:
+    run on `target` it gives the gradients the float64 backward gives on the same
+    (rounded) arguments, within the half tolerance of its own statements. The float64
+    backward is checked against finite differences by the gradient tests."""
+    from gradients import backward
+
+    case = next(c for c in CASES if c.name == name)
+    source = (CORPUS / case.file).read_text()
+    _, rounded, _ = halved(case, ty)
+    half = backward(retyped(source, ty), case.entry, rounded)
+    wide = backward(retyped(source, T.FLOAT64), case.entry, [_wide(a) for a in rounded])
+    args64 = [_wide(a) for a in half.args]
+    want = as_tuple(_engine("reference", wide.text).run(wide.name, *args64))
+    got = as_tuple(_engine(target, half.text).run(half.name, *half.args))
+    tol = tolerance(half.text, half.name, ty)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == ty.dtype
+        g64 = g.astype(np.float64)
+        error = float(np.max(np.abs(g64 - w))) / float(np.max(np.abs(w)))
+        assert error <= tol, f"{name} gradient {k}: error {error:.3g} of the largest > {tol:.3g}"
+
+
+def _wide(a: object) -> object:
+    """A half (or float) array as float64; other arrays as they are."""
+    ty = T.from_dtype(np.asarray(a).dtype)
+    return np.asarray(a).astype(np.float64) if ty is not None and ty.is_float else a
+
+
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pytorch_operators_train_in_half_precision(dtype: str) -> None:
+    """A `tcpy.torch` operator of a half def takes and gives half tensors, and its
+    gradients match PyTorch's float64 layer norm on the same rounded values within the
+    type's tolerance."""
+    torch = pytest.importorskip("torch")
+    import tcpy.torch as tt
+
+    ops = tt.define(retyped((CORPUS / "layernorm.tc").read_text(), T.from_name(dtype)))
+    half = getattr(torch, dtype)
+    rng = np.random.default_rng(3)
+    x, g, b = (torch.tensor(rng.standard_normal(s)).to(half) for s in ((6, 48), (48,), (48,)))
+    eps = torch.tensor(1e-5).to(half)
+    leaves = [t.clone().requires_grad_() for t in (x, g, b)]
+    y = ops.layernorm(*leaves, eps)
+    assert y.dtype == half
+    seed = torch.tensor(rng.uniform(-1, 1, (6, 48))).to(half)
+    y.backward(seed)
+    wide = [t.double().requires_grad_() for t in (x, g, b)]
+    want = torch.nn.functional.layer_norm(wide[0], (48,), wide[1], wide[2], float(eps.double()))
+    want.backward(seed.double())
+    unit = UNIT[T.from_name(dtype)]
+    for leaf, w in zip(leaves, wide, strict=True):
+        assert leaf.grad is not None and leaf.grad.dtype == half
+        error = float((leaf.grad.double() - w.grad).abs().max() / w.grad.abs().max())
+        assert error <= 16 * unit, error  # the backward stores about ten half values

@@ -268,7 +268,10 @@ class BodyPrinter:
             current = self.dialect.copy_load.format(array=array, index=lhs)
         reduction = st.op.reduction
         identity = "" if reduction is None else _literal(reduction.neutral(tensor.scalar), compute)
-        value = "" if init else ctx.expr(st.rhs, compute)
+        # a half element copied as it is (rounding what a load widened gives it back)
+        bits = reduction is None and tensor.scalar.is_half and _read_of(st.rhs, tensor.scalar)
+        value = "" if init else ctx.expr(st.rhs, tensor.scalar if bits else compute)
+        stored = tensor.scalar if bits else compute
 
         def merge(a: str, b: str) -> str:
             return b if reduction is None else ctx.combine(reduction, a, b, compute)
@@ -293,7 +296,7 @@ class BodyPrinter:
             reads=tuple(ctx.reads),
             conditional=_conditional(st.rhs),
             stored=functools.partial(
-                _convert, have=compute, want=tensor.scalar, dialect=self.dialect
+                _convert, have=stored, want=tensor.scalar, dialect=self.dialect
             ),
         )
 
@@ -366,8 +369,11 @@ class _Context:
         return flat_index(self.d, subscripts, extents)
 
     def expr(self, e: ast.Expr, want: ScalarType) -> str:
-        """`e` converted to the compute type `want`."""
+        """`e` converted to the compute type `want` (a read of a half tensor: as stored,
+        where `want` is its type)."""
         assert e.ty is not None
+        if isinstance(e, ast.Access) and want.is_half:
+            return self.access(e, widened=False)
         return _convert(self.value(e), e.ty.compute, want, self.d)
 
     def value(self, e: ast.Expr) -> str:
@@ -467,7 +473,8 @@ class _Context:
         self.p.helpers.checked_index = True
         return f"tc_index({text}, {extent_name(tensor, k)}, tc_status)", True
 
-    def access(self, e: ast.Access) -> str:
+    def access(self, e: ast.Access, widened: bool = True) -> str:
+        """The value of the read `e` in its compute type (`widened`), else as stored."""
         info = self.p.cdef.tensor(e.tensor)
         subscripts = []
         checked = False
@@ -498,7 +505,10 @@ class _Context:
             load, form, array, index, self._uses(e).union(*(r.ids for r in inner)), checked,
             all(linear_form(a) is not None for a in e.args), self.depth > 0, bool(inner), hoisted,
         ))  # fmt: skip
-        value = _convert(self.substitute.get(load, load), info.scalar, info.scalar.compute, self.d)
+        value = self.substitute.get(load, load)
+        if not widened:
+            return value
+        value = _convert(value, info.scalar, info.scalar.compute, self.d)
         if not hoisted:
             return value
         if text not in self.loaded:  # read once, before the statement
@@ -555,6 +565,11 @@ def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) 
 
 def extremum_helper(smallest: bool, ty: ScalarType) -> str:
     return f"tc_{'min' if smallest else 'max'}_{ty.value}"
+
+
+def _read_of(e: ast.Expr, ty: ScalarType) -> bool:
+    """Whether `e` is a read of a tensor of type `ty` and nothing more."""
+    return isinstance(e, ast.Access) and e.ty is ty
 
 
 def _convert(text: str, have: ScalarType, want: ScalarType, dialect: Dialect) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tcpy.arrays import from_numpy_torch, torch_numpy
 from tcpy.autodiff import Derived, Save, derive
 from tcpy.cache.kernels import tcpy_version
 from tcpy.compiled import Compiled
@@ -205,11 +206,11 @@ class _Kernels:
             out = engine.run(name, *tensors, options=options)
             return out if isinstance(out, tuple) else (out,)
         # host tensors as NumPy views (no copy either way)
-        arrays = [t.numpy() for t in tensors]
+        arrays = [torch_numpy(t) for t in tensors]
         out = engine.run(name, *arrays, options=options)
         if key not in self.ready and len(self.ready) < 64:
             self.ready[key] = _Ready.of(engine.compile(name, *arrays, options=options), arrays)
-        return tuple(torch.from_numpy(o) for o in (out if isinstance(out, tuple) else (out,)))
+        return tuple(from_numpy_torch(o) for o in (out if isinstance(out, tuple) else (out,)))
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ def _arg(name: str) -> str:
 
 
 def torch_dtype(scalar: ScalarType) -> torch.dtype:
-    dtype: torch.dtype = getattr(torch, np.dtype(scalar.dtype).name)
+    dtype: torch.dtype = getattr(torch, scalar.dtype.name)  # bfloat16 too
     return dtype
 
 
