@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 from bench.suite import SUITE, Kernel, at_gpu_size, torch_peer
+from tcpy.parser.parse import retyped
+from tcpy.types import ScalarType
 
 # at most this long is spent timing one function (at least 3 repetitions)
 TIMING_BUDGET_MS = 1000.0
@@ -118,14 +120,19 @@ def _profiled_reps(ms: float) -> int:
     return max(3, min(50, int(300 / max(ms, 1e-3))))
 
 
-def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: ignore[no-untyped-def]
+            ty: ScalarType = ScalarType.FLOAT32) -> dict[str, object]:  # fmt: skip
     """One kernel: PyTorch eager (and torch.compile), then tcpy with the naive preset
     and with the CUDA target's default options for the def (what a call uses). Each is
     timed twice: the call as a user sees it (CUDA events around it: the host's work
-    included) and its device work alone (`_device_ms`)."""
+    included) and its device work alone (`_device_ms`). `ty`: the float type of the
+    def (retyped) and of the tensors; the bytes scale with its size."""
     rng = np.random.default_rng(0)
     host = kernel.inputs(rng, kernel.sizes)
     device = [torch.as_tensor(x, device="cuda") for x in host]
+    half = getattr(torch, ty.dtype.name)
+    device = [d.to(half) if d.is_floating_point() else d for d in device]
+    scale = ty.dtype.itemsize / 4  # the suite's bytes are float32's
     peer = torch_peer(torch, kernel)
     eager_ms = _time(torch, lambda: peer(*device), reps)
     eager_device_ms, eager_kernels = _device_ms(
@@ -144,7 +151,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, 
         "kernel": kernel.name,
         "sizes": kernel.sizes,
         "flops": kernel.flops(kernel.sizes),
-        "min_bytes": kernel.bytes(kernel.sizes),
+        "type": ty.value,
+        "min_bytes": kernel.bytes(kernel.sizes) * scale,
         "torch_eager_ms": round(eager_ms, 4),
         "torch_eager_device_ms": round(eager_device_ms, 4),
         "torch_eager_kernels": eager_kernels,
@@ -152,7 +160,7 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, 
         "torch_compile_error": compiled_error,
     }
     engine = tcpy.ExecutionEngine("cuda")
-    engine.define(kernel.tc)
+    engine.define(retyped(kernel.tc, ty))
     presets = {"naive": tcpy.MappingOptions.naive(), "cuda": engine.default_options(kernel.entry)}
     for label, options in presets.items():
         try:
@@ -164,8 +172,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, 
             want = peer(*device)
             want = want if isinstance(want, tuple) else (want,)
             error = max(
-                float(torch.max(torch.abs(torch.as_tensor(g, device="cuda") - w)
-                                / (1 + torch.abs(w))))
+                float(torch.max(torch.abs(torch.as_tensor(g, device="cuda").double()
+                                          - w.double()) / (1 + torch.abs(w.double()))))
                 for g, w in zip(outputs, want, strict=True)
             )  # fmt: skip
             ms = _time(torch, lambda: compiled(*device), reps)  # noqa: B023
@@ -178,7 +186,7 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool) -> dict[str, 
             "device_ms": round(device_ms, 4),
             "kernels": kernels,
             "gflops": round(kernel.flops(kernel.sizes) / (device_ms * 1e-3) / 1e9, 2),
-            "gbps": round(kernel.bytes(kernel.sizes) / (device_ms * 1e-3) / 1e9, 2),
+            "gbps": round(kernel.bytes(kernel.sizes) * scale / (device_ms * 1e-3) / 1e9, 2),
             "vs_torch_eager": round(eager_ms / ms, 3),
             "device_vs_torch_eager": round(eager_device_ms / device_ms, 3),
             "vs_torch_compile": round(compiled_ms / ms, 3) if compiled_ms else None,
@@ -198,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         "--suite-sizes",
         action="store_true",
         help="the CPU suite's sizes instead of bench.suite.GPU_SIZES",
+    )
+    parser.add_argument(
+        "--type", default="float", help="the defs' and tensors' float type (float16, bfloat16)"
     )
     parser.add_argument("--no-torch-compile", action="store_true",
                         help="time PyTorch eager alone (torch.compile's first call of "
@@ -222,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         if wanted and kernel.name not in wanted:
             continue
         sized = kernel if args.suite_sizes else at_gpu_size(kernel)
-        row = measure(torch, sized, args.reps, not args.no_torch_compile)
+        ty = ScalarType.from_name(args.type)
+        row = measure(torch, sized, args.reps, not args.no_torch_compile, ty)
         rows.append(row)
         print(json.dumps(row), flush=True)
         _write(args, torch, rows, bandwidth)
@@ -246,7 +258,8 @@ def _write(
         "kernels": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-{result['date']}.json"
+    typed = "" if args.type in ("float", "float32") else f"-{args.type}"
+    path = args.out / f"gpu-{result['date']}{typed}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}", flush=True)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
-# with both driver layers, `bench/gpu.py`, `bench/overhead.py --gpu` (host time per
-# call), `bench/gpu_variants.py`, forward + backward
+# with both driver layers, `bench/gpu.py` (float32, then the memory-bound kernels in
+# bfloat16), `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
+# forward + backward
 # of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
 # the `cuda` target (beside the pycuda tests, which need no timing). Run from the
 # repository's root.
@@ -57,7 +58,7 @@ run_tests() {  # $1: driver, $2: seconds
     [ -n "$filter" ] && k="$k and ($filter)"
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
         --tb=short -rfE tests/test_gpu.py tests/test_gpu_async.py tests/test_empty.py \
-        tests/test_torch_ops.py \
+        tests/test_torch_ops.py tests/test_half.py \
         > "$OUT/tests-$1.log" 2>&1
     echo "tests $1: rc=$?"; tail -n 3 "$OUT/tests-$1.log"
 }
@@ -69,6 +70,12 @@ if [ "$what" != tests ]; then
     timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" ${BENCH_ARGS:-} \
         > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
+    if [ "${HALF_SECONDS:-90}" != 0 ]; then  # the memory-bound suite in bfloat16
+        timeout "${HALF_SECONDS:-90}" python3 bench/gpu.py --type bfloat16 --reps 30 \
+            --only softmax,layernorm,gelu,bias_add_grad,maxpool --no-torch-compile \
+            --out "$OUT" > "$OUT/half.log" 2>&1
+        echo "half: rc=$?"; tail -n 2 "$OUT/half.log"
+    fi
     if [ "${OVERHEAD_SECONDS:-60}" != 0 ]; then  # host time per call, beside the peers
         timeout "${OVERHEAD_SECONDS:-60}" python3 bench/overhead.py --gpu --out "$OUT" \
             > "$OUT/overhead.log" 2>&1

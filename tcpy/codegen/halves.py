@@ -57,7 +57,8 @@ static inline uint16_t tc_float_to_bfloat16(float f) {
 # mantissa into place and rescales (exact, subnormals included); rounding adds half an
 # ulp less one and the lowest kept bit (ties to even), has the FPU round subnormals
 # (adding 0.5, whose ulp is float16's least subnormal), and saturates to infinity; a
-# NaN stays a (quiet) NaN. The loops vectorise with -fno-trapping-math (`runtime.cpu`).
+# NaN stays a (quiet) NaN. The choices are masks, not selects: GCC 12 gives up
+# vectorising a loop where two selects test the same value.
 _FLOAT16 = """\
 static inline float tc_float16_to_float(uint16_t x) {
   union { uint32_t u; float f; } v, scale;
@@ -65,7 +66,7 @@ static inline float tc_float16_to_float(uint16_t x) {
   scale.u = 0x77800000u;  /* 2^112: from float16's exponent bias to float32's */
   v.u = magnitude;
   v.f *= scale.f;
-  uint32_t special = magnitude >= 0x0f800000u ? 0x7f800000u : 0u;  /* infinity, NaN */
+  uint32_t special = (0u - ((0x0f7fffffu - magnitude) >> 31)) & 0x7f800000u;  /* inf, NaN */
   v.u = v.u | special | (uint32_t)(x & 0x8000u) << 16;
   return v.f;
 }
@@ -77,9 +78,11 @@ static inline uint16_t tc_float_to_float16(float f) {
   small.f += 0.5f;  /* below 2^-14, a subnormal float16: the FPU rounds it into the low bits */
   uint32_t subnormal = small.u - 0x3f000000u;
   uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
-  uint32_t h = u < 0x38800000u ? subnormal : normal;
-  h = u >= 0x47800000u ? 0x7c00u : h;
-  h = u > 0x7f800000u ? 0x7e00u : h;
+  uint32_t below = 0u - ((u - 0x38800000u) >> 31);  /* all ones below 2^-14 */
+  uint32_t h = (subnormal & below) | (normal & ~below);
+  uint32_t above = 0u - ((0x477fffffu - u) >> 31);  /* all ones from 2^16: infinity */
+  h = (0x7c00u & above) | (h & ~above);
+  h |= ((0x7f800000u - u) >> 31) << 9;  /* a NaN: quiet */
   return (uint16_t)(h | sign);
 }
 """

@@ -39,10 +39,6 @@ FLAGS = (
     # libm calls need not set errno: they vectorise, and stay IEEE (NaN and infinities
     # as before); this is not -ffast-math
     "-fno-math-errno",
-    # floating-point operations raise no traps (tcpy turns none on), so the compiler may
-    # compute both sides of a select and vectorise the loop (the rounding to float16 of
-    # `tcpy.codegen.halves`); the values are the same
-    "-fno-trapping-math",
 )  # fmt: skip
 CONSERVATIVE_FLAGS = (
     "-O1", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w", "-fno-math-errno",
