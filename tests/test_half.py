@@ -420,3 +420,17 @@ def test_pytorch_operators_train_in_half_precision(dtype: str) -> None:
         assert leaf.grad is not None and leaf.grad.dtype == half
         error = float((leaf.grad.double() - w.grad).abs().max() / w.grad.abs().max())
         assert error <= 16 * unit, error  # the backward stores about ten half values
+
+
+def test_the_tuner_tunes_a_half_def() -> None:
+    """Candidates of a bfloat16 def are checked against the reference's bfloat16 outputs
+    (within two units in the last place: sums added in another order round apart) and
+    timed; the problem file keeps bfloat16 arrays as their bits."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def mm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (40, 36)).astype(ml_dtypes.bfloat16)
+    b = rng.uniform(-1, 1, (36, 24)).astype(ml_dtypes.bfloat16)
+    result = engine.tune("mm", a, b, config=tcpy.TunerConfig(generations=1, population=4))
+    assert result.trials >= 1 and not result.failures, result.failures
+    assert result.inputs == [[[40, 36], "bfloat16"], [[36, 24], "bfloat16"]]

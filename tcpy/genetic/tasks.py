@@ -39,6 +39,7 @@ import numpy as np
 
 from tcpy.mapping.options import MappingOptions
 from tcpy.sandbox import Failure, WrongResult
+from tcpy.types import ScalarType
 
 PRUNE_FIRST = 100.0  # a first run this many times slower than the best is pruned
 PRUNE_SECOND = 5.0  # a second run this many times slower is pruned
@@ -65,8 +66,10 @@ def save_problem(
     """The problem of a session, its inputs and reference outputs written to
     `directory/problem.npz`; its candidates compile on engines of `engine_class`."""
     path = directory / "problem.npz"
-    arrays = {f"in{k}": np.asarray(a) for k, a in enumerate(inputs)}
-    arrays.update({f"want{k}": np.asarray(w) for k, w in enumerate(want)})
+    arrays = {f"in{k}": _stored(a) for k, a in enumerate(inputs)}
+    arrays.update({f"want{k}": _stored(w) for k, w in enumerate(want)})
+    # a .npz keeps NumPy's own dtypes only: bfloat16 (ml_dtypes') travels as its bits
+    arrays["dtypes"] = np.array([np.asarray(a).dtype.name for a in (*inputs, *want)])
     np.savez(path, **arrays)  # type: ignore[arg-type]
     return Problem(source, entry, target, str(path), engine_class)
 
@@ -88,9 +91,27 @@ def load_data(path: str) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]
     """The tuning inputs and the reference outputs in the problem's data file (read once
     per process)."""
     with np.load(path) as data:
-        inputs = tuple(data[f"in{k}"] for k in range(sum(n.startswith("in") for n in data)))
-        want = tuple(data[f"want{k}"] for k in range(sum(n.startswith("want") for n in data)))
+        n = sum(name.startswith("in") for name in data)
+        m = sum(name.startswith("want") for name in data)
+        dtypes = [str(d) for d in data["dtypes"]]
+        inputs = tuple(_loaded(data[f"in{k}"], dtypes[k]) for k in range(n))
+        want = tuple(_loaded(data[f"want{k}"], dtypes[n + k]) for k in range(m))
     return tuple(_scalar(a) for a in inputs), want
+
+
+def _stored(a: Any) -> np.ndarray:
+    array = np.asarray(a)
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+
+
+def _loaded(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a.view(ScalarType.BFLOAT16.dtype) if dtype == "bfloat16" else a
+
+
+HALF_RTOL = {ScalarType.FLOAT16: 2.0**-9, ScalarType.BFLOAT16: 2.0**-6}
+"""A candidate's outputs against the reference's, relative to the output's largest
+magnitude, where they are half: float32 sums added in another order may round to the
+neighbouring half value."""
 
 
 def _scalar(a: np.ndarray) -> Any:
@@ -132,9 +153,13 @@ def compile_and_check(problem: Problem, options_json: str) -> float:
 def _compare(k: int, got: np.ndarray, want: np.ndarray, rtol: float) -> None:
     if got.shape != want.shape or got.dtype != want.dtype:
         raise WrongResult(f"output {k}: {got.dtype}{got.shape}, expected {want.dtype}{want.shape}")
+    ty = ScalarType.from_dtype(want.dtype)
     if want.dtype.kind in "biu":
         bad = got != want
     else:
+        if ty is not None and ty.is_half:  # two units in the last place of the type's
+            rtol = max(rtol, HALF_RTOL[ty])
+            got, want = got.astype(np.float32), want.astype(np.float32)
         # reductions may be reassociated: compare against the output's magnitude
         scale = float(np.nanmax(np.abs(want))) if want.size and np.isfinite(want).any() else 1.0
         close = np.isclose(got, want, rtol=rtol, atol=rtol * scale, equal_nan=True)
