@@ -93,7 +93,7 @@ def load_data(path: str) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]
     with np.load(path) as data:
         n = sum(name.startswith("in") for name in data)
         m = sum(name.startswith("want") for name in data)
-        dtypes = [str(d) for d in data["dtypes"]]
+        dtypes = [str(d) for d in data["dtypes"]] if "dtypes" in data else [""] * (n + m)
         inputs = tuple(_loaded(data[f"in{k}"], dtypes[k]) for k in range(n))
         want = tuple(_loaded(data[f"want{k}"], dtypes[n + k]) for k in range(m))
     return tuple(_scalar(a) for a in inputs), want
