@@ -557,12 +557,11 @@ class _Resolver:
         return ast.Unary(op, v, span, _ty(v))
 
     def binary(self, op: ast.BinaryOp, a: ast.Expr, b: ast.Expr, span: Span) -> ast.Expr:
-        if not op.is_logical:
-            a, b = _met(a, b)
         if op.is_logical:
             _require(a, BOOL, f"the operands of {op.value}")
             _require(b, BOOL, f"the operands of {op.value}")
             return ast.Binary(op, a, b, span, BOOL)
+        a, b = _met(a, b)
         if op.is_comparison:
             if op in (ast.BinaryOp.EQ, ast.BinaryOp.NE) and _ty(a).is_bool and _ty(b).is_bool:
                 return ast.Binary(op, a, b, span, BOOL)
@@ -619,7 +618,7 @@ def _met(a: ast.Expr, b: ast.Expr) -> tuple[ast.Expr, ast.Expr]:
 
 
 def _retyped(e: ast.Expr, ty: ScalarType) -> ast.Expr:
-    """The literal expression `e` (`_weak`) computed in float type `ty`: its literals
+    """The literal expression `e` (`weakly_typed`) computed in float type `ty`: its literals
     keep their exact values (a half type computes them in float32)."""
 
     def inner(x: ast.Expr) -> ast.Expr:
