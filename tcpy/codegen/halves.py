@@ -52,13 +52,13 @@ static inline uint16_t tc_float_to_bfloat16(float f) {
 }
 """
 
-# float16 with integer operations too, so that GCC vectorises them (it calls a library
-# function per element for C's _Float16 conversions): widening moves the exponent and
-# mantissa into place and rescales (exact, subnormals included); rounding adds half an
-# ulp less one and the lowest kept bit (ties to even), has the FPU round subnormals
-# (adding 0.5, whose ulp is float16's least subnormal), and saturates to infinity; a
-# NaN stays a (quiet) NaN. The choices are masks, not selects: GCC 12 gives up
-# vectorising a loop where two selects test the same value.
+# float16 with integer operations too, so that GCC vectorises them (GCC 12 vectorises
+# C's _Float16 conversions in a copy, not in the loops of a row kernel): widening moves
+# the exponent and mantissa into place and rescales (exact, subnormals included);
+# rounding adds half an ulp less one and the lowest kept bit (ties to even), has the
+# FPU round subnormals (adding 0.5, whose ulp is float16's least subnormal), and
+# saturates to infinity; a NaN stays a (quiet) NaN. The choices are masks, not selects:
+# GCC 12 gives up vectorising a loop where two selects test the same value.
 _FLOAT16 = """\
 static inline float tc_float16_to_float(uint16_t x) {
   union { uint32_t u; float f; } v, scale;
