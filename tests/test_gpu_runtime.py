@@ -587,6 +587,16 @@ def doubling(engine_drv: HostMemoryDriver) -> tuple[tcpy.ExecutionEngine, Device
     return engine, DeviceVector(engine_drv, np.arange(4, dtype=np.float32))
 
 
+def _forbid_binding(patch: pytest.MonkeyPatch) -> None:
+    """Make any binding of inputs or outputs fail the test: a steady call binds none."""
+
+    def bound(*args: Any) -> None:
+        pytest.fail("a steady call bound its arrays")
+
+    for name in ("tcpy.engine.bind", "tcpy.compiled.bind", "tcpy.compiled.bind_out"):
+        patch.setattr(name, bound)
+
+
 def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
     engine_drv: HostMemoryDriver,
     doubling: tuple[tcpy.ExecutionEngine, DeviceVector],
@@ -600,11 +610,7 @@ def test_a_steady_engine_call_on_device_arrays_replays_its_plan(
     compiled = engine.compile("twice_of", a)
     compiled(a)  # checked once
 
-    def unexpected(*args: Any) -> None:
-        raise AssertionError("a steady call binds nothing")
-
-    monkeypatch.setattr("tcpy.engine.bind", unexpected)
-    monkeypatch.setattr("tcpy.compiled.bind", unexpected)
+    _forbid_binding(monkeypatch)
     b = DeviceVector(drv, np.arange(4, dtype=np.float32) + 1)
     for _ in range(2):  # the pool then holds the two blocks the loop alternates between
         out = engine.twice_of(b)
@@ -641,9 +647,7 @@ def test_a_steady_call_with_out_binds_nothing_and_writes_the_destination(
     o = DeviceVector(drv, np.zeros(4, np.float32))
     assert engine.twice_of(a, out=o) is o  # checked whole, then remembered
     with monkeypatch.context() as patched:
-        for module in ("tcpy.engine", "tcpy.compiled"):
-            patched.setattr(f"{module}.bind", lambda *args: pytest.fail("bound again"))
-        patched.setattr("tcpy.compiled.bind_out", lambda *args: pytest.fail("bound again"))
+        _forbid_binding(patched)
         b = DeviceVector(drv, np.arange(4, dtype=np.float32) + 1)
         drv.calls.clear()
         assert engine.twice_of(b, out=o) is o
