@@ -9,7 +9,8 @@
 #
 #   bench/gpu_check.sh [tests|bench|all] [extra pytest -k expression]
 #
-# A phase whose *_SECONDS is 0 is skipped.
+# A phase whose *_SECONDS is 0 is skipped; FUZZ_ARGS go to the differential fuzzer
+# (`--float-type half`, say) and BENCH_ARGS to `bench/gpu.py`.
 #
 # Wheels the machine lacks travel in .whl/ (islpy, lark, deap and their needs, and the
 # pycuda sdist, which is built there: PyPI has no pycuda wheel). Logs and results go to
@@ -53,8 +54,9 @@ else
 fi
 builder=${!:-}
 
-run_tests() {  # $1: driver, $2: seconds
+run_tests() {  # $1: driver, $2: seconds; tests not parametrised by driver run with bindings
     local k="$1"
+    [ "$1" = bindings ] && k="not pycuda"
     [ -n "$filter" ] && k="$k and ($filter)"
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
         --tb=short -rfE tests/test_gpu.py tests/test_gpu_async.py tests/test_empty.py \
@@ -100,7 +102,7 @@ fuzz() {  # $1: log name, then the fuzzer's arguments; every case a fresh proces
 if [ "$what" != bench ]; then
     if [ "${FUZZ_SECONDS:-150}" != 0 ]; then
         fuzz gradient --gradient --n "${FUZZ_N:-600}" --seed 9501 --jobs 6 &
-        fuzz differential --n "${FUZZ_N:-600}" --seed 9601 --jobs 4 &
+        fuzz differential --n "${FUZZ_N:-600}" --seed 9601 --jobs 4 ${FUZZ_ARGS:-} &
     fi
     wait "$builder" 2>/dev/null
     tail -n 3 "$OUT/pycuda-build.log" 2>/dev/null

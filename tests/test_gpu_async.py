@@ -164,7 +164,8 @@ class _OnStream:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {**self.tensor.__cuda_array_interface__, "stream": self.stream}
+        # version 3 defines `stream` (PyTorch's own interface says version 2)
+        return {**self.tensor.__cuda_array_interface__, "version": 3, "stream": self.stream}
 
 
 def test_a_raw_stream_capture_replays_right(torch: Any) -> None:

@@ -343,6 +343,30 @@ def test_half_programs_compile_with_nvrtc(name: str, ty: T) -> None:
         assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
 
 
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
+def test_half_inputs_read_through_the_readonly_cache(ty: T) -> None:
+    """`use_readonly_cache` loads a half element with `__ldg` of its bits, since CUDA's
+    own `__ldg` takes built-in types only (found on an H100: NVRTC refused the kernel).
+    The emulator's `__ldg` takes what CUDA's takes, so it would have refused it too:
+    here it runs the kernel, checked against the reference, and NVRTC compiles it."""
+    case = next(c for c in CASES if c.name == "layernorm")
+    source, rounded, _ = halved(case, ty)
+    cdef = check_source(source)[case.entry]
+    options = cuda_defaults(cdef).replace(use_readonly_cache=True)
+    engine = _engine("cuda-emu", source)
+    got = as_tuple(engine.compile(case.entry, *rounded, options=options)(*rounded))
+    want = as_tuple(_engine("reference", source).run(case.entry, *rounded))
+    tol = tolerance(source, case.entry, ty)  # float32 sums in another order
+    for g, w in zip(got, want, strict=True):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.max(np.abs(g64 - w64)) <= tol * np.max(np.abs(w64))
+    if nvrtc.available():
+        lowered = lower_to_cuda(cdef, case.sizes, options, device=named("h100"))
+        assert "TC_LDG" in lowered.source
+        assert nvrtc.compile_cubin(lowered.source, "sm_90")[:4] == b"\x7fELF"
+
+
 def test_the_fuzzers_comparison_takes_half_nans_as_equal() -> None:
     """bfloat16's dtype is of kind "V": NaN where NaN is still equal, a value is not."""
     from tcpy.fuzz_tasks import same_outputs

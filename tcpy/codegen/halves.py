@@ -122,6 +122,21 @@ static __device__ __forceinline__ __nv_bfloat16 tc_float_to_bfloat16(float f) {
   return h;
 }
 #endif
+#ifndef TC_HALF_LDG
+#define TC_HALF_LDG
+static __device__ __forceinline__ __half __ldg(const __half *p) {
+  __half h;
+  h.x = __ldg(&p->x);
+  return h;
+}
+static __device__ __forceinline__ __nv_bfloat16 __ldg(const __nv_bfloat16 *p) {
+  __nv_bfloat16 h;
+  h.x = __ldg(&p->x);
+  return h;
+}
+#endif
 """
 """The CUDA half types and their conversions (the emulator's header defines
-`TC_HALF_TYPES` and its own, bit-exact on the CPU)."""
+`TC_HALF_TYPES` and its own, bit-exact on the CPU), and `__ldg` of a half element
+through its bits (CUDA's own `__ldg` takes built-in types only), which the emulator
+compiles as it is."""

@@ -675,7 +675,9 @@ template <class T> static inline T unbits(uint64_t u) {
 #define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
-template <class T> static inline T __ldg(const T *p) { return *p; }
+/* CUDA's __ldg takes built-in types only: so does this one (other types find none) */
+template <class T, class = typename std::enable_if<std::is_arithmetic<T>::value>::type>
+static inline T __ldg(const T *p) { return *p; }
 static inline int __float_as_int(float v) { return tc_emu::unbits<int>(tc_emu::bits(v)); }
 static inline unsigned int __float_as_uint(float v) { return tc_emu::unbits<unsigned>(tc_emu::bits(v)); }
 static inline float __int_as_float(int v) { return tc_emu::unbits<float>(tc_emu::bits(v)); }

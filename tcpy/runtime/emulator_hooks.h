@@ -236,7 +236,7 @@ static void order_lanes(Worker &w, int warp, const int *lanes, int n) {
 #ifdef TC_EMU_INSTRUMENT
 #define TC_ACCESS_MACROS
 #define TC_LD(a, i) (*tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::LOAD, __COUNTER__))
-#define TC_LDG(a, i) TC_LD(a, i)
+#define TC_LDG(a, i) ((void)sizeof(__ldg(&(a)[i])), TC_LD(a, i))  /* __ldg must exist for the type */
 #define TC_ST(a, i) (*tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::STORE, __COUNTER__))
 #define TC_AT(a, i) (tc_emu::global_access((a), (long long)(i), (long long)sizeof(*(a)), tc_emu::ATOMIC, 0))
 #define TC_LDV(T, a, i) (*(const T *)tc_emu::global_access((a), (long long)(i), (long long)sizeof(T), tc_emu::LOAD, __COUNTER__))
