@@ -42,6 +42,7 @@ options_strategy = st.builds(
     split_reductions=st.booleans(),
     use_shared_memory=st.booleans(),
     unroll_copy_shared=st.booleans(),
+    copy_stages=st.sampled_from([1, 2, 3, 4]),
     use_private_memory=st.booleans(),
     register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), max_size=2).map(tuple),
     vectorize=st.booleans(),

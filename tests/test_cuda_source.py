@@ -125,9 +125,10 @@ def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
 def test_shared_memory_tiles_of_a_matmul() -> None:
     """32x8 threads compute a 32x32 tile of C, 4 outputs each; A's 32x64 and B's
     64x32 tiles are copied once per 64 values of k, between two barriers, and read
-    from shared memory (rows of 64 padded to 65)."""
+    from shared memory (rows of 64 padded to 65); synchronously, with one stage."""
     source, entry, _ = GOLDENS["matmul"]
-    lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 96}, MappingOptions.cuda())
+    options = MappingOptions.cuda().replace(copy_stages=1)
+    lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 96}, options)
     update = lowered.mapping.kernels[1]
     assert (update.grid, update.block) == ((3, 4), (32, 8))
     text = lowered.source.split("tc_kernel_1")[1]
@@ -323,9 +324,72 @@ def test_narrow_indices_leave_only_address_arithmetic_in_64_bits(
 def test_vector_copies_are_128_bit_loads_in_the_ptx() -> None:
     source, entry, _ = GOLDENS["matmul"]
     for vectorize in (True, False):
-        options = MappingOptions.cuda().replace(vectorize=vectorize)
+        options = MappingOptions.cuda().replace(vectorize=vectorize, copy_stages=1)
         ptx = nvrtc.compile_ptx(_lower(source, entry, MATMUL_1024, options).source, "compute_90")
         assert (".v4.f32" in ptx) is vectorize
+
+
+def _tile_loop(source: str) -> str:
+    """The text of the update kernel of a matmul from its tile loop's ring on."""
+    return source.split("tc_kernel_1")[1]
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_a_matmuls_tiles_are_copied_into_a_ring_while_the_tile_before_is_computed(
+    stages: int,
+) -> None:
+    """With `copy_stages` (2 by default, on sm_80 and later), A's and B's tiles go to
+    rings of that many buffers, filled by cp.async `stages - 1` tiles ahead: one
+    commit group per tile, a wait for the oldest, one barrier per tile (and one after
+    the loop), and the compute reads the stage of its tile. Tiles of 32 along m, n
+    and k: stages of 32 x 33 floats, 4 of each fit."""
+    source, entry, _ = GOLDENS["matmul"]
+    options = MappingOptions.cuda().replace(copy_stages=stages, tile=(32, 32, 32))
+    text = _tile_loop(_lower(source, entry, {"M": 128, "K": 256, "N": 96}, options).source)
+    assert f"float tc_shared0[{stages * 1056}];" in text
+    assert f"float tc_shared1[{stages * 1056}];" in text
+    assert text.count("TC_CP_COMMIT();") == stages  # the prologue's, the loop's
+    assert f"TC_CP_WAIT({stages - 2});" in text
+    assert text.count("__syncthreads();") == 2
+    assert "TC_CP_ASYNC(tc_shared0, tc_s * 1056 + " in text
+    assert "TC_SLD(tc_shared0, tc_stage * 1056 + " in text
+    loop = text.split("TC_CP_WAIT(")[1]
+    assert "TC_LD(t_A" not in loop and "TC_LD(t_B" not in loop  # reads from the ring only
+
+
+def test_the_ring_shrinks_to_what_shared_memory_holds() -> None:
+    """A's and B's tiles take 16 KB: 4 stages do not fit 40 KB, 2 do; nor do 2 fit
+    24 KB, where one buffer is copied synchronously."""
+    source, entry, _ = GOLDENS["matmul"]
+    for budget, declared in ((40 * 1024, "[4160]"), (24 * 1024, "[2080]")):
+        options = MappingOptions.cuda().replace(copy_stages=4, max_shared_memory=budget)
+        text = _tile_loop(_lower(source, entry, {"M": 128, "K": 256, "N": 96}, options).source)
+        assert f"float tc_shared0{declared};" in text
+        assert ("TC_CP_ASYNC" in text) is (declared == "[4160]")
+
+
+def test_before_sm_80_the_copies_are_synchronous() -> None:
+    """cp.async came with sm_80: an older device keeps one buffer and plain copies."""
+    import dataclasses
+
+    source, entry, _ = GOLDENS["matmul"]
+    turing = dataclasses.replace(named("a100"), name="t4", arch="sm_75")
+    lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 96}, MappingOptions.cuda(), turing)
+    assert "TC_CP_ASYNC" not in lowered.source and "cp.async" not in lowered.source
+
+
+@needs_nvrtc
+def test_the_ring_is_filled_by_cp_async_in_the_ptx() -> None:
+    """Element copies of 4 bytes into rows padded by one (columns of the tile are
+    read); 16 bytes where a thread reads its outputs' runs as vectors (rows a
+    multiple of 4), as in a 2 x 2 register tile."""
+    source, entry, _ = GOLDENS["matmul"]
+    plain = _lower(source, entry, MATMUL_1024, MappingOptions.cuda()).source
+    ptx = nvrtc.compile_ptx(plain, "compute_90")
+    assert "cp.async.ca.shared.global" in ptx and "cp.async.wait_group" in ptx
+    runs = MappingOptions.cuda().replace(register_tile=(2, 2))
+    ptx = nvrtc.compile_ptx(_lower(source, entry, MATMUL_1024, runs).source, "compute_90")
+    assert "cp.async.cg.shared.global" in ptx  # 16 bytes
 
 
 @needs_nvrtc

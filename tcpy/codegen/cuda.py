@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen import halves
+from tcpy.codegen import halves, instructions
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA, CUDA_NARROW, Dialect
@@ -168,8 +168,155 @@ class CudaPrinter(ThreadPrinter):
         else:
             if held is not None and held.tile is None:
                 held.iterators.append(loop.id)
-            super().for_(node, depth, marks, shared)
+            stages = self._ring(node, header)
+            if stages > 1:
+                self.pipelined_loop(node, loop, depth, marks, stages)
+            else:
+                super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
+
+    def _ring(self, node: isl.AstNode, header: str) -> int:
+        """The stages of the ring of buffers the loop `node` fills while it computes:
+        those of its body's copy into shared memory (`marks.Shared`), where every
+        thread of the block runs the loop alike; else 1 (no pipeline)."""
+        mark = of_ast(node.for_get_body())
+        if not isinstance(mark, Shared) or self.divergent or "threadIdx" in header:
+            return 1
+        return mark.stages
+
+    def pipelined_loop(
+        self, node: isl.AstNode, loop: Header, depth: int, marks: tuple[Mark, ...], stages: int
+    ) -> None:
+        """A loop whose body copies tiles into shared memory (a reduction's tile loop),
+        pipelined over a ring of `stages` buffers: `tc_fill` issues the asynchronous
+        copies (`cp.async`) of the tile of an iteration into a stage, and the loop
+        fills the tile `stages - 1` iterations ahead while it computes its own. Each
+        thread's copies of a tile are one commit group; an iteration waits until its
+        tile's group has landed (all but the `stages - 2` newest), then one barrier makes
+        it visible to the block and lets the stage filled next (the one the previous
+        iteration read) be overwritten. A barrier after the loop ends the ring's use."""
+        assert self.kernel is not None
+        body = node.for_get_body()
+        boxes = self.ast.packed(body)
+        it, index = loop.iterator, self.dialect.index_type
+        rings = []
+        self.emit(depth, "{")
+        for b in boxes:
+            buffer = f"tc_shared{self.copies}"
+            self.copies += 1
+            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs))
+            scalar = self.scop.cdef.tensor(b.tensor).scalar
+            stage = _stage_elements(math.prod(padded), scalar.dtype.itemsize)
+            ctype = CUDA.ctype(scalar)
+            self.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
+            rings.append((b, buffer, padded, stage))
+        self.emit(depth + 1, f"auto tc_fill = [&](const {index} {it}, const int tc_s) {{")
+        self.emit(depth + 2, f"if (!({loop.cond})) return;")
+        for b, buffer, padded, stage in rings:
+            self.emit(depth + 2, "{")
+            copy = LocalCopy(buffer, self._offsets(depth + 3, buffer, b), padded)
+            self._async_copy(depth + 3, b, copy, max(1, self.kernel.threads), f"tc_s * {stage}")
+            self.emit(depth + 2, "}")
+        self.emit(depth + 1, "};")
+        self.emit(depth + 1, f"const {index} tc_first = {loop.init};")
+        for k in range(stages - 1):
+            self.emit(depth + 1, f"tc_fill(tc_first + {k} * ({loop.inc}), {k});")
+            self.emit(depth + 1, "TC_CP_COMMIT();")
+        self.emit(depth + 1, "int tc_stage = 0;")
+        self.open_loop(depth + 1, loop.text)
+        self.emit(depth + 2, f"TC_CP_WAIT({stages - 2});")
+        self.emit(depth + 2, "__syncthreads();")
+        ahead = f"{it} + {stages - 1} * ({loop.inc})"
+        self.emit(depth + 2, f"tc_fill({ahead}, (tc_stage + {stages - 1}) % {stages});")
+        self.emit(depth + 2, "TC_CP_COMMIT();")
+        copies = {}
+        for b, buffer, padded, stage in rings:
+            offsets = self._offsets(depth + 2, buffer, b)
+            copies[b.tensor] = LocalCopy(buffer, offsets, padded, base=f"tc_stage * {stage}")
+        saved, sunk = self.bodies, self.sunk
+        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+        self.sunk = []  # the guards sunk into the copy's scope (`if_`), around the compute
+        if sunk:
+            self.emit(depth + 2, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
+        diverges = any("threadIdx.x" in c for c in sunk)
+        self.divergent += diverges
+        self.node(body.mark_get_node(), depth + 2 + bool(sunk), marks)
+        self.divergent -= diverges
+        if sunk:
+            self.emit(depth + 2, "}")
+        self.bodies, self.sunk = saved, sunk
+        self.emit(depth + 2, f"tc_stage = tc_stage == {stages - 1} ? 0 : tc_stage + 1;")
+        self.emit(depth + 1, "}")
+        self.emit(depth + 1, "TC_CP_WAIT(0);")
+        self.emit(depth + 1, "__syncthreads();")
+        self.emit(depth, "}")
+
+    def _async_copy(
+        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str
+    ) -> None:
+        """The copy of box `b` into `copy` from element `base` on, by `cp.async`, each
+        thread taking every `threads`-th piece: 16 bytes at a time where the box's and
+        the buffer's rows are whole 16-byte pieces and, at run time, the rows start on
+        one (as `_cooperative_copy` decides); else element by element, a `cp.async` of
+        each element of 4 bytes or more and a load and a store of a 2-byte one (a copy
+        takes 4 bytes at least)."""
+        scalar = self.scop.cdef.tensor(b.tensor).scalar
+        itemsize = scalar.dtype.itemsize
+        lanes = 16 // itemsize
+        vector = self.options.vectorize and b.sizes[-1] % lanes == 0 and copy.sizes[-1] % lanes == 0
+        if not vector:
+            self._async_loop(depth, b, copy, threads, base, 1)
+            return
+        last = len(b.sizes) - 1
+        aligned = (
+            f"({copy.offsets[last]}) % {lanes} == 0 && "
+            f"{extent_name(b.tensor, last)} % {lanes} == 0 && "
+            f"((unsigned long long){tensor_name(b.tensor)} & 15) == 0"
+        )
+        self.emit(depth, f"if ({aligned}) {{")
+        self._async_loop(depth + 1, b, copy, threads, base, lanes)
+        self.emit(depth, "} else {")
+        self._async_loop(depth + 1, b, copy, threads, base, 1)
+        self.emit(depth, "}")
+
+    def _async_loop(
+        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str, lanes: int
+    ) -> None:
+        """Each thread's pieces of `lanes` elements of the box (`_async_copy`)."""
+        n = len(b.sizes)
+        itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+        sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]
+        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
+        total = math.prod(sizes)
+        self.open_loop(depth, f"for (int tc_e = {tid}; tc_e < {total}; tc_e += {threads}) {{")
+        local: list[str] = []
+        inside: list[str] = []
+        rest = "tc_e"
+        for d in reversed(range(n)):
+            i = f"tc_i{d}"
+            scaled = f" * {lanes}" if d == n - 1 and lanes > 1 else ""
+            self.emit(depth + 1, f"const int {i} = {rest} % {sizes[d]}{scaled};")
+            rest = f"{rest} / {sizes[d]}"
+            local.insert(0, i)
+            at = f"{copy.offsets[d]} + {i}"
+            inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
+        target = f"{base} + {flat_index(self.dialect, local, [str(s) for s in copy.sizes])}"
+        source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
+        extents = [extent_name(b.tensor, d) for d in range(n)]
+        index = flat_index(self.dialect, source, extents)
+        array = tensor_name(b.tensor)
+        self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
+        if lanes * itemsize >= 4:
+            statement = (
+                f"TC_CP_ASYNC({copy.buffer}, {target}, {array}, {index}, {lanes * itemsize});"
+            )
+        else:
+            statement = (
+                f"TC_SST({copy.buffer}, {target}) = {CUDA.load.format(array=array, index=index)};"
+            )
+        self.emit(depth + 2, statement)
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...] = ()) -> None:
         if node.get_type() == isl.ast_node_type.block and self.rows and not self.divergent:
@@ -465,6 +612,13 @@ _VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
 """The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
 
 
+def _stage_elements(elements: int, itemsize: int) -> int:
+    """The elements of a stage of a ring of buffers holding `elements`: a whole number
+    of 16-byte pieces, so that every stage starts on one."""
+    per = 16 // itemsize if itemsize <= 16 else 1
+    return -(-elements // per) * per
+
+
 def kernel_name(kernel: MappedKernel) -> str:
     return f"tc_kernel_{kernel.index}"
 
@@ -519,6 +673,7 @@ def print_cuda(
         "",
         ACCESS_MACROS,
         *([halves.CUDA_HALF_TYPES] if halves.half_types(cdef) else []),
+        *([instructions.CUDA_INSTRUCTIONS] if instructions.needed("".join(kernels)) else []),
         *([loop_count_declarations(counted, cxx=True)] if count_loops else []),
         helper_source(helpers, dialect) if helpers is not None else "",
     ]

@@ -176,6 +176,7 @@ class LocalCopy:
     offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
     sizes: tuple[int, ...]  # the buffer's extents, per dimension of the tensor
     transposed: bool = False  # the buffer holds the tile with its dimensions reversed
+    base: str = ""  # where the tile starts in the buffer (a stage of a ring), in C
 
     def index(self, d: Dialect, subscripts: list[str]) -> str:
         """The buffer's offset of the tensor's element at `subscripts`."""
@@ -183,7 +184,8 @@ class LocalCopy:
         extents = [str(n) for n in self.sizes]
         if self.transposed:
             local, extents = local[::-1], extents[::-1]
-        return flat_index(d, local, extents)
+        flat = flat_index(d, local, extents)
+        return f"{self.base} + {flat}" if self.base else flat
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 
 GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
-- `Shared(tensors)`, `shared:A,B`: operand tiles copied into shared memory;
+- `Shared(tensors, stages)`, `shared:A,B` or `shared/2:A,B`: operand tiles copied into
+  shared memory (into a ring of `stages` buffers);
 - `Scratch(tensors)`, `scratch:T`: a row kernel's temporaries in shared memory;
 - `ThreadRegisters(outputs)`, `thread_registers:16`: a thread's point loops, whose
   outputs (16 at most) it keeps in registers across their reduction;
@@ -108,13 +109,16 @@ class Pack:
 
 @dataclass(frozen=True, slots=True)
 class Shared:
-    """Tiles of these tensors copied into the block's shared memory here (GPU)."""
+    """Tiles of these tensors copied into the block's shared memory here (GPU), into a
+    ring of `stages` buffers where the mark is a loop's body (`MappingOptions.copy_stages`)."""
 
     tensors: tuple[str, ...]
+    stages: int = 1
 
     @property
     def name(self) -> str:
-        return f"shared:{','.join(self.tensors)}"
+        ring = f"/{self.stages}" if self.stages > 1 else ""
+        return f"shared{ring}:{','.join(self.tensors)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +219,8 @@ def parse(name: str) -> Mark:
             return Pack(plain, reversed_)
         case "shared" if tensors:
             return Shared(tensors)
+        case staged if staged.startswith("shared/") and staged[7:].isdigit() and tensors:
+            return Shared(tensors, int(staged[7:]))
         case "scratch" if tensors:
             return Scratch(tensors)
     for simple in (Private(), Lanes(), Atomic(), Rows()):

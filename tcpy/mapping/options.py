@@ -55,6 +55,8 @@ CPU_AND_CUDA = ("cpu", "cuda")
 _FUSIONS = (Fusion.MAX, Fusion.PRESERVE3_COINCIDENT, Fusion.MIN)
 _BOOLS = (False, True)
 _DEPTHS = (0, 1, 2, 3, 4, 8)  # `shared_depth`, `private_depth`: clamped to the band
+COPY_STAGES = (1, 2, 3, 4)
+MAX_COPY_STAGES = 8
 REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_REGISTER_BLOCK = 1024
 """The most elements a register block may hold (it lives on the stack when the
@@ -194,6 +196,15 @@ class MappingOptions:
     matmul 7.6 -> 6.1 ms). False: one element at a time (fewer registers)."""
     max_shared_memory: int = 0
     """Bytes of shared memory a block may use (0: the device's limit)."""
+    copy_stages: int = dataclasses.field(
+        default=2, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *COPY_STAGES)
+    )
+    """The buffers of a reduction's operand tiles in shared memory, filled by
+    asynchronous copies (`cp.async`, sm_80 and later): with 2 or more, the copies of
+    the next `copy_stages - 1` tiles are in flight while a tile is computed, one
+    barrier per tile (`tcpy.codegen.cuda`). 1: one buffer, copied synchronously before
+    each tile. Fewer where shared memory cannot hold them, or where the device has no
+    `cp.async` (`tcpy.mapping.gpu.placement.copy_stages`)."""
     use_readonly_cache: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -462,10 +473,13 @@ def _validate(o: MappingOptions) -> None:
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             fail(f"{name} must be a tuple of integers, not {value!r}")
-    for name in ("unroll", "max_shared_memory", "shared_depth", "private_depth", "threads"):
+    for name in ("unroll", "max_shared_memory", "shared_depth", "private_depth", "threads",
+                 "copy_stages"):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, int) or isinstance(value, bool):
             fail(f"{name} must be an integer, not {value!r}")
+    if not 1 <= o.copy_stages <= MAX_COPY_STAGES:
+        fail(f"copy_stages must be 1 to {MAX_COPY_STAGES}, not {o.copy_stages}")
     if any(t < 0 for t in o.tile):
         fail(f"tile sizes must be 0 (untiled) or positive, not {o.tile}")
     if any(r < 0 for r in o.register_tile) or block_elements(o.register_tile) > MAX_REGISTER_BLOCK:

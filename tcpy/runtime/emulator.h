@@ -54,7 +54,8 @@ struct tc_emu_buffer { const char *base; long long bytes; const char *name; };
 enum { TC_EMU_GLOBAL_LOAD_BYTES, TC_EMU_GLOBAL_STORE_BYTES, TC_EMU_GLOBAL_REQUESTS,
        TC_EMU_GLOBAL_SECTORS, TC_EMU_SHARED_BYTES, TC_EMU_BANK_CONFLICTS, TC_EMU_BARRIERS,
        TC_EMU_SHUFFLES, TC_EMU_ATOMICS, TC_EMU_DISTINCT_LOAD_SECTORS,
-       TC_EMU_DISTINCT_STORE_SECTORS, TC_EMU_DISTINCT_SECTORS, TC_EMU_COUNTERS };
+       TC_EMU_DISTINCT_STORE_SECTORS, TC_EMU_DISTINCT_SECTORS, TC_EMU_ASYNC_COPIES,
+       TC_EMU_ASYNC_GROUPS, TC_EMU_MMAS, TC_EMU_COUNTERS };
 struct tc_emu_launch {
   int check, count;
   int n_buffers;
@@ -137,10 +138,12 @@ static inline void switch_context(Context &from, Context &to) { swapcontext(&fro
 
 /* --- the state of a launch and of each OS thread ------------------------------------ */
 enum State { READY, AT_BARRIER, AT_WARP, DONE };
-enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP };
-enum Access { LOAD, STORE, ATOMIC };
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP, LDMATRIX, MMA };
+enum Access { LOAD, STORE, ATOMIC, ASYNC };  /* ASYNC: a cp.async's destination */
+enum MmaKind { MMA_BF16, MMA_F16, MMA_TF32 };
 static const char *const WARP_OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-  "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp"};
+  "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp", "ldmatrix",
+  "mma.sync"};
 
 struct Fiber {
   Context context;
@@ -174,7 +177,30 @@ struct Requests {  /* the open requests of one warp */
    (float16 and bfloat16 elements), which is no race. */
 struct Shadow {
   int writer = -1, reader = -1, other = -1;
+  int copier = -1;  /* the thread whose cp.async into it is in flight */
   long long written = 0, read = 0, other_read = 0;
+};
+
+/* A cp.async not yet complete: it lands at its thread's wait of its group. */
+struct AsyncCopy {
+  char *dst;
+  const char *src;
+  int bytes, unit;  /* unit: the race check's (the shared array's elements, at most 4) */
+  long long group;  /* the commits its thread had made when it was issued */
+  const char *array;
+};
+struct AsyncQueue {  /* a thread's copies in flight */
+  AsyncCopy *items;
+  int n, capacity;
+  long long committed;
+};
+
+/* A lane's part of a warp's ldmatrix (its row's address; its registers) or mma.sync
+   (its fragments of A, B and C; its fragment of D). */
+struct MatrixLane {
+  const void *row;
+  unsigned r[4], a[4], b[2];
+  float c[4], d[4];
 };
 
 /* The shadows of a block's shared memory, by address: open addressing. */
@@ -309,6 +335,7 @@ struct Worker {
   uint32_t *occurrences = nullptr;  /* per thread and access site */
   Requests *requests = nullptr;  /* per warp */
   int warps = 0;
+  AsyncQueue *queues = nullptr;  /* per thread, once one issues a cp.async */
   ShadowTable shadow;
   char sink[64] __attribute__((aligned(16)));  /* where a refused access goes */
 
@@ -320,6 +347,9 @@ struct Worker {
     free(paired);
     for (int k = 0; k < warps; k++) free(requests[k].items);
     free(requests);
+    if (queues)
+      for (int t = 0; t < n; t++) free(queues[t].items);
+    free(queues);
   }
 };
 static thread_local Worker *worker;
@@ -359,18 +389,21 @@ static inline void yield(int state) {
   switch_context(w.fiber[w.current].context, w.scheduler);
 }
 
+/* defined with the hooks (emulator_hooks.h) and the instructions (emulator_async.h) */
+static void finish_requests(Worker &w);
+static void order_lanes(Worker &w, int warp, const int *lanes, int n);
+static void complete_copies(Worker &w, int t, int newest);
+static bool warp_matrix(Worker &w, int first, const int *lanes, int n);
+
 extern "C" __attribute__((used, visibility("hidden"))) void tc_emu_fiber_main() {
   for (;;) {
     Worker &w = *worker;
     w.body(w.arg);
+    complete_copies(w, w.current, -1);  /* a thread's copies land, waited for or not */
     w.fiber[w.current].state = DONE;
     switch_context(w.fiber[w.current].context, w.scheduler);
   }
 }
-
-/* defined with the hooks (emulator_hooks.h) */
-static void finish_requests(Worker &w);
-static void order_lanes(Worker &w, int warp, const int *lanes, int n);
 
 /* --- barriers and warp operations -------------------------------------------------- */
 static void syncthreads(int site) {
@@ -457,7 +490,7 @@ static bool resolve_warps(Worker &w) {
           lanes[n_lanes++] = first + l;
       for (int k = 0; k < n_lanes; k++) {
         int u = lanes[k];
-        if (launch_info->check && w.fiber[u].op != f.op) {
+        if ((launch_info->check || f.op >= LDMATRIX) && w.fiber[u].op != f.op) {
           char message[512];
           snprintf(message, sizeof message, "%s: the lanes of mask 0x%08x of warp %d meet at "
                    "different warp operations (%s and %s)", launch_info->kernel, group, first / 32,
@@ -466,8 +499,9 @@ static bool resolve_warps(Worker &w) {
           w.aborted = true;
           return false;
         }
-        w.fiber[u].result = warp_result(w, u, first);
+        if (f.op < LDMATRIX) w.fiber[u].result = warp_result(w, u, first);
       }
+      if (f.op >= LDMATRIX && !warp_matrix(w, first, lanes, n_lanes)) return false;
       for (int k = 0; k < n_lanes; k++) w.fiber[lanes[k]].state = READY;
       if (shuffle) w.counters[TC_EMU_SHUFFLES] += 1;
       if (f.op == SYNCWARP && launch_info->check) order_lanes(w, first / 32, lanes, n_lanes);
@@ -559,6 +593,7 @@ static void run_block(Worker &w, long long b) {
       w.current = t;
       threadIdx = unflatten(t, blockDim);
       w.body(w.arg);
+      complete_copies(w, t, -1);
     }
     return;
   }

@@ -59,7 +59,7 @@ INSTRUMENT_FLAG = "-DTC_EMU_INSTRUMENT"
 
 # what makes the threads of a block wait for one another
 _SYNCHRONISING = re.compile(
-    r"__syncthreads|__shfl\w*_sync|__ballot_sync|__any_sync|__all_sync|__syncwarp"
+    r"__syncthreads|__shfl\w*_sync|__ballot_sync|__any_sync|__all_sync|__syncwarp|TC_LDMATRIX|TC_MMA_"
 )
 
 COUNTERS = (
@@ -75,6 +75,9 @@ COUNTERS = (
     "distinct_load_sectors",
     "distinct_store_sectors",
     "distinct_sectors",
+    "async_copies",
+    "async_groups",
+    "mmas",
 )
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
@@ -85,7 +88,9 @@ def header() -> str:
     """The emulation header: built-ins, then every CUDA math function C lacks."""
     every = {name for name in BUILTINS} | {name + "f" for name in BUILTINS}
     here = Path(__file__).parent
-    parts = [(here / name).read_text() for name in ("emulator.h", "emulator_hooks.h")]
+    parts = [
+        (here / name).read_text() for name in ("emulator.h", "emulator_hooks.h", "emulator_async.h")
+    ]
     return "".join(parts) + math_helpers(every) + "\n"
 
 

@@ -1,6 +1,7 @@
 /* tcpy's CUDA emulator, continued: the hooks of the access macros. Counting groups
    the lanes of a warp into warp-level requests; checking tracks the last writer and
-   readers of every shared element (of every word of the wider ones) for the race check, and bounds every access. */
+   readers of every shared element (of every word of the wider ones) for the race check, and
+   bounds every access. */
 
 namespace tc_emu {
 
@@ -83,6 +84,17 @@ static void race(const char *array, int other, const char *first, const char *se
   fail_here(message);
 }
 
+static void in_flight(const char *array, int copier, const char *access) {
+  Worker &w = *worker;
+  char a[96], b[96], message[512];
+  where(a, sizeof a, w.current);
+  where(b, sizeof b, copier);
+  snprintf(message, sizeof message,
+           "%s: shared-memory race on %s: %s by %s while a cp.async by %s into it is in flight "
+           "(no cp.async.wait_group has completed it)", launch_info->kernel, array, access, a, b);
+  fail_here(message);
+}
+
 static bool ordered(Worker &w, int first, long long at, int then) {
   if (first == then || w.barrier_clock > at) return true;
   if (first / 32 != then / 32 || !w.paired) return false;
@@ -100,6 +112,7 @@ static void check_race(const char *array, const void *address, long long bytes, 
   for (uintptr_t at = a; at < a + bytes; at += unit) {
     Shadow &s = w.shadow.at(at);
     const char *access = kind == LOAD ? "a read" : "a write";
+    if (s.copier >= 0) return in_flight(array, s.copier, access);
     if (s.writer >= 0 && !ordered(w, s.writer, s.written, t))
       return race(array, s.writer, "a write", access);
     if (kind == STORE) {
@@ -191,7 +204,8 @@ static T *shared_access(T *base, long long n, const char *name, long long index,
       fail_here(message);
       return (T *)w.sink;
     }
-    check_race(name, base + index, bytes, kind, sizeof(T) < 4 ? (long long)sizeof(T) : 4);
+    if (kind != ASYNC)  /* a cp.async checks its destination itself (emulator_async.h) */
+      check_race(name, base + index, bytes, kind, sizeof(T) < 4 ? (long long)sizeof(T) : 4);
     if (w.aborted) return (T *)w.sink;
   }
   T *address = base + index;

@@ -75,6 +75,8 @@ _COLUMNS = (
     ("barriers", "barriers"),
     ("shuffles", "shuffles"),
     ("atomics", "atomics"),
+    ("async_groups", "cp.async groups"),
+    ("mmas", "mma"),
 )
 
 
@@ -91,7 +93,7 @@ def _row(launch: dict[str, Any], l2_bytes: int) -> dict[str, str]:
         "efficiency": "-" if eff is None else f"{eff:.3f}",
         "sectors_per_request": f"{launch['global_sectors'] / requests:.2f}" if requests else "-",
     }
-    return {key: values[key] for key, _ in _COLUMNS}
+    return {key: values.get(key, "-") for key, _ in _COLUMNS}  # "-": a profile from before the counter
 
 
 def table(

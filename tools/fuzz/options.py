@@ -83,6 +83,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "map_to_blocks": _grid,
     "map_to_threads": _block,
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),
+    "copy_stages": lambda rng: rng.choice((1, 2, 2, 3, 4)),
     "use_readonly_cache": _flag,
     "use_shared_memory": _flag,
     "use_private_memory": _flag,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.mapping import marks
+from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.mapping.gpu.shared import shared_tensors, worth_sharing
 from tcpy.mapping.options import MappingOptions
-from tcpy.mapping.promotion import within_budget
+from tcpy.mapping.promotion import box_at, within_budget
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band
 
@@ -78,12 +79,46 @@ def plan_copies(
 
 
 def copy_into_shared(
-    band: isl.ScheduleNode, depth: int, tensors: tuple[str, ...]
+    band: isl.ScheduleNode, depth: int, tensors: tuple[str, ...], stages: int = 1
 ) -> isl.ScheduleNode:
     """Mark where the block of the tile `band` copies `tensors` into shared memory
-    (`marks.Shared`), below the first `depth` members of the band, as `plan_copies`
-    decided (none: no mark). Returns the node at the band's position."""
-    return mark_at(band, depth, marks.Shared(tensors)) if tensors else band
+    (`marks.Shared`) into a ring of `stages` buffers, below the first `depth` members
+    of the band, as `plan_copies` and `copy_stages` decided (none: no mark). Returns
+    the node at the band's position."""
+    return mark_at(band, depth, marks.Shared(tensors, stages)) if tensors else band
+
+
+ASYNC_COPY_ARCH = 80
+"""The first compute capability with `cp.async` (sm_80)."""
+
+
+def copy_stages(
+    band: isl.ScheduleNode,
+    depth: int,
+    tensors: tuple[str, ...],
+    scop: Scop,
+    options: MappingOptions,
+    device: DeviceProfile,
+    budget: int,
+) -> int:
+    """The buffers of the ring the copies of `tensors` below the first `depth` members
+    of the tile `band` fill: `copy_stages`, fewer where that many copies do not fit
+    `budget` bytes together, and 1 on a device without `cp.async` (before sm_80).
+    Codegen pipelines the copies where the mark is the body of a loop (a reduction's
+    tile loop); elsewhere one buffer serves."""
+    if options.copy_stages <= 1 or int(device.arch.removeprefix("sm_")[:2]) < ASYNC_COPY_ARCH:
+        return 1
+    node = _at_depth(band, depth)
+    total = 0
+    for t in tensors:
+        b = box_at(node, t, scop)
+        if b is None:
+            return 1
+        total += b.elements * scop.cdef.tensor(t).scalar.dtype.itemsize
+    stages = options.copy_stages
+    while stages > 1 and stages * total > budget:
+        stages -= 1
+    return stages
 
 
 def thread_runs(

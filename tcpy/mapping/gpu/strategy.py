@@ -57,6 +57,7 @@ from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budge
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
 from tcpy.mapping.gpu.placement import (
     copy_into_shared,
+    copy_stages,
     hold_registers,
     plan_copies,
     thread_runs,
@@ -490,7 +491,10 @@ def _threads(
         )
         copies = Copies(trial_tile, runs, depth, tuple(tensors)) if tensors else None
     if bind and copies is not None:  # 8. copies
-        node = copy_into_shared(node, copies.depth, copies.tensors)
+        stages = copy_stages(
+            node, copies.depth, copies.tensors, scop, options, plan.device, plan.budget
+        )
+        node = copy_into_shared(node, copies.depth, copies.tensors, stages)
     if bind and options.use_private_memory and plan.lanes is None:  # 9. register tiles
         node = hold_registers(node, options.private_depth, first)
     return node, copies, complete
