@@ -1,7 +1,7 @@
 """The GPU benchmark suite at reduced sizes (`bench.suite.REDUCED_SIZES`) on the CUDA
 emulator: each kernel's launches and memory traffic, checked against NumPy.
 
-    python bench/emu_profile.py [--only matmul,softmax] [--options naive] [--device h100]
+    python bench/emu_profile.py [--only matmul,softmax] [--options naive|JSON] [--device h100]
                                 [--type bfloat16] [--tag after] [--out bench/results]
 
 For each kernel: the launch shapes, the bytes the lanes request, the bytes the sectors
@@ -52,14 +52,22 @@ JUDGED_SHARE = 0.1
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated kernel names")
-    parser.add_argument("--options", default=None, help="a preset name (default: cuda's)")
+    parser.add_argument(
+        "--options", default=None,
+        help="a preset name, or a JSON object of fields changed on the CUDA defaults",
+    )  # fmt: skip
     parser.add_argument("--device", default=None, help="a device profile (default: h100)")
     parser.add_argument("--type", default="float", help="the kernels' float type")
     parser.add_argument("--tag", default="", help="a suffix of the result's file name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
-    options = None if args.options is None else tcpy.MappingOptions.preset(args.options)
+    changes = json.loads(args.options) if (args.options or "").startswith("{") else None
+    options = (
+        None
+        if args.options is None or changes is not None
+        else tcpy.MappingOptions.preset(args.options)
+    )
     ty = ScalarType.from_name(args.type)
     rng = np.random.default_rng(0)
     engine = tcpy.ExecutionEngine("cuda-emu", device=args.device)
@@ -74,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             x.astype(ty.dtype) if x.dtype.kind == "f" else x
             for x in kernel.inputs(rng, kernel.sizes)
         )
-        compiled = engine.compile(kernel.entry, *inputs, options=options)
+        compiled = engine.compile(kernel.entry, *inputs, options=options or changes)
         got = compiled(*inputs)
         want = kernel.numpy(*(x.astype(np.float64) if x.dtype != np.int32 else x for x in inputs))
         outputs = got if isinstance(got, tuple) else (got,)
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         moved = sum(profile.moved_bytes(launch) for launch in launches)
         dram = sum(launch["dram_bytes"] for launch in launches)
         sizes = GPU_SIZES[full.name]
-        grids = _gpu_size_grids(engine, full, sizes, options, device, launches)
+        grids = _gpu_size_grids(engine, full, sizes, options, changes, device, launches)
         shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
         print(f"at GPU sizes ({shown}), {FILL_WAVES * device.sms} blocks for two per SM: "
               + ", ".join(_shown(g) for g in grids))  # fmt: skip
@@ -116,14 +124,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _gpu_size_grids(
     engine: tcpy.ExecutionEngine, kernel: Kernel, sizes: dict[str, int],
-    options: tcpy.MappingOptions | None, device: DeviceProfile, reduced: list[dict[str, Any]],
+    options: tcpy.MappingOptions | None, changes: dict[str, Any] | None, device: DeviceProfile,
+    reduced: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Each launch of `kernel` mapped at `sizes` for `device`: its blocks, whether they
     are `FILL_WAVES` per SM, and whether the rule is judged on it: where it moves at
     least `JUDGED_SHARE` of the DRAM bytes of the `reduced` profile's launches (every
     launch where the two mappings launch differently)."""
     cdef = engine.checked(kernel.entry)
-    chosen = options or cuda_defaults(cdef)
+    chosen = options or cuda_defaults(cdef).replace(**(changes or {}))
     lowered = lower_to_cuda(cdef, sizes, chosen, device=device)
     total = sum(launch["dram_bytes"] for launch in reduced)
     same = len(reduced) == len(lowered.mapping.kernels)

@@ -2,7 +2,8 @@
 `torch.compile`, in the same run, on the same GPU.
 
     python bench/gpu.py [--reps 50] [--only matmul,softmax] [--out bench/results]
-                        [--suite-sizes] [--no-torch-compile]
+                        [--suite-sizes] [--no-torch-compile] [--type bfloat16]
+                        [--variant '{"copy_stages": 1}'] [--tag NAME]
     python bench/gpu.py --emulate    # no GPU: the emulator's traffic profile instead
 
 The kernels run at `bench.suite.GPU_SIZES` (matmul 4096 cubed, row-wise kernels of
@@ -121,9 +122,11 @@ def _profiled_reps(ms: float) -> int:
 
 
 def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: ignore[no-untyped-def]
-            ty: ScalarType = ScalarType.FLOAT32) -> dict[str, object]:  # fmt: skip
+            ty: ScalarType = ScalarType.FLOAT32,
+            variant: dict[str, object] | None = None) -> dict[str, object]:  # fmt: skip
     """One kernel: PyTorch eager (and torch.compile), then tcpy with the naive preset
-    and with the CUDA target's default options for the def (what a call uses). Each is
+    and with the CUDA target's default options for the def (what a call uses), and
+    with `variant` (fields changed on those defaults) when given. Each is
     timed twice: the call as a user sees it (CUDA events around it: the host's work
     included) and its device work alone (`_device_ms`). `ty`: the float type of the
     def (retyped) and of the tensors; the bytes scale with its size."""
@@ -162,6 +165,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(retyped(kernel.tc, ty))
     presets = {"naive": tcpy.MappingOptions.naive(), "cuda": engine.default_options(kernel.entry)}
+    if variant:
+        presets["variant"] = presets["cuda"].replace(**variant)
     for label, options in presets.items():
         try:
             start = time.perf_counter()
@@ -213,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torch-compile", action="store_true",
                         help="time PyTorch eager alone (torch.compile's first call of "
                         "each kernel takes seconds)")  # fmt: skip
+    parser.add_argument("--variant", default="",
+                        help="a JSON object of fields changed on the CUDA defaults, timed "
+                        "beside them (as 'variant')")  # fmt: skip
+    parser.add_argument("--tag", default="", help="a suffix of the result's file name")
     parser.add_argument("--emulate", action="store_true",
                         help="no GPU needed: the emulator's traffic profile of every kernel "
                         "at the suite's reduced sizes (bench/emu_profile.py)")  # fmt: skip
@@ -234,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sized = kernel if args.suite_sizes else at_gpu_size(kernel)
         ty = ScalarType.from_name(args.type)
-        row = measure(torch, sized, args.reps, not args.no_torch_compile, ty)
+        variant = json.loads(args.variant) if args.variant else None
+        row = measure(torch, sized, args.reps, not args.no_torch_compile, ty, variant)
         rows.append(row)
         print(json.dumps(row), flush=True)
         _write(args, torch, rows, bandwidth)
@@ -259,7 +269,8 @@ def _write(
     }
     args.out.mkdir(parents=True, exist_ok=True)
     typed = "" if args.type in ("float", "float32") else f"-{args.type}"
-    path = args.out / f"gpu-{result['date']}{typed}.json"
+    tag = f"-{args.tag}" if args.tag else ""
+    path = args.out / f"gpu-{result['date']}{typed}{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}", flush=True)
 

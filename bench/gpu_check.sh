@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
 # with both driver layers, `bench/gpu.py` (float32, then the memory-bound kernels in
-# bfloat16), `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
+# bfloat16, then the contractions with `copy_stages` 1 beside the pipelined default),
+# `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
 # forward + backward
 # of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
 # the `cuda` target (beside the pycuda tests, which need no timing). Run from the
@@ -77,6 +78,12 @@ if [ "$what" != tests ]; then
             --only softmax,layernorm,gelu,bias_add_grad,maxpool --no-torch-compile \
             --out "$OUT" > "$OUT/half.log" 2>&1
         echo "half: rc=$?"; tail -n 2 "$OUT/half.log"
+    fi
+    if [ "${STAGES_SECONDS:-90}" != 0 ]; then  # the contractions, pipelined or not
+        timeout "${STAGES_SECONDS:-90}" python3 bench/gpu.py --reps 20 --no-torch-compile \
+            --only matmul,matmul_transposed,batch_matmul,mlp --variant '{"copy_stages": 1}' \
+            --tag stages --out "$OUT" > "$OUT/stages.log" 2>&1
+        echo "stages: rc=$?"; tail -n 1 "$OUT/stages.log"
     fi
     if [ "${OVERHEAD_SECONDS:-60}" != 0 ]; then  # host time per call, beside the peers
         timeout "${OVERHEAD_SECONDS:-60}" python3 bench/overhead.py --gpu --out "$OUT" \

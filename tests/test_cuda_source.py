@@ -357,15 +357,25 @@ def test_a_matmuls_tiles_are_copied_into_a_ring_while_the_tile_before_is_compute
     assert "TC_LD(t_A" not in loop and "TC_LD(t_B" not in loop  # reads from the ring only
 
 
-def test_the_ring_shrinks_to_what_shared_memory_holds() -> None:
-    """A's and B's tiles take 16 KB: 4 stages do not fit 40 KB, 2 do; nor do 2 fit
-    24 KB, where one buffer is copied synchronously."""
+def test_the_reduction_tile_shrinks_for_the_ring_then_the_ring_for_the_budget() -> None:
+    """A's and B's tiles of 64 values of k take 16 KB: with 4 stages asked, the k tile
+    halves to 32 (8 KB a stage: 4 fit 40 KB); in 12 KB not even a tile of 16 holds 4
+    (4 KB a stage), so the largest tile with a ring of 2 or more, 16 with 2; in 6 KB
+    one buffer of a tile of 16, copied synchronously. 2 stages asked, the first tile
+    holding them: 64 in the default 48 KB."""
     source, entry, _ = GOLDENS["matmul"]
-    for budget, declared in ((40 * 1024, "[4160]"), (24 * 1024, "[2080]")):
-        options = MappingOptions.cuda().replace(copy_stages=4, max_shared_memory=budget)
+    cases = (
+        (4, 40 * 1024, 7, "[4224]", 4),  # stages asked, budget, last tile, A's ring, commits
+        (4, 12 * 1024, 15, "[1024]", 2),
+        (4, 6 * 1024, 15, "[512]", 0),
+        (2, 0, 3, "[4160]", 2),
+    )
+    for asked, budget, last, declared, commits in cases:
+        options = MappingOptions.cuda().replace(copy_stages=asked, max_shared_memory=budget)
         text = _tile_loop(_lower(source, entry, {"M": 128, "K": 256, "N": 96}, options).source)
+        assert f"for (int c2 = 0; c2 <= {last}; c2++)" in text
         assert f"float tc_shared0{declared};" in text
-        assert ("TC_CP_ASYNC" in text) is (declared == "[4160]")
+        assert text.count("TC_CP_COMMIT();") == commits
 
 
 def test_before_sm_80_the_copies_are_synchronous() -> None:

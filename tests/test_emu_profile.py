@@ -225,11 +225,13 @@ def test_a_threads_adjacent_outputs_move_as_vectors(
 def test_the_channel_tile_shrinks_until_a_convolutions_input_fits_shared_memory() -> None:
     """A 3x3 convolution's input box spans every channel of the reduction's tile and
     the windows of the block's 16x32 outputs: 16 channels of 18x34 floats (39 KB, 35
-    floats a row in the copy) fit 48 KB, not 12,000 bytes. There the channel tile
-    halves until they do (4 channels: 2,520 floats, 4 tiles of 2 barriers per block),
-    and each block still reads its input box, weights and outputs once; where even 4
-    channels do not fit (1,000 bytes) the input is read from global memory, 9 times
-    per element. Right every time, under the checks."""
+    floats a row in the copy) fit 48 KB, but not a ring of two (`copy_stages`): the
+    channel tile halves to 8, two stages of 8 channels (10,080 floats; 2 tiles, a
+    barrier each and one after them, per block). In 12,000 bytes the channel tile
+    halves until one buffer fits (4 channels: 2,520 floats, 4 tiles of 2 barriers per
+    block, synchronous), and each block still reads its input box, weights and
+    outputs once; where even 4 channels do not fit (1,000 bytes) the input is read
+    from global memory, 9 times per element. Right every time, under the checks."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
     engine.define(CONV)
     rng = np.random.default_rng(5)
@@ -238,7 +240,7 @@ def test_the_channel_tile_shrinks_until_a_convolutions_input_fits_shared_memory(
     windows = np.lib.stride_tricks.sliding_window_view(i, (3, 3), axis=(2, 3))
     expected = np.einsum("nchwij,fcij->nfhw", windows, k)
     once = 2 * (i.nbytes + k[0].nbytes + 4 * 16 * 32)  # 2 blocks, one filter each
-    for limit, floats, barriers in ((0, 16 * 18 * 35, 4), (12000, 4 * 18 * 35, 16)):
+    for limit, floats, barriers in ((0, 2 * 8 * 18 * 35, 6), (12000, 4 * 18 * 35, 16)):
         options = MappingOptions.cuda().replace(max_shared_memory=limit)
         kernel = engine.compile("conv", i, k, options=options)
         np.testing.assert_allclose(kernel(i, k), expected, rtol=1e-4, atol=1e-4)

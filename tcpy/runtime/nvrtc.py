@@ -117,7 +117,25 @@ def compile_ptx(source: str, arch: str, name: str = "kernel.cu", exact: bool = F
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compiled(nvrtc: Any, source: str, arch: str, name: str, exact: bool = False) -> Any:
+def ptxas_report(source: str, arch: str, exact: bool = False) -> str:
+    """What ptxas says of each kernel of `source` built for `arch` (like `sm_90`), from
+    NVRTC's log with `--ptxas-options=-v`: registers, spills, shared memory."""
+    nvrtc = nvrtc_module()
+    if nvrtc is None:
+        raise TCCompileError("ptxas's report needs NVRTC: install the cuda extra")
+    prog = _compiled(nvrtc, source, arch, "kernel.cu", exact, ("--ptxas-options=-v",))
+    try:
+        _e, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        return log.decode(errors="replace").strip("\x00 \n")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compiled(
+    nvrtc: Any, source: str, arch: str, name: str, exact: bool = False, extra: tuple[str, ...] = ()
+) -> Any:
     """An NVRTC program of `source` compiled for `arch` (the caller destroys it)."""
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     if int(err) != 0:
@@ -126,7 +144,7 @@ def _compiled(nvrtc: Any, source: str, arch: str, name: str, exact: bool = False
     if at < SOUND_FROM:
         _warn_unsound()
     chosen = flags(at, exact)
-    options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in chosen)]
+    options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in (*chosen, *extra))]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     if int(err) != 0:
         _e, size = nvrtc.nvrtcGetProgramLogSize(prog)

@@ -93,7 +93,9 @@ def _row(launch: dict[str, Any], l2_bytes: int) -> dict[str, str]:
         "efficiency": "-" if eff is None else f"{eff:.3f}",
         "sectors_per_request": f"{launch['global_sectors'] / requests:.2f}" if requests else "-",
     }
-    return {key: values.get(key, "-") for key, _ in _COLUMNS}  # "-": a profile from before the counter
+    return {
+        key: values.get(key, "-") for key, _ in _COLUMNS
+    }  # "-": a profile from before the counter
 
 
 def table(

@@ -92,6 +92,12 @@ ASYNC_COPY_ARCH = 80
 """The first compute capability with `cp.async` (sm_80)."""
 
 
+def wanted_stages(options: MappingOptions, device: DeviceProfile) -> int:
+    """The stages `copy_stages` asks for, on a device with `cp.async`; else 1."""
+    arch = int(device.arch.removeprefix("sm_")[:2])
+    return options.copy_stages if arch >= ASYNC_COPY_ARCH else 1
+
+
 def copy_stages(
     band: isl.ScheduleNode,
     depth: int,
@@ -106,7 +112,7 @@ def copy_stages(
     `budget` bytes together, and 1 on a device without `cp.async` (before sm_80).
     Codegen pipelines the copies where the mark is the body of a loop (a reduction's
     tile loop); elsewhere one buffer serves."""
-    if options.copy_stages <= 1 or int(device.arch.removeprefix("sm_")[:2]) < ASYNC_COPY_ARCH:
+    if wanted_stages(options, device) == 1:
         return 1
     node = _at_depth(band, depth)
     total = 0

@@ -62,6 +62,7 @@ from tcpy.mapping.gpu.placement import (
     plan_copies,
     thread_runs,
     thread_tile,
+    wanted_stages,
 )
 from tcpy.mapping.gpu.rows import Rows, map_rows
 from tcpy.mapping.gpu.shared import gathers
@@ -84,6 +85,9 @@ from tcpy.poly.transforms import is_band, permute_band, tile_leading_members
 
 SMALLEST_REDUCTION_TILE = 4
 """The smallest tile of the first reduction member `fit_shared` tries."""
+SMALLEST_STAGED_TILE = 16
+"""The smallest tile of the first reduction member `fit_shared` takes so that its
+copies' ring holds `copy_stages` buffers (below it, fewer stages of a larger tile)."""
 
 
 SMALL_WINDOW = 64
@@ -199,6 +203,7 @@ class Copies(NamedTuple):
     runs: int
     depth: int
     tensors: tuple[str, ...]
+    stages: int = 1  # the buffers of their ring (`placement.copy_stages`)
 
 
 class Choice(NamedTuple):
@@ -329,19 +334,39 @@ def fit_shared(node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | Non
     budget with the others (a convolution's input at 32 channels: its box spans the
     tile's channels and the windows of the block's outputs), each tile tried on a
     binding of the band. Returns the copies of the trial that copies the most
-    operands (the larger tile among equals); None where no trial copies any."""
+    operands (the larger tile among equals); None where no trial copies any. Where
+    every operand fits but not their ring of `copy_stages` buffers (pipelined copies),
+    the tile halves on, down to `SMALLEST_STAGED_TILE`, for the largest tile whose ring
+    of that many fits with the same operands; failing that, the largest whose ring has
+    two or more; failing that, the tile with one buffer."""
     tiles = [SHARED_REDUCTION_TILE]
     while tiles[-1] > SMALLEST_REDUCTION_TILE:
         tiles.append(tiles[-1] // 2)
+    wanted = wanted_stages(plan.options, plan.device)
     best: Copies | None = None
+    complete: Copies | None = None  # the largest tile copying every operand
+    staged: Copies | None = None  # the largest after it with a ring of 2 or more
     for tile in [tiles[0], *(t for t in tiles[1:] if extent is None or t < extent)]:
         trial = tile_and_bind(node, scop, plan, bind=True, trial_tile=tile)
         copies = trial.copies
+        if complete is not None:  # looking for a tile whose ring fits
+            if copies is not None and copies.tensors == complete.tensors:
+                if copies.stages == wanted:
+                    return copies
+                if staged is None and copies.stages > 1:
+                    staged = copies
+            if tile <= SMALLEST_STAGED_TILE:
+                break
+            continue
         if copies is not None and (best is None or len(copies.tensors) > len(best.tensors)):
             best = copies
         if trial.complete:
-            break
-    return best
+            if copies is None or copies.stages >= wanted:
+                break
+            complete = copies
+            if tile <= SMALLEST_STAGED_TILE:
+                break
+    return staged or best
 
 
 def tile_and_bind(
@@ -489,12 +514,10 @@ def _threads(
         depth, tensors, complete = plan_copies(
             node, scop, options, plan.budget, first, on_threads[0]
         )
-        copies = Copies(trial_tile, runs, depth, tuple(tensors)) if tensors else None
+        stages = copy_stages(node, depth, tuple(tensors), scop, options, plan.device, plan.budget)
+        copies = Copies(trial_tile, runs, depth, tuple(tensors), stages) if tensors else None
     if bind and copies is not None:  # 8. copies
-        stages = copy_stages(
-            node, copies.depth, copies.tensors, scop, options, plan.device, plan.budget
-        )
-        node = copy_into_shared(node, copies.depth, copies.tensors, stages)
+        node = copy_into_shared(node, copies.depth, copies.tensors, copies.stages)
     if bind and options.use_private_memory and plan.lanes is None:  # 9. register tiles
         node = hold_registers(node, options.private_depth, first)
     return node, copies, complete
