@@ -61,7 +61,7 @@ run_tests() {  # $1: driver, $2: seconds; tests not parametrised by driver run w
     [ -n "$filter" ] && k="$k and ($filter)"
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
         --tb=short -rfE tests/test_gpu.py tests/test_gpu_async.py tests/test_empty.py \
-        tests/test_torch_ops.py tests/test_half.py \
+        tests/test_torch_ops.py tests/test_half.py tests/test_emulator_sm80.py \
         > "$OUT/tests-$1.log" 2>&1
     echo "tests $1: rc=$?"; tail -n 3 "$OUT/tests-$1.log"
 }

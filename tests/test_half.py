@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tcpy
+from tcpy.codegen.dialect import CUDA
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import named
 from tcpy.parser import ast as tc
@@ -365,6 +366,31 @@ def test_half_inputs_read_through_the_readonly_cache(ty: T) -> None:
         lowered = lower_to_cuda(cdef, case.sizes, options, device=named("h100"))
         assert "TC_LDG" in lowered.source
         assert nvrtc.compile_cubin(lowered.source, "sm_90")[:4] == b"\x7fELF"
+
+
+@pytest.mark.filterwarnings("ignore::tcpy.TCWarning")
+@pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
+@pytest.mark.parametrize("k", [256, 250, 255], ids=["pairs", "pairs-partial", "elements"])
+def test_half_tiles_go_through_the_ring_of_async_copies(ty: T, k: int) -> None:
+    """A half matmul copies its operand tiles into shared memory, rows of 66 halves
+    (32 words and one, so that rows stay on 4 bytes), through a ring filled by
+    `cp.async` of pairs (4 bytes, the least a copy takes) where the rows hold whole
+    pairs that start on one at run time, else by a load and a store of each element
+    (K odd). Checked against the reference, under the emulator's checks."""
+    case = next(c for c in CASES if c.name == "matmul")
+    source = retyped((CORPUS / case.file).read_text(), ty)
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((128, k)).astype(np.float32).astype(ty.dtype)
+    b = rng.standard_normal((k, 96)).astype(np.float32).astype(ty.dtype)
+    kernel = _engine("cuda-emu", source).compile(case.entry, a, b)
+    assert "tc_fill" in kernel.source and f"{CUDA.ctype(ty)} tc_shared0[" in kernel.source
+    assert (
+        "TC_CP_ASYNC(tc_shared0, tc_s * 2112 + ((int)(tc_i0) * 66 + (tc_i1)), t_A," in kernel.source
+    )
+    got = np.asarray(kernel(a, b), np.float64)
+    want = np.asarray(_engine("reference", source).run(case.entry, a, b), np.float64)
+    tol = tolerance(source, case.entry, ty)
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
 
 
 def test_the_fuzzers_comparison_takes_half_nans_as_equal() -> None:

@@ -204,7 +204,8 @@ class CudaPrinter(ThreadPrinter):
         for b in boxes:
             buffer = f"tc_shared{self.copies}"
             self.copies += 1
-            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs))
+            itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
             scalar = self.scop.cdef.tensor(b.tensor).scalar
             stage = _stage_elements(math.prod(padded), scalar.dtype.itemsize)
             ctype = CUDA.ctype(scalar)
@@ -255,29 +256,32 @@ class CudaPrinter(ThreadPrinter):
         self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str
     ) -> None:
         """The copy of box `b` into `copy` from element `base` on, by `cp.async`, each
-        thread taking every `threads`-th piece: 16 bytes at a time where the box's and
-        the buffer's rows are whole 16-byte pieces and, at run time, the rows start on
-        one (as `_cooperative_copy` decides); else element by element, a `cp.async` of
-        each element of 4 bytes or more and a load and a store of a 2-byte one (a copy
-        takes 4 bytes at least)."""
-        scalar = self.scop.cdef.tensor(b.tensor).scalar
-        itemsize = scalar.dtype.itemsize
-        lanes = 16 // itemsize
-        vector = self.options.vectorize and b.sizes[-1] % lanes == 0 and copy.sizes[-1] % lanes == 0
-        if not vector:
-            self._async_loop(depth, b, copy, threads, base, 1)
-            return
+        thread taking every `threads`-th piece: 16 bytes at a time where (with
+        `vectorize`) the box's and the buffer's rows are whole 16-byte pieces and, at
+        run time, the rows start on one (as `_cooperative_copy` decides); else pairs of
+        2-byte elements (4 bytes, the least a copy takes) where the rows allow them
+        alike; else element by element, a `cp.async` of each element of 4 bytes or more,
+        a load and a store of a 2-byte one."""
+        itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+        widths = [16 // itemsize] if self.options.vectorize else []
+        widths += [2] if itemsize == 2 else []
         last = len(b.sizes) - 1
-        aligned = (
-            f"({copy.offsets[last]}) % {lanes} == 0 && "
-            f"{extent_name(b.tensor, last)} % {lanes} == 0 && "
-            f"((unsigned long long){tensor_name(b.tensor)} & 15) == 0"
-        )
-        self.emit(depth, f"if ({aligned}) {{")
-        self._async_loop(depth + 1, b, copy, threads, base, lanes)
-        self.emit(depth, "} else {")
-        self._async_loop(depth + 1, b, copy, threads, base, 1)
-        self.emit(depth, "}")
+        opened = 0
+        for lanes in widths:
+            if b.sizes[-1] % lanes or copy.sizes[-1] % lanes:
+                continue
+            aligned = (
+                f"({copy.offsets[last]}) % {lanes} == 0 && "
+                f"{extent_name(b.tensor, last)} % {lanes} == 0 && "
+                f"((unsigned long long){tensor_name(b.tensor)} & {lanes * itemsize - 1}) == 0"
+            )
+            self.emit(depth + opened, f"if ({aligned}) {{")
+            self._async_loop(depth + opened + 1, b, copy, threads, base, lanes)
+            self.emit(depth + opened, "} else {")
+            opened += 1
+        self._async_loop(depth + opened, b, copy, threads, base, 1)
+        for k in reversed(range(opened)):
+            self.emit(depth + k, "}")
 
     def _async_loop(
         self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str, lanes: int
@@ -393,7 +397,8 @@ class CudaPrinter(ThreadPrinter):
         for b in boxes:
             buffer = f"tc_shared{self.copies}"
             self.copies += 1
-            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs))
+            itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
             ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
             self.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
             copy = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), padded)
@@ -592,15 +597,16 @@ class CudaPrinter(ThreadPrinter):
         return []
 
 
-def _row_length(elements: int, runs: int) -> int:
-    """The length of a row of a tile of `elements` in shared memory: one more for
-    rows of 32 elements or more, so that threads walking a column of the tile hit
-    distinct banks; where threads read runs of adjacent elements (`MappedKernel.runs`),
-    which the mapping gives only where no thread walks a column, a multiple of 4
-    instead, so that every run starts on a vector."""
+def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
+    """The length of a row of a tile of `elements` in shared memory: one word more for
+    rows of 32 elements or more (one element; two of 2 bytes, which keeps rows on 4
+    bytes), so that threads walking a column of the tile hit distinct banks; where
+    threads read runs of adjacent elements (`MappedKernel.runs`), which the mapping
+    gives only where no thread walks a column, a multiple of 4 instead, so that every
+    run starts on a vector."""
     if runs > 1:
         return -(-elements // VECTOR_LANES) * VECTOR_LANES
-    return elements + (elements >= WARP)
+    return elements + (elements >= WARP) * max(1, 4 // itemsize)
 
 
 VECTOR_LANES = 4

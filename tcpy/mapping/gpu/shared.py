@@ -57,7 +57,7 @@ def worth_sharing(node: isl.ScheduleNode, scop: Scop, x_member: int | None = Non
     return [
         t
         for t in candidates(node, scop)
-        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 2
         and (t in strided or reuse(node, t, scop) >= 2 or reads_per_element(node, t, scop) >= 2)
     ]
 
