@@ -195,30 +195,11 @@ class CudaPrinter(ThreadPrinter):
         tile's group has landed (all but the `stages - 2` newest), then one barrier makes
         it visible to the block and lets the stage filled next (the one the previous
         iteration read) be overwritten. A barrier after the loop ends the ring's use."""
-        assert self.kernel is not None
         body = node.for_get_body()
-        boxes = self.ast.packed(body)
         it, index = loop.iterator, self.dialect.index_type
-        rings = []
         self.emit(depth, "{")
-        for b in boxes:
-            buffer = f"tc_shared{self.copies}"
-            self.copies += 1
-            itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
-            scalar = self.scop.cdef.tensor(b.tensor).scalar
-            stage = _stage_elements(math.prod(padded), scalar.dtype.itemsize)
-            ctype = CUDA.ctype(scalar)
-            self.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
-            rings.append((b, buffer, padded, stage))
-        self.emit(depth + 1, f"auto tc_fill = [&](const {index} {it}, const int tc_s) {{")
-        self.emit(depth + 2, f"if (!({loop.cond})) return;")
-        for b, buffer, padded, stage in rings:
-            self.emit(depth + 2, "{")
-            copy = LocalCopy(buffer, self._offsets(depth + 3, buffer, b), padded)
-            self._async_copy(depth + 3, b, copy, max(1, self.kernel.threads), f"tc_s * {stage}")
-            self.emit(depth + 2, "}")
-        self.emit(depth + 1, "};")
+        rings = self._rings(self.ast.packed(body), depth + 1, stages)
+        self._fill(rings, loop, depth + 1)
         self.emit(depth + 1, f"const {index} tc_first = {loop.init};")
         for k in range(stages - 1):
             self.emit(depth + 1, f"tc_fill(tc_first + {k} * ({loop.inc}), {k});")
@@ -234,23 +215,66 @@ class CudaPrinter(ThreadPrinter):
         for b, buffer, padded, stage in rings:
             offsets = self._offsets(depth + 2, buffer, b)
             copies[b.tensor] = LocalCopy(buffer, offsets, padded, base=f"tc_stage * {stage}")
-        saved, sunk = self.bodies, self.sunk
-        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
-        self.sunk = []  # the guards sunk into the copy's scope (`if_`), around the compute
-        if sunk:
-            self.emit(depth + 2, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
-        diverges = any("threadIdx.x" in c for c in sunk)
-        self.divergent += diverges
-        self.node(body.mark_get_node(), depth + 2 + bool(sunk), marks)
-        self.divergent -= diverges
-        if sunk:
-            self.emit(depth + 2, "}")
-        self.bodies, self.sunk = saved, sunk
+        self._compute_from(copies, body.mark_get_node(), depth + 2, marks)
         self.emit(depth + 2, f"tc_stage = tc_stage == {stages - 1} ? 0 : tc_stage + 1;")
         self.emit(depth + 1, "}")
         self.emit(depth + 1, "TC_CP_WAIT(0);")
         self.emit(depth + 1, "__syncthreads();")
         self.emit(depth, "}")
+
+    def _rings(
+        self, boxes: tuple[PackedBox, ...], depth: int, stages: int
+    ) -> list[tuple[PackedBox, str, tuple[int, ...], int]]:
+        """Declares a ring of `stages` buffers in shared memory for each box; returns
+        each box, its buffer, the extents of a stage's tile and a stage's elements."""
+        assert self.kernel is not None
+        rings = []
+        for b in boxes:
+            buffer = f"tc_shared{self.copies}"
+            self.copies += 1
+            scalar = self.scop.cdef.tensor(b.tensor).scalar
+            itemsize = scalar.dtype.itemsize
+            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
+            stage = _stage_elements(math.prod(padded), itemsize)
+            ctype = CUDA.ctype(scalar)
+            self.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
+            rings.append((b, buffer, padded, stage))
+        return rings
+
+    def _fill(
+        self, rings: list[tuple[PackedBox, str, tuple[int, ...], int]], loop: Header, depth: int
+    ) -> None:
+        """`tc_fill(iterator, stage)`: the copies of the tiles of the loop's iteration
+        `iterator` (none past the loop's end) into `stage` of each ring, by `cp.async`;
+        the copies' offsets are the loop body's, evaluated at that iteration."""
+        assert self.kernel is not None
+        index = self.dialect.index_type
+        self.emit(depth, f"auto tc_fill = [&](const {index} {loop.iterator}, const int tc_s) {{")
+        self.emit(depth + 1, f"if (!({loop.cond})) return;")
+        for b, buffer, padded, stage in rings:
+            self.emit(depth + 1, "{")
+            copy = LocalCopy(buffer, self._offsets(depth + 2, buffer, b), padded)
+            self._async_copy(depth + 2, b, copy, max(1, self.kernel.threads), f"tc_s * {stage}")
+            self.emit(depth + 1, "}")
+        self.emit(depth, "};")
+
+    def _compute_from(
+        self, copies: dict[str, LocalCopy], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
+    ) -> None:
+        """`inner` reading the tensors of `copies` from shared memory, under the guards
+        sunk into the copy's scope (`if_`)."""
+        saved, sunk = self.bodies, self.sunk
+        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+        self.sunk = []
+        if sunk:
+            self.emit(depth, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
+        diverges = any("threadIdx.x" in c for c in sunk)  # the sunk guard splits the warp
+        self.divergent += diverges
+        self.node(inner, depth + bool(sunk), marks)
+        self.divergent -= diverges
+        if sunk:
+            self.emit(depth, "}")
+        self.bodies, self.sunk = saved, sunk
 
     def _async_copy(
         self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str
@@ -405,19 +429,7 @@ class CudaPrinter(ThreadPrinter):
             self._cooperative_copy(depth + 1, b, copy, threads)
             copies[b.tensor] = copy
         self.emit(depth + 1, "__syncthreads();")
-        saved, sunk = self.bodies, self.sunk
-        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
-        self.sunk = []
-        inside = depth + 1 + bool(sunk)
-        if sunk:
-            self.emit(depth + 1, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
-        diverges = any("threadIdx.x" in c for c in sunk)  # the sunk guard splits the warp
-        self.divergent += diverges
-        self.node(inner, inside, marks)
-        self.divergent -= diverges
-        if sunk:
-            self.emit(depth + 1, "}")
-        self.bodies, self.sunk = saved, sunk
+        self._compute_from(copies, inner, depth + 1, marks)
         self.emit(depth, "}")
 
     def _cooperative_copy(self, depth: int, b: PackedBox, copy: LocalCopy, threads: int) -> None:
