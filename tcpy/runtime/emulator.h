@@ -585,6 +585,8 @@ static void prepare(Worker &w, int threads, bool fibers) {
 static void run_block(Worker &w, long long b) {
   w.block = unflatten(b, gridDim);
   blockIdx = w.block;
+  if (w.queues)  /* empty unless a block before was aborted with copies in flight */
+    for (int t = 0; t < w.n; t++) w.queues[t].n = 0, w.queues[t].committed = 0;
   if (launch_info->check) w.shadow.clear();
   if (launch_info->count)
     memset(w.occurrences, 0, (size_t)w.n * launch_sites * sizeof(uint32_t));
