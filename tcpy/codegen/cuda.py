@@ -30,12 +30,17 @@ from tcpy.codegen.exprs import (
     BodyPrinter,
     Helpers,
     LocalCopy,
-    flat_index,
     isl_expr,
     sym_expr,
 )
 from tcpy.codegen.loops import FOR, Header, loop_count_declarations, walk
 from tcpy.codegen.printer import Instance, buffer_order, def_text
+from tcpy.codegen.shared_copy import (
+    box_offsets,
+    print_pipelined_loop,
+    print_shared_copy,
+    ring_stages,
+)
 from tcpy.codegen.thread_tile import (
     ThreadPrinter,
     find_thread_tile,
@@ -63,7 +68,6 @@ from tcpy.parser import ast as tc
 from tcpy.parser.checked import Role
 from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Scop
-from tcpy.types import ScalarType
 
 _AXES = ("x", "y", "z")
 _ATOMIC_FUNCTIONS = {
@@ -104,9 +108,7 @@ class CudaPrinter(ThreadPrinter):
     synchronisation (`scratch:`, `warp_rows`), reductions shared by lanes or blocks
     (`lane_reduction`, `atomic_reduction`) and held register tiles (`private`)."""
 
-    sunk: list[str] = dataclasses.field(default_factory=list)  # guards moved into a copy
     rows: bool = False  # inside a row kernel's statements (`marks.Rows`)
-    divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
 
     def if_(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
         """A guard on thread indices above a shared-memory copy (isl hoists the
@@ -168,183 +170,12 @@ class CudaPrinter(ThreadPrinter):
         else:
             if held is not None and held.tile is None:
                 held.iterators.append(loop.id)
-            stages = self._ring(node, header)
+            stages = ring_stages(self, node, header)
             if stages > 1:
-                self.pipelined_loop(node, loop, depth, marks, stages)
+                print_pipelined_loop(self, node, loop, depth, marks, stages)
             else:
                 super().for_(node, depth, marks, shared)
         self.divergent -= "threadIdx.x" in header
-
-    def _ring(self, node: isl.AstNode, header: str) -> int:
-        """The stages of the ring of buffers the loop `node` fills while it computes:
-        those of its body's copy into shared memory (`marks.Shared`), where every
-        thread of the block runs the loop alike; else 1 (no pipeline)."""
-        mark = of_ast(node.for_get_body())
-        if not isinstance(mark, Shared) or self.divergent or "threadIdx" in header:
-            return 1
-        return mark.stages
-
-    def pipelined_loop(
-        self, node: isl.AstNode, loop: Header, depth: int, marks: tuple[Mark, ...], stages: int
-    ) -> None:
-        """A loop whose body copies tiles into shared memory (a reduction's tile loop),
-        pipelined over a ring of `stages` buffers: `tc_fill` issues the asynchronous
-        copies (`cp.async`) of the tile of an iteration into a stage, and the loop
-        fills the tile `stages - 1` iterations ahead while it computes its own. Each
-        thread's copies of a tile are one commit group; an iteration waits until its
-        tile's group has landed (all but the `stages - 2` newest), then one barrier makes
-        it visible to the block and lets the stage filled next (the one the previous
-        iteration read) be overwritten. A barrier after the loop ends the ring's use."""
-        body = node.for_get_body()
-        it, index = loop.iterator, self.dialect.index_type
-        self.emit(depth, "{")
-        rings = self._rings(self.ast.packed(body), depth + 1, stages)
-        self._fill(rings, loop, depth + 1)
-        self.emit(depth + 1, f"const {index} tc_first = {loop.init};")
-        for k in range(stages - 1):
-            self.emit(depth + 1, f"tc_fill(tc_first + {k} * ({loop.inc}), {k});")
-            self.emit(depth + 1, "TC_CP_COMMIT();")
-        self.emit(depth + 1, "int tc_stage = 0;")
-        self.open_loop(depth + 1, loop.text)
-        self.emit(depth + 2, f"TC_CP_WAIT({stages - 2});")
-        self.emit(depth + 2, "__syncthreads();")
-        ahead = f"{it} + {stages - 1} * ({loop.inc})"
-        self.emit(depth + 2, f"tc_fill({ahead}, (tc_stage + {stages - 1}) % {stages});")
-        self.emit(depth + 2, "TC_CP_COMMIT();")
-        copies = {}
-        for b, buffer, padded, stage in rings:
-            offsets = self._offsets(depth + 2, buffer, b)
-            copies[b.tensor] = LocalCopy(buffer, offsets, padded, base=f"tc_stage * {stage}")
-        self._compute_from(copies, body.mark_get_node(), depth + 2, marks)
-        self.emit(depth + 2, f"tc_stage = tc_stage == {stages - 1} ? 0 : tc_stage + 1;")
-        self.emit(depth + 1, "}")
-        self.emit(depth + 1, "TC_CP_WAIT(0);")
-        self.emit(depth + 1, "__syncthreads();")
-        self.emit(depth, "}")
-
-    def _rings(
-        self, boxes: tuple[PackedBox, ...], depth: int, stages: int
-    ) -> list[tuple[PackedBox, str, tuple[int, ...], int]]:
-        """Declares a ring of `stages` buffers in shared memory for each box; returns
-        each box, its buffer, the extents of a stage's tile and a stage's elements."""
-        assert self.kernel is not None
-        rings = []
-        for b in boxes:
-            buffer = f"tc_shared{self.copies}"
-            self.copies += 1
-            scalar = self.scop.cdef.tensor(b.tensor).scalar
-            itemsize = scalar.dtype.itemsize
-            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
-            stage = _stage_elements(math.prod(padded), itemsize)
-            ctype = CUDA.ctype(scalar)
-            self.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
-            rings.append((b, buffer, padded, stage))
-        return rings
-
-    def _fill(
-        self, rings: list[tuple[PackedBox, str, tuple[int, ...], int]], loop: Header, depth: int
-    ) -> None:
-        """`tc_fill(iterator, stage)`: the copies of the tiles of the loop's iteration
-        `iterator` (none past the loop's end) into `stage` of each ring, by `cp.async`;
-        the copies' offsets are the loop body's, evaluated at that iteration."""
-        assert self.kernel is not None
-        index = self.dialect.index_type
-        self.emit(depth, f"auto tc_fill = [&](const {index} {loop.iterator}, const int tc_s) {{")
-        self.emit(depth + 1, f"if (!({loop.cond})) return;")
-        for b, buffer, padded, stage in rings:
-            self.emit(depth + 1, "{")
-            copy = LocalCopy(buffer, self._offsets(depth + 2, buffer, b), padded)
-            self._async_copy(depth + 2, b, copy, max(1, self.kernel.threads), f"tc_s * {stage}")
-            self.emit(depth + 1, "}")
-        self.emit(depth, "};")
-
-    def _compute_from(
-        self, copies: dict[str, LocalCopy], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
-    ) -> None:
-        """`inner` reading the tensors of `copies` from shared memory, under the guards
-        sunk into the copy's scope (`if_`)."""
-        saved, sunk = self.bodies, self.sunk
-        self.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
-        self.sunk = []
-        if sunk:
-            self.emit(depth, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
-        diverges = any("threadIdx.x" in c for c in sunk)  # the sunk guard splits the warp
-        self.divergent += diverges
-        self.node(inner, depth + bool(sunk), marks)
-        self.divergent -= diverges
-        if sunk:
-            self.emit(depth, "}")
-        self.bodies, self.sunk = saved, sunk
-
-    def _async_copy(
-        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str
-    ) -> None:
-        """The copy of box `b` into `copy` from element `base` on, by `cp.async`, each
-        thread taking every `threads`-th piece: 16 bytes at a time where (with
-        `vectorize`) the box's and the buffer's rows are whole 16-byte pieces and, at
-        run time, the rows start on one (as `_cooperative_copy` decides); else pairs of
-        2-byte elements (4 bytes, the least a copy takes) where the rows allow them
-        alike; else element by element, a `cp.async` of each element of 4 bytes or more,
-        a load and a store of a 2-byte one."""
-        itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        widths = [16 // itemsize] if self.options.vectorize else []
-        widths += [2] if itemsize == 2 else []
-        last = len(b.sizes) - 1
-        opened = 0
-        for lanes in widths:
-            if b.sizes[-1] % lanes or copy.sizes[-1] % lanes:
-                continue
-            aligned = (
-                f"({copy.offsets[last]}) % {lanes} == 0 && "
-                f"{extent_name(b.tensor, last)} % {lanes} == 0 && "
-                f"((unsigned long long){tensor_name(b.tensor)} & {lanes * itemsize - 1}) == 0"
-            )
-            self.emit(depth + opened, f"if ({aligned}) {{")
-            self._async_loop(depth + opened + 1, b, copy, threads, base, lanes)
-            self.emit(depth + opened, "} else {")
-            opened += 1
-        self._async_loop(depth + opened, b, copy, threads, base, 1)
-        for k in reversed(range(opened)):
-            self.emit(depth + k, "}")
-
-    def _async_loop(
-        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, base: str, lanes: int
-    ) -> None:
-        """Each thread's pieces of `lanes` elements of the box (`_async_copy`)."""
-        n = len(b.sizes)
-        itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]
-        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
-        total = math.prod(sizes)
-        self.open_loop(depth, f"for (int tc_e = {tid}; tc_e < {total}; tc_e += {threads}) {{")
-        local: list[str] = []
-        inside: list[str] = []
-        rest = "tc_e"
-        for d in reversed(range(n)):
-            i = f"tc_i{d}"
-            scaled = f" * {lanes}" if d == n - 1 and lanes > 1 else ""
-            self.emit(depth + 1, f"const int {i} = {rest} % {sizes[d]}{scaled};")
-            rest = f"{rest} / {sizes[d]}"
-            local.insert(0, i)
-            at = f"{copy.offsets[d]} + {i}"
-            inside.insert(0, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
-        target = f"{base} + {flat_index(self.dialect, local, [str(s) for s in copy.sizes])}"
-        source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
-        extents = [extent_name(b.tensor, d) for d in range(n)]
-        index = flat_index(self.dialect, source, extents)
-        array = tensor_name(b.tensor)
-        self.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
-        if lanes * itemsize >= 4:
-            statement = (
-                f"TC_CP_ASYNC({copy.buffer}, {target}, {array}, {index}, {lanes * itemsize});"
-            )
-        else:
-            statement = (
-                f"TC_SST({copy.buffer}, {target}) = {CUDA.load.format(array=array, index=index)};"
-            )
-        self.emit(depth + 2, statement)
-        self.emit(depth + 1, "}")
-        self.emit(depth, "}")
 
     def node(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...] = ()) -> None:
         if node.get_type() == isl.ast_node_type.block and self.rows and not self.divergent:
@@ -361,7 +192,7 @@ class CudaPrinter(ThreadPrinter):
         if isinstance(mark, Lanes | Atomic):
             self.partial_reduction(inner, depth, marks, lanes=isinstance(mark, Lanes))
         elif isinstance(mark, Shared):
-            self.shared_copy(self.ast.packed(node), inner, depth, marks)
+            print_shared_copy(self, self.ast.packed(node), inner, depth, marks)
         elif isinstance(mark, Scratch):
             self.scratch(self.ast.packed(node), inner, depth, marks)
         elif isinstance(mark, Private):
@@ -387,150 +218,11 @@ class CudaPrinter(ThreadPrinter):
             self.copies += 1
             ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
             self.emit(depth + 1, f"__shared__ {ctype} {buffer}[{math.prod(b.sizes)}];")
-            places[b.tensor] = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), b.sizes)
+            places[b.tensor] = LocalCopy(buffer, box_offsets(self, depth + 1, buffer, b), b.sizes)
         saved = self.bodies
         self.bodies = dataclasses.replace(saved, copies={**saved.copies, **places})
         self.node(inner, depth + 1, marks)
         self.bodies = saved
-        self.emit(depth, "}")
-
-    def _offsets(self, depth: int, buffer: str, b: PackedBox) -> tuple[str, ...]:
-        """Declares the first element of box `b` of `buffer`; returns their names."""
-        offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
-        for o, expr in zip(offsets, b.offsets, strict=True):
-            value = isl_expr(expr, self.names, top=True)
-            self.emit(depth, f"const {self.dialect.index_type} {o} = {value};")
-        return offsets
-
-    def shared_copy(
-        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
-    ) -> None:
-        """The operand tiles of a block (`tcpy.mapping.gpu.shared.shared_tensors`) copied
-        into shared memory by all its threads, then `inner` reading them there. A
-        barrier before the copy lets the previous tile's readers finish, one after it
-        makes the copy visible; every thread of the block reaches both, as the mark
-        sits above the thread filter. Each thread copies every `threads`-th element,
-        so consecutive threads read consecutive elements (coalesced); only the part of
-        a box inside the tensor is copied (it holds every element read). Rows get the
-        length of `_row_length`."""
-        assert self.kernel is not None
-        threads = max(1, self.kernel.threads)
-        self.emit(depth, "{")
-        self.emit(depth + 1, "__syncthreads();")
-        copies = {}
-        for b in boxes:
-            buffer = f"tc_shared{self.copies}"
-            self.copies += 1
-            itemsize = self.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-            padded = (*b.sizes[:-1], _row_length(b.sizes[-1], self.kernel.runs, itemsize))
-            ctype = CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
-            self.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
-            copy = LocalCopy(buffer, self._offsets(depth + 1, buffer, b), padded)
-            self._cooperative_copy(depth + 1, b, copy, threads)
-            copies[b.tensor] = copy
-        self.emit(depth + 1, "__syncthreads();")
-        self._compute_from(copies, inner, depth + 1, marks)
-        self.emit(depth, "}")
-
-    def _cooperative_copy(self, depth: int, b: PackedBox, copy: LocalCopy, threads: int) -> None:
-        """The copy of box `b` into `copy`, each thread taking every `threads`-th
-        element. With `vectorize`, where the box's rows are a whole number of 16-byte
-        vectors, it reads them as vectors (`float4`, `int4`) when, at run time, the
-        rows start on a vector (the box's offset, the tensor's row length and its
-        address all allow it: the same for the whole block), else one element at a
-        time."""
-        vector = _VECTOR_TYPES.get(self.scop.cdef.tensor(b.tensor).scalar)
-        if not self.options.vectorize or vector is None or b.sizes[-1] % VECTOR_LANES:
-            self._copy_loop(depth, b, copy, threads, None)
-            return
-        last = len(b.sizes) - 1
-        aligned = (
-            f"({copy.offsets[last]}) % {VECTOR_LANES} == 0 && "
-            f"{extent_name(b.tensor, last)} % {VECTOR_LANES} == 0 && "
-            f"((unsigned long long){tensor_name(b.tensor)} & 15) == 0"
-        )
-        self.emit(depth, f"if ({aligned}) {{")
-        self._copy_loop(depth + 1, b, copy, threads, vector)
-        self.emit(depth, "} else {")
-        self._copy_loop(depth + 1, b, copy, threads, None)
-        self.emit(depth, "}")
-
-    def _copy_loop(
-        self, depth: int, b: PackedBox, copy: LocalCopy, threads: int, vector: str | None
-    ) -> None:
-        """Each thread loads `COPY_BATCH` elements (or vectors) of the box, a block's
-        threads apart, into registers, then stores them: that many loads in flight
-        (one with `unroll_copy_shared=False`)."""
-        lanes = VECTOR_LANES if vector else 1
-        sizes = [*b.sizes[:-1], b.sizes[-1] // lanes]  # in vectors along the last
-        total = math.prod(sizes)
-        wanted = COPY_BATCH if self.options.unroll_copy_shared else 1
-        batch = max(1, min(wanted, -(-total // threads)))
-        tid = "(int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))"
-        step = threads * batch
-        self.open_loop(depth, f"for (int tc_e0 = {tid}; tc_e0 < {total}; tc_e0 += {step}) {{")
-        ctype = vector or CUDA.ctype(self.scop.cdef.tensor(b.tensor).scalar)
-        self.emit(depth + 1, f"{ctype} tc_v[{batch}];")
-        for storing in (False, True):
-            self.emit(depth + 1, "#pragma unroll")
-            self.emit(depth + 1, f"for (int tc_u = 0; tc_u < {batch}; tc_u++) {{")
-            self._copy_element(depth + 2, b, copy, sizes, threads, vector, storing)
-            self.emit(depth + 1, "}")
-        self.emit(depth, "}")
-
-    def _copy_element(
-        self,
-        depth: int,
-        b: PackedBox,
-        copy: LocalCopy,
-        sizes: list[int],
-        threads: int,
-        vector: str | None,
-        storing: bool,
-    ) -> None:
-        """Element `tc_e0 + tc_u * threads` of a copy: its load into `tc_v[tc_u]`, or
-        (`storing`) its store from there into the shared buffer."""
-        n = len(b.sizes)
-        lanes = VECTOR_LANES if vector else 1
-        self.emit(depth, f"const int tc_e = tc_e0 + tc_u * {threads};")
-        local: list[str] = []
-        inside = [f"tc_e < {math.prod(sizes)}"]
-        rest = "tc_e"
-        for d in reversed(range(n)):
-            i = f"tc_i{d}"
-            scaled = f" * {lanes}" if d == n - 1 and lanes > 1 else ""
-            self.emit(depth, f"const int {i} = {rest} % {sizes[d]}{scaled};")
-            rest = f"{rest} / {sizes[d]}"
-            local.insert(0, i)
-            at = f"{copy.offsets[d]} + {i}"
-            inside.insert(1, f"{at} >= 0 && {at} < {extent_name(b.tensor, d)}")
-        target = flat_index(self.dialect, local, [str(s) for s in copy.sizes])
-        self.emit(depth, f"if ({' && '.join(inside)}) {{")
-        if not storing:
-            source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
-            extents = [extent_name(b.tensor, d) for d in range(n)]
-            index = flat_index(self.dialect, source, extents)
-            load = (
-                CUDA.load.format(array=tensor_name(b.tensor), index=index)
-                if vector is None
-                else f"TC_LDV({vector}, {tensor_name(b.tensor)}, {index})"
-            )
-            self.emit(depth + 1, f"tc_v[tc_u] = {load};")
-        elif vector is None:
-            self.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = tc_v[tc_u];")
-        else:
-            # a vector lies inside the tensor or outside it whole: it starts on a
-            # multiple of the lanes, as the tensor's rows end on one. Its elements are
-            # stored in an order rotated by the lane and the word it starts at, so
-            # that each of the four stores of a warp hits 32 distinct banks (stored
-            # in order, lanes four words apart would share them)
-            self.emit(depth + 1, f"const {vector} tc_x = tc_v[tc_u];")
-            self.emit(depth + 1, f"const int tc_w = {target};")
-            self.emit(depth + 1, "const int tc_r = (tc_e >> 3) - tc_w;")
-            pick = "tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w"
-            for k in range(lanes):
-                self.emit(depth + 1, f"{{ const int tc_c = ({k} + tc_r) & 3;")
-                self.emit(depth + 2, f"TC_SST({copy.buffer}, tc_w + tc_c) = {pick}; }}")
         self.emit(depth, "}")
 
     def partial_reduction(
@@ -607,34 +299,6 @@ class CudaPrinter(ThreadPrinter):
 
     def reduction_pragmas(self, clause: str) -> list[str]:
         return []
-
-
-def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
-    """The length of a row of a tile of `elements` in shared memory: one word more for
-    rows of 32 elements or more (one element; two of 2 bytes, which keeps rows on 4
-    bytes), so that threads walking a column of the tile hit distinct banks; where
-    threads read runs of adjacent elements (`MappedKernel.runs`), which the mapping
-    gives only where no thread walks a column, a multiple of 4 instead, so that every
-    run starts on a vector."""
-    if runs > 1:
-        return -(-elements // VECTOR_LANES) * VECTOR_LANES
-    return elements + (elements >= WARP) * max(1, 4 // itemsize)
-
-
-VECTOR_LANES = 4
-COPY_BATCH = 4
-"""The elements (or vectors) each thread of a cooperative copy loads before storing
-them (`unroll_copy_shared`). One at a time, each load waits for the store of the one
-before, which waits for its load: a single load in flight per thread."""
-_VECTOR_TYPES = {ScalarType.FLOAT32: "float4", ScalarType.INT32: "int4"}
-"""The 16-byte vectors a shared-memory copy reads, by the tensor's element type."""
-
-
-def _stage_elements(elements: int, itemsize: int) -> int:
-    """The elements of a stage of a ring of buffers holding `elements`: a whole number
-    of 16-byte pieces, so that every stage starts on one."""
-    per = 16 // itemsize if itemsize <= 16 else 1
-    return -(-elements // per) * per
 
 
 def kernel_name(kernel: MappedKernel) -> str:

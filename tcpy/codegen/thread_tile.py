@@ -8,7 +8,7 @@ operand values they share loaded once."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -76,6 +76,8 @@ class ThreadPrinter(Printer):
     kernel: MappedKernel | None = None
     lane_parts: StatementParts | None = None  # inside a partial reduction: what it reduces
     held: Held | None = None  # under a `private` mark: the register tile held there
+    sunk: list[str] = field(default_factory=list)  # guards moved into a shared copy
+    divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
 
 
 def strided_loop(loop: Header, kernel: MappedKernel | None) -> Strided | None:
