@@ -34,6 +34,13 @@ from tcpy.codegen.exprs import (
     sym_expr,
 )
 from tcpy.codegen.loops import FOR, Header, loop_count_declarations, walk
+from tcpy.codegen.matrix_tile import (
+    HeldMatrix,
+    find_matrix_nest,
+    matrix_below,
+    print_held_matrix,
+    print_matrix_tile,
+)
 from tcpy.codegen.printer import Instance, buffer_order, def_text
 from tcpy.codegen.shared_copy import (
     box_offsets,
@@ -55,6 +62,7 @@ from tcpy.mapping.marks import (
     Atomic,
     Lanes,
     Mark,
+    MatrixTile,
     Private,
     Rows,
     Scratch,
@@ -109,6 +117,7 @@ class CudaPrinter(ThreadPrinter):
     (`lane_reduction`, `atomic_reduction`) and held register tiles (`private`)."""
 
     rows: bool = False  # inside a row kernel's statements (`marks.Rows`)
+    matrix: HeldMatrix | None = None  # under a `private` mark above a matrix tile
 
     def if_(self, node: isl.AstNode, depth: int, marks: tuple[Mark, ...]) -> None:
         """A guard on thread indices above a shared-memory copy (isl hoists the
@@ -195,8 +204,17 @@ class CudaPrinter(ThreadPrinter):
             print_shared_copy(self, self.ast.packed(node), inner, depth, marks)
         elif isinstance(mark, Scratch):
             self.scratch(self.ast.packed(node), inner, depth, marks)
+        elif isinstance(mark, Private) and (tile := matrix_below(inner)) is not None:
+            self.matrix, outer = HeldMatrix(tile), self.matrix
+            print_held_matrix(self, tile, inner, depth, marks, self.matrix)
+            self.matrix = outer
         elif isinstance(mark, Private):
             print_held_tile(self, inner, depth, marks)
+        elif isinstance(mark, MatrixTile):
+            nest = find_matrix_nest(self, mark, inner)
+            if self.matrix is not None:
+                self.matrix.nest = nest
+            print_matrix_tile(self, nest, depth, held=self.matrix is not None)
         elif isinstance(mark, Rows):
             self.rows, saved = True, self.rows
             self.node(inner, depth, marks)

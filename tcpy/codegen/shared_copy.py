@@ -17,8 +17,10 @@ from tcpy.codegen.ast_build import PackedBox
 from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
 from tcpy.codegen.loops import Header
+from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.gpu.matrix import SKEW, operand_tile
 from tcpy.mapping.marks import Mark, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.types import ScalarType
@@ -56,7 +58,7 @@ def print_pipelined_loop(
     body = node.for_get_body()
     it, index = loop.iterator, p.dialect.index_type
     p.emit(depth, "{")
-    rings = _rings(p, p.ast.packed(body), depth + 1, stages)
+    rings = _rings(p, tile_boxes(p, p.ast.packed(body), body.mark_get_node()), depth + 1, stages)
     _fill(p, rings, loop, depth + 1)
     p.emit(depth + 1, f"const {index} tc_first = {loop.init};")
     for k in range(stages - 1):
@@ -93,7 +95,7 @@ def _rings(
         p.copies += 1
         scalar = p.scop.cdef.tensor(b.tensor).scalar
         itemsize = scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], _row_length(b.sizes[-1], p.kernel.runs, itemsize))
+        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize))
         stage = _stage_elements(math.prod(padded), itemsize)
         ctype = CUDA.ctype(scalar)
         p.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
@@ -196,8 +198,40 @@ def _async_loop(
             f"TC_SST({copy.buffer}, {target}) = {CUDA.load.format(array=array, index=index)};"
         )
     p.emit(depth + 2, statement)
+    if _zero_filled(p):
+        p.emit(depth + 1, "} else {")
+        zero = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar) + "{}"
+        p.emit(
+            depth + 2,
+            " ".join(f"TC_SST({copy.buffer}, {target} + {j}) = {zero};" for j in range(lanes)),
+        )
     p.emit(depth + 1, "}")
     p.emit(depth, "}")
+
+
+def _zero_filled(p: ThreadPrinter) -> bool:
+    """Whether a copy stores zeros where its box leaves the tensor: for the tensor
+    cores (`MappedKernel.matrix`), which multiply whole tiles, the elements past a
+    reduction's end included."""
+    return p.kernel is not None and p.kernel.matrix
+
+
+def tile_boxes(
+    p: ThreadPrinter, boxes: tuple[PackedBox, ...], inner: isl.AstNode
+) -> tuple[PackedBox, ...]:
+    """`boxes`, each of an operand of a matrix tile under `inner` made as large as its
+    tile (`operand_tile`): the warps read whole tiles, and a box clamped to a loop
+    shorter than the tile is shorter (its rest is past the tensor: zeros)."""
+    mark = matrix_below(inner) if p.kernel is not None and p.kernel.matrix else None
+    if mark is None:
+        return boxes
+    out = []
+    for b in boxes:
+        tile = operand_tile(p.scop.cdef, mark, b.tensor)
+        if tile is not None:
+            b = dataclasses.replace(b, sizes=tuple(map(max, b.sizes, tile)))
+        out.append(b)
+    return tuple(out)
 
 
 def box_offsets(p: ThreadPrinter, depth: int, buffer: str, b: PackedBox) -> tuple[str, ...]:
@@ -229,11 +263,11 @@ def print_shared_copy(
     p.emit(depth, "{")
     p.emit(depth + 1, "__syncthreads();")
     copies = {}
-    for b in boxes:
+    for b in tile_boxes(p, boxes, inner):
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], _row_length(b.sizes[-1], p.kernel.runs, itemsize))
+        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize))
         ctype = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
         copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
@@ -309,6 +343,11 @@ def _copy_element(
     p.emit(depth, f"const int tc_e = tc_e0 + tc_u * {threads};")
     local, inside, index = _element(p, depth, b, copy, sizes, lanes)
     target = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
+    if storing and _zero_filled(p):
+        zero = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar) + "{}"
+        p.emit(depth, f"if (tc_e < {math.prod(sizes)} && !({' && '.join(inside)})) {{")
+        p.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = {zero};")
+        p.emit(depth, "}")
     p.emit(depth, f"if ({' && '.join([f'tc_e < {math.prod(sizes)}', *inside])}) {{")
     if not storing:
         load = (
@@ -357,6 +396,18 @@ def _element(
     source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
     index = flat_index(p.dialect, source, [extent_name(b.tensor, d) for d in range(n)])
     return local, inside, index
+
+
+def row_length(p: ThreadPrinter, elements: int, itemsize: int) -> int:
+    """The length of a row of `elements` of `itemsize` bytes of a tile in shared memory
+    in the kernel being printed: for the tensor cores' operands
+    (`MappedKernel.matrix`), whole 16-byte pieces and `SKEW` elements more, so that
+    every row an `ldmatrix` reads starts on 16 bytes and the eight rows of one of its
+    matrices fall in distinct banks; else `_row_length`."""
+    assert p.kernel is not None
+    if p.kernel.matrix and itemsize == 2:
+        return -(-elements // 8) * 8 + SKEW
+    return _row_length(elements, p.kernel.runs, itemsize)
 
 
 def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:

@@ -22,6 +22,8 @@ GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 - `ThreadRegisters(outputs)`, `thread_registers:16`: a thread's point loops, whose
   outputs (16 at most) it keeps in registers across their reduction;
 - `Private()`, `private`: where a thread's register tile is loaded and stored;
+- `MatrixTile(kind, tile, warps, tensors)`, `matrix/bf16:64x64x32:2x2:A,B`: a block's
+  point loops of a contraction, run by its warps on the tensor cores;
 - `Lanes()`, `lane_reduction`: a reduction over the 32 lanes of a warp;
 - `Atomic()`, `atomic_reduction`: a reduction split across blocks;
 - `Rows()`, `warp_rows`: a row kernel's statements, a warp per row.
@@ -147,6 +149,25 @@ class ThreadRegisters:
 
 
 @dataclass(frozen=True, slots=True)
+class MatrixTile:
+    """The point loops of a contraction run on the tensor cores (`tcpy.mapping.gpu.matrix`):
+    `kind` names the instruction's operand type ("f16", "bf16"), `tile` the block's
+    rows, columns and reduction tile, `warps` the block's warps along the rows and
+    the columns, and `tensors` the operands giving the rows and the columns, whose
+    tiles are in shared memory."""
+
+    kind: str
+    tile: tuple[int, int, int]
+    warps: tuple[int, int]
+    tensors: tuple[str, str]
+
+    @property
+    def name(self) -> str:
+        tile, warps = "x".join(map(str, self.tile)), "x".join(map(str, self.warps))
+        return f"matrix/{self.kind}:{tile}:{warps}:{','.join(self.tensors)}"
+
+
+@dataclass(frozen=True, slots=True)
 class Private:
     """Where a thread's register tile is loaded and stored, above the reduction's
     tile loops it is held across."""
@@ -187,7 +208,7 @@ class Rows:
 
 Mark = (
     Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | ThreadRegisters
-    | Private | Lanes | Atomic | Rows
+    | MatrixTile | Private | Lanes | Atomic | Rows
 )  # fmt: skip
 Copy = Pack | Shared | Scratch
 """The marks under which codegen lays out local copies of tensors' boxes."""
@@ -223,10 +244,23 @@ def parse(name: str) -> Mark:
             return Shared(tensors, int(staged[7:]))
         case "scratch" if tensors:
             return Scratch(tensors)
+        case matrix if matrix.startswith("matrix/"):
+            return _matrix_tile(matrix[7:], rest)
     for simple in (Private(), Lanes(), Atomic(), Rows()):
         if name == simple.name:
             return simple
     raise InternalError(f"a schedule mark that is no tcpy mark: {name!r}")
+
+
+def _matrix_tile(kind: str, rest: str) -> MatrixTile:
+    """The `MatrixTile` of a name's kind and the rest after the colon."""
+    tile, warps, tensors = rest.split(":")
+    t, w, names = tile.split("x"), warps.split("x"), tensors.split(",")
+    if len(t) != 3 or len(w) != 2 or len(names) != 2:
+        raise InternalError(f"a malformed matrix mark: {kind}:{rest}")
+    return MatrixTile(
+        kind, (int(t[0]), int(t[1]), int(t[2])), (int(w[0]), int(w[1])), (names[0], names[1])
+    )
 
 
 def insert(node: isl.ScheduleNode, mark: Mark) -> isl.ScheduleNode:

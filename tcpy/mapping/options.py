@@ -56,6 +56,11 @@ _FUSIONS = (Fusion.MAX, Fusion.PRESERVE3_COINCIDENT, Fusion.MIN)
 _BOOLS = (False, True)
 _DEPTHS = (0, 1, 2, 3, 4, 8)  # `shared_depth`, `private_depth`: clamped to the band
 COPY_STAGES = (1, 2, 3, 4)
+WARP_TILES = ((), (16, 32), (32, 16), (32, 32), (64, 32), (32, 64), (64, 64))
+"""The warp tiles the tuner tries (`warp_tile`; empty: the mapping's)."""
+INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+MAX_WARP_TILE = 64 * 64
+"""The most outputs a warp's tile may have (128 registers of accumulators a lane)."""
 MAX_COPY_STAGES = 8
 REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_REGISTER_BLOCK = 1024
@@ -205,6 +210,28 @@ class MappingOptions:
     barrier per tile (`tcpy.codegen.cuda`). 1: one buffer, copied synchronously before
     each tile. Fewer where shared memory cannot hold them, or where the device has no
     `cp.async` (`tcpy.mapping.gpu.placement.copy_stages`)."""
+    use_tensor_cores: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Run contractions (`tcpy.parser.contractions`) whose operands are float16 or
+    bfloat16, and float32 ones when `input_precision` asks, on the tensor cores
+    (`mma.sync`, sm_80 and later), with `use_shared_memory`: each warp computes a
+    `warp_tile` of the block's outputs from operand tiles in shared memory, in float32
+    (`tcpy.mapping.gpu.matrix`). A contraction the instructions cannot take runs on
+    the CUDA cores as before. False: always the CUDA cores."""
+    warp_tile: tuple[int, ...] = dataclasses.field(
+        default=(), metadata=_tuned(TuningKind.CHOICE, ("cuda",), *WARP_TILES)
+    )
+    """On the tensor cores: the outputs each warp computes, rows then columns
+    (multiples of 16 and 8); a block has four warps, two by two. Empty: the mapping
+    chooses (64x32, smaller for small contractions or to fill the device)."""
+    input_precision: str = "ieee"
+    """How float32 operands of a contraction are multiplied (Triton's names):
+    "ieee" on the CUDA cores, exactly as written; "tf32" on the tensor cores, each
+    operand rounded to TF32 (10 bits of mantissa, as `cvt.rna.tf32.f32` rounds);
+    "tf32x3" on the tensor cores in three TF32 products (each operand split into a
+    TF32 part and its rounded rest), close to float32's accuracy. Not searched by
+    the tuner (it changes the results); targets without tensor cores read it not."""
     use_readonly_cache: bool = dataclasses.field(
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
@@ -464,10 +491,12 @@ def _validate(o: MappingOptions) -> None:
     for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
                  "use_shared_memory", "use_private_memory", "unroll_copy_shared",
                  "use_readonly_cache", "reduce_across_threads", "split_reductions",
+                 "use_tensor_cores",
                  "parallel", "vectorize"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")
-    for name in ("tile", "map_to_blocks", "map_to_threads", "interchange", "register_tile"):
+    for name in ("tile", "map_to_blocks", "map_to_threads", "interchange", "register_tile",
+                 "warp_tile"):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, tuple) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -478,6 +507,17 @@ def _validate(o: MappingOptions) -> None:
         value = getattr(o, name)
         if not isinstance(value, int) or isinstance(value, bool):
             fail(f"{name} must be an integer, not {value!r}")
+    if o.input_precision not in INPUT_PRECISIONS:
+        choices = ", ".join(INPUT_PRECISIONS)
+        fail(f"input_precision must be one of {choices}, not {o.input_precision!r}")
+    if o.warp_tile and (
+        len(o.warp_tile) != 2 or o.warp_tile[0] % 16 or o.warp_tile[1] % 8 or min(o.warp_tile) < 8
+        or o.warp_tile[0] * o.warp_tile[1] > MAX_WARP_TILE
+    ):  # fmt: skip
+        fail(
+            f"warp_tile takes rows (a multiple of 16) and columns (a multiple of 8), at most "
+            f"{MAX_WARP_TILE} outputs, not {o.warp_tile}"
+        )
     if not 1 <= o.copy_stages <= MAX_COPY_STAGES:
         fail(f"copy_stages must be 1 to {MAX_COPY_STAGES}, not {o.copy_stages}")
     if any(t < 0 for t in o.tile):

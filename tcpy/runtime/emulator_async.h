@@ -176,6 +176,13 @@ static bool warp_matrix(Worker &w, int first, const int *lanes, int n) {
 }
 
 static void ldmatrix(int count, bool trans, unsigned *r, const void *row) {
+  if ((uintptr_t)row & 15) {  /* each row's address must be 16-byte aligned */
+    char at[96], message[512];
+    where(at, sizeof at, worker->current);
+    snprintf(message, sizeof message, "%s: ldmatrix by %s: a row address not on 16 bytes",
+             launch_info->kernel, at);
+    fail_here(message);
+  }
   MatrixLane m{};
   m.row = row;
   warp_op(LDMATRIX, 0, 0xffffffffu, (uint64_t)(uintptr_t)&m, count | (trans ? 16 : 0), 32);

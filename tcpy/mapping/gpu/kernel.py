@@ -20,6 +20,10 @@ class MappedKernel:
     grid: tuple[int, ...]  # blocks along x, y, then the dimensions folded into z
     block: tuple[int, ...]  # threads along x, y, z
     runs: int = 1  # adjacent outputs a thread computes along x (1: strided by the block)
+    # its contraction runs on the tensor cores (`tcpy.mapping.gpu.matrix`): the operands'
+    # tiles in shared memory have rows of whole 16-byte pieces, skewed, and zeros
+    # outside the tensor
+    matrix: bool = False
 
     @property
     def threads(self) -> int:

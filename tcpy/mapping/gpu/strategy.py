@@ -55,6 +55,7 @@ from tcpy.mapping.gpu.band import (
 from tcpy.mapping.gpu.bind import bind_members, grid_sizes
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
+from tcpy.mapping.gpu.matrix import map_matrix_band, matrix_plan
 from tcpy.mapping.gpu.placement import (
     copy_into_shared,
     copy_stages,
@@ -64,6 +65,7 @@ from tcpy.mapping.gpu.placement import (
     thread_tile,
     wanted_stages,
 )
+from tcpy.mapping.gpu.plan import Plan
 from tcpy.mapping.gpu.rows import Rows, map_rows
 from tcpy.mapping.gpu.shared import gathers
 from tcpy.mapping.gpu.sizes import (
@@ -189,7 +191,9 @@ def _map_nests(
         mapped, choice = map_band(node, scop, options, device, bind, at, given)
     if not bind:
         choices.append(choice)
-    kernels.append(MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs))
+    kernels.append(
+        MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs, mapped.matrix)
+    )
     return mapped.node
 
 
@@ -223,6 +227,7 @@ class Mapped(NamedTuple):
     grid: tuple[int, ...]
     block: tuple[int, ...]
     runs: int
+    matrix: bool = False  # its contraction runs on the tensor cores (`matrix`)
 
 
 def map_band(
@@ -248,6 +253,11 @@ def map_band(
     if found is None:  # no parallel loop: the nest runs in one thread
         return Mapped(node, (), (), 1), Choice()
     node, plan = found
+    # tensor cores, for a contraction of half-precision operands
+    matrix = matrix_plan(node, scop, plan)
+    on_matrix = map_matrix_band(node, scop, plan, matrix, bind) if matrix else None
+    if on_matrix is not None:
+        return Mapped(*on_matrix, 1, True), Choice()
     # 3. shared memory, and 4. a split reduction
     choice = given if given is not None else _choose(node, scop, plan)
     # 5. to 9.: sizes, tiles, binding, copies, register tiles
@@ -273,22 +283,6 @@ def _choose(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> Choice:
         blocks, threads = math.prod(trial.mapped.grid), math.prod(trial.mapped.block)
         split = split_chunk(blocks, threads, member_extent(node, prefix), plan.device)
     return Choice(None, copies, split)
-
-
-class Plan(NamedTuple):
-    """What step 2 chose for a band: the options, the device, whether the band is
-    permutable, how many of its members are parallel, those on the grid (by grid
-    dimension, x first), the lane member (the band's last, or None) and the shared
-    memory budget every step 3 decision is made within."""
-
-    options: MappingOptions
-    device: DeviceProfile
-    permutable: bool
-    prefix: int
-    members: list[int]
-    lanes: int | None
-    budget: int  # the bytes of shared memory a block may use (`device.shared_budget`)
-    at: isl.Set | None = None  # the launch's sizes, for the grid (`map_to_gpu`)
 
 
 def _parallelism(

@@ -1,0 +1,281 @@
+"""A contraction's point loops run by a block's warps on the tensor cores, as the
+`MatrixTile` mark of the mapping says (`tcpy.mapping.gpu.matrix`).
+
+Under the mark stand the loops of the block's tile (rows, columns, the reduction
+tile) around the contraction's statement, its operands read from their tiles in
+shared memory. Warp `w` of the block computes the outputs of rows `w / warps_c` and
+columns `w % warps_c` of a grid of warp tiles, in `mma.sync.m16n8k16` pieces: its
+accumulators (`tc_d[m][n][4]`, float32, the instruction's layout: lane `L` holds
+rows `L/4` and `L/4 + 8`, columns `2(L%4)` and the one after) are loaded from the
+outputs where the reduction starts, kept across the reduction's tiles
+(`print_held_matrix`, under the `private` mark) and stored after them, each guarded
+by the loops' bounds. Each step of 16 along the reduction loads the operands'
+fragments from shared memory with `ldmatrix` (`.trans` where the tile's rows run
+along the reduction) and multiplies them. The operand tiles' rows are whole 16-byte
+pieces (`tcpy.codegen.shared_copy`), and hold zeros outside the tensors, so a
+partial tile along the reduction adds nothing.
+
+The printer reads the iterators, bounds and operand reads from the isl AST under
+the mark and the statement's own printing (an element's index is the read's index
+with the iterators declared at that element), so what the warps compute is the
+statement's instances the loops would have run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.codegen.exprs import Read, StatementParts
+from tcpy.codegen.loops import FOR, Header, walk
+from tcpy.codegen.thread_tile import ThreadPrinter
+from tcpy.errors import InternalError
+from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.marks import Mark, MatrixTile, of_ast
+from tcpy.parser import ast
+
+THREAD = "(int)(threadIdx.x + blockDim.x * threadIdx.y)"
+MMA = {"f16": "TC_MMA_F16", "bf16": "TC_MMA_BF16"}
+ROWS, COLUMNS, DEPTH = 16, 8, 16  # mma.sync.m16n8k16
+
+
+@dataclass(frozen=True)
+class MatrixNest:
+    """The loops under a `MatrixTile` mark and their statement: the rows' loop,
+    the columns', the reduction's, the statement's parts and its two operand reads
+    (from shared memory), with whether each operand's tile runs along the reduction
+    in memory (`ldmatrix` without `.trans`)."""
+
+    mark: MatrixTile
+    rows: Header
+    columns: Header
+    reduction: Header
+    parts: StatementParts
+    left: Read
+    right: Read
+    left_along: bool
+    right_along: bool
+
+    @property
+    def fragments(self) -> tuple[int, int]:
+        """The instruction tiles of a warp along the rows and the columns."""
+        rows, columns, _ = self.mark.tile
+        return rows // self.mark.warps[0] // ROWS, columns // self.mark.warps[1] // COLUMNS
+
+
+@dataclass
+class HeldMatrix:
+    """The accumulators of a warp held across the reduction's tile loops (under a
+    `private` mark): its mark, and the nest once found."""
+
+    mark: MatrixTile
+    nest: MatrixNest | None = None
+
+
+def matrix_below(node: isl.AstNode) -> MatrixTile | None:
+    """The `MatrixTile` mark under `node`, if any."""
+    return next((m for n, _ in walk(node) if isinstance(m := of_ast(n), MatrixTile)), None)
+
+
+def find_matrix_nest(p: ThreadPrinter, mark: MatrixTile, node: isl.AstNode) -> MatrixNest:
+    """The nest under `mark`: three loops around the statement, told apart by the
+    reads of the mark's operands (the rows' loop in the left operand's index, the
+    columns' in the right's, the reduction's in both)."""
+    loops: list[Header] = []
+    while node.get_type() == FOR:
+        loops.append(p.loop_header(node))
+        node = node.for_get_body()
+    instance = p.reduction_at(node)
+    if len(loops) != 3 or instance is None:
+        raise InternalError(f"a matrix tile's nest is not three loops around a reduction: {mark}")
+    parts = p.bodies.parts(instance.source, instance.values, ids=instance.ids())
+    reads = {}
+    for name in mark.tensors:
+        copy = p.bodies.copies.get(name)
+        found = [r for r in parts.reads if copy is not None and r.array == copy.buffer]
+        if len(found) != 1:
+            raise InternalError(
+                f"a matrix tile's operand {name} is not read once from shared memory"
+            )
+        reads[name] = found[0]
+    left, right = reads[mark.tensors[0]], reads[mark.tensors[1]]
+    by_role = {}
+    for loop in loops:
+        role = (loop.id in left.ids, loop.id in right.ids)
+        by_role[role] = loop
+    if set(by_role) != {(True, False), (False, True), (True, True)}:
+        raise InternalError(
+            f"a matrix tile's loops do not play rows, columns and reduction: {mark}"
+        )
+    st = instance.source
+    along = [_along_reduction(st.rhs, name, st.reduction_indices) for name in mark.tensors]
+    return MatrixNest(
+        mark, by_role[True, False], by_role[False, True], by_role[True, True],
+        parts, left, right, along[0], along[1],
+    )  # fmt: skip
+
+
+def _along_reduction(rhs: ast.Expr, tensor: str, reduction: tuple[str, ...]) -> bool:
+    """Whether `tensor`'s last subscript in `rhs` is a reduction index: its tile's
+    rows then run along the reduction."""
+    for node in ast.walk(rhs):
+        if isinstance(node, ast.Access) and node.tensor == tensor:
+            last = node.args[-1]
+            return isinstance(last, ast.Index) and last.name in reduction
+    raise InternalError(f"no read of {tensor}")
+
+
+def declare_accumulators(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
+    """`tc_d`, a warp's accumulators for `mark`'s tile, and `tc_held`, set once they
+    are loaded."""
+    rows, columns, _ = mark.tile
+    m, n = rows // mark.warps[0] // ROWS, columns // mark.warps[1] // COLUMNS
+    p.emit(depth, f"float tc_d[{m}][{n}][4];")
+    p.emit(depth, "bool tc_held = false;")
+
+
+def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool) -> None:
+    """The warps' code for `nest` (the block's tile at one reduction tile): the
+    accumulators loaded the first time (`held`: declared above, `declare_accumulators`;
+    else here, and stored at the end), then each step of 16 along the reduction."""
+    p.emit(depth, "{")
+    at = depth + 1
+    if not held:
+        declare_accumulators(p, nest.mark, at)
+    warp_place(p, nest.mark, at)
+    p.emit(at, "if (!tc_held) {")
+    each_accumulator(
+        p, nest, f"tc_d[tc_m][tc_n][tc_e] = (tc_in) ? {nest.parts.current} : 0.0f;", at + 1
+    )
+    p.emit(at + 1, "tc_held = true;")
+    p.emit(at, "}")
+    _steps(p, nest, at)
+    if not held:
+        store_accumulators(p, nest, at)
+    p.emit(depth, "}")
+
+
+def _steps(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
+    """Each step of 16 along the reduction tile: the fragments of the left operand
+    (`ldmatrix.x4` a 16x16 piece) and the right (`.x2`, 16x8), then every
+    instruction of the warp's tile."""
+    m, n = nest.fragments
+    p.emit(depth, "#pragma unroll")
+    p.emit(depth, f"for (int tc_k = 0; tc_k < {nest.mark.tile[2]}; tc_k += {DEPTH}) {{")
+    at = depth + 1
+    p.emit(at, f"unsigned tc_a[{m}][4], tc_b[{n}][2];")
+    rows, columns, k = nest.rows.iterator, nest.columns.iterator, nest.reduction.iterator
+    # lane L gives the address of a row of 8 elements of matrix L / 8
+    if (
+        nest.left_along
+    ):  # rows of the tile along the reduction: matrices (r, k) (r+8, k) (r, k+8) ...
+        left = {rows: "tc_wr + tc_m * 16 + (tc_lane & 15)", k: "tc_k + (tc_lane >> 4) * 8"}
+    else:  # rows along the reduction index: their transposes
+        left = {
+            rows: "tc_wr + tc_m * 16 + (tc_lane >> 3 & 1) * 8",
+            k: "tc_k + (tc_lane >> 4) * 8 + (tc_lane & 7)",
+        }
+    if nest.right_along:
+        right = {columns: "tc_wc + tc_n * 8 + (tc_lane & 7)", k: "tc_k + (tc_lane >> 3 & 1) * 8"}
+    else:
+        right = {columns: "tc_wc + tc_n * 8", k: "tc_k + (tc_lane & 15)"}
+    _fragments(
+        p, "tc_m", m, left, nest.left, f"TC_LDMATRIX(4, {_trans(nest.left_along)}, tc_a[tc_m]", at
+    )
+    _fragments(
+        p,
+        "tc_n",
+        n,
+        right,
+        nest.right,
+        f"TC_LDMATRIX(2, {_trans(nest.right_along)}, tc_b[tc_n]",
+        at,
+    )
+    p.emit(at, "#pragma unroll")
+    p.emit(at, f"for (int tc_m = 0; tc_m < {m}; tc_m++) {{")
+    p.emit(at + 1, "#pragma unroll")
+    p.emit(at + 1, f"for (int tc_n = 0; tc_n < {n}; tc_n++) {{")
+    product = f"{MMA[nest.mark.kind]}(tc_d[tc_m][tc_n], tc_a[tc_m], tc_b[tc_n], tc_d[tc_m][tc_n]);"
+    p.emit(at + 2, product)
+    p.emit(at + 1, "}")
+    p.emit(at, "}")
+    p.emit(depth, "}")
+
+
+def _trans(along: bool) -> str:
+    return "false" if along else "true"
+
+
+def _fragments(
+    p: ThreadPrinter,
+    counter: str,
+    count: int,
+    at: dict[str, str],
+    read: Read,
+    load: str,
+    depth: int,
+) -> None:
+    """The `ldmatrix` of each of `count` fragments (`counter`), the lane's row address
+    the read's index with the iterators at `at`."""
+    p.emit(depth, "#pragma unroll")
+    p.emit(depth, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
+    values = " ".join(f"const int {it} = {v};" for it, v in at.items())
+    p.emit(depth + 1, f"{values} {load}, {read.array}, {read.index});")
+    p.emit(depth, "}")
+
+
+def each_accumulator(p: ThreadPrinter, nest: MatrixNest, line: str, depth: int) -> None:
+    """`line` for each accumulator of the lane (`tc_m`, `tc_n`, `tc_e`), the rows' and
+    columns' iterators declared at its element and `tc_in` whether the loops reach
+    it."""
+    m, n = nest.fragments
+    rows, columns = nest.rows, nest.columns
+    for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_e", 4))):
+        p.emit(depth + k, "#pragma unroll")
+        p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
+    at = depth + 3
+    p.emit(at, f"const int {rows.iterator} = tc_wr + tc_m * 16 + (tc_lane >> 2) + (tc_e >> 1) * 8;")
+    p.emit(at, f"const int {columns.iterator} = tc_wc + tc_n * 8 + (tc_lane & 3) * 2 + (tc_e & 1);")
+    reached = f"{rows.iterator} >= {rows.init} && {rows.cond} && "
+    reached += f"{columns.iterator} >= {columns.init} && {columns.cond}"
+    p.emit(at, f"const bool tc_in = {reached};")
+    p.emit(at, line)
+    for k in reversed(range(3)):
+        p.emit(depth + k, "}")
+
+
+def warp_place(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
+    """Declares the lane, the warp, and the first row and column of the warp's tile."""
+    rows, columns = mark.tile[0] // mark.warps[0], mark.tile[1] // mark.warps[1]
+    p.emit(depth, f"const int tc_lane = {THREAD} % {WARP}, tc_warp = {THREAD} / {WARP};")
+    p.emit(depth, f"const int tc_wr = tc_warp / {mark.warps[1]} * {rows};")
+    p.emit(depth, f"const int tc_wc = tc_warp % {mark.warps[1]} * {columns};")
+
+
+def store_accumulators(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
+    """The lane's accumulators stored into the outputs the loops reach."""
+    warp_place(p, nest.mark, depth)
+    store = f"if (tc_in) {nest.parts.target} = {nest.parts.store('tc_d[tc_m][tc_n][tc_e]')};"
+    each_accumulator(p, nest, store, depth)
+
+
+def print_held_matrix(
+    p: ThreadPrinter,
+    mark: MatrixTile,
+    inner: isl.AstNode,
+    depth: int,
+    marks: tuple[Mark, ...],
+    held: HeldMatrix,
+) -> None:
+    """The code under a `private` mark above a matrix tile: the warp's accumulators
+    declared, `inner` (the reduction's tile loops, whose matrix tile loads them the
+    first time, `held`), and stored after them."""
+    p.emit(depth, "{")
+    declare_accumulators(p, mark, depth + 1)
+    p.node(inner, depth + 1, marks)
+    if held.nest is not None:
+        p.emit(depth + 1, "if (tc_held) {")
+        store_accumulators(p, held.nest, depth + 2)
+        p.emit(depth + 1, "}")
+    p.emit(depth, "}")

@@ -1,0 +1,236 @@
+"""Contractions on the tensor cores: a band whose statement is a contraction of
+float16 or bfloat16 operands (`tcpy.parser.contractions`) is tiled for warps that run
+`mma.sync` (m16n8k16) on operand tiles in shared memory.
+
+`matrix_plan` decides whether a band runs so and with which tiles: four warps a
+block, two along the rows and two along the columns, each computing a `warp_tile`
+of outputs (64x32 unless the options or small extents say otherwise) over a
+reduction tile of `REDUCTION_TILE`. `map_matrix_band` tiles the band by those tiles,
+binds its tile loops to blocks and leaves the point loops unbound under a
+`marks.MatrixTile`: codegen prints them as the warps' instructions
+(`tcpy.codegen.matrix_tile`), the accumulators held across the reduction's tiles
+(`marks.Private`) and the operands' tiles copied into shared memory per reduction
+tile (`marks.Shared`, pipelined as `copy_stages` says). A band the plan does not
+take is mapped on the CUDA cores, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from tcpy.mapping import marks
+from tcpy.mapping.gpu.bind import bind_members, count_blocks, grid_sizes
+from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.gpu.placement import (
+    ASYNC_COPY_ARCH,
+    copy_into_shared,
+    mark_at,
+    wanted_stages,
+)
+from tcpy.mapping.gpu.plan import Plan
+from tcpy.mapping.gpu.sizes import FILL_WAVES
+from tcpy.mapping.promotion import box_at
+from tcpy.naming import BLOCK_PARAMS
+from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.contractions import Contraction, Operand, classify
+from tcpy.parser.symbolic import Sym
+from tcpy.poly.isl_helpers import union_set_sets
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import tile_leading_members
+from tcpy.types import ScalarType
+
+KINDS = {ScalarType.FLOAT16: "f16", ScalarType.BFLOAT16: "bf16"}
+"""The instruction kind of each operand type the tensor cores take."""
+SHAPE = (16, 8, 16)
+"""The instruction's rows, columns and reduction (`mma.sync.m16n8k16`)."""
+WARPS = (2, 2)
+"""A block's warps along the rows and the columns of its tile."""
+REDUCTION_TILE = 32
+"""The reduction tile a block copies its operands' tiles at (two instructions deep)."""
+DEFAULT_WARP_TILE = (64, 32)
+"""Sixteen instructions a step, 64 accumulators a lane: NVRTC 13 builds the 4096^3
+bfloat16 matmul in 162 registers without spills (64x64 spills at 255); a block's
+tile is 128x64, CUTLASS's smaller Ampere tile."""
+SMALLEST_WARP_TILE = (16, 16)
+SKEW = 8
+"""The 2-byte elements a row of an operand's tile in shared memory is longer than a
+whole number of 16-byte pieces: the eight rows an `ldmatrix` reads then start in
+distinct groups of four banks (`tcpy.codegen.shared_copy`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixPlan:
+    """A band on the tensor cores: its members giving the rows, the columns and the
+    reduction, the block's tiles and the mark codegen reads."""
+
+    rows: int
+    columns: int
+    reduction: int
+    mark: marks.MatrixTile
+
+    def tiles(self, n: int) -> list[int]:
+        """The tile of each of the band's `n` members (1 for a batch member)."""
+        by_member = {self.rows: self.mark.tile[0], self.columns: self.mark.tile[1]}
+        by_member[self.reduction] = self.mark.tile[2]
+        return [by_member.get(m, 1) for m in range(n)]
+
+
+def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | None:
+    """The tensor-core plan of band `node` (reordered by the mapping's step 2), where
+    `use_tensor_cores` and `use_shared_memory` allow it on a device with `cp.async`
+    and `mma.sync` (sm_80 on), and the band runs one statement: a contraction of two
+    float16 or two bfloat16 operands (`classify`) with one row, one column and one
+    reduction index, every parallel member on the grid, the reduction last (a
+    reduction step 2 spread over lanes runs on the tensor cores instead), and both
+    operands' tiles fitting shared memory. None otherwise."""
+    options, device = plan.options, plan.device
+    if not (options.use_tensor_cores and options.use_shared_memory and plan.permutable):
+        return None
+    if int(device.arch.removeprefix("sm_")[:2]) < ASYNC_COPY_ARCH:
+        return None
+    found = _contraction(node, scop)
+    if found is None:
+        return None
+    name, c = found
+    n = node.band_n_member()
+    by_index = {}
+    for m in range(n):
+        position = member_variables(node, m).get(name)
+        if position is None:
+            return None
+        by_index[scop.statement(name).dims[position]] = m
+    rows, columns, reduction = by_index[c.rows[0]], by_index[c.columns[0]], by_index[c.reduction[0]]
+    if sorted(plan.members) != list(range(plan.prefix)):
+        return None  # a parallel member off the grid
+    if reduction != plan.prefix or n != plan.prefix + 1:
+        return None
+    extents = [member_extent(node, m, plan.at) for m in plan.members]
+    warp_tile = options.warp_tile or _warp_tile(plan, extents, rows, columns)
+    tile = (WARPS[0] * warp_tile[0], WARPS[1] * warp_tile[1], REDUCTION_TILE)
+    mark = marks.MatrixTile(KINDS[c.left.scalar], tile, WARPS, (c.left.tensor, c.right.tensor))
+    return MatrixPlan(rows, columns, reduction, mark)
+
+
+def _contraction(node: isl.ScheduleNode, scop: Scop) -> tuple[str, Contraction] | None:
+    """The one statement of the band and the contraction it is, with one index of
+    each role, operands of one type the tensor cores take, each with its reduction
+    index or its own row (column) index innermost (`ldmatrix` loads rows of 8
+    adjacent elements along one or the other), and a reduction over the whole of
+    both operands; else None."""
+    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    if len(names) != 1:
+        return None
+    (name,) = names
+    statement = scop.statement(name)
+    if statement.kind is not Kind.COMPUTE:
+        return None
+    c = classify(statement.source(scop.cdef), scop.cdef)
+    if c is None or (len(c.rows), len(c.columns), len(c.reduction)) != (1, 1, 1):
+        return None
+    if c.left.scalar != c.right.scalar or c.left.scalar not in KINDS:
+        return None
+    if c.left.indices[-1] not in c.rows + c.reduction:
+        return None  # a batch index innermost: no row of 8 adjacent elements to load
+    if c.right.indices[-1] not in c.columns + c.reduction:
+        return None
+    st = statement.source(scop.cdef)
+    if not all(_whole(st, scop.cdef, operand, c.reduction[0]) for operand in (c.left, c.right)):
+        return None
+    return name, c
+
+
+def _whole(st: CheckedStatement, cdef: CheckedDef, operand: Operand, index: str) -> bool:
+    """Whether `index` runs over the whole of `operand`'s dimension it subscripts (from
+    0 to its extent): the tiles along it then hold nothing but the reduction's values
+    and the zeros past the tensor's end."""
+    extent = cdef.tensor(operand.tensor).shape[operand.indices.index(index)]
+    span = st.range_of(index)
+    return span.lo == Sym.of(0) and span.hi == extent
+
+
+def operand_tile(cdef: CheckedDef, mark: marks.MatrixTile, tensor: str) -> tuple[int, ...] | None:
+    """The extents of the tile of operand `tensor` of `mark`'s contraction, per
+    dimension of the tensor: the block's rows (left operand) or columns (right), the
+    reduction tile, and 1 along a batch index; None for another tensor."""
+    if tensor not in mark.tensors:
+        return None
+    for st in cdef.statements:
+        c = classify(st, cdef)
+        if c is None or (c.left.tensor, c.right.tensor) != mark.tensors:
+            continue
+        operand, own = (
+            (c.left, mark.tile[0]) if tensor == c.left.tensor else (c.right, mark.tile[1])
+        )
+        return tuple(
+            mark.tile[2] if i in c.reduction else 1 if i in c.batch else own
+            for i in operand.indices
+        )
+    return None
+
+
+def _warp_tile(plan: Plan, extents: list[int | None], rows: int, columns: int) -> tuple[int, int]:
+    """`DEFAULT_WARP_TILE`, each side halved (down to `SMALLEST_WARP_TILE`) while the
+    block's tile along it is twice the extent or more, then the larger side halved
+    while the grid would not fill the device `FILL_WAVES` times over."""
+    wanted = list(DEFAULT_WARP_TILE)
+    sides = (rows, columns)
+    for k, member in enumerate(sides):
+        extent = extents[plan.members.index(member)]
+        while (
+            extent is not None
+            and wanted[k] > SMALLEST_WARP_TILE[k]
+            and (WARPS[k] * wanted[k] >= 2 * extent)
+        ):
+            wanted[k] //= 2
+    fill = FILL_WAVES * plan.device.sms
+
+    def blocks() -> int:
+        tile = [1] * (max(plan.members) + 1)
+        tile[rows], tile[columns] = WARPS[0] * wanted[0], WARPS[1] * wanted[1]
+        return count_blocks(extents, tile, plan.members)
+
+    while blocks() < fill and wanted != list(SMALLEST_WARP_TILE):
+        k = 0 if wanted[0] >= wanted[1] and wanted[0] > SMALLEST_WARP_TILE[0] else 1
+        if wanted[k] <= SMALLEST_WARP_TILE[k]:
+            break
+        wanted[k] //= 2
+    return wanted[0], wanted[1]
+
+
+def map_matrix_band(
+    node: isl.ScheduleNode, scop: Scop, plan: Plan, matrix: MatrixPlan, bind: bool
+) -> tuple[isl.ScheduleNode, tuple[int, ...], tuple[int, ...]] | None:
+    """The band tiled as `matrix` says and, with `bind`, its tile loops on the grid,
+    its point loops under the `MatrixTile` mark, the operands copied into shared
+    memory per reduction tile and the accumulators held above the reduction's tile
+    loop. Returns the node at the band's position, the grid and the block; None
+    where the operands' tiles would not fit shared memory."""
+    n, options = node.band_n_member(), plan.options
+    node = tile_leading_members(node, matrix.tiles(n))
+    grid = grid_sizes(options, [member_extent(node, m, plan.at) for m in plan.members])
+    block = (WARP, WARPS[0] * WARPS[1])
+    tensors = matrix.mark.tensors
+    if any(box_at(node.child(0), t, scop) is None for t in tensors):
+        return None
+    if _tile_bytes(matrix.mark) > plan.budget:
+        return None
+    if not bind:
+        return node, tuple(grid), block
+    node = bind_members(node, plan.members, grid, BLOCK_PARAMS)
+    node = marks.insert(node.child(0), matrix.mark).parent().parent()
+    stages = wanted_stages(options, plan.device)
+    while stages > 1 and stages * _tile_bytes(matrix.mark) > plan.budget:
+        stages -= 1
+    node = copy_into_shared(node, n, tensors, stages)
+    node = mark_at(node, plan.prefix, marks.Private())
+    return node.parent(), tuple(grid), block
+
+
+def _tile_bytes(mark: marks.MatrixTile) -> int:
+    """The most bytes one stage of both operands' tiles takes, their rows skewed
+    (`SKEW`) whichever of their dimensions is innermost."""
+    rows, columns, depth = mark.tile
+    return 2 * (rows + SKEW + columns + SKEW) * (depth + SKEW)
