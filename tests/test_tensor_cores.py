@@ -1,0 +1,293 @@
+"""Contractions on the tensor cores: the classifier of contractions, the mapping's
+plan (which contractions, which tiles), and the warps' `ldmatrix`/`mma.sync` code run
+by the emulator with its checks on (`conftest` sets `TCPY_EMU_CHECK`), each result
+against the `reference` target; the sources compile with NVRTC for sm_80 and sm_90.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tcpy
+from tcpy.codegen import matrix_tile, shared_copy
+from tcpy.errors import TCEmulationError, TCMappingError
+from tcpy.mapping.gpu.device import DeviceProfile, named
+from tcpy.mapping.options import MappingOptions
+from tcpy.parser import check_source
+from tcpy.parser.contractions import classify
+from tcpy.pipeline import lower_to_cuda
+from tcpy.runtime import nvrtc
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
+
+MM = "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! float(A(m,k)) * float(B(k,n)) }}"
+CASES = {
+    "matmul": (MM, [(100, 70), (70, 50)]),
+    "A*B^T": (
+        "def mm({t}(M,K) A, {t}(N,K) B) -> (C) {{ C(m,n) +=! float(A(m,k)) * float(B(n,k)) }}",
+        [(64, 48), (40, 48)],
+    ),
+    "A^T*B": (
+        "def mm({t}(K,M) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! float(A(k,m)) * float(B(k,n)) }}",
+        [(33, 64), (33, 72)],
+    ),
+    "A^T*B^T": (
+        "def mm({t}(K,M) A, {t}(N,K) B) -> (C) {{ C(m,n) +=! float(A(k,m)) * float(B(n,k)) }}",
+        [(80, 96), (24, 80)],
+    ),
+    "batch": (
+        "def bmm({t}(Z,M,K) A, {t}(Z,K,N) B) -> (C) "
+        "{{ C(b,m,n) +=! float(A(b,m,k)) * float(B(b,k,n)) }}",
+        [(3, 40, 24), (3, 24, 56)],
+    ),
+    "transposed output": (
+        "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(n,m) +=! float(A(m,k)) * float(B(k,n)) }}",
+        [(64, 40), (40, 32)],
+    ),
+    "half output": (
+        "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! A(m,k) * B(k,n) }}",
+        [(48, 40), (40, 24)],
+    ),
+    "smaller than a tile": (MM, [(5, 3), (3, 7)]),
+    "accumulating": (
+        "def mm({t}(M,K) A, {t}(K,N) B, float(M,N) C0) -> (C) "
+        "{{ C(m,n) = C0(m,n)\n C(m,n) += float(A(m,k)) * float(B(k,n)) }}",
+        [(40, 56), (56, 24), (40, 24)],
+    ),
+}
+TYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _inputs(shapes: list[tuple[int, ...]], dtype: type, rng: np.random.Generator) -> list:
+    arrays = []
+    for k, shape in enumerate(shapes):
+        kind = dtype if k < 2 else np.float32
+        arrays.append(rng.standard_normal(shape).astype(kind))
+    return arrays
+
+
+def _engines(source: str) -> tuple[tcpy.ExecutionEngine, tcpy.ExecutionEngine]:
+    emu, reference = tcpy.ExecutionEngine("cuda-emu"), tcpy.ExecutionEngine("reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        emu.define(source)
+        reference.define(source)
+    return emu, reference
+
+
+def _entry(source: str) -> str:
+    found = re.search(r"def (\w+)", source)
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_contractions_on_tensor_cores_agree_with_the_reference(case: str, type_name: str) -> None:
+    """Each shape of contraction runs on `mma.sync` (its source says so) and gives the
+    reference's result to float32 accumulation's accuracy (a half output: to its
+    rounding), under the emulator's race, bounds and barrier checks."""
+    template, shapes = CASES[case]
+    source = template.format(t=type_name)
+    emu, reference = _engines(source)
+    name = _entry(source)
+    inputs = _inputs(shapes, TYPES[type_name], np.random.default_rng(7))
+    compiled = emu.compile(name, *inputs)
+    kind = "F16" if type_name == "float16" else "BF16"
+    assert f"TC_MMA_{kind}(" in compiled.source
+    got = np.asarray(getattr(emu, name)(*inputs), dtype=np.float64)
+    want = np.asarray(getattr(reference, name)(*inputs), dtype=np.float64)
+    scale = np.abs(want).max()
+    tol = 1e-5 if got.dtype != np.float16 and "half" not in case else 1e-2
+    assert np.abs(got - want).max() <= tol * scale
+
+
+def test_the_profile_counts_the_instructions() -> None:
+    """A 64x64x64 bfloat16 matmul: 64 * 64 * 64 / (16 * 8 * 16) = 128 instructions,
+    whatever the tiles; the operand tiles come through `cp.async` and nothing reads
+    a tensor element by element from global memory in the product."""
+    emu, _ = _engines(MM.format(t="bfloat16"))
+    a = np.ones((64, 64), ml_dtypes.bfloat16)
+    profile = emu.compile("mm", a, a).profile(a, a)
+    product = profile[-1]
+    assert product["mmas"] == 128
+    assert product["async_copies"] > 0
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        (MM.format(t="float"), "float32 operands, input_precision ieee"),
+        (
+            "def mm(float16(M,K) A, float16(K,N) B) -> (C) "
+            "{ C(m,n) +=! float(A(m,k)) * float(B(k,n)) where k in 0:5 }",
+            "a reduction over part of the operands",
+        ),
+        (
+            "def td(float16(N,C1,C2,W) I0, float16(N,C2,C3,W) I1) -> (O) "
+            "{ O(n,c1,c3,w) +=! float(I0(n,c1,r,w)) * float(I1(n,r,c3,w)) }",
+            "a batch index innermost",
+        ),
+        (
+            "def conv(float16(N,C,H) I, float16(F,C,KH) W1) -> (O) "
+            "{ O(n,f,h) +=! float(I(n,c,h+kh)) * float(W1(f,c,kh)) }",
+            "a window",
+        ),
+    ],
+)
+def test_what_the_tensor_cores_cannot_take_runs_on_cuda_cores(source: str, why: str) -> None:
+    """Each of these runs without `mma.sync`, and right."""
+    emu, reference = _engines(source)
+    name = _entry(source)
+    cdef = check_source(source)[name]
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal([9 for _ in t.shape]).astype(t.scalar.dtype) for t in cdef.inputs]
+    compiled = emu.compile(name, *inputs)
+    assert "tc_d[" not in compiled.source, why
+    got = np.asarray(getattr(emu, name)(*inputs), np.float64)
+    want = np.asarray(getattr(reference, name)(*inputs), np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _lowered(
+    source: str, sizes: dict[str, int], options: MappingOptions, device: DeviceProfile | None = None
+):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)[_entry(source)]
+    return lower_to_cuda(cdef, sizes, options, check=True, device=device or named("h100"))
+
+
+def test_tensor_cores_are_the_default_and_can_be_turned_off() -> None:
+    source, sizes = MM.format(t="bfloat16"), {"M": 4096, "K": 4096, "N": 4096}
+    on = _lowered(source, sizes, MappingOptions.cuda())
+    assert on.mapping.kernels[1].matrix and on.mapping.kernels[1].block == (32, 4)
+    assert on.mapping.kernels[1].grid == (64, 32)  # 128x64 tiles: warp tiles of 64x32
+    off = _lowered(source, sizes, MappingOptions.cuda().replace(use_tensor_cores=False))
+    assert not off.mapping.kernels[1].matrix and "tc_d[" not in off.source
+
+
+def test_the_warp_tile_option_sets_the_block_tile() -> None:
+    source, sizes = MM.format(t="float16"), {"M": 1024, "K": 256, "N": 1024}
+    lowered = _lowered(source, sizes, MappingOptions.cuda().replace(warp_tile=(32, 64)))
+    assert lowered.mapping.kernels[1].grid == (8, 16)  # 64x128 tiles
+    assert "float tc_d[2][8][4];" in lowered.source
+
+
+def test_a_device_before_sm_80_uses_cuda_cores() -> None:
+    source, sizes = MM.format(t="float16"), {"M": 256, "K": 256, "N": 256}
+    turing = dataclasses.replace(named("l4"), arch="sm_75")
+    lowered = _lowered(source, sizes, MappingOptions.cuda(), device=turing)
+    assert not lowered.mapping.kernels[1].matrix
+
+
+def test_small_contractions_get_smaller_warp_tiles() -> None:
+    """A 128^3 matmul gives the H100's 132 SMs 16 blocks of 32x32 (warp tiles of
+    16x16, the smallest): the grid cannot fill it, and larger tiles would leave more
+    SMs idle."""
+    lowered = _lowered(
+        MM.format(t="float16"), {"M": 128, "K": 128, "N": 128}, MappingOptions.cuda()
+    )
+    assert lowered.mapping.kernels[1].grid == (4, 4)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("case", ["matmul", "A^T*B^T", "batch", "half output"])
+def test_tensor_core_kernels_compile_with_nvrtc(case: str) -> None:
+    template, _ = CASES[case]
+    source = template.format(t="bfloat16")
+    sizes = {"M": 512, "K": 512, "N": 512, "Z": 4}
+    cdef = check_source(source)[_entry(source)]
+    sizes = {s: sizes[s] for s in cdef.size_symbols}
+    lowered = _lowered(source, sizes, MappingOptions.cuda())
+    for arch in ("sm_80", "sm_90"):
+        assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
+    ptx = nvrtc.compile_ptx(lowered.source, "compute_80")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4" in ptx
+
+
+def test_a_wrong_fragment_layout_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The operands' fragments loaded with `.trans` where it does not belong and
+    without it where it does (rows where columns belong): the emulator's ISA layouts
+    give a wrong product."""
+    source = MM.format(t="float16")
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((32, 32)).astype(np.float16) for _ in range(2))
+    emu, reference = _engines(source)
+    want = reference.mm(a, b)
+    np.testing.assert_allclose(emu.mm(a, b), want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(matrix_tile, "_trans", lambda along: "true" if along else "false")
+    broken, _ = _engines(source)
+    assert np.abs(broken.mm(a, b) - want).max() > 1.0
+
+
+def test_a_misaligned_ldmatrix_row_is_reported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Operand tiles whose rows are 6 elements longer than whole 16-byte pieces: the
+    rows `ldmatrix` reads no longer start on 16 bytes, which the emulator reports
+    (lane 1 gives the address of row 1, 38 elements in; the copies move pairs)."""
+    monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(shared_copy, "SKEW", 6)
+    emu, _ = _engines(MM.format(t="float16"))
+    a = np.ones((32, 32), np.float16)
+    pairs = MappingOptions.cuda().replace(vectorize=False)  # no 16-byte copies, which fail first
+    with pytest.raises(TCEmulationError, match="misaligned 16-byte access to shared tc_shared0 at index 38"):
+        emu.compile("mm", a, a, options=pairs)(a, a)
+
+
+def test_the_classifier_reads_roles_from_the_accesses() -> None:
+    cdef = check_source(
+        "def f(float(Z,M,K) A, float(Z,K,N) B) -> (C) { C(z,m,n) +=! A(z,m,k) * B(z,k,n) }"
+    )["f"]
+    c = classify(cdef.statements[0], cdef)
+    assert c is not None
+    assert (c.rows, c.columns, c.batch, c.reduction) == (("m",), ("n",), ("z",), ("k",))
+    assert (c.left.tensor, c.right.tensor) == ("A", "B")
+    swapped = c.swapped()
+    assert (swapped.rows, swapped.left.tensor) == (("n",), "B")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) max=! A(m,k) * B(k,n) }",
+        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) + B(k,n) }",
+        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) * 2.0 }",
+        "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) * A(m,k) }",
+        "def f(float(N,H) I, float(KH) W) -> (O) { O(n,h) +=! I(n,h+kh) * W(kh) }",
+        "def f(float(M,K) A, float(K) B) -> (C) { C(m) +=! A(m,k) * B(k) }",
+        "def f(double(M,K) A, double(K,N) B) -> (C) { C(m,n) +=! float(A(m,k)) * float(B(k,n)) }",
+    ],
+    ids=["max", "sum", "three factors", "a square", "window", "vector", "narrowing cast"],
+)
+def test_the_classifier_refuses_what_is_no_matrix_product(source: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cdef = check_source(source)["f"]
+    c = classify(cdef.statements[0], cdef)
+    if c is not None:  # a matrix-vector product is a contraction, with no columns
+        assert c.columns == ()
+    else:
+        assert c is None
+
+
+def test_the_options_check_their_new_fields() -> None:
+    assert MappingOptions(input_precision="tf32x3").input_precision == "tf32x3"
+    with pytest.raises(TCMappingError, match="input_precision"):
+        MappingOptions(input_precision="fp32")
+    with pytest.raises(TCMappingError, match="warp_tile"):
+        MappingOptions(warp_tile=(24, 8))
+    with pytest.raises(TCMappingError, match="warp_tile"):
+        MappingOptions(warp_tile=(128, 64))
+    o = MappingOptions(warp_tile=(32, 16), use_tensor_cores=False)
+    assert MappingOptions.from_json(o.to_json()) == o
