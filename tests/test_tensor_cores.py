@@ -233,15 +233,17 @@ def test_a_wrong_fragment_layout_fails(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_a_misaligned_ldmatrix_row_is_reported(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Operand tiles whose rows are 6 elements longer than whole 16-byte pieces: the
-    rows `ldmatrix` reads no longer start on 16 bytes, which the emulator reports
-    (lane 1 gives the address of row 1, 38 elements in; the copies move pairs)."""
+    """Operand tiles whose rows are whole 12-byte pieces and 12 bytes more: the rows
+    `ldmatrix` reads no longer start on 16 bytes, which the emulator reports (lane 1
+    gives the address of row 1, 42 elements in; the copies move pairs)."""
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(shared_copy, "SKEW", 6)
+    monkeypatch.setattr(shared_copy, "skew", lambda itemsize: 6)
     emu, _ = _engines(MM.format(t="float16"))
     a = np.ones((32, 32), np.float16)
     pairs = MappingOptions.cuda().replace(vectorize=False)  # no 16-byte copies, which fail first
-    with pytest.raises(TCEmulationError, match="misaligned 16-byte access to shared tc_shared0 at index 38"):
+    with pytest.raises(
+        TCEmulationError, match="misaligned 16-byte access to shared tc_shared0 at index 42"
+    ):
         emu.compile("mm", a, a, options=pairs)(a, a)
 
 
@@ -291,3 +293,45 @@ def test_the_options_check_their_new_fields() -> None:
         MappingOptions(warp_tile=(128, 64))
     o = MappingOptions(warp_tile=(32, 16), use_tensor_cores=False)
     assert MappingOptions.from_json(o.to_json()) == o
+
+
+@pytest.mark.parametrize("case", ["matmul", "A*B^T", "A^T*B^T", "batch"])
+def test_float32_contractions_on_tf32_tensor_cores(case: str) -> None:
+    """`input_precision` "tf32" and "tf32x3" put a float32 contraction on `mma.sync`
+    m16n8k8: tf32's error against float64 is that of 10-bit mantissas (under 2^-9 of
+    the largest output here, above 2^-16), tf32x3's within twice the CUDA cores'
+    ("ieee") error, under the emulator's checks."""
+    template, shapes = CASES[case]
+    source = template.format(t="float")
+    emu, _ = _engines(source)
+    name = _entry(source)
+    a, b = _inputs(shapes, np.float32, np.random.default_rng(11))
+    exact = _float64_product(source, name, a, b)
+    errors = {}
+    for precision in ("ieee", "tf32", "tf32x3"):
+        options = MappingOptions.cuda().replace(input_precision=precision)
+        compiled = emu.compile(name, a, b, options=options)
+        assert ("TC_MMA_TF32(tc_d" in compiled.source) == (precision != "ieee")
+        errors[precision] = np.abs(compiled(a, b) - exact).max() / np.abs(exact).max()
+    assert 2**-16 < errors["tf32"] < 2**-9
+    assert errors["tf32x3"] <= 2 * errors["ieee"]
+
+
+def _float64_product(source: str, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The contraction of `source` on the reference target in float64."""
+    reference = tcpy.ExecutionEngine("reference")
+    reference.define(source.replace("float(", "double("))
+    return np.asarray(getattr(reference, name)(a.astype(np.float64), b.astype(np.float64)))
+
+
+@needs_nvrtc
+def test_tf32_kernels_compile_with_nvrtc() -> None:
+    source = MM.format(t="float")
+    for precision in ("tf32", "tf32x3"):
+        options = MappingOptions.cuda().replace(input_precision=precision)
+        lowered = _lowered(source, {"M": 256, "K": 256, "N": 256}, options)
+        for arch in ("sm_80", "sm_90"):
+            assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
+        ptx = nvrtc.compile_ptx(lowered.source, "compute_80")
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+        assert "cvt.rna.tf32.f32" in ptx

@@ -36,8 +36,9 @@ from tcpy.mapping.marks import Mark, MatrixTile, of_ast
 from tcpy.parser import ast
 
 THREAD = "(int)(threadIdx.x + blockDim.x * threadIdx.y)"
-MMA = {"f16": "TC_MMA_F16", "bf16": "TC_MMA_BF16"}
-ROWS, COLUMNS, DEPTH = 16, 8, 16  # mma.sync.m16n8k16
+MMA = {"f16": "TC_MMA_F16", "bf16": "TC_MMA_BF16", "tf32": "TC_MMA_TF32", "tf32x3": "TC_MMA_TF32"}
+ROWS, COLUMNS = 16, 8  # an instruction's outputs
+DEPTH = {"f16": 16, "bf16": 16, "tf32": 8, "tf32x3": 8}  # m16n8k16, m16n8k8
 
 
 @dataclass(frozen=True)
@@ -157,21 +158,74 @@ def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool
 
 
 def _steps(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
-    """Each step of 16 along the reduction tile: the fragments of the left operand
-    (`ldmatrix.x4` a 16x16 piece) and the right (`.x2`, 16x8), then every
-    instruction of the warp's tile."""
+    """Each step of the instruction's depth along the reduction tile: the operands'
+    fragments (`_half_fragments`, `_tf32_fragments`), then every instruction of the
+    warp's tile; tf32x3 makes three, the products of the rounded rests first."""
     m, n = nest.fragments
+    kind = nest.mark.kind
     p.emit(depth, "#pragma unroll")
-    p.emit(depth, f"for (int tc_k = 0; tc_k < {nest.mark.tile[2]}; tc_k += {DEPTH}) {{")
+    p.emit(depth, f"for (int tc_k = 0; tc_k < {nest.mark.tile[2]}; tc_k += {DEPTH[kind]}) {{")
     at = depth + 1
     p.emit(at, f"unsigned tc_a[{m}][4], tc_b[{n}][2];")
+    if kind == "tf32x3":
+        p.emit(at, f"unsigned tc_as[{m}][4], tc_bs[{n}][2];")
+    if kind in ("tf32", "tf32x3"):
+        _tf32_fragments(p, nest, at, split=kind == "tf32x3")
+    else:
+        _half_fragments(p, nest, at)
+    p.emit(at, "#pragma unroll")
+    p.emit(at, f"for (int tc_m = 0; tc_m < {m}; tc_m++) {{")
+    p.emit(at + 1, "#pragma unroll")
+    p.emit(at + 1, f"for (int tc_n = 0; tc_n < {n}; tc_n++) {{")
+    products = [("tc_as", "tc_b"), ("tc_a", "tc_bs")] if kind == "tf32x3" else []
+    for a, b in [*products, ("tc_a", "tc_b")]:
+        p.emit(at + 2, f"{MMA[kind]}(tc_d[tc_m][tc_n], {a}[tc_m], {b}[tc_n], tc_d[tc_m][tc_n]);")
+    p.emit(at + 1, "}")
+    p.emit(at, "}")
+    p.emit(depth, "}")
+
+
+def _tf32_fragments(p: ThreadPrinter, nest: MatrixNest, depth: int, split: bool) -> None:
+    """The float32 operands' fragments of a step (m16n8k8), each lane loading its own
+    elements (left: rows `L/4` and `L/4 + 8`, reduction `L%4` and `L%4 + 4`; right:
+    column `L/4`, the same reduction) and rounding them to tf32 (`cvt.rna`); with
+    `split`, also the tf32 rounding of each element's rest (`tc_as`, `tc_bs`)."""
+    m, n = nest.fragments
     rows, columns, k = nest.rows.iterator, nest.columns.iterator, nest.reduction.iterator
-    # lane L gives the address of a row of 8 elements of matrix L / 8
-    if (
-        nest.left_along
-    ):  # rows of the tile along the reduction: matrices (r, k) (r+8, k) (r, k+8) ...
+    left = {
+        rows: "tc_wr + tc_m * 16 + (tc_lane >> 2) + (tc_r & 1) * 8",
+        k: "tc_k + (tc_lane & 3) + (tc_r >> 1) * 4",
+    }
+    right = {columns: "tc_wc + tc_n * 8 + (tc_lane >> 2)", k: "tc_k + (tc_lane & 3) + tc_r * 4"}
+    for counter, count, registers, place, read, name in (
+        ("tc_m", m, 4, left, nest.left, "tc_a"),
+        ("tc_n", n, 2, right, nest.right, "tc_b"),
+    ):
+        p.emit(depth, "#pragma unroll")
+        p.emit(depth, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
+        p.emit(depth + 1, "#pragma unroll")
+        p.emit(depth + 1, f"for (int tc_r = 0; tc_r < {registers}; tc_r++) {{")
+        values = " ".join(f"const int {it} = {v};" for it, v in place.items())
+        p.emit(depth + 2, f"{values} const float tc_x = {read.text};")
+        p.emit(depth + 2, f"{name}[{counter}][tc_r] = TC_TO_TF32(tc_x);")
+        if split:
+            rest = f"tc_x - __uint_as_float({name}[{counter}][tc_r])"
+            p.emit(depth + 2, f"{name}s[{counter}][tc_r] = TC_TO_TF32({rest});")
+        p.emit(depth + 1, "}")
+        p.emit(depth, "}")
+
+
+def _half_fragments(p: ThreadPrinter, nest: MatrixNest, at: int) -> None:
+    """The half-precision operands' fragments of a step (m16n8k16) from shared memory,
+    lane L giving the address of a row of 8 elements of matrix L / 8: the left
+    operand's 16x16 piece by `ldmatrix.x4`, matrices (r, k), (r+8, k), (r, k+8),
+    (r+8, k+8); the right's 16x8 by `.x2`, (k, c), (k+8, c); `.trans` where the
+    tile's rows run along the reduction index."""
+    m, n = nest.fragments
+    rows, columns, k = nest.rows.iterator, nest.columns.iterator, nest.reduction.iterator
+    if nest.left_along:
         left = {rows: "tc_wr + tc_m * 16 + (tc_lane & 15)", k: "tc_k + (tc_lane >> 4) * 8"}
-    else:  # rows along the reduction index: their transposes
+    else:
         left = {
             rows: "tc_wr + tc_m * 16 + (tc_lane >> 3 & 1) * 8",
             k: "tc_k + (tc_lane >> 4) * 8 + (tc_lane & 7)",
@@ -180,27 +234,10 @@ def _steps(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
         right = {columns: "tc_wc + tc_n * 8 + (tc_lane & 7)", k: "tc_k + (tc_lane >> 3 & 1) * 8"}
     else:
         right = {columns: "tc_wc + tc_n * 8", k: "tc_k + (tc_lane & 15)"}
-    _fragments(
-        p, "tc_m", m, left, nest.left, f"TC_LDMATRIX(4, {_trans(nest.left_along)}, tc_a[tc_m]", at
-    )
-    _fragments(
-        p,
-        "tc_n",
-        n,
-        right,
-        nest.right,
-        f"TC_LDMATRIX(2, {_trans(nest.right_along)}, tc_b[tc_n]",
-        at,
-    )
-    p.emit(at, "#pragma unroll")
-    p.emit(at, f"for (int tc_m = 0; tc_m < {m}; tc_m++) {{")
-    p.emit(at + 1, "#pragma unroll")
-    p.emit(at + 1, f"for (int tc_n = 0; tc_n < {n}; tc_n++) {{")
-    product = f"{MMA[nest.mark.kind]}(tc_d[tc_m][tc_n], tc_a[tc_m], tc_b[tc_n], tc_d[tc_m][tc_n]);"
-    p.emit(at + 2, product)
-    p.emit(at + 1, "}")
-    p.emit(at, "}")
-    p.emit(depth, "}")
+    load_a = f"TC_LDMATRIX(4, {_trans(nest.left_along)}, tc_a[tc_m]"
+    _fragments(p, "tc_m", m, left, nest.left, load_a, at)
+    load_b = f"TC_LDMATRIX(2, {_trans(nest.right_along)}, tc_b[tc_n]"
+    _fragments(p, "tc_n", n, right, nest.right, load_b, at)
 
 
 def _trans(along: bool) -> str:

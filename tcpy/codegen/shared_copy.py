@@ -20,7 +20,7 @@ from tcpy.codegen.loops import Header
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.mapping.gpu.device import WARP
-from tcpy.mapping.gpu.matrix import SKEW, operand_tile
+from tcpy.mapping.gpu.matrix import operand_tile, skew
 from tcpy.mapping.marks import Mark, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.types import ScalarType
@@ -401,12 +401,14 @@ def _element(
 def row_length(p: ThreadPrinter, elements: int, itemsize: int) -> int:
     """The length of a row of `elements` of `itemsize` bytes of a tile in shared memory
     in the kernel being printed: for the tensor cores' operands
-    (`MappedKernel.matrix`), whole 16-byte pieces and `SKEW` elements more, so that
-    every row an `ldmatrix` reads starts on 16 bytes and the eight rows of one of its
-    matrices fall in distinct banks; else `_row_length`."""
+    (`MappedKernel.matrix`), whole 16-byte pieces and 16 bytes more
+    (`tcpy.mapping.gpu.matrix.SKEW_BYTES`), so that every row an `ldmatrix` reads
+    starts on 16 bytes and the eight rows of one of its matrices (or of a tf32
+    fragment) fall in distinct banks; else `_row_length`."""
     assert p.kernel is not None
-    if p.kernel.matrix and itemsize == 2:
-        return -(-elements // 8) * 8 + SKEW
+    if p.kernel.matrix:
+        piece = skew(itemsize)
+        return -(-elements // piece) * piece + piece
     return _row_length(elements, p.kernel.runs, itemsize)
 
 

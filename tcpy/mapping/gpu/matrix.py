@@ -43,9 +43,9 @@ from tcpy.poly.transforms import tile_leading_members
 from tcpy.types import ScalarType
 
 KINDS = {ScalarType.FLOAT16: "f16", ScalarType.BFLOAT16: "bf16"}
-"""The instruction kind of each operand type the tensor cores take."""
-SHAPE = (16, 8, 16)
-"""The instruction's rows, columns and reduction (`mma.sync.m16n8k16`)."""
+"""The instruction kind of each half-precision operand type; float32 operands take the
+kind `input_precision` names ("tf32" or "tf32x3"), if either."""
+TF32_KINDS = ("tf32", "tf32x3")
 WARPS = (2, 2)
 """A block's warps along the rows and the columns of its tile."""
 REDUCTION_TILE = 32
@@ -55,10 +55,11 @@ DEFAULT_WARP_TILE = (64, 32)
 bfloat16 matmul in 162 registers without spills (64x64 spills at 255); a block's
 tile is 128x64, CUTLASS's smaller Ampere tile."""
 SMALLEST_WARP_TILE = (16, 16)
-SKEW = 8
-"""The 2-byte elements a row of an operand's tile in shared memory is longer than a
-whole number of 16-byte pieces: the eight rows an `ldmatrix` reads then start in
-distinct groups of four banks (`tcpy.codegen.shared_copy`)."""
+SKEW_BYTES = 16
+"""The bytes a row of an operand's tile in shared memory is longer than a whole number
+of 16-byte pieces: the eight rows an `ldmatrix` reads then start in distinct groups
+of four banks, and so do the rows a warp's tf32 fragments read, a lane each
+(`tcpy.codegen.shared_copy`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
         return None
     if int(device.arch.removeprefix("sm_")[:2]) < ASYNC_COPY_ARCH:
         return None
-    found = _contraction(node, scop)
+    found = _contraction(node, scop, options.input_precision in TF32_KINDS)
     if found is None:
         return None
     name, c = found
@@ -110,13 +111,15 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
     extents = [member_extent(node, m, plan.at) for m in plan.members]
     warp_tile = options.warp_tile or _warp_tile(plan, extents, rows, columns)
     tile = (WARPS[0] * warp_tile[0], WARPS[1] * warp_tile[1], REDUCTION_TILE)
-    mark = marks.MatrixTile(KINDS[c.left.scalar], tile, WARPS, (c.left.tensor, c.right.tensor))
+    kind = KINDS.get(c.left.scalar, options.input_precision)
+    mark = marks.MatrixTile(kind, tile, WARPS, (c.left.tensor, c.right.tensor))
     return MatrixPlan(rows, columns, reduction, mark)
 
 
-def _contraction(node: isl.ScheduleNode, scop: Scop) -> tuple[str, Contraction] | None:
+def _contraction(node: isl.ScheduleNode, scop: Scop, tf32: bool) -> tuple[str, Contraction] | None:
     """The one statement of the band and the contraction it is, with one index of
-    each role, operands of one type the tensor cores take, each with its reduction
+    each role, operands of one type the tensor cores take (float32 with `tf32`), each
+    with its reduction
     index or its own row (column) index innermost (`ldmatrix` loads rows of 8
     adjacent elements along one or the other), and a reduction over the whole of
     both operands; else None."""
@@ -130,7 +133,8 @@ def _contraction(node: isl.ScheduleNode, scop: Scop) -> tuple[str, Contraction] 
     c = classify(statement.source(scop.cdef), scop.cdef)
     if c is None or (len(c.rows), len(c.columns), len(c.reduction)) != (1, 1, 1):
         return None
-    if c.left.scalar != c.right.scalar or c.left.scalar not in KINDS:
+    takes = set(KINDS) | ({ScalarType.FLOAT32} if tf32 else set())
+    if c.left.scalar != c.right.scalar or c.left.scalar not in takes:
         return None
     if c.left.indices[-1] not in c.rows + c.reduction:
         return None  # a batch index innermost: no row of 8 adjacent elements to load
@@ -229,8 +233,20 @@ def map_matrix_band(
     return node.parent(), tuple(grid), block
 
 
+def itemsize(kind: str) -> int:
+    """The bytes of an operand's element for an instruction kind."""
+    return 4 if kind in TF32_KINDS else 2
+
+
+def skew(itemsize: int) -> int:
+    """The elements of `SKEW_BYTES`."""
+    return SKEW_BYTES // itemsize
+
+
 def _tile_bytes(mark: marks.MatrixTile) -> int:
     """The most bytes one stage of both operands' tiles takes, their rows skewed
-    (`SKEW`) whichever of their dimensions is innermost."""
+    (`SKEW_BYTES`) whichever of their dimensions is innermost."""
     rows, columns, depth = mark.tile
-    return 2 * (rows + SKEW + columns + SKEW) * (depth + SKEW)
+    size = itemsize(mark.kind)
+    s = skew(size)
+    return size * (rows + s + columns + s) * (depth + s)
