@@ -4,6 +4,7 @@
     python bench/gpu.py [--reps 50] [--only matmul,softmax] [--out bench/results]
                         [--suite-sizes] [--no-torch-compile] [--type bfloat16]
                         [--variant '{"copy_stages": 1}'] [--tag NAME]
+                        [--input-precision tf32]
     python bench/gpu.py --emulate    # no GPU: the emulator's traffic profile instead
 
 The kernels run at `bench.suite.GPU_SIZES` (matmul 4096 cubed, row-wise kernels of
@@ -14,6 +15,11 @@ time of a launch (inputs already on the device, CUDA events around the call), GF
 and GB/s from the suite's counts, and the ratios to PyTorch eager and torch.compile.
 Also recorded: the GPU's name and a measured device-to-device copy bandwidth. Results
 go to `bench/results/gpu-<date>.json`. Made to run in one call on a lent GPU.
+
+`--type bfloat16` (or float16) runs the defs and tensors in that type: contractions
+then run on the tensor cores (`mma.sync`), as PyTorch's do. `--input-precision tf32`
+(or tf32x3) sets that option on the CUDA defaults; with tf32, PyTorch's matmuls and
+convolutions may use TF32 too (`allow_tf32`), as they may not otherwise.
 """
 
 from __future__ import annotations
@@ -42,18 +48,19 @@ from tcpy.types import ScalarType
 TIMING_BUDGET_MS = 1000.0
 
 
-def _torch():  # type: ignore[no-untyped-def]
+def _torch(tf32: bool = False):  # type: ignore[no-untyped-def]
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     return torch
 
 
-def gpu_torch():  # type: ignore[no-untyped-def]
-    """PyTorch, with TF32 off, where it sees a CUDA device (tcpy's kernels then cached
-    in a fresh folder unless TCPY_CACHE_DIR names one); else None, said on stderr."""
-    torch = _torch()
+def gpu_torch(tf32: bool = False):  # type: ignore[no-untyped-def]
+    """PyTorch, with TF32 off (on with `tf32`), where it sees a CUDA device (tcpy's
+    kernels then cached in a fresh folder unless TCPY_CACHE_DIR names one); else None,
+    said on stderr."""
+    torch = _torch(tf32)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing measured", file=sys.stderr)
         return None
@@ -123,7 +130,8 @@ def _profiled_reps(ms: float) -> int:
 
 def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: ignore[no-untyped-def]
             ty: ScalarType = ScalarType.FLOAT32,
-            variant: dict[str, object] | None = None) -> dict[str, object]:  # fmt: skip
+            variant: dict[str, object] | None = None,
+            precision: str = "ieee") -> dict[str, object]:  # fmt: skip
     """One kernel: PyTorch eager (and torch.compile), then tcpy with the naive preset
     and with the CUDA target's default options for the def (what a call uses), and
     with `variant` (fields changed on those defaults) when given. Each is
@@ -164,7 +172,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
     }
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(retyped(kernel.tc, ty))
-    presets = {"naive": tcpy.MappingOptions.naive(), "cuda": engine.default_options(kernel.entry)}
+    defaults = engine.default_options(kernel.entry).replace(input_precision=precision)
+    presets = {"naive": tcpy.MappingOptions.naive(), "cuda": defaults}
     if variant:
         presets["variant"] = presets["cuda"].replace(**variant)
     for label, options in presets.items():
@@ -222,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a JSON object of fields changed on the CUDA defaults, timed "
                         "beside them (as 'variant')")  # fmt: skip
     parser.add_argument("--tag", default="", help="a suffix of the result's file name")
+    parser.add_argument("--input-precision", default="ieee", choices=("ieee", "tf32", "tf32x3"),
+                        help="the CUDA defaults' input_precision; tf32 also lets PyTorch "
+                        "use TF32")  # fmt: skip
     parser.add_argument("--emulate", action="store_true",
                         help="no GPU needed: the emulator's traffic profile of every kernel "
                         "at the suite's reduced sizes (bench/emu_profile.py)")  # fmt: skip
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
         only = ["--only", args.only] if args.only else []
         return emu_profile.main([*only, "--out", str(args.out)])
-    torch = gpu_torch()
+    torch = gpu_torch(tf32=args.input_precision == "tf32")
     if torch is None:
         return 1
     wanted = set(filter(None, args.only.split(",")))
@@ -244,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         sized = kernel if args.suite_sizes else at_gpu_size(kernel)
         ty = ScalarType.from_name(args.type)
         variant = json.loads(args.variant) if args.variant else None
-        row = measure(torch, sized, args.reps, not args.no_torch_compile, ty, variant)
+        row = measure(
+            torch, sized, args.reps, not args.no_torch_compile, ty, variant, args.input_precision
+        )
         rows.append(row)
         print(json.dumps(row), flush=True)
         _write(args, torch, rows, bandwidth)
@@ -262,13 +276,15 @@ def _write(
         "gpu": torch.cuda.get_device_name(0),
         "copy_bandwidth_gbps": round(bandwidth, 1),
         "torch": torch.__version__,
-        "tf32": False,
+        "tf32": args.input_precision == "tf32",
+        "input_precision": args.input_precision,
         "reps": args.reps,
         "sizes": "suite" if args.suite_sizes else "gpu",
         "kernels": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     typed = "" if args.type in ("float", "float32") else f"-{args.type}"
+    typed += "" if args.input_precision == "ieee" else f"-{args.input_precision}"
     tag = f"-{args.tag}" if args.tag else ""
     path = args.out / f"gpu-{result['date']}{typed}{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

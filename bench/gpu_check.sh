@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one call on a lent GPU machine (bare, no network): the `gpu` tests
 # with both driver layers, `bench/gpu.py` (float32, then the memory-bound kernels in
-# bfloat16, then the contractions with `copy_stages` 1 beside the pipelined default),
+# bfloat16, then the contractions with `copy_stages` 1 beside the pipelined default, then
+# the contractions on the tensor cores: bfloat16, float16, tf32 and tf32x3),
 # `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
 # forward + backward
 # of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
@@ -62,6 +63,7 @@ run_tests() {  # $1: driver, $2: seconds; tests not parametrised by driver run w
     timeout "$2" python3 -m pytest -m gpu -k "$k" -n 12 -q -p no:cacheprovider \
         --tb=short -rfE tests/test_gpu.py tests/test_gpu_async.py tests/test_empty.py \
         tests/test_torch_ops.py tests/test_half.py tests/test_emulator_sm80.py \
+        tests/test_tensor_cores.py \
         > "$OUT/tests-$1.log" 2>&1
     echo "tests $1: rc=$?"; tail -n 3 "$OUT/tests-$1.log"
 }
@@ -84,6 +86,17 @@ if [ "$what" != tests ]; then
             --only matmul,matmul_transposed,batch_matmul,mlp --variant '{"copy_stages": 1}' \
             --tag stages --out "$OUT" > "$OUT/stages.log" 2>&1
         echo "stages: rc=$?"; tail -n 1 "$OUT/stages.log"
+    fi
+    if [ "${MATRIX_SECONDS:-160}" != 0 ]; then  # the contractions on the tensor cores
+        for kind in "--type bfloat16" "--type float16" "--input-precision tf32" \
+            "--input-precision tf32x3"; do
+            # shellcheck disable=SC2086
+            timeout $(( ${MATRIX_SECONDS:-160} / 4 )) python3 bench/gpu.py --reps 20 \
+                --no-torch-compile --only matmul,batch_matmul,mlp,conv2d $kind \
+                --out "$OUT" >> "$OUT/matrix.log" 2>&1
+            echo "matrix $kind: rc=$?"
+        done
+        tail -n 1 "$OUT/matrix.log"
     fi
     if [ "${OVERHEAD_SECONDS:-60}" != 0 ]; then  # host time per call, beside the peers
         timeout "${OVERHEAD_SECONDS:-60}" python3 bench/overhead.py --gpu --out "$OUT" \

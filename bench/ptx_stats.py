@@ -4,12 +4,14 @@ defaults, its PTX (NVRTC, compute_90) counted, and ptxas's report for sm_90 read
 (registers, spills, shared memory).
 
     python bench/ptx_stats.py [--only matmul,conv2d] [--out bench/results] [--tag NAME]
-                              [--options '{"copy_stages": 1}']
+                              [--options '{"copy_stages": 1}'] [--type bfloat16]
 
 Per kernel of each def: `cp.async` copies (`cp_async`, of which 16-byte `cp_async_16`),
 commit groups and waits, `ld.shared`, `st.shared` and `ld.global` instructions (vectors
 counted once), barriers (`bar.sync`), `mma` and `ldmatrix` instructions, and ptxas's
-registers, spill stores and loads and static shared bytes. Counts are of the
+registers, spill stores and loads and static shared bytes; `matrix`, whether the
+kernel runs on the tensor cores. `--type` retypes the defs (float16, bfloat16: their
+contractions on `mma.sync`). Counts are of the
 instructions in the PTX text, not of those executed. Results go to
 `bench/results/ptx-stats-<date>[-<tag>].json`.
 """
@@ -30,8 +32,10 @@ from bench.suite import SUITE, at_gpu_size
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import named
 from tcpy.parser import check_source
+from tcpy.parser.parse import retyped
 from tcpy.pipeline import lower_to_cuda
 from tcpy.runtime import nvrtc
+from tcpy.types import ScalarType
 
 CONTRACTIONS = (
     "matmul", "matmul_transposed", "batch_matmul", "tensordot", "mlp", "conv2d",
@@ -82,15 +86,24 @@ def resources(report: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def stats(name: str, changes: dict[str, Any]) -> dict[str, Any]:
+def stats(
+    name: str, changes: dict[str, Any], ty: ScalarType = ScalarType.FLOAT32
+) -> dict[str, Any]:
     kernel = at_gpu_size(next(k for k in SUITE if k.name == name))
-    cdef = check_source(kernel.tc)[kernel.entry]
+    cdef = check_source(retyped(kernel.tc, ty))[kernel.entry]
     options = cuda_defaults(cdef).replace(**changes)
     lowered = lower_to_cuda(cdef, kernel.sizes, options, device=named("h100"))
     counts = ptx_counts(nvrtc.compile_ptx(lowered.source, "compute_90", exact=lowered.exact))
     report = resources(nvrtc.ptxas_report(lowered.source, "sm_90", exact=lowered.exact))
-    kernels = {k: {**counts[k], **report.get(k, {})} for k in sorted(counts)}
-    return {"kernel": name, "sizes": kernel.sizes, "options": options.to_dict(), "kernels": kernels}
+    matrix = {f"tc_kernel_{k.index}": k.matrix for k in lowered.mapping.kernels}
+    kernels = {
+        k: {**counts[k], **report.get(k, {}), "matrix": matrix.get(k, False)}
+        for k in sorted(counts)
+    }
+    return {
+        "kernel": name, "type": ty.value, "sizes": kernel.sizes, "options": options.to_dict(),
+        "kernels": kernels,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="")
     parser.add_argument("--options", default="{}", help="fields changed on the defaults (JSON)")
+    parser.add_argument("--type", default="float", help="the defs' float type")
     args = parser.parse_args(argv)
     if not nvrtc.available():
         print("no NVRTC: install the cuda extra", file=sys.stderr)
@@ -107,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     changes = json.loads(args.options)
     rows = []
     for name in wanted:
-        row = stats(name, changes)
+        row = stats(name, changes, ScalarType.from_name(args.type))
         rows.append(row)
         for k, v in row["kernels"].items():
             print(f"{name:18s} {k:12s} " + " ".join(f"{key}={val}" for key, val in v.items()))
     date = datetime.date.today().isoformat()
     result = {"date": date, "nvrtc": nvrtc.identity(), "arch": "sm_90", "options": changes,
-              "results": rows}  # fmt: skip
+              "type": args.type, "results": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ptx-stats-{date}{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -335,3 +335,26 @@ def test_tf32_kernels_compile_with_nvrtc() -> None:
         ptx = nvrtc.compile_ptx(lowered.source, "compute_80")
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
         assert "cvt.rna.tf32.f32" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bfloat16", "float16", "tf32", "tf32x3"])
+@pytest.mark.parametrize("case", ["matmul", "A^T*B^T", "batch", "smaller than a tile"])
+def test_tensor_cores_on_the_gpu(case: str, precision: str) -> None:
+    """The same contractions on the device's tensor cores against the reference: the
+    instructions' real fragment layouts, rounding and accumulation."""
+    template, shapes = CASES[case]
+    half = precision in TYPES
+    source = template.format(t=precision if half else "float")
+    engine, reference = tcpy.ExecutionEngine("cuda"), tcpy.ExecutionEngine("reference")
+    engine.define(source)
+    reference.define(source)
+    name = _entry(source)
+    inputs = _inputs(shapes, TYPES[precision] if half else np.float32, np.random.default_rng(2))
+    options = MappingOptions.cuda().replace(input_precision="ieee" if half else precision)
+    compiled = engine.compile(name, *inputs, options=options)
+    assert "(tc_d[" in compiled.source
+    got = np.asarray(compiled(*inputs), np.float64)
+    want = np.asarray(getattr(reference, name)(*inputs), np.float64)
+    tol = 2**-9 if precision == "tf32" else 1e-5
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()

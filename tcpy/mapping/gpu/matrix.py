@@ -5,7 +5,7 @@ float16 or bfloat16 operands (`tcpy.parser.contractions`) is tiled for warps tha
 `matrix_plan` decides whether a band runs so and with which tiles: four warps a
 block, two along the rows and two along the columns, each computing a `warp_tile`
 of outputs (64x32 unless the options or small extents say otherwise) over a
-reduction tile of `REDUCTION_TILE`. `map_matrix_band` tiles the band by those tiles,
+reduction tile of `REDUCTION_BYTES`. `map_matrix_band` tiles the band by those tiles,
 binds its tile loops to blocks and leaves the point loops unbound under a
 `marks.MatrixTile`: codegen prints them as the warps' instructions
 (`tcpy.codegen.matrix_tile`), the accumulators held across the reduction's tiles
@@ -48,12 +48,16 @@ kind `input_precision` names ("tf32" or "tf32x3"), if either."""
 TF32_KINDS = ("tf32", "tf32x3")
 WARPS = (2, 2)
 """A block's warps along the rows and the columns of its tile."""
-REDUCTION_TILE = 32
-"""The reduction tile a block copies its operands' tiles at (two instructions deep)."""
+REDUCTION_BYTES = 64
+"""The bytes along the reduction of the operands' tiles a block copies at once: 32
+half-precision elements (two m16n8k16 deep), 16 float32 ones (two m16n8k8 deep), so
+that two stages of 128x64 tiles fit 48 KB of shared memory."""
 DEFAULT_WARP_TILE = (64, 32)
 """Sixteen instructions a step, 64 accumulators a lane: NVRTC 13 builds the 4096^3
 bfloat16 matmul in 162 registers without spills (64x64 spills at 255); a block's
-tile is 128x64, CUTLASS's smaller Ampere tile."""
+tile is 128x64, CUTLASS's smaller Ampere tile. tf32x3's three products and two
+roundings a fragment take 32x32 (`SPLIT_WARP_TILE`: 64x32 spills at 255 registers)."""
+SPLIT_WARP_TILE = (32, 32)
 SMALLEST_WARP_TILE = (16, 16)
 SKEW_BYTES = 16
 """The bytes a row of an operand's tile in shared memory is longer than a whole number
@@ -109,9 +113,10 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
     if reduction != plan.prefix or n != plan.prefix + 1:
         return None
     extents = [member_extent(node, m, plan.at) for m in plan.members]
-    warp_tile = options.warp_tile or _warp_tile(plan, extents, rows, columns)
-    tile = (WARPS[0] * warp_tile[0], WARPS[1] * warp_tile[1], REDUCTION_TILE)
     kind = KINDS.get(c.left.scalar, options.input_precision)
+    warp_tile = options.warp_tile or _warp_tile(plan, extents, rows, columns, kind)
+    depth = REDUCTION_BYTES // itemsize(kind)
+    tile = (WARPS[0] * warp_tile[0], WARPS[1] * warp_tile[1], depth)
     mark = marks.MatrixTile(kind, tile, WARPS, (c.left.tensor, c.right.tensor))
     return MatrixPlan(rows, columns, reduction, mark)
 
@@ -175,11 +180,14 @@ def operand_tile(cdef: CheckedDef, mark: marks.MatrixTile, tensor: str) -> tuple
     return None
 
 
-def _warp_tile(plan: Plan, extents: list[int | None], rows: int, columns: int) -> tuple[int, int]:
-    """`DEFAULT_WARP_TILE`, each side halved (down to `SMALLEST_WARP_TILE`) while the
-    block's tile along it is twice the extent or more, then the larger side halved
+def _warp_tile(
+    plan: Plan, extents: list[int | None], rows: int, columns: int, kind: str
+) -> tuple[int, int]:
+    """`DEFAULT_WARP_TILE` (`SPLIT_WARP_TILE` for tf32x3), each side halved (down to
+    `SMALLEST_WARP_TILE`) while the block's tile along it is twice the extent or
+    more, then the larger side halved
     while the grid would not fill the device `FILL_WAVES` times over."""
-    wanted = list(DEFAULT_WARP_TILE)
+    wanted = list(SPLIT_WARP_TILE if kind == "tf32x3" else DEFAULT_WARP_TILE)
     sides = (rows, columns)
     for k, member in enumerate(sides):
         extent = extents[plan.members.index(member)]
