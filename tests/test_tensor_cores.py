@@ -22,13 +22,13 @@ from tcpy.mapping.gpu.device import DeviceProfile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.parser.contractions import classify
-from tcpy.pipeline import lower_to_cuda
+from tcpy.pipeline import LoweredCuda, lower_to_cuda
 from tcpy.runtime import nvrtc
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
 
 MM = "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! float(A(m,k)) * float(B(k,n)) }}"
-CASES = {
+CASES: dict[str, tuple[str, list[tuple[int, ...]]]] = {
     "matmul": (MM, [(100, 70), (70, 50)]),
     "A*B^T": (
         "def mm({t}(M,K) A, {t}(N,K) B) -> (C) {{ C(m,n) +=! float(A(m,k)) * float(B(n,k)) }}",
@@ -66,7 +66,7 @@ TYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def _inputs(shapes: list[tuple[int, ...]], dtype: type, rng: np.random.Generator) -> list:
-    arrays = []
+    arrays: list[np.ndarray] = []
     for k, shape in enumerate(shapes):
         kind = dtype if k < 2 else np.float32
         arrays.append(rng.standard_normal(shape).astype(kind))
@@ -121,6 +121,26 @@ def test_the_profile_counts_the_instructions() -> None:
     assert product["async_copies"] > 0
 
 
+@pytest.mark.parametrize("case", ["matmul", "A*B^T", "A^T*B", "A^T*B^T"])
+@pytest.mark.parametrize("precision", ["bfloat16", "tf32"])
+def test_the_operand_tiles_are_read_without_bank_conflicts(case: str, precision: str) -> None:
+    """The skewed rows of the operands' tiles: no `ldmatrix` (bfloat16) and no warp's
+    tf32 fragment loads meet a bank conflict, whichever dimension of each operand is
+    innermost (the emulator's profile counts them; unskewed rows of 32 elements would
+    put the eight rows an `ldmatrix` reads in the same banks)."""
+    template, _ = CASES[case]
+    source = template.format(t="bfloat16" if precision == "bfloat16" else "float")
+    emu, _ = _engines(source)
+    kind = ml_dtypes.bfloat16 if precision == "bfloat16" else np.float32
+    a = np.ones((128, 128), kind)
+    options = MappingOptions.cuda().replace(
+        input_precision="ieee" if kind != np.float32 else "tf32"
+    )
+    product = emu.compile("mm", a, a, options=options).profile(a, a)[-1]
+    assert product["mmas"] > 0
+    assert product["bank_conflicts"] == 0
+
+
 @pytest.mark.parametrize(
     ("source", "why"),
     [
@@ -158,7 +178,7 @@ def test_what_the_tensor_cores_cannot_take_runs_on_cuda_cores(source: str, why: 
 
 def _lowered(
     source: str, sizes: dict[str, int], options: MappingOptions, device: DeviceProfile | None = None
-):  # type: ignore[no-untyped-def]
+) -> LoweredCuda:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cdef = check_source(source)[_entry(source)]
@@ -233,16 +253,22 @@ def test_a_wrong_fragment_layout_fails(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_a_misaligned_ldmatrix_row_is_reported(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Operand tiles whose rows are whole 12-byte pieces and 12 bytes more: the rows
+    """Operand tiles whose rows are 12 bytes longer than whole 16-byte pieces: the rows
     `ldmatrix` reads no longer start on 16 bytes, which the emulator reports (lane 1
-    gives the address of row 1, 42 elements in; the copies move pairs)."""
+    gives the address of row 1, 38 elements in; the copies move pairs)."""
     monkeypatch.setenv("TCPY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(shared_copy, "skew", lambda itemsize: 6)
+    layout = shared_copy.operand_layout
+
+    def skewed_by_6(*args: object) -> tuple[tuple[int, ...], int] | None:
+        found = layout(*args)  # type: ignore[arg-type]
+        return None if found is None else (found[0], 6)
+
+    monkeypatch.setattr(shared_copy, "operand_layout", skewed_by_6)
     emu, _ = _engines(MM.format(t="float16"))
     a = np.ones((32, 32), np.float16)
     pairs = MappingOptions.cuda().replace(vectorize=False)  # no 16-byte copies, which fail first
     with pytest.raises(
-        TCEmulationError, match="misaligned 16-byte access to shared tc_shared0 at index 42"
+        TCEmulationError, match="misaligned 16-byte access to shared tc_shared0 at index 38"
     ):
         emu.compile("mm", a, a, options=pairs)(a, a)
 

@@ -20,7 +20,7 @@ from tcpy.codegen.loops import Header
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.mapping.gpu.device import WARP
-from tcpy.mapping.gpu.matrix import operand_tile, skew
+from tcpy.mapping.gpu.matrix import operand_layout
 from tcpy.mapping.marks import Mark, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.types import ScalarType
@@ -58,7 +58,8 @@ def print_pipelined_loop(
     body = node.for_get_body()
     it, index = loop.iterator, p.dialect.index_type
     p.emit(depth, "{")
-    rings = _rings(p, tile_boxes(p, p.ast.packed(body), body.mark_get_node()), depth + 1, stages)
+    boxes = tile_boxes(p, p.ast.packed(body), body.mark_get_node())
+    rings = _rings(p, boxes, depth + 1, stages)
     _fill(p, rings, loop, depth + 1)
     p.emit(depth + 1, f"const {index} tc_first = {loop.init};")
     for k in range(stages - 1):
@@ -84,18 +85,19 @@ def print_pipelined_loop(
 
 
 def _rings(
-    p: ThreadPrinter, boxes: tuple[PackedBox, ...], depth: int, stages: int
+    p: ThreadPrinter, boxes: list[tuple[PackedBox, int | None]], depth: int, stages: int
 ) -> list[tuple[PackedBox, str, tuple[int, ...], int]]:
-    """Declares a ring of `stages` buffers in shared memory for each box; returns
-    each box, its buffer, the extents of a stage's tile and a stage's elements."""
+    """Declares a ring of `stages` buffers in shared memory for each box (with its
+    rows' skew, `tile_boxes`); returns each box, its buffer, the extents of a stage's
+    tile and a stage's elements."""
     assert p.kernel is not None
     rings = []
-    for b in boxes:
+    for b, skew in boxes:
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         scalar = p.scop.cdef.tensor(b.tensor).scalar
         itemsize = scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize))
+        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize, skew))
         stage = _stage_elements(math.prod(padded), itemsize)
         ctype = CUDA.ctype(scalar)
         p.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
@@ -218,20 +220,22 @@ def _zero_filled(p: ThreadPrinter) -> bool:
 
 def tile_boxes(
     p: ThreadPrinter, boxes: tuple[PackedBox, ...], inner: isl.AstNode
-) -> tuple[PackedBox, ...]:
-    """`boxes`, each of an operand of a matrix tile under `inner` made as large as its
-    tile (`operand_tile`): the warps read whole tiles, and a box clamped to a loop
-    shorter than the tile is shorter (its rest is past the tensor: zeros)."""
+) -> list[tuple[PackedBox, int | None]]:
+    """`boxes`, each with the skew of its rows in shared memory: for an operand of a
+    matrix tile under `inner` (`operand_layout`), the box made as large as its tile
+    (the warps read whole tiles, and a box clamped to a loop shorter than the tile is
+    shorter: its rest is past the tensor, zeros) and its skew; else the box as it is
+    and None."""
     mark = matrix_below(inner) if p.kernel is not None and p.kernel.matrix else None
-    if mark is None:
-        return boxes
-    out = []
+    out: list[tuple[PackedBox, int | None]] = []
     for b in boxes:
-        tile = operand_tile(p.scop.cdef, mark, b.tensor)
-        if tile is not None:
-            b = dataclasses.replace(b, sizes=tuple(map(max, b.sizes, tile)))
-        out.append(b)
-    return tuple(out)
+        layout = operand_layout(p.scop.cdef, mark, b.tensor) if mark is not None else None
+        if layout is None:
+            out.append((b, None))
+            continue
+        tile, skew = layout
+        out.append((dataclasses.replace(b, sizes=tuple(map(max, b.sizes, tile))), skew))
+    return out
 
 
 def box_offsets(p: ThreadPrinter, depth: int, buffer: str, b: PackedBox) -> tuple[str, ...]:
@@ -263,11 +267,11 @@ def print_shared_copy(
     p.emit(depth, "{")
     p.emit(depth + 1, "__syncthreads();")
     copies = {}
-    for b in tile_boxes(p, boxes, inner):
+    for b, skew in tile_boxes(p, boxes, inner):
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize))
+        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize, skew))
         ctype = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
         copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
@@ -398,17 +402,16 @@ def _element(
     return local, inside, index
 
 
-def row_length(p: ThreadPrinter, elements: int, itemsize: int) -> int:
+def row_length(p: ThreadPrinter, elements: int, itemsize: int, skew: int | None) -> int:
     """The length of a row of `elements` of `itemsize` bytes of a tile in shared memory
-    in the kernel being printed: for the tensor cores' operands
-    (`MappedKernel.matrix`), whole 16-byte pieces and 16 bytes more
-    (`tcpy.mapping.gpu.matrix.SKEW_BYTES`), so that every row an `ldmatrix` reads
-    starts on 16 bytes and the eight rows of one of its matrices (or of a tf32
-    fragment) fall in distinct banks; else `_row_length`."""
+    in the kernel being printed: for the tensor cores' operands, whole 16-byte pieces
+    and `skew` elements more (`tile_boxes`), so that every row an `ldmatrix` reads
+    starts on 16 bytes and the rows it (or a warp's tf32 fragments) reads at once
+    fall in distinct banks; else `_row_length`."""
     assert p.kernel is not None
-    if p.kernel.matrix:
-        piece = skew(itemsize)
-        return -(-elements // piece) * piece + piece
+    if skew is not None:
+        piece = 16 // itemsize
+        return -(-elements // piece) * piece + skew
     return _row_length(elements, p.kernel.runs, itemsize)
 
 

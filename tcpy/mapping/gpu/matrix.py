@@ -160,10 +160,16 @@ def _whole(st: CheckedStatement, cdef: CheckedDef, operand: Operand, index: str)
     return span.lo == Sym.of(0) and span.hi == extent
 
 
-def operand_tile(cdef: CheckedDef, mark: marks.MatrixTile, tensor: str) -> tuple[int, ...] | None:
-    """The extents of the tile of operand `tensor` of `mark`'s contraction, per
-    dimension of the tensor: the block's rows (left operand) or columns (right), the
-    reduction tile, and 1 along a batch index; None for another tensor."""
+def operand_layout(
+    cdef: CheckedDef, mark: marks.MatrixTile, tensor: str
+) -> tuple[tuple[int, ...], int] | None:
+    """The tile of operand `tensor` of `mark`'s contraction in shared memory: its
+    extents per dimension of the tensor (the block's rows for the left operand, its
+    columns for the right one, the reduction tile, 1 along a batch index), and the
+    elements its rows are longer than whole 16-byte pieces (`SKEW_BYTES`; a float32
+    tile whose rows run along the rows or columns, which the tf32 fragments read down
+    a column, 32 bytes: the lanes reading the column then hit distinct banks). None
+    for another tensor."""
     if tensor not in mark.tensors:
         return None
     for st in cdef.statements:
@@ -173,10 +179,13 @@ def operand_tile(cdef: CheckedDef, mark: marks.MatrixTile, tensor: str) -> tuple
         operand, own = (
             (c.left, mark.tile[0]) if tensor == c.left.tensor else (c.right, mark.tile[1])
         )
-        return tuple(
+        extents = tuple(
             mark.tile[2] if i in c.reduction else 1 if i in c.batch else own
             for i in operand.indices
         )
+        size = itemsize(mark.kind)
+        across = size == 4 and operand.indices[-1] not in c.reduction
+        return extents, skew(size) * (2 if across else 1)
     return None
 
 
@@ -253,8 +262,8 @@ def skew(itemsize: int) -> int:
 
 def _tile_bytes(mark: marks.MatrixTile) -> int:
     """The most bytes one stage of both operands' tiles takes, their rows skewed
-    (`SKEW_BYTES`) whichever of their dimensions is innermost."""
+    (`operand_layout`) whichever of their dimensions is innermost."""
     rows, columns, depth = mark.tile
     size = itemsize(mark.kind)
-    s = skew(size)
+    s = 2 * skew(size)
     return size * (rows + s + columns + s) * (depth + s)
