@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tcpy
-from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.options import WARP_TILES, Fusion, MappingOptions
 
 from corpus_cases import CASES, Case
 from differential import CORPUS, check_corpus_case, corpus_params, engines
@@ -43,6 +43,9 @@ options_strategy = st.builds(
     use_shared_memory=st.booleans(),
     unroll_copy_shared=st.booleans(),
     copy_stages=st.sampled_from([1, 2, 3, 4]),
+    use_tensor_cores=st.booleans(),
+    warp_tile=st.sampled_from(WARP_TILES),
+    input_precision=st.sampled_from(["ieee", "tf32x3"]),
     use_private_memory=st.booleans(),
     register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), max_size=2).map(tuple),
     vectorize=st.booleans(),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tcpy import Fusion, MappingOptions, TCMappingError
+from tcpy.mapping.options import WARP_TILES
 
 # Options the targets refuse today (none); sampling them would only test the refusal.
 REFUSED: dict[str, object] = {}
@@ -84,6 +85,11 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "map_to_threads": _block,
     "max_shared_memory": lambda rng: rng.choice((0, 0, 1024, 49152)),
     "copy_stages": lambda rng: rng.choice((1, 2, 2, 3, 4)),
+    "use_tensor_cores": lambda rng: rng.random() < 0.8,
+    "warp_tile": lambda rng: rng.choice(WARP_TILES),
+    # tf32 rounds the operands to 10 bits, beyond the fuzzer's tolerance; tf32x3 keeps
+    # float32's accuracy, so it is drawn
+    "input_precision": lambda rng: rng.choice(("ieee", "ieee", "tf32x3")),
     "use_readonly_cache": _flag,
     "use_shared_memory": _flag,
     "use_private_memory": _flag,
