@@ -109,6 +109,21 @@ def test_contractions_on_tensor_cores_agree_with_the_reference(case: str, type_n
     assert np.abs(got - want).max() <= tol * scale
 
 
+@pytest.mark.parametrize("warp_tile", [(16, 8), (16, 16), (32, 8), (64, 32), (32, 64)])
+def test_every_warp_tile_is_right(warp_tile: tuple[int, int]) -> None:
+    """Warp tiles of one column of instructions (the right operand's fragments by
+    `ldmatrix.x2`) and of several (two at a time by `.x4`), one row or several, on a
+    contraction none of them divides."""
+    source = MM.format(t="bfloat16")
+    emu, reference = _engines(source)
+    a, b = _inputs([(70, 40), (40, 50)], ml_dtypes.bfloat16, np.random.default_rng(4))
+    options = MappingOptions.cuda().replace(warp_tile=warp_tile)
+    compiled = emu.compile("mm", a, b, options=options)
+    assert f"TC_LDMATRIX({2 if warp_tile[1] == 8 else 4}, true, tc_b[tc_n]" in compiled.source
+    want = reference.mm(a, b)
+    assert np.abs(compiled(a, b) - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_the_profile_counts_the_instructions() -> None:
     """A 64x64x64 bfloat16 matmul: 64 * 64 * 64 / (16 * 8 * 16) = 128 instructions,
     whatever the tiles; the operand tiles come through `cp.async` and nothing reads

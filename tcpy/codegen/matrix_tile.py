@@ -23,6 +23,7 @@ statement's instances the loops would have run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import islpy as isl
@@ -57,6 +58,7 @@ class MatrixNest:
     right: Read
     left_along: bool
     right_along: bool
+    initialised: bool  # a `+=!`: the outputs hold the identity (an earlier kernel's)
 
     @property
     def fragments(self) -> tuple[int, int]:
@@ -111,9 +113,10 @@ def find_matrix_nest(p: ThreadPrinter, mark: MatrixTile, node: isl.AstNode) -> M
         )
     st = instance.source
     along = [_along_reduction(st.rhs, name, st.reduction_indices) for name in mark.tensors]
+    initialised = st.op.value.endswith("!")
     return MatrixNest(
         mark, by_role[True, False], by_role[False, True], by_role[True, True],
-        parts, left, right, along[0], along[1],
+        parts, left, right, along[0], along[1], initialised,
     )  # fmt: skip
 
 
@@ -139,16 +142,21 @@ def declare_accumulators(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None
 def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool) -> None:
     """The warps' code for `nest` (the block's tile at one reduction tile): the
     accumulators loaded the first time (`held`: declared above, `declare_accumulators`;
-    else here, and stored at the end), then each step of 16 along the reduction."""
+    else here, and stored at the end), or set to 0 where the statement is a `+=!`
+    (its outputs then hold the identity: the mapping runs nothing else of the
+    statement in a matrix kernel), then each step along the reduction."""
     p.emit(depth, "{")
     at = depth + 1
     if not held:
         declare_accumulators(p, nest.mark, at)
     warp_place(p, nest.mark, at)
     p.emit(at, "if (!tc_held) {")
-    each_accumulator(
-        p, nest, f"tc_d[tc_m][tc_n][tc_e] = (tc_in) ? {nest.parts.current} : 0.0f;", at + 1
-    )
+    if nest.initialised:  # the outputs hold the identity: no need to read them
+        p.emit(at + 1, f"for (int tc_j = 0; tc_j < {math.prod(nest.fragments) * 4}; tc_j++)")
+        p.emit(at + 2, "(&tc_d[0][0][0])[tc_j] = 0.0f;")
+    else:
+        current = f"tc_d[tc_m][tc_n][tc_e] = (tc_in) ? {nest.parts.current} : 0.0f;"
+        each_accumulator(p, nest, current, at + 1)
     p.emit(at + 1, "tc_held = true;")
     p.emit(at, "}")
     _steps(p, nest, at)
@@ -219,8 +227,9 @@ def _half_fragments(p: ThreadPrinter, nest: MatrixNest, at: int) -> None:
     """The half-precision operands' fragments of a step (m16n8k16) from shared memory,
     lane L giving the address of a row of 8 elements of matrix L / 8: the left
     operand's 16x16 piece by `ldmatrix.x4`, matrices (r, k), (r+8, k), (r, k+8),
-    (r+8, k+8); the right's 16x8 by `.x2`, (k, c), (k+8, c); `.trans` where the
-    tile's rows run along the reduction index."""
+    (r+8, k+8); the right's two 16x8 pieces at once by `.x4`, (k, c), (k+8, c),
+    (k, c+8), (k+8, c+8) (one by `.x2` where the warp has one column of pieces);
+    `.trans` where the tile's rows run along the reduction index."""
     m, n = nest.fragments
     rows, columns, k = nest.rows.iterator, nest.columns.iterator, nest.reduction.iterator
     if nest.left_along:
@@ -230,14 +239,16 @@ def _half_fragments(p: ThreadPrinter, nest: MatrixNest, at: int) -> None:
             rows: "tc_wr + tc_m * 16 + (tc_lane >> 3 & 1) * 8",
             k: "tc_k + (tc_lane >> 4) * 8 + (tc_lane & 7)",
         }
+    pairs = n % 2 == 0  # lanes 16..31 address the next piece's matrices
+    piece = "(tc_n + (tc_lane >> 4)) * 8" if pairs else "tc_n * 8"
     if nest.right_along:
-        right = {columns: "tc_wc + tc_n * 8 + (tc_lane & 7)", k: "tc_k + (tc_lane >> 3 & 1) * 8"}
+        right = {columns: f"tc_wc + {piece} + (tc_lane & 7)", k: "tc_k + (tc_lane >> 3 & 1) * 8"}
     else:
-        right = {columns: "tc_wc + tc_n * 8", k: "tc_k + (tc_lane & 15)"}
+        right = {columns: f"tc_wc + {piece}", k: "tc_k + (tc_lane & 15)"}
     load_a = f"TC_LDMATRIX(4, {_trans(nest.left_along)}, tc_a[tc_m]"
     _fragments(p, "tc_m", m, left, nest.left, load_a, at)
-    load_b = f"TC_LDMATRIX(2, {_trans(nest.right_along)}, tc_b[tc_n]"
-    _fragments(p, "tc_n", n, right, nest.right, load_b, at)
+    load_b = f"TC_LDMATRIX({4 if pairs else 2}, {_trans(nest.right_along)}, tc_b[tc_n]"
+    _fragments(p, "tc_n", n, right, nest.right, load_b, at, step=2 if pairs else 1)
 
 
 def _trans(along: bool) -> str:
@@ -252,11 +263,12 @@ def _fragments(
     read: Read,
     load: str,
     depth: int,
+    step: int = 1,
 ) -> None:
-    """The `ldmatrix` of each of `count` fragments (`counter`), the lane's row address
-    the read's index with the iterators at `at`."""
+    """The `ldmatrix` of each of `count` fragments (`counter`, `step` at a time), the
+    lane's row address the read's index with the iterators at `at`."""
     p.emit(depth, "#pragma unroll")
-    p.emit(depth, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
+    p.emit(depth, f"for (int {counter} = 0; {counter} < {count}; {counter} += {step}) {{")
     values = " ".join(f"const int {it} = {v};" for it, v in at.items())
     p.emit(depth + 1, f"{values} {load}, {read.array}, {read.index});")
     p.emit(depth, "}")
@@ -267,17 +279,11 @@ def each_accumulator(p: ThreadPrinter, nest: MatrixNest, line: str, depth: int) 
     columns' iterators declared at its element and `tc_in` whether the loops reach
     it."""
     m, n = nest.fragments
-    rows, columns = nest.rows, nest.columns
     for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_e", 4))):
         p.emit(depth + k, "#pragma unroll")
         p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
-    at = depth + 3
-    p.emit(at, f"const int {rows.iterator} = tc_wr + tc_m * 16 + (tc_lane >> 2) + (tc_e >> 1) * 8;")
-    p.emit(at, f"const int {columns.iterator} = tc_wc + tc_n * 8 + (tc_lane & 3) * 2 + (tc_e & 1);")
-    reached = f"{rows.iterator} >= {rows.init} && {rows.cond} && "
-    reached += f"{columns.iterator} >= {columns.init} && {columns.cond}"
-    p.emit(at, f"const bool tc_in = {reached};")
-    p.emit(at, line)
+    p.emit(depth + 3, _element_at(nest, "tc_e", "(tc_e & 1)"))
+    p.emit(depth + 3, line)
     for k in reversed(range(3)):
         p.emit(depth + k, "}")
 
@@ -291,10 +297,49 @@ def warp_place(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
 
 
 def store_accumulators(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
-    """The lane's accumulators stored into the outputs the loops reach."""
+    """The lane's accumulators stored into the outputs the loops reach: each pair of
+    adjacent columns as one `float2` where the outputs are float32 in a tensor and, at
+    run time, the pair's elements are adjacent and on 8 bytes; else one by one."""
     warp_place(p, nest.mark, depth)
-    store = f"if (tc_in) {nest.parts.target} = {nest.parts.store('tc_d[tc_m][tc_n][tc_e]')};"
-    each_accumulator(p, nest, store, depth)
+    parts = nest.parts
+    if parts.in_copy or parts.compute != "float" or parts.storage != "float":
+        store = f"if (tc_in) {parts.target} = {parts.store('tc_d[tc_m][tc_n][tc_e]')};"
+        each_accumulator(p, nest, store, depth)
+        return
+    m, n = nest.fragments
+    for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_h", 2))):
+        p.emit(depth + k, "#pragma unroll")
+        p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
+    at = depth + 3
+    p.emit(at, "int tc_i[2]; bool tc_ok[2];")
+    for e in range(2):
+        place = _element_at(nest, "tc_h * 2", e)
+        p.emit(at, f"{{ {place} tc_i[{e}] = {parts.element}; tc_ok[{e}] = tc_in; }}")
+    value = [f"tc_d[tc_m][tc_n][tc_h * 2 + {e}]" for e in range(2)]
+    aligned = f"((unsigned long long)&{parts.array}[tc_i[0]] & 7) == 0"
+    p.emit(at, f"if (tc_ok[0] && tc_ok[1] && tc_i[1] - tc_i[0] == 1 && {aligned}) {{")
+    p.emit(at + 1, f"TC_STV(float2, {parts.array}, tc_i[0]) = make_float2({', '.join(value)});")
+    p.emit(at, "} else {")
+    for e in range(2):
+        p.emit(at + 1, f"if (tc_ok[{e}]) TC_ST({parts.array}, tc_i[{e}]) = {value[e]};")
+    p.emit(at, "}")
+    for k in reversed(range(3)):
+        p.emit(depth + k, "}")
+
+
+def _element_at(nest: MatrixNest, register: str, column: int | str) -> str:
+    """Declarations of the rows' and columns' iterators at the element of the lane's
+    accumulator `register` of fragment (`tc_m`, `tc_n`) in column `column` of its
+    pair, and of `tc_in`, whether the loops reach it."""
+    rows, columns = nest.rows, nest.columns
+    row = f"tc_wr + tc_m * 16 + (tc_lane >> 2) + (({register}) >> 1) * 8"
+    col = f"tc_wc + tc_n * 8 + (tc_lane & 3) * 2 + {column}"
+    reached = f"{rows.iterator} >= {rows.init} && {rows.cond} && "
+    reached += f"{columns.iterator} >= {columns.init} && {columns.cond}"
+    return (
+        f"const int {rows.iterator} = {row}; const int {columns.iterator} = {col}; "
+        f"const bool tc_in = {reached};"
+    )
 
 
 def print_held_matrix(
