@@ -47,6 +47,11 @@ CASES: dict[str, tuple[str, list[tuple[int, ...]]]] = {
         "{{ C(b,m,n) +=! float(A(b,m,k)) * float(B(b,k,n)) }}",
         [(3, 40, 24), (3, 24, 56)],
     ),
+    "tensordot": (
+        "def td({t}(N,C1,C2,W) I0, {t}(N,C2,C3,W) I1) -> (O) "
+        "{{ O(n,c1,c3,w) +=! float(I0(n,c1,r,w)) * float(I1(n,r,c3,w)) }}",
+        [(2, 40, 24, 3), (2, 24, 32, 3)],
+    ),
     "transposed output": (
         "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(n,m) +=! float(A(m,k)) * float(B(k,n)) }}",
         [(64, 40), (40, 32)],
@@ -164,11 +169,6 @@ def test_the_operand_tiles_are_read_without_bank_conflicts(case: str, precision:
             "def mm(float16(M,K) A, float16(K,N) B) -> (C) "
             "{ C(m,n) +=! float(A(m,k)) * float(B(k,n)) where k in 0:5 }",
             "a reduction over part of the operands",
-        ),
-        (
-            "def td(float16(N,C1,C2,W) I0, float16(N,C2,C3,W) I1) -> (O) "
-            "{ O(n,c1,c3,w) +=! float(I0(n,c1,r,w)) * float(I1(n,r,c3,w)) }",
-            "a batch index innermost",
         ),
         (
             "def conv(float16(N,C,H) I, float16(F,C,KH) W1) -> (O) "

@@ -33,8 +33,9 @@ from tcpy.codegen.loops import FOR, Header, walk
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.errors import InternalError
 from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.gpu.matrix import along_reduction
 from tcpy.mapping.marks import Mark, MatrixTile, of_ast
-from tcpy.parser import ast
+from tcpy.parser.contractions import classify
 
 THREAD = "(int)(threadIdx.x + blockDim.x * threadIdx.y)"
 MMA = {"f16": "TC_MMA_F16", "bf16": "TC_MMA_BF16", "tf32": "TC_MMA_TF32", "tf32x3": "TC_MMA_TF32"}
@@ -112,22 +113,15 @@ def find_matrix_nest(p: ThreadPrinter, mark: MatrixTile, node: isl.AstNode) -> M
             f"a matrix tile's loops do not play rows, columns and reduction: {mark}"
         )
     st = instance.source
-    along = [_along_reduction(st.rhs, name, st.reduction_indices) for name in mark.tensors]
+    c = classify(st, p.scop.cdef)
+    if c is None or (c.left.tensor, c.right.tensor) != mark.tensors:
+        raise InternalError(f"a matrix tile's statement is not its contraction: {mark}")
+    along = [along_reduction(c, c.left), along_reduction(c, c.right)]
     initialised = st.op.value.endswith("!")
     return MatrixNest(
         mark, by_role[True, False], by_role[False, True], by_role[True, True],
         parts, left, right, along[0], along[1], initialised,
     )  # fmt: skip
-
-
-def _along_reduction(rhs: ast.Expr, tensor: str, reduction: tuple[str, ...]) -> bool:
-    """Whether `tensor`'s last subscript in `rhs` is a reduction index: its tile's
-    rows then run along the reduction."""
-    for node in ast.walk(rhs):
-        if isinstance(node, ast.Access) and node.tensor == tensor:
-            last = node.args[-1]
-            return isinstance(last, ast.Index) and last.name in reduction
-    raise InternalError(f"no read of {tensor}")
 
 
 def declare_accumulators(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:

@@ -97,7 +97,7 @@ def _rings(
         p.copies += 1
         scalar = p.scop.cdef.tensor(b.tensor).scalar
         itemsize = scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize, skew))
+        padded = _padded(p, b.sizes, itemsize, skew)
         stage = _stage_elements(math.prod(padded), itemsize)
         ctype = CUDA.ctype(scalar)
         p.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
@@ -271,7 +271,7 @@ def print_shared_copy(
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = (*b.sizes[:-1], row_length(p, b.sizes[-1], itemsize, skew))
+        padded = _padded(p, b.sizes, itemsize, skew)
         ctype = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
         copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
@@ -400,6 +400,21 @@ def _element(
     source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
     index = flat_index(p.dialect, source, [extent_name(b.tensor, d) for d in range(n)])
     return local, inside, index
+
+
+def _padded(
+    p: ThreadPrinter, sizes: tuple[int, ...], itemsize: int, skew: int | None
+) -> tuple[int, ...]:
+    """The extents of a buffer holding a box of `sizes`: its rows lengthened
+    (`row_length`), the rows along the last dimension, or for a tensor-core operand
+    (`skew` given) along the last dimension longer than 1 (batch dimensions have
+    tiles of 1), so that its row and reduction indices are the tile's rows and
+    columns."""
+    last = len(sizes) - 1
+    if skew is not None:
+        last = max((d for d, n in enumerate(sizes) if n > 1), default=last)
+    row = row_length(p, sizes[last], itemsize, skew)
+    return (*sizes[:last], row, *sizes[last + 1 :])
 
 
 def row_length(p: ThreadPrinter, elements: int, itemsize: int, skew: int | None) -> int:

@@ -141,9 +141,7 @@ def _contraction(node: isl.ScheduleNode, scop: Scop, tf32: bool) -> tuple[str, C
     takes = set(KINDS) | ({ScalarType.FLOAT32} if tf32 else set())
     if c.left.scalar != c.right.scalar or c.left.scalar not in takes:
         return None
-    if c.left.indices[-1] not in c.rows + c.reduction:
-        return None  # a batch index innermost: no row of 8 adjacent elements to load
-    if c.right.indices[-1] not in c.columns + c.reduction:
+    if len(c.batch) == len(c.left.indices) or len(c.batch) == len(c.right.indices):
         return None
     st = statement.source(scop.cdef)
     if not all(_whole(st, scop.cdef, operand, c.reduction[0]) for operand in (c.left, c.right)):
@@ -158,6 +156,14 @@ def _whole(st: CheckedStatement, cdef: CheckedDef, operand: Operand, index: str)
     extent = cdef.tensor(operand.tensor).shape[operand.indices.index(index)]
     span = st.range_of(index)
     return span.lo == Sym.of(0) and span.hi == extent
+
+
+def along_reduction(c: Contraction, operand: Operand) -> bool:
+    """Whether `operand`'s innermost index other than a batch index (batch dimensions
+    have tiles of 1) is the reduction's: its tile's rows in shared memory then run
+    along the reduction, else along its row or column index."""
+    inner = [i for i in operand.indices if i not in c.batch][-1]
+    return inner in c.reduction
 
 
 def operand_layout(
@@ -184,7 +190,7 @@ def operand_layout(
             for i in operand.indices
         )
         size = itemsize(mark.kind)
-        across = size == 4 and operand.indices[-1] not in c.reduction
+        across = size == 4 and not along_reduction(c, operand)
         return extents, skew(size) * (2 if across else 1)
     return None
 
