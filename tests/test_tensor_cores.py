@@ -19,6 +19,7 @@ import tcpy
 from tcpy.codegen import matrix_tile, shared_copy
 from tcpy.errors import TCEmulationError, TCMappingError
 from tcpy.mapping.gpu.device import DeviceProfile, named
+from tcpy.mapping.gpu.matrix import point_indices
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import check_source
 from tcpy.parser.contractions import classify
@@ -51,6 +52,16 @@ CASES: dict[str, tuple[str, list[tuple[int, ...]]]] = {
         "def td({t}(N,C1,C2,W) I0, {t}(N,C2,C3,W) I1) -> (O) "
         "{{ O(n,c1,c3,w) +=! float(I0(n,c1,r,w)) * float(I1(n,r,c3,w)) }}",
         [(2, 40, 24, 3), (2, 24, 32, 3)],
+    ),
+    "convolution": (
+        "def conv({t}(N,C,H,W) I, {t}(F,C,KH,KW) W1) -> (O) "
+        "{{ O(n,f,h,w) +=! float(I(n,c,h+kh,w+kw)) * float(W1(f,c,kh,kw)) }}",
+        [(2, 24, 10, 12), (20, 24, 3, 3)],
+    ),
+    "grouped convolution": (
+        "def gconv({t}(N,G,C,H,W) I, {t}(G,F,C,KH,KW) W1) -> (O) "
+        "{{ O(n,g,f,h,w) +=! float(I(n,g,c,h+kh,w+kw)) * float(W1(g,f,c,kh,kw)) }}",
+        [(2, 2, 16, 6, 20), (2, 24, 16, 2, 3)],
     ),
     "transposed output": (
         "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(n,m) +=! float(A(m,k)) * float(B(k,n)) }}",
@@ -172,8 +183,8 @@ def test_the_operand_tiles_are_read_without_bank_conflicts(case: str, precision:
         ),
         (
             "def conv(float16(N,C,H) I, float16(F,C,KH) W1) -> (O) "
-            "{ O(n,f,h) +=! float(I(n,c,h+kh)) * float(W1(f,c,kh)) }",
-            "a window",
+            "{ O(n,f,h) +=! float(I(n,c,2*h+kh)) * float(W1(f,c,kh)) where h in 0:3 }",
+            "a strided window",
         ),
     ],
 )
@@ -298,6 +309,24 @@ def test_the_classifier_reads_roles_from_the_accesses() -> None:
     assert (c.left.tensor, c.right.tensor) == ("A", "B")
     swapped = c.swapped()
     assert (swapped.rows, swapped.left.tensor) == (("n",), "B")
+
+
+def test_a_convolution_is_an_implicit_matrix_product() -> None:
+    """Rows from the input's indices (n, h, w), columns from the filters (f), the
+    reduction over channels and window (c, kh, kw); the tensor cores run w, f and c in
+    their point loops (w in the input's innermost dimension, c read alone by both),
+    the others one at a time."""
+    cdef = check_source(CASES["convolution"][0].format(t="float16"))["conv"]
+    c = classify(cdef.statements[0], cdef)
+    assert c is not None
+    assert (c.rows, c.columns, c.batch, c.reduction) == (
+        ("n", "h", "w"),
+        ("f",),
+        (),
+        ("c", "kh", "kw"),
+    )
+    assert c.left.subscripts == (("n",), ("c",), ("h", "kh"), ("w", "kw"))
+    assert point_indices(c) == ("w", "f", "c")
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 A statement `C(b,m,n) +=! A(b,m,k) * B(b,k,n)` is a contraction of two operands: a
 sum over the reduction indices (k) of a product of two tensors, each read at plain
-indices. Its output indices split three ways: those only the left operand reads
-(rows: m), those only the right one reads (columns: n) and those both read (batch:
-b). `classify` finds them; the GPU mapping runs what it classifies on tensor cores
+indices or sums of them (a convolution's window, `I(n,c,h+kh,w+kw)`: an implicit
+matrix product). Its output indices split three ways: those only the left operand
+reads (rows: m; n, h and w of a convolution), those only the right one reads
+(columns: n; a convolution's filters) and those both read (batch: b). `classify`
+finds them; the GPU mapping runs what it classifies on tensor cores
 (`tcpy.mapping.gpu.matrix`), with the rows of a warp's tile from the left operand
 and its columns from the right one. Casts of the operands (`float(A(m,k))`) are
 allowed: the instruction's operands are the tensors' elements, widened exactly.
@@ -21,12 +23,26 @@ from tcpy.types import ScalarType
 
 @dataclass(frozen=True, slots=True)
 class Operand:
-    """One factor of a contraction's product: a tensor read at `indices` (one plain
-    index per dimension, none repeated), maybe cast to a wider type."""
+    """One factor of a contraction's product: a tensor read at `subscripts`, each the
+    sum of the indices it names (one for a plain index; no index in two), maybe cast
+    to a wider type."""
 
     tensor: str
-    indices: tuple[str, ...]
+    subscripts: tuple[tuple[str, ...], ...]
     scalar: ScalarType  # the tensor's element type
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        """Every index the subscripts use, in order."""
+        return tuple(i for sub in self.subscripts for i in sub)
+
+    def plain(self, index: str) -> bool:
+        """Whether some subscript is `index` alone."""
+        return (index,) in self.subscripts
+
+    def dimension(self, index: str) -> int:
+        """The dimension whose subscript uses `index`."""
+        return next(d for d, sub in enumerate(self.subscripts) if index in sub)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +68,10 @@ class Contraction:
 
 def classify(st: CheckedStatement, cdef: CheckedDef) -> Contraction | None:
     """The contraction `st` is: a sum (`+=` or `+=!`) of a product of two reads of
-    tensors at plain indices (maybe cast), over reduction indices both read, every
-    output index read by one operand or both, and no other index; None for any
-    other statement (a gather, a window `A(h+kh)`, a third factor, a scatter)."""
+    tensors at plain indices or sums of them (maybe cast), over reduction indices
+    both read, every output index read by one operand or both, and no other index;
+    None for any other statement (a gather, a strided window `A(2*h+kh)`, a third
+    factor, a scatter)."""
     if st.op.reduction is not ast.Reduction.SUM or st.scatter or not st.reduction_indices:
         return None
     rhs = st.rhs
@@ -78,22 +95,36 @@ def classify(st: CheckedStatement, cdef: CheckedDef) -> Contraction | None:
 
 
 def _operand(e: ast.Expr, cdef: CheckedDef) -> Operand | None:
-    """`e` as a factor: a read at plain, distinct indices, maybe under a cast to a
+    """`e` as a factor: a read at sums of distinct indices, maybe under a cast to a
     type at least as wide (a narrowing cast rounds: not the element itself)."""
     cast = None
     if isinstance(e, ast.Cast):
         cast, e = e.to, e.value
     if not isinstance(e, ast.Access) or not e.args:
         return None
-    if not all(isinstance(a, ast.Index) for a in e.args):
-        return None
-    indices = tuple(a.name for a in e.args if isinstance(a, ast.Index))
+    subscripts = []
+    for a in e.args:
+        summed = _summed(a)
+        if summed is None:
+            return None
+        subscripts.append(summed)
+    indices = [i for sub in subscripts for i in sub]
     if len(set(indices)) != len(indices):
         return None
     scalar = cdef.tensor(e.tensor).scalar
     if cast is not None and not _widens(scalar, cast):
         return None
-    return Operand(e.tensor, indices, scalar)
+    return Operand(e.tensor, tuple(subscripts), scalar)
+
+
+def _summed(e: ast.Expr) -> tuple[str, ...] | None:
+    """The indices `e` adds up (`h + kh`: h, kh), or None for anything else."""
+    if isinstance(e, ast.Index):
+        return (e.name,)
+    if isinstance(e, ast.Binary) and e.op is ast.BinaryOp.ADD:
+        left, right = _summed(e.lhs), _summed(e.rhs)
+        return None if left is None or right is None else left + right
+    return None
 
 
 _FLOATS = (ScalarType.FLOAT16, ScalarType.FLOAT32, ScalarType.FLOAT64)

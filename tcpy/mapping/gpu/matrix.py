@@ -39,7 +39,7 @@ from tcpy.parser.symbolic import Sym
 from tcpy.poly.isl_helpers import union_set_sets
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
-from tcpy.poly.transforms import tile_leading_members
+from tcpy.poly.transforms import permute_band, tile_leading_members
 from tcpy.types import ScalarType
 
 KINDS = {ScalarType.FLOAT16: "f16", ScalarType.BFLOAT16: "bf16"}
@@ -73,11 +73,13 @@ class MatrixPlan:
 
     rows: int
     columns: int
-    reduction: int
+    reduction: int  # the band's last member, once reordered by `order`
     mark: marks.MatrixTile
+    order: tuple[int, ...]  # the band's members, reordered: the point reduction's last
 
     def tiles(self, n: int) -> list[int]:
-        """The tile of each of the band's `n` members (1 for a batch member)."""
+        """The tile of each of the band's `n` members (1 for every member but the
+        point indices', `point_indices`)."""
         by_member = {self.rows: self.mark.tile[0], self.columns: self.mark.tile[1]}
         by_member[self.reduction] = self.mark.tile[2]
         return [by_member.get(m, 1) for m in range(n)]
@@ -99,7 +101,7 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
     found = _contraction(node, scop, options.input_precision in TF32_KINDS)
     if found is None:
         return None
-    name, c = found
+    name, c, (row, column, reduction) = found
     n = node.band_n_member()
     by_index = {}
     for m in range(n):
@@ -107,27 +109,51 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
         if position is None:
             return None
         by_index[scop.statement(name).dims[position]] = m
-    rows, columns, reduction = by_index[c.rows[0]], by_index[c.columns[0]], by_index[c.reduction[0]]
     if sorted(plan.members) != list(range(plan.prefix)):
         return None  # a parallel member off the grid
-    if reduction != plan.prefix or n != plan.prefix + 1:
+    rows, columns, point = by_index[row], by_index[column], by_index[reduction]
+    if any(by_index[r] < plan.prefix for r in c.reduction):
         return None
+    order = (*range(point), *range(point + 1, n), point)
     extents = [member_extent(node, m, plan.at) for m in plan.members]
     kind = KINDS.get(c.left.scalar, options.input_precision)
     warp_tile = options.warp_tile or _warp_tile(plan, extents, rows, columns, kind)
     depth = REDUCTION_BYTES // itemsize(kind)
     tile = (WARPS[0] * warp_tile[0], WARPS[1] * warp_tile[1], depth)
     mark = marks.MatrixTile(kind, tile, WARPS, (c.left.tensor, c.right.tensor))
-    return MatrixPlan(rows, columns, reduction, mark)
+    return MatrixPlan(rows, columns, n - 1, mark, order)
 
 
-def _contraction(node: isl.ScheduleNode, scop: Scop, tf32: bool) -> tuple[str, Contraction] | None:
-    """The one statement of the band and the contraction it is, with one index of
-    each role, operands of one type the tensor cores take (float32 with `tf32`), each
-    with its reduction
-    index or its own row (column) index innermost (`ldmatrix` loads rows of 8
-    adjacent elements along one or the other), and a reduction over the whole of
-    both operands; else None."""
+def point_indices(c: Contraction) -> tuple[str, str, str] | None:
+    """The indices a contraction's point loops run on the tensor cores, the others'
+    tiles being 1: the row, the column and the reduction index. The reduction index
+    is one both operands read alone in a subscript (a convolution's channel, not its
+    window's `kh`), the column one the right operand reads alone, the row any of the
+    left operand's (a window's `w` of `w + kw` too); of several, the one in the
+    innermost dimension. None where there is none, or where the row and the
+    reduction index share a subscript."""
+    reductions = [r for r in c.reduction if c.left.plain(r) and c.right.plain(r)]
+    columns = [i for i in c.columns if c.right.plain(i)]
+    if not reductions or not columns or not c.rows:
+        return None
+    reduction = max(reductions, key=c.left.dimension)
+    column = max(columns, key=c.right.dimension)
+    row = max(c.rows, key=c.left.dimension)
+    if c.left.dimension(row) == c.left.dimension(reduction):
+        return None
+    return row, column, reduction
+
+
+def _contraction(
+    node: isl.ScheduleNode, scop: Scop, tf32: bool
+) -> tuple[str, Contraction, tuple[str, str, str]] | None:
+    """The one statement of the band, the contraction it is and its point indices
+    (`point_indices`), with operands of one type the tensor cores take (float32 with
+    `tf32`) and a point reduction over the whole of both operands; else None. (An
+    operand's tile in shared memory has its dimensions of tile 1 and its rows along
+    its innermost other dimension, along the point reduction or its own point index:
+    `ldmatrix` loads rows of 8 adjacent elements along one or the other,
+    `operand_layout`.)"""
     names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
     if len(names) != 1:
         return None
@@ -136,62 +162,68 @@ def _contraction(node: isl.ScheduleNode, scop: Scop, tf32: bool) -> tuple[str, C
     if statement.kind is not Kind.COMPUTE:
         return None
     c = classify(statement.source(scop.cdef), scop.cdef)
-    if c is None or (len(c.rows), len(c.columns), len(c.reduction)) != (1, 1, 1):
+    points = point_indices(c) if c is not None else None
+    if c is None or points is None:
         return None
     takes = set(KINDS) | ({ScalarType.FLOAT32} if tf32 else set())
     if c.left.scalar != c.right.scalar or c.left.scalar not in takes:
         return None
-    if len(c.batch) == len(c.left.indices) or len(c.batch) == len(c.right.indices):
-        return None
     st = statement.source(scop.cdef)
-    if not all(_whole(st, scop.cdef, operand, c.reduction[0]) for operand in (c.left, c.right)):
+    if not all(_whole(st, scop.cdef, operand, points[2]) for operand in (c.left, c.right)):
         return None
-    return name, c
+    return name, c, points
 
 
 def _whole(st: CheckedStatement, cdef: CheckedDef, operand: Operand, index: str) -> bool:
     """Whether `index` runs over the whole of `operand`'s dimension it subscripts (from
     0 to its extent): the tiles along it then hold nothing but the reduction's values
     and the zeros past the tensor's end."""
-    extent = cdef.tensor(operand.tensor).shape[operand.indices.index(index)]
+    extent = cdef.tensor(operand.tensor).shape[operand.dimension(index)]
     span = st.range_of(index)
     return span.lo == Sym.of(0) and span.hi == extent
 
 
 def along_reduction(c: Contraction, operand: Operand) -> bool:
-    """Whether `operand`'s innermost index other than a batch index (batch dimensions
-    have tiles of 1) is the reduction's: its tile's rows in shared memory then run
-    along the reduction, else along its row or column index."""
-    inner = [i for i in operand.indices if i not in c.batch][-1]
-    return inner in c.reduction
+    """Whether the innermost dimension of `operand`'s tile longer than 1 (along a
+    point index, `point_indices`) is the point reduction's: the tile's rows in shared
+    memory then run along the reduction, else along its row or column index."""
+    points = point_indices(c)
+    assert points is not None
+    inner = max(operand.dimension(i) for i in points if i in operand.indices)
+    return points[2] in operand.subscripts[inner]
 
 
 def operand_layout(
     cdef: CheckedDef, mark: marks.MatrixTile, tensor: str
 ) -> tuple[tuple[int, ...], int] | None:
     """The tile of operand `tensor` of `mark`'s contraction in shared memory: its
-    extents per dimension of the tensor (the block's rows for the left operand, its
-    columns for the right one, the reduction tile, 1 along a batch index), and the
-    elements its rows are longer than whole 16-byte pieces (`SKEW_BYTES`; a float32
-    tile whose rows run along the rows or columns, which the tf32 fragments read down
-    a column, 32 bytes: the lanes reading the column then hit distinct banks). None
-    for another tensor."""
+    extents per dimension of the tensor (the block's rows along the left operand's
+    point row index, its columns along the right one's point column index, the
+    reduction tile along the point reduction index, 1 elsewhere), and the elements
+    its rows are longer than whole 16-byte pieces (`SKEW_BYTES`; a float32 tile whose
+    rows run along the rows or columns, which the tf32 fragments read down a column,
+    32 bytes: the lanes reading the column then hit distinct banks). None for another
+    tensor."""
     if tensor not in mark.tensors:
         return None
     for st in cdef.statements:
         c = classify(st, cdef)
-        if c is None or (c.left.tensor, c.right.tensor) != mark.tensors:
+        points = point_indices(c) if c is not None else None
+        if c is None or points is None or (c.left.tensor, c.right.tensor) != mark.tensors:
             continue
-        operand, own = (
-            (c.left, mark.tile[0]) if tensor == c.left.tensor else (c.right, mark.tile[1])
+        row, column, reduction = points
+        operand, own, size = (
+            (c.left, row, mark.tile[0])
+            if tensor == c.left.tensor
+            else (c.right, column, mark.tile[1])
         )
         extents = tuple(
-            mark.tile[2] if i in c.reduction else 1 if i in c.batch else own
-            for i in operand.indices
+            mark.tile[2] if reduction in sub else size if own in sub else 1
+            for sub in operand.subscripts
         )
-        size = itemsize(mark.kind)
-        across = size == 4 and not along_reduction(c, operand)
-        return extents, skew(size) * (2 if across else 1)
+        bytes_ = itemsize(mark.kind)
+        across = bytes_ == 4 and not along_reduction(c, operand)
+        return extents, skew(bytes_) * (2 if across else 1)
     return None
 
 
@@ -236,7 +268,7 @@ def map_matrix_band(
     loop. Returns the node at the band's position, the grid and the block; None
     where the operands' tiles would not fit shared memory."""
     n, options = node.band_n_member(), plan.options
-    node = tile_leading_members(node, matrix.tiles(n))
+    node = tile_leading_members(permute_band(node, list(matrix.order)), matrix.tiles(n))
     grid = grid_sizes(options, [member_extent(node, m, plan.at) for m in plan.members])
     block = (WARP, WARPS[0] * WARPS[1])
     tensors = matrix.mark.tensors
