@@ -19,6 +19,7 @@ EVERY_KIND = [
     marks.Shared(("A", "B")),
     marks.Scratch(("T",)),
     marks.ThreadRegisters(16),
+    marks.MatrixTile("bf16", (128, 64, 32), (2, 2), ("A", "B")),
     marks.Private(),
     marks.Lanes(),
     marks.Atomic(),
@@ -43,7 +44,17 @@ def test_a_mark_reads_back_from_its_name_and_from_the_tree(mark: marks.Mark) -> 
 
 
 @pytest.mark.parametrize(
-    "name", ["omp_parallel@x", "register_tile:", "thread_registers:many", "shared:", "tile"]
+    "name",
+    [
+        "omp_parallel@x",
+        "register_tile:",
+        "thread_registers:many",
+        "shared:",
+        "tile",
+        "matrix/bf16:64x64:2x2",
+        "matrix/f16:64x64x32:2x2:A",
+        "matrix/f16:64xax32:2x2:A,B",
+    ],
 )
 def test_a_name_that_is_no_mark_is_an_internal_error(name: str) -> None:
     with pytest.raises(InternalError, match="no tcpy mark"):

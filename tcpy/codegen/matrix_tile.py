@@ -146,6 +146,7 @@ def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool
     warp_place(p, nest.mark, at)
     p.emit(at, "if (!tc_held) {")
     if nest.initialised:  # the outputs hold the identity: no need to read them
+        p.emit(at + 1, "#pragma unroll")
         p.emit(at + 1, f"for (int tc_j = 0; tc_j < {math.prod(nest.fragments) * 4}; tc_j++)")
         p.emit(at + 2, "(&tc_d[0][0][0])[tc_j] = 0.0f;")
     else:

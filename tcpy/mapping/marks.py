@@ -254,13 +254,17 @@ def parse(name: str) -> Mark:
 
 def _matrix_tile(kind: str, rest: str) -> MatrixTile:
     """The `MatrixTile` of a name's kind and the rest after the colon."""
-    tile, warps, tensors = rest.split(":")
-    t, w, names = tile.split("x"), warps.split("x"), tensors.split(",")
-    if len(t) != 3 or len(w) != 2 or len(names) != 2:
-        raise InternalError(f"a malformed matrix mark: {kind}:{rest}")
-    return MatrixTile(
-        kind, (int(t[0]), int(t[1]), int(t[2])), (int(w[0]), int(w[1])), (names[0], names[1])
+    parts = rest.split(":")
+    t, w, names = (
+        (parts[0].split("x"), parts[1].split("x"), parts[2].split(","))
+        if len(parts) == 3
+        else ([], [], [])
     )
+    numbers = [*t, *w]
+    if len(t) != 3 or len(w) != 2 or len(names) != 2 or not all(x.isdigit() for x in numbers):
+        raise InternalError(f"a schedule mark that is no tcpy mark: matrix/{kind}:{rest!r}")
+    tile, warps = tuple(map(int, t)), tuple(map(int, w))
+    return MatrixTile(kind, (tile[0], tile[1], tile[2]), (warps[0], warps[1]), (names[0], names[1]))
 
 
 def insert(node: isl.ScheduleNode, mark: Mark) -> isl.ScheduleNode:

@@ -507,17 +507,7 @@ def _validate(o: MappingOptions) -> None:
         value = getattr(o, name)
         if not isinstance(value, int) or isinstance(value, bool):
             fail(f"{name} must be an integer, not {value!r}")
-    if o.input_precision not in INPUT_PRECISIONS:
-        choices = ", ".join(INPUT_PRECISIONS)
-        fail(f"input_precision must be one of {choices}, not {o.input_precision!r}")
-    if o.warp_tile and (
-        len(o.warp_tile) != 2 or o.warp_tile[0] % 16 or o.warp_tile[1] % 8 or min(o.warp_tile) < 8
-        or o.warp_tile[0] * o.warp_tile[1] > MAX_WARP_TILE
-    ):  # fmt: skip
-        fail(
-            f"warp_tile takes rows (a multiple of 16) and columns (a multiple of 8), at most "
-            f"{MAX_WARP_TILE} outputs, not {o.warp_tile}"
-        )
+    _validate_tensor_cores(o, fail)
     if not 1 <= o.copy_stages <= MAX_COPY_STAGES:
         fail(f"copy_stages must be 1 to {MAX_COPY_STAGES}, not {o.copy_stages}")
     if any(t < 0 for t in o.tile):
@@ -547,3 +537,18 @@ def _validate(o: MappingOptions) -> None:
     for name in ("max_shared_memory", "shared_depth", "private_depth", "threads"):
         if getattr(o, name) < 0:
             fail(f"{name} must not be negative")
+
+
+def _validate_tensor_cores(o: MappingOptions, fail: Callable[[str], None]) -> None:
+    """The rules of `input_precision` and `warp_tile`."""
+    if o.input_precision not in INPUT_PRECISIONS:
+        choices = ", ".join(INPUT_PRECISIONS)
+        fail(f"input_precision must be one of {choices}, not {o.input_precision!r}")
+    if o.warp_tile and (
+        len(o.warp_tile) != 2 or o.warp_tile[0] % 16 or o.warp_tile[1] % 8 or min(o.warp_tile) < 8
+        or o.warp_tile[0] * o.warp_tile[1] > MAX_WARP_TILE
+    ):  # fmt: skip
+        fail(
+            f"warp_tile takes rows (a multiple of 16) and columns (a multiple of 8), at most "
+            f"{MAX_WARP_TILE} outputs, not {o.warp_tile}"
+        )
