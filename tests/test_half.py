@@ -5,6 +5,7 @@ half tensors in and out of NumPy and PyTorch."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import cache
 
@@ -16,6 +17,7 @@ import tcpy
 from tcpy.codegen.dialect import CUDA
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import named
+from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast as tc
 from tcpy.parser import check_source
 from tcpy.parser.parse import retyped
@@ -334,13 +336,15 @@ NVRTC_PROGRAMS = ("softmax", "matmul", "layernorm", "conv2d", "embedding_backwar
 @pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
 def test_half_programs_compile_with_nvrtc(name: str, ty: T) -> None:
     """The half types' CUDA (PTX conversions from sm_80, integer ones before) compiles
-    for the GPUs of both kinds."""
+    for the GPUs of both kinds, each mapped for its own (sm_80's instructions, the
+    tensor cores' and `cp.async`, only on the later)."""
     case = next(c for c in CASES if c.name == name)
     source = retyped((CORPUS / case.file).read_text(), ty)
     cdef = check_source(source)[case.entry]
-    lowered = lower_to_cuda(cdef, case.sizes, cuda_defaults(cdef), device=named("h100"))
-    assert "__half" in lowered.source or "__nv_bfloat16" in lowered.source
-    for arch in ("sm_75", "sm_90"):
+    turing = dataclasses.replace(named("l4"), arch="sm_75")
+    for arch, device in (("sm_75", turing), ("sm_90", named("h100"))):
+        lowered = lower_to_cuda(cdef, case.sizes, cuda_defaults(cdef), device=device)
+        assert "__half" in lowered.source or "__nv_bfloat16" in lowered.source
         assert nvrtc.compile_cubin(lowered.source, arch)[:4] == b"\x7fELF"
 
 
@@ -372,17 +376,20 @@ def test_half_inputs_read_through_the_readonly_cache(ty: T) -> None:
 @pytest.mark.parametrize("ty", HALVES, ids=lambda t: t.value)
 @pytest.mark.parametrize("k", [256, 250, 255], ids=["pairs", "pairs-partial", "elements"])
 def test_half_tiles_go_through_the_ring_of_async_copies(ty: T, k: int) -> None:
-    """A half matmul copies its operand tiles into shared memory, rows of 66 halves
-    (32 words and one, so that rows stay on 4 bytes), through a ring filled by
-    `cp.async` of pairs (4 bytes, the least a copy takes) where the rows hold whole
-    pairs that start on one at run time, else by a load and a store of each element
-    (K odd). Checked against the reference, under the emulator's checks."""
+    """A half matmul on the CUDA cores (`use_tensor_cores` off: the tensor cores' tiles
+    are laid out apart, `tests/test_tensor_cores.py`) copies its operand tiles into
+    shared memory, rows of 66 halves (32 words and one, so that rows stay on 4 bytes),
+    through a ring filled by `cp.async` of pairs (4 bytes, the least a copy takes)
+    where the rows hold whole pairs that start on one at run time, else by a load and
+    a store of each element (K odd). Checked against the reference, under the
+    emulator's checks."""
     case = next(c for c in CASES if c.name == "matmul")
     source = retyped((CORPUS / case.file).read_text(), ty)
     rng = np.random.default_rng(k)
     a = rng.standard_normal((128, k)).astype(np.float32).astype(ty.dtype)
     b = rng.standard_normal((k, 96)).astype(np.float32).astype(ty.dtype)
-    kernel = _engine("cuda-emu", source).compile(case.entry, a, b)
+    cuda_cores = MappingOptions.cuda().replace(use_tensor_cores=False)
+    kernel = _engine("cuda-emu", source).compile(case.entry, a, b, options=cuda_cores)
     assert "tc_fill" in kernel.source and f"{CUDA.ctype(ty)} tc_shared0[" in kernel.source
     assert (
         "TC_CP_ASYNC(tc_shared0, tc_s * 2112 + ((int)(tc_i0) * 66 + (tc_i1)), t_A," in kernel.source
