@@ -26,6 +26,8 @@ from tcpy.parser.contractions import classify
 from tcpy.pipeline import LoweredCuda, lower_to_cuda
 from tcpy.runtime import nvrtc
 
+from differential import as_tuple
+
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the cuda extra)")
 
 MM = "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(m,n) +=! float(A(m,k)) * float(B(k,n)) }}"
@@ -428,3 +430,53 @@ def test_tensor_cores_on_the_gpu(case: str, precision: str) -> None:
     want = np.asarray(getattr(reference, name)(*inputs), np.float64)
     tol = 2**-9 if precision == "tf32" else 1e-5
     assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+MLP = """def mlp({t}(B,K) I, {t}(N,K) W, float(N) bias) -> (O) {{
+    O(b, n) +=! float(I(b, k)) * float(W(n, k))
+    O(b, n) = O(b, n) + bias(n)
+    O(b, n) = fmax(O(b, n), 0)
+}}"""
+EPILOGUES = {
+    "bias and relu": (MLP, 2),
+    "bias and relu into a half output": (
+        """def mlp({t}(B,K) I, {t}(N,K) W, float(N) bias) -> ({t}(B,N) O) {{
+    O(b, n) +=! I(b, k) * W(n, k)
+    O(b, n) = {t}(O(b, n) + bias(n))
+    O(b, n) = fmax(O(b, n), 0)
+}}""",
+        2,
+    ),
+    "a neighbour's value": (
+        MLP.replace("0)\n}}", "0)\n    P(b, n) = O(b, n) + O(b, 0)\n}}").replace(
+            "-> (O)", "-> (O, P)"
+        ),
+        3,
+    ),
+    "one statement": (MLP.replace("    O(b, n) = O(b, n) + bias(n)\n", ""), 2),
+}
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("case", EPILOGUES)
+def test_pointwise_statements_after_a_contraction_run_as_its_epilogue(
+    case: str, type_name: str
+) -> None:
+    """Statements that only replace each output of a contraction by a value of it
+    (a bias, an activation) are applied to the accumulators as they are stored, in
+    the tensor-core kernel: two launches (the initialisation, the product) instead of
+    four; one that reads another output (`O(b, 0)`, into another tensor) keeps its own
+    kernel. The output is rounded between the statements as the tensor rounds it (a
+    half output)."""
+    template, launches = EPILOGUES[case]
+    source = template.format(t=type_name)
+    emu, reference = _engines(source)
+    rng = np.random.default_rng(8)
+    inputs = _inputs([(40, 24), (56, 24), (56,)], TYPES[type_name], rng)
+    compiled = emu.compile("mlp", *inputs)
+    assert "(tc_d[" in compiled.source
+    assert len(compiled.profile(*inputs)) == launches
+    tol = 1e-5 if "half" not in case else 2**-7
+    for g, w in zip(as_tuple(compiled(*inputs)), as_tuple(reference.mlp(*inputs)), strict=True):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.abs(g64 - w64).max() <= tol * np.abs(w64).max()

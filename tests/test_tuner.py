@@ -54,6 +54,8 @@ def test_every_field_with_tuning_metadata_is_searched_and_only_those() -> None:
     }
     cuda = {g.name for g in _space("cuda", MappingOptions.cuda()).genes}
     assert {"map_to_threads", "map_to_blocks", "use_readonly_cache"} <= cuda
+    assert {"use_tensor_cores", "warp_tile", "copy_stages"} <= cuda
+    assert "input_precision" not in cuda  # it changes the results: the user's to choose
     assert "parallel" not in cuda
 
 

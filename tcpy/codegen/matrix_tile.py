@@ -60,6 +60,8 @@ class MatrixNest:
     left_along: bool
     right_along: bool
     initialised: bool  # a `+=!`: the outputs hold the identity (an earlier kernel's)
+    values: dict[str, str]  # each index of the statement's, as printed
+    outputs: tuple[str, ...]  # the statement's output indices
 
     @property
     def fragments(self) -> tuple[int, int]:
@@ -120,7 +122,7 @@ def find_matrix_nest(p: ThreadPrinter, mark: MatrixTile, node: isl.AstNode) -> M
     initialised = st.op.value.endswith("!")
     return MatrixNest(
         mark, by_role[True, False], by_role[False, True], by_role[True, True],
-        parts, left, right, along[0], along[1], initialised,
+        parts, left, right, along[0], along[1], initialised, instance.values, st.indices,
     )  # fmt: skip
 
 
@@ -292,34 +294,72 @@ def warp_place(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
 
 
 def store_accumulators(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
-    """The lane's accumulators stored into the outputs the loops reach: each pair of
-    adjacent columns as one `float2` where the outputs are float32 in a tensor and, at
-    run time, the pair's elements are adjacent and on 8 bytes; else one by one."""
+    """The lane's accumulators stored into the outputs the loops reach, each through
+    the kernel's epilogue (`stored_value`): each pair of adjacent columns as one
+    `float2` where the outputs are float32 in a tensor and, at run time, the pair's
+    elements are adjacent and on 8 bytes; else one by one."""
     warp_place(p, nest.mark, depth)
     parts = nest.parts
     if parts.in_copy or parts.compute != "float" or parts.storage != "float":
-        store = f"if (tc_in) {parts.target} = {parts.store('tc_d[tc_m][tc_n][tc_e]')};"
-        each_accumulator(p, nest, store, depth)
+        value = stored_value(p, nest, "tc_d[tc_m][tc_n][tc_e]", "tc_r")
+        each_accumulator(p, nest, f"if (tc_in) {{ {value} {parts.target} = tc_r; }}", depth)
         return
     m, n = nest.fragments
     for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_h", 2))):
         p.emit(depth + k, "#pragma unroll")
         p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
     at = depth + 3
-    p.emit(at, "int tc_i[2]; bool tc_ok[2];")
+    p.emit(at, "int tc_i[2]; bool tc_ok[2]; float tc_s[2];")
     for e in range(2):
         place = _element_at(nest, "tc_h * 2", e)
-        p.emit(at, f"{{ {place} tc_i[{e}] = {parts.element}; tc_ok[{e}] = tc_in; }}")
-    value = [f"tc_d[tc_m][tc_n][tc_h * 2 + {e}]" for e in range(2)]
+        value = stored_value(p, nest, f"tc_d[tc_m][tc_n][tc_h * 2 + {e}]", "tc_r")
+        p.emit(at, f"{{ {place} tc_i[{e}] = {parts.element}; tc_ok[{e}] = tc_in;")
+        p.emit(at + 1, f"if (tc_in) {{ {value} tc_s[{e}] = tc_r; }} }}")
     aligned = f"((unsigned long long)&{parts.array}[tc_i[0]] & 7) == 0"
     p.emit(at, f"if (tc_ok[0] && tc_ok[1] && tc_i[1] - tc_i[0] == 1 && {aligned}) {{")
-    p.emit(at + 1, f"TC_STV(float2, {parts.array}, tc_i[0]) = make_float2({', '.join(value)});")
+    p.emit(at + 1, f"TC_STV(float2, {parts.array}, tc_i[0]) = make_float2(tc_s[0], tc_s[1]);")
     p.emit(at, "} else {")
     for e in range(2):
-        p.emit(at + 1, f"if (tc_ok[{e}]) TC_ST({parts.array}, tc_i[{e}]) = {value[e]};")
+        p.emit(at + 1, f"if (tc_ok[{e}]) TC_ST({parts.array}, tc_i[{e}]) = tc_s[{e}];")
     p.emit(at, "}")
     for k in reversed(range(3)):
         p.emit(depth + k, "}")
+
+
+def stored_value(p: ThreadPrinter, nest: MatrixNest, accumulator: str, name: str) -> str:
+    """Statements declaring `name`, the value an output of the contraction is stored
+    with: the accumulator as the tensor stores it, then each statement of the
+    kernel's epilogue (`MappedKernel.epilogue`) in turn, computed from the values of
+    this output kept in locals (its reads of the tensors the kernel writes read those
+    locals, each value rounded as its tensor stores it); a statement writing another
+    tensor stores its value there. The rows' and columns' iterators are declared at
+    the output's element."""
+    parts = nest.parts
+    lines = [f"{parts.storage} {name} = {parts.store(accumulator)};"]
+    mine = _load(p, parts)
+    local = {mine: name}  # a load of a written tensor at the element -> its local
+    assert p.kernel is not None
+    for k, statement in enumerate(p.kernel.epilogue):
+        st = p.scop.statement(statement).source(p.scop.cdef)
+        values = dict(zip(st.indices, (nest.values[i] for i in nest.outputs), strict=True))
+        step = p.bodies.parts(st, values, substitute=local)
+        if any(load in step.value or any(load in d for d in step.prelude) for load in local):
+            raise InternalError(f"an epilogue reads an output off its element: {st.text}")
+        load = _load(p, step)
+        own = local.get(load, f"{name}_{k}")
+        if load not in local:
+            lines.append(f"{step.storage} {own};")
+        lines.append(step.wrap(f"{own} = {step.store(step.value)};"))
+        if load != mine:
+            lines.append(f"{step.target} = {own};")
+        local[load] = own
+    return " ".join(lines)
+
+
+def _load(p: ThreadPrinter, parts: StatementParts) -> str:
+    """The text of a read of the element `parts` writes, as a statement prints it
+    (`Read.text`: the load, before any conversion to the compute type)."""
+    return p.dialect.load.format(array=parts.array, index=parts.element)
 
 
 def _element_at(nest: MatrixNest, register: str, column: int | str) -> str:

@@ -24,6 +24,9 @@ class MappedKernel:
     # tiles in shared memory have rows of whole 16-byte pieces, skewed, and zeros
     # outside the tensor
     matrix: bool = False
+    # statements of later nests applied to each output as it is stored (a bias, an
+    # activation: `tcpy.mapping.gpu.matrix.absorb_epilogues`), in order
+    epilogue: tuple[str, ...] = ()
 
     @property
     def threads(self) -> int:

@@ -16,6 +16,8 @@ take is mapped on the CUDA cores, as before.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
@@ -23,6 +25,7 @@ import islpy as isl
 from tcpy.mapping import marks
 from tcpy.mapping.gpu.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.gpu.device import WARP
+from tcpy.mapping.gpu.kernel import MappedKernel
 from tcpy.mapping.gpu.placement import (
     ASYNC_COPY_ARCH,
     copy_into_shared,
@@ -33,6 +36,7 @@ from tcpy.mapping.gpu.plan import Plan
 from tcpy.mapping.gpu.sizes import FILL_WAVES
 from tcpy.mapping.promotion import box_at
 from tcpy.naming import BLOCK_PARAMS
+from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.parser.contractions import Contraction, Operand, classify
 from tcpy.parser.symbolic import Sym
@@ -305,3 +309,66 @@ def _tile_bytes(mark: marks.MatrixTile) -> int:
     size = itemsize(mark.kind)
     s = 2 * skew(size)
     return size * (rows + s + columns + s) * (depth + s)
+
+
+def absorb_epilogues(
+    kernels: list[MappedKernel], scop: Scop, sizes: Mapping[str, int] | None
+) -> list[MappedKernel]:
+    """`kernels`, each tensor-core kernel followed by kernels that only apply an
+    epilogue to its outputs (`epilogue_of`) taking their statements
+    (`MappedKernel.epilogue`: codegen applies them to each output as it stores it) in
+    their place, the kernels numbered again. Only at known `sizes` where the
+    contraction's reduction is not empty, so that it stores every output."""
+    out: list[MappedKernel] = []
+    for kernel in kernels:
+        last = out[-1] if out else None
+        statement = _single_statement(kernel)
+        if last is not None and last.matrix and sizes is not None and statement is not None:
+            contraction = _single_statement(last)
+            assert contraction is not None
+            if epilogue_of(scop, contraction, (*last.epilogue, statement), sizes):
+                out[-1] = dataclasses.replace(last, epilogue=(*last.epilogue, statement))
+                continue
+        out.append(kernel)
+    return [dataclasses.replace(k, index=i) for i, k in enumerate(out)]
+
+
+def _single_statement(kernel: MappedKernel) -> str | None:
+    """The name of the one statement a kernel runs, or None."""
+    names = {s.get_tuple_name() for s in union_set_sets(kernel.domain)}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def epilogue_of(
+    scop: Scop, contraction: str, statements: tuple[str, ...], sizes: Mapping[str, int]
+) -> bool:
+    """Whether `statements`, in order after the contraction statement `contraction`,
+    each compute one value per output of the contraction from values at that output
+    alone (`O(b,n) = fmax(O(b,n) + bias(n), 0)`, a cast `Oh(b,n) = float16(O(b,n))`):
+    a `=` over the same ranges as the contraction's outputs, with no reduction,
+    reading each tensor the contraction or a statement before it writes at that
+    element only (so each output's chain of values is its own, whatever order the
+    outputs run in); and the contraction's reduction is not empty at `sizes` (every
+    output is stored)."""
+    st = scop.statement(contraction).source(scop.cdef)
+    if any((r.hi - r.lo).evaluate(sizes) <= 0 for r in st.ranges if r.var in st.reduction_indices):
+        return False
+    written = {st.tensor}
+    for name in statements:
+        poly = scop.statement(name)
+        e = poly.source(scop.cdef)
+        if poly.kind is not Kind.COMPUTE or e.op is not ast.AssignOp.ASSIGN or e.scatter:
+            return False
+        if e.reduction_indices or len(e.indices) != len(st.indices):
+            return False
+        for mine, theirs in zip(e.indices, st.indices, strict=True):
+            a, b = e.range_of(mine), st.range_of(theirs)
+            if a.lo != b.lo or a.hi != b.hi:
+                return False
+        written.add(e.tensor)
+        for node in ast.walk(e.rhs):
+            if isinstance(node, ast.Access) and node.tensor in written:
+                at = tuple(a.name if isinstance(a, ast.Index) else None for a in node.args)
+                if at != e.indices:
+                    return False
+    return True

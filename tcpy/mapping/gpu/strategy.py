@@ -55,7 +55,7 @@ from tcpy.mapping.gpu.band import (
 from tcpy.mapping.gpu.bind import bind_members, grid_sizes
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
-from tcpy.mapping.gpu.matrix import map_matrix_band, matrix_plan
+from tcpy.mapping.gpu.matrix import absorb_epilogues, map_matrix_band, matrix_plan
 from tcpy.mapping.gpu.placement import (
     copy_into_shared,
     copy_stages,
@@ -159,6 +159,7 @@ def map_to_gpu(
     unbound = _map_nests(root, scop, options, device, [], choices, bind=False, at=at)
     kernels: list[MappedKernel] = []
     bound = _map_nests(root, scop, options, device, kernels, choices, bind=True, at=at)
+    kernels = absorb_epilogues(kernels, scop, scop.sizes or launched)
     return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
 
 
