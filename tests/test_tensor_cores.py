@@ -137,7 +137,8 @@ def test_every_warp_tile_is_right(warp_tile: tuple[int, int]) -> None:
     a, b = _inputs([(70, 40), (40, 50)], ml_dtypes.bfloat16, np.random.default_rng(4))
     options = MappingOptions.cuda().replace(warp_tile=warp_tile)
     compiled = emu.compile("mm", a, b, options=options)
-    assert f"TC_LDMATRIX({2 if warp_tile[1] == 8 else 4}, true, tc_b[tc_n]" in compiled.source
+    registers = "tc_b[tc_n]" if warp_tile[1] == 8 else "&tc_b[0][0] + tc_n * 2"
+    assert f"TC_LDMATRIX({2 if warp_tile[1] == 8 else 4}, true, {registers}" in compiled.source
     want = reference.mm(a, b)
     assert np.abs(compiled(a, b) - want).max() <= 1e-5 * np.abs(want).max()
 

@@ -244,7 +244,9 @@ def _half_fragments(p: ThreadPrinter, nest: MatrixNest, at: int) -> None:
         right = {columns: f"tc_wc + {piece}", k: "tc_k + (tc_lane & 15)"}
     load_a = f"TC_LDMATRIX(4, {_trans(nest.left_along)}, tc_a[tc_m]"
     _fragments(p, "tc_m", m, left, nest.left, load_a, at)
-    load_b = f"TC_LDMATRIX({4 if pairs else 2}, {_trans(nest.right_along)}, tc_b[tc_n]"
+    # two pieces' registers from the whole array (a row of it holds one piece's)
+    b = "&tc_b[0][0] + tc_n * 2" if pairs else "tc_b[tc_n]"
+    load_b = f"TC_LDMATRIX({4 if pairs else 2}, {_trans(nest.right_along)}, {b}"
     _fragments(p, "tc_n", n, right, nest.right, load_b, at, step=2 if pairs else 1)
 
 
