@@ -65,6 +65,11 @@ CASES: dict[str, tuple[str, list[tuple[int, ...]]]] = {
         "{{ O(n,g,f,h,w) +=! float(I(n,g,c,h+kh,w+kw)) * float(W1(g,f,c,kh,kw)) }}",
         [(2, 2, 16, 6, 20), (2, 24, 16, 2, 3)],
     ),
+    "convolution strided along its rows' outer index": (
+        "def sconv({t}(N,C,H,W) I, {t}(F,C,KH,KW) W1) -> (O) "
+        "{{ O(n,f,h,w) +=! float(I(n,c,2*h+kh,w+kw)) * float(W1(f,c,kh,kw)) where h in 0:4 }}",
+        [(2, 24, 11, 15), (20, 24, 3, 3)],
+    ),
     "transposed output": (
         "def mm({t}(M,K) A, {t}(K,N) B) -> (C) {{ C(n,m) +=! float(A(m,k)) * float(B(k,n)) }}",
         [(64, 40), (40, 32)],
@@ -330,6 +335,10 @@ def test_a_convolution_is_an_implicit_matrix_product() -> None:
     )
     assert c.left.subscripts == (("n",), ("c",), ("h", "kh"), ("w", "kw"))
     assert point_indices(c) == ("w", "f", "c")
+    strided = check_source(CASES["convolution"][0].format(t="float16").replace("w+kw", "2*w+kw"))
+    c = classify(strided["conv"].statements[0], strided["conv"])
+    assert c is not None and c.left.strides[3] == (2, 1)
+    assert point_indices(c) is None  # the rows two apart: no `ldmatrix` reads them
 
 
 @pytest.mark.parametrize(

@@ -24,12 +24,19 @@ from tcpy.types import ScalarType
 @dataclass(frozen=True, slots=True)
 class Operand:
     """One factor of a contraction's product: a tensor read at `subscripts`, each the
-    sum of the indices it names (one for a plain index; no index in two), maybe cast
+    sum of the indices it names (one for a plain index; no index in two), each index
+    times its positive `strides` factor (a strided window's `2*h + kh`), maybe cast
     to a wider type."""
 
     tensor: str
     subscripts: tuple[tuple[str, ...], ...]
     scalar: ScalarType  # the tensor's element type
+    strides: tuple[tuple[int, ...], ...] = ()  # per subscript, each index's factor
+
+    def stride(self, index: str) -> int:
+        """The factor of `index` in its subscript."""
+        d = self.dimension(index)
+        return self.strides[d][self.subscripts[d].index(index)] if self.strides else 1
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -37,8 +44,8 @@ class Operand:
         return tuple(i for sub in self.subscripts for i in sub)
 
     def plain(self, index: str) -> bool:
-        """Whether some subscript is `index` alone."""
-        return (index,) in self.subscripts
+        """Whether some subscript is `index` alone (a factor of 1)."""
+        return (index,) in self.subscripts and self.stride(index) == 1
 
     def dimension(self, index: str) -> int:
         """The dimension whose subscript uses `index`."""
@@ -68,10 +75,10 @@ class Contraction:
 
 def classify(st: CheckedStatement, cdef: CheckedDef) -> Contraction | None:
     """The contraction `st` is: a sum (`+=` or `+=!`) of a product of two reads of
-    tensors at plain indices or sums of them (maybe cast), over reduction indices
-    both read, every output index read by one operand or both, and no other index;
-    None for any other statement (a gather, a strided window `A(2*h+kh)`, a third
-    factor, a scatter)."""
+    tensors at plain indices or sums of them, each maybe times a positive constant (a
+    strided window `A(2*h+kh)`; maybe cast), over reduction indices both read, every
+    output index read by one operand or both, and no other index; None for any other
+    statement (a gather, a third factor, a scatter)."""
     if st.op.reduction is not ast.Reduction.SUM or st.scatter or not st.reduction_indices:
         return None
     rhs = st.rhs
@@ -102,28 +109,34 @@ def _operand(e: ast.Expr, cdef: CheckedDef) -> Operand | None:
         cast, e = e.to, e.value
     if not isinstance(e, ast.Access) or not e.args:
         return None
-    subscripts = []
+    subscripts, strides = [], []
     for a in e.args:
         summed = _summed(a)
         if summed is None:
             return None
-        subscripts.append(summed)
+        subscripts.append(tuple(name for name, _ in summed))
+        strides.append(tuple(factor for _, factor in summed))
     indices = [i for sub in subscripts for i in sub]
     if len(set(indices)) != len(indices):
         return None
     scalar = cdef.tensor(e.tensor).scalar
     if cast is not None and not _widens(scalar, cast):
         return None
-    return Operand(e.tensor, tuple(subscripts), scalar)
+    return Operand(e.tensor, tuple(subscripts), scalar, tuple(strides))
 
 
-def _summed(e: ast.Expr) -> tuple[str, ...] | None:
-    """The indices `e` adds up (`h + kh`: h, kh), or None for anything else."""
+def _summed(e: ast.Expr) -> tuple[tuple[str, int], ...] | None:
+    """The indices `e` adds up, each with its positive factor (`2*h + kh`: (h, 2),
+    (kh, 1)), or None for anything else."""
     if isinstance(e, ast.Index):
-        return (e.name,)
+        return ((e.name, 1),)
     if isinstance(e, ast.Binary) and e.op is ast.BinaryOp.ADD:
         left, right = _summed(e.lhs), _summed(e.rhs)
         return None if left is None or right is None else left + right
+    if isinstance(e, ast.Binary) and e.op is ast.BinaryOp.MUL:
+        for factor, index in ((e.lhs, e.rhs), (e.rhs, e.lhs)):
+            if isinstance(factor, ast.IntLit) and factor.value > 0 and isinstance(index, ast.Index):
+                return ((index.name, factor.value),)
     return None
 
 

@@ -134,8 +134,9 @@ def point_indices(c: Contraction) -> tuple[str, str, str] | None:
     is one both operands read alone in a subscript (a convolution's channel, not its
     window's `kh`), the column one the right operand reads alone, the row any of the
     left operand's (a window's `w` of `w + kw` too); of several, the one in the
-    innermost dimension. None where there is none, or where the row and the
-    reduction index share a subscript."""
+    innermost dimension. None where there is none, where the row and the reduction
+    index share a subscript, or where the row index is strided (`2*w + kw`).
+    Strided indices that are not point indices (`2*h + kh`) run one at a time."""
     reductions = [r for r in c.reduction if c.left.plain(r) and c.right.plain(r)]
     columns = [i for i in c.columns if c.right.plain(i)]
     if not reductions or not columns or not c.rows:
@@ -143,8 +144,8 @@ def point_indices(c: Contraction) -> tuple[str, str, str] | None:
     reduction = max(reductions, key=c.left.dimension)
     column = max(columns, key=c.right.dimension)
     row = max(c.rows, key=c.left.dimension)
-    if c.left.dimension(row) == c.left.dimension(reduction):
-        return None
+    if c.left.dimension(row) == c.left.dimension(reduction) or c.left.stride(row) != 1:
+        return None  # rows a stride apart: no `ldmatrix` reads them
     return row, column, reduction
 
 
@@ -222,7 +223,7 @@ def operand_layout(
             else (c.right, column, mark.tile[1])
         )
         extents = tuple(
-            mark.tile[2] if reduction in sub else size if own in sub else 1
+            mark.tile[2] if reduction in sub else size * operand.stride(own) if own in sub else 1
             for sub in operand.subscripts
         )
         bytes_ = itemsize(mark.kind)
