@@ -93,7 +93,7 @@ if [ "$what" != tests ]; then
             # shellcheck disable=SC2086
             timeout $(( ${MATRIX_SECONDS:-160} / 4 )) python3 bench/gpu.py --reps 20 \
                 --no-torch-compile --only matmul,batch_matmul,mlp,conv2d $kind \
-                --out "$OUT" >> "$OUT/matrix.log" 2>&1
+                --tag matrix --out "$OUT" >> "$OUT/matrix.log" 2>&1
             echo "matrix $kind: rc=$?"
         done
         tail -n 1 "$OUT/matrix.log"
