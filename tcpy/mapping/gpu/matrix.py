@@ -346,15 +346,16 @@ def epilogue_of(
     """Whether `statements`, in order after the contraction statement `contraction`,
     each compute one value per output of the contraction from values at that output
     alone (`O(b,n) = fmax(O(b,n) + bias(n), 0)`, a cast `Oh(b,n) = float16(O(b,n))`):
-    a `=` over the same ranges as the contraction's outputs, with no reduction,
-    reading each tensor the contraction or a statement before it writes at that
-    element only (so each output's chain of values is its own, whatever order the
-    outputs run in); and the contraction's reduction is not empty at `sizes` (every
-    output is stored)."""
+    a `=` over the same ranges as the contraction's outputs, with no reduction, into
+    a tensor the contraction does not read, reading each tensor the contraction or a
+    statement before it writes at that element only (so each output's chain of
+    values is its own, whatever order the outputs run in); and the contraction's
+    reduction is not empty at `sizes` (every output is stored)."""
     st = scop.statement(contraction).source(scop.cdef)
     if any((r.hi - r.lo).evaluate(sizes) <= 0 for r in st.ranges if r.var in st.reduction_indices):
         return False
     written = {st.tensor}
+    operands = {node.tensor for node in ast.walk(st.rhs) if isinstance(node, ast.Access)}
     for name in statements:
         poly = scop.statement(name)
         e = poly.source(scop.cdef)
@@ -366,6 +367,8 @@ def epilogue_of(
             a, b = e.range_of(mine), st.range_of(theirs)
             if a.lo != b.lo or a.hi != b.hi:
                 return False
+        if e.tensor in operands:
+            return False  # other blocks may still be reading its tiles
         written.add(e.tensor)
         for node in ast.walk(e.rhs):
             if isinstance(node, ast.Access) and node.tensor in written:
