@@ -4,16 +4,18 @@
 Under the mark stand the loops of the block's tile (rows, columns, the reduction
 tile) around the contraction's statement, its operands read from their tiles in
 shared memory. Warp `w` of the block computes the outputs of rows `w / warps_c` and
-columns `w % warps_c` of a grid of warp tiles, in `mma.sync.m16n8k16` pieces: its
-accumulators (`tc_d[m][n][4]`, float32, the instruction's layout: lane `L` holds
-rows `L/4` and `L/4 + 8`, columns `2(L%4)` and the one after) are loaded from the
-outputs where the reduction starts, kept across the reduction's tiles
-(`print_held_matrix`, under the `private` mark) and stored after them, each guarded
-by the loops' bounds. Each step of 16 along the reduction loads the operands'
-fragments from shared memory with `ldmatrix` (`.trans` where the tile's rows run
-along the reduction) and multiplies them. The operand tiles' rows are whole 16-byte
-pieces (`tcpy.codegen.shared_copy`), and hold zeros outside the tensors, so a
-partial tile along the reduction adds nothing.
+columns `w % warps_c` of a grid of warp tiles, in `mma.sync` pieces (m16n8k16;
+m16n8k8 for tf32): its accumulators (`tc_d[m][n][4]`, float32, the instruction's
+layout: lane `L` holds rows `L/4` and `L/4 + 8`, columns `2(L%4)` and the one after)
+start at zero for a `+=!` (else are loaded from the outputs) where the reduction
+starts, are kept across the reduction's tiles (`print_held_matrix`, under the
+`private` mark) and stored after them through the kernel's epilogue
+(`stored_value`), each guarded by the loops' bounds. Each step along the reduction
+loads the operands' fragments from shared memory with `ldmatrix` (`.trans` where
+a tile's rows run along its row or column index; tf32: each lane its own elements,
+rounded) and multiplies them. The operand tiles' rows are whole 16-byte pieces and a
+skew (`tcpy.codegen.shared_copy`), and hold zeros outside the tensors, so a partial
+tile along the reduction adds nothing.
 
 The printer reads the iterators, bounds and operand reads from the isl AST under
 the mark and the statement's own printing (an element's index is the read's index

@@ -1,6 +1,9 @@
 """Contractions on the tensor cores: a band whose statement is a contraction of
-float16 or bfloat16 operands (`tcpy.parser.contractions`) is tiled for warps that run
-`mma.sync` (m16n8k16) on operand tiles in shared memory.
+float16 or bfloat16 operands, or of float32 ones with `input_precision` tf32 or
+tf32x3 (`tcpy.parser.contractions`: matmuls, tensordots, convolutions as implicit
+matrix products), is tiled for warps that run `mma.sync` (m16n8k16, m16n8k8) on
+operand tiles in shared memory; the pointwise statements after it that only replace
+its outputs join its kernel as an epilogue (`absorb_epilogues`).
 
 `matrix_plan` decides whether a band runs so and with which tiles: four warps a
 block, two along the rows and two along the columns, each computing a `warp_tile`
@@ -93,10 +96,11 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
     """The tensor-core plan of band `node` (reordered by the mapping's step 2), where
     `use_tensor_cores` and `use_shared_memory` allow it on a device with `cp.async`
     and `mma.sync` (sm_80 on), and the band runs one statement: a contraction of two
-    float16 or two bfloat16 operands (`classify`) with one row, one column and one
-    reduction index, every parallel member on the grid, the reduction last (a
-    reduction step 2 spread over lanes runs on the tensor cores instead), and both
-    operands' tiles fitting shared memory. None otherwise."""
+    float16 or two bfloat16 operands, or float32 ones with tf32 (`classify`), with
+    point indices (`point_indices`: the others run one at a time), every parallel
+    member on the grid, and the point reduction's member moved last in the band (a
+    reduction step 2 spread over lanes runs on the tensor cores instead). None
+    otherwise."""
     options, device = plan.options, plan.device
     if not (options.use_tensor_cores and options.use_shared_memory and plan.permutable):
         return None
