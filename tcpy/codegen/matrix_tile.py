@@ -61,7 +61,7 @@ class MatrixNest:
     right: Read
     left_along: bool
     right_along: bool
-    initialised: bool  # a `+=!`: the outputs hold the identity (an earlier kernel's)
+    initialised: bool  # a `+=!`: each output's reduction starts at the identity
     values: dict[str, str]  # each index of the statement's, as printed
     outputs: tuple[str, ...]  # the statement's output indices
 
@@ -141,15 +141,16 @@ def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool
     """The warps' code for `nest` (the block's tile at one reduction tile): the
     accumulators loaded the first time (`held`: declared above, `declare_accumulators`;
     else here, and stored at the end), or set to 0 where the statement is a `+=!`
-    (its outputs then hold the identity: the mapping runs nothing else of the
-    statement in a matrix kernel), then each step along the reduction."""
+    (the kernel runs each output's whole reduction, which starts at the identity: the
+    initialisation's kernel, where the mapping keeps one, wrote it, and none is
+    read), then each step along the reduction."""
     p.emit(depth, "{")
     at = depth + 1
     if not held:
         declare_accumulators(p, nest.mark, at)
     warp_place(p, nest.mark, at)
     p.emit(at, "if (!tc_held) {")
-    if nest.initialised:  # the outputs hold the identity: no need to read them
+    if nest.initialised:  # the reduction starts at the identity
         p.emit(at + 1, "#pragma unroll")
         p.emit(at + 1, f"for (int tc_j = 0; tc_j < {math.prod(nest.fragments) * 4}; tc_j++)")
         p.emit(at + 2, "(&tc_d[0][0][0])[tc_j] = 0.0f;")

@@ -322,20 +322,42 @@ def absorb_epilogues(
     """`kernels`, each tensor-core kernel followed by kernels that only apply an
     epilogue to its outputs (`epilogue_of`) taking their statements
     (`MappedKernel.epilogue`: codegen applies them to each output as it stores it) in
-    their place, the kernels numbered again. Only at known `sizes` where the
-    contraction's reduction is not empty, so that it stores every output."""
+    their place, and the kernel initialising a `+=!` tensor-core contraction's outputs
+    dropped (its accumulators start at the identity, and it stores every output), the
+    kernels numbered again. Only at known `sizes` where the contraction's reduction is
+    not empty, so that it stores every output."""
     out: list[MappedKernel] = []
     for kernel in kernels:
         last = out[-1] if out else None
         statement = _single_statement(kernel)
-        if last is not None and last.matrix and sizes is not None and statement is not None:
+        if last is None or sizes is None or statement is None:
+            out.append(kernel)
+            continue
+        if last.matrix:
             contraction = _single_statement(last)
             assert contraction is not None
             if epilogue_of(scop, contraction, (*last.epilogue, statement), sizes):
                 out[-1] = dataclasses.replace(last, epilogue=(*last.epilogue, statement))
                 continue
+        if kernel.matrix and _initialises(scop, _single_statement(last), statement, sizes):
+            out[-1] = kernel
+            continue
         out.append(kernel)
     return [dataclasses.replace(k, index=i) for i, k in enumerate(out)]
+
+
+def _initialises(scop: Scop, init: str | None, contraction: str, sizes: Mapping[str, int]) -> bool:
+    """Whether statement `init` is the initialisation of the `+=!` contraction
+    `contraction`, whose reduction is not empty at `sizes`: every output the
+    initialisation writes the contraction's kernel then stores."""
+    if init is None:
+        return False
+    first, then = scop.statement(init), scop.statement(contraction)
+    if first.kind is not Kind.INIT or first.index != then.index:
+        return False
+    st = then.source(scop.cdef)
+    reduction = [r for r in st.ranges if r.var in st.reduction_indices]
+    return all((r.hi - r.lo).evaluate(sizes) > 0 for r in reduction)
 
 
 def _single_statement(kernel: MappedKernel) -> str | None:
