@@ -211,10 +211,10 @@ class CudaPrinter(ThreadPrinter):
         elif isinstance(mark, Private):
             print_held_tile(self, inner, depth, marks)
         elif isinstance(mark, MatrixTile):
-            nest = find_matrix_nest(self, mark, inner)
-            if self.matrix is not None:
-                self.matrix.nest = nest
-            print_matrix_tile(self, nest, depth, held=self.matrix is not None)
+            if self.matrix is None:  # the mapping holds the accumulators above
+                raise InternalError("a matrix tile without a private mark above it")
+            self.matrix.nest = find_matrix_nest(self, mark, inner)
+            print_matrix_tile(self, self.matrix.nest, depth)
         elif isinstance(mark, Rows):
             self.rows, saved = True, self.rows
             self.node(inner, depth, marks)

@@ -68,8 +68,13 @@ class MatrixNest:
     @property
     def fragments(self) -> tuple[int, int]:
         """The instruction tiles of a warp along the rows and the columns."""
-        rows, columns, _ = self.mark.tile
-        return rows // self.mark.warps[0] // ROWS, columns // self.mark.warps[1] // COLUMNS
+        return fragments(self.mark)
+
+
+def fragments(mark: MatrixTile) -> tuple[int, int]:
+    """The instruction tiles of a warp of `mark`'s block along the rows and the columns."""
+    rows, columns, _ = mark.tile
+    return rows // mark.warps[0] // ROWS, columns // mark.warps[1] // COLUMNS
 
 
 @dataclass
@@ -131,23 +136,20 @@ def find_matrix_nest(p: ThreadPrinter, mark: MatrixTile, node: isl.AstNode) -> M
 def declare_accumulators(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
     """`tc_d`, a warp's accumulators for `mark`'s tile, and `tc_held`, set once they
     are loaded."""
-    rows, columns, _ = mark.tile
-    m, n = rows // mark.warps[0] // ROWS, columns // mark.warps[1] // COLUMNS
+    m, n = fragments(mark)
     p.emit(depth, f"float tc_d[{m}][{n}][4];")
     p.emit(depth, "bool tc_held = false;")
 
 
-def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool) -> None:
-    """The warps' code for `nest` (the block's tile at one reduction tile): the
-    accumulators loaded the first time (`held`: declared above, `declare_accumulators`;
-    else here, and stored at the end), or set to 0 where the statement is a `+=!`
-    (the kernel runs each output's whole reduction, which starts at the identity: the
-    initialisation's kernel, where the mapping keeps one, wrote it, and none is
-    read), then each step along the reduction."""
+def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
+    """The warps' code for `nest` (the block's tile at one reduction tile), its
+    accumulators declared above (`print_held_matrix`): loaded the first time, or set
+    to 0 where the statement is a `+=!` (the kernel runs each output's whole
+    reduction, which starts at the identity: the initialisation's kernel, where the
+    mapping keeps one, wrote it, and none is read), then each step along the
+    reduction."""
     p.emit(depth, "{")
     at = depth + 1
-    if not held:
-        declare_accumulators(p, nest.mark, at)
     warp_place(p, nest.mark, at)
     p.emit(at, "if (!tc_held) {")
     if nest.initialised:  # the reduction starts at the identity
@@ -160,8 +162,6 @@ def print_matrix_tile(p: ThreadPrinter, nest: MatrixNest, depth: int, held: bool
     p.emit(at + 1, "tc_held = true;")
     p.emit(at, "}")
     _steps(p, nest, at)
-    if not held:
-        store_accumulators(p, nest, at)
     p.emit(depth, "}")
 
 
@@ -181,15 +181,11 @@ def _steps(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
         _tf32_fragments(p, nest, at, split=kind == "tf32x3")
     else:
         _half_fragments(p, nest, at)
-    p.emit(at, "#pragma unroll")
-    p.emit(at, f"for (int tc_m = 0; tc_m < {m}; tc_m++) {{")
-    p.emit(at + 1, "#pragma unroll")
-    p.emit(at + 1, f"for (int tc_n = 0; tc_n < {n}; tc_n++) {{")
+    body = _unrolled(p, (("tc_m", m), ("tc_n", n)), at)
     products = [("tc_as", "tc_b"), ("tc_a", "tc_bs")] if kind == "tf32x3" else []
     for a, b in [*products, ("tc_a", "tc_b")]:
-        p.emit(at + 2, f"{MMA[kind]}(tc_d[tc_m][tc_n], {a}[tc_m], {b}[tc_n], tc_d[tc_m][tc_n]);")
-    p.emit(at + 1, "}")
-    p.emit(at, "}")
+        p.emit(body, f"{MMA[kind]}(tc_d[tc_m][tc_n], {a}[tc_m], {b}[tc_n], tc_d[tc_m][tc_n]);")
+    _close(p, body, at)
     p.emit(depth, "}")
 
 
@@ -209,18 +205,14 @@ def _tf32_fragments(p: ThreadPrinter, nest: MatrixNest, depth: int, split: bool)
         ("tc_m", m, 4, left, nest.left, "tc_a"),
         ("tc_n", n, 2, right, nest.right, "tc_b"),
     ):
-        p.emit(depth, "#pragma unroll")
-        p.emit(depth, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
-        p.emit(depth + 1, "#pragma unroll")
-        p.emit(depth + 1, f"for (int tc_r = 0; tc_r < {registers}; tc_r++) {{")
+        body = _unrolled(p, ((counter, count), ("tc_r", registers)), depth)
         values = " ".join(f"const int {it} = {v};" for it, v in place.items())
-        p.emit(depth + 2, f"{values} const float tc_x = {read.text};")
-        p.emit(depth + 2, f"{name}[{counter}][tc_r] = TC_TO_TF32(tc_x);")
+        p.emit(body, f"{values} const float tc_x = {read.text};")
+        p.emit(body, f"{name}[{counter}][tc_r] = TC_TO_TF32(tc_x);")
         if split:
             rest = f"tc_x - __uint_as_float({name}[{counter}][tc_r])"
-            p.emit(depth + 2, f"{name}s[{counter}][tc_r] = TC_TO_TF32({rest});")
-        p.emit(depth + 1, "}")
-        p.emit(depth, "}")
+            p.emit(body, f"{name}s[{counter}][tc_r] = TC_TO_TF32({rest});")
+        _close(p, body, depth)
 
 
 def _half_fragments(p: ThreadPrinter, nest: MatrixNest, at: int) -> None:
@@ -281,13 +273,25 @@ def each_accumulator(p: ThreadPrinter, nest: MatrixNest, line: str, depth: int) 
     columns' iterators declared at its element and `tc_in` whether the loops reach
     it."""
     m, n = nest.fragments
-    for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_e", 4))):
+    at = _unrolled(p, (("tc_m", m), ("tc_n", n), ("tc_e", 4)), depth)
+    p.emit(at, _element_at(nest, "tc_e", "(tc_e & 1)"))
+    p.emit(at, line)
+    _close(p, at, depth)
+
+
+def _unrolled(p: ThreadPrinter, loops: tuple[tuple[str, int], ...], depth: int) -> int:
+    """Opens a nest of unrolled loops, each counter from 0 to its count; returns the
+    depth of its body (`_close` closes it)."""
+    for k, (counter, count) in enumerate(loops):
         p.emit(depth + k, "#pragma unroll")
         p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
-    p.emit(depth + 3, _element_at(nest, "tc_e", "(tc_e & 1)"))
-    p.emit(depth + 3, line)
-    for k in reversed(range(3)):
-        p.emit(depth + k, "}")
+    return depth + len(loops)
+
+
+def _close(p: ThreadPrinter, body: int, depth: int) -> None:
+    """Closes the loops opened from `depth` down to the body at `body`."""
+    for k in reversed(range(depth, body)):
+        p.emit(k, "}")
 
 
 def warp_place(p: ThreadPrinter, mark: MatrixTile, depth: int) -> None:
@@ -310,10 +314,7 @@ def store_accumulators(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
         each_accumulator(p, nest, f"if (tc_in) {{ {value} {parts.target} = tc_r; }}", depth)
         return
     m, n = nest.fragments
-    for k, (counter, count) in enumerate((("tc_m", m), ("tc_n", n), ("tc_h", 2))):
-        p.emit(depth + k, "#pragma unroll")
-        p.emit(depth + k, f"for (int {counter} = 0; {counter} < {count}; {counter}++) {{")
-    at = depth + 3
+    at = _unrolled(p, (("tc_m", m), ("tc_n", n), ("tc_h", 2)), depth)
     p.emit(at, "int tc_i[2]; bool tc_ok[2]; float tc_s[2];")
     for e in range(2):
         place = _element_at(nest, "tc_h * 2", e)
@@ -327,8 +328,7 @@ def store_accumulators(p: ThreadPrinter, nest: MatrixNest, depth: int) -> None:
     for e in range(2):
         p.emit(at + 1, f"if (tc_ok[{e}]) TC_ST({parts.array}, tc_i[{e}]) = tc_s[{e}];")
     p.emit(at, "}")
-    for k in reversed(range(3)):
-        p.emit(depth + k, "}")
+    _close(p, at, depth)
 
 
 def stored_value(p: ThreadPrinter, nest: MatrixNest, accumulator: str, name: str) -> str:

@@ -20,7 +20,7 @@ from tcpy.codegen.loops import Header
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.mapping.gpu.device import WARP
-from tcpy.mapping.gpu.matrix import operand_layout
+from tcpy.mapping.gpu.matrix import kernel_contraction, operand_layout
 from tcpy.mapping.marks import Mark, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.types import ScalarType
@@ -202,13 +202,18 @@ def _async_loop(
     p.emit(depth + 2, statement)
     if _zero_filled(p):
         p.emit(depth + 1, "} else {")
-        zero = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar) + "{}"
+        zero = _zero(p, b)
         p.emit(
             depth + 2,
             " ".join(f"TC_SST({copy.buffer}, {target} + {j}) = {zero};" for j in range(lanes)),
         )
     p.emit(depth + 1, "}")
     p.emit(depth, "}")
+
+
+def _zero(p: ThreadPrinter, b: PackedBox) -> str:
+    """A zero of the element type of box `b`'s tensor, in C (value-initialised)."""
+    return CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar) + "{}"
 
 
 def _zero_filled(p: ThreadPrinter) -> bool:
@@ -226,10 +231,11 @@ def tile_boxes(
     (the warps read whole tiles, and a box clamped to a loop shorter than the tile is
     shorter: its rest is past the tensor, zeros) and its skew; else the box as it is
     and None."""
-    mark = matrix_below(inner) if p.kernel is not None and p.kernel.matrix else None
+    c = kernel_contraction(p.scop, p.kernel) if p.kernel is not None else None
+    mark = matrix_below(inner) if c is not None else None
     out: list[tuple[PackedBox, int | None]] = []
     for b in boxes:
-        layout = operand_layout(p.scop.cdef, mark, b.tensor) if mark is not None else None
+        layout = operand_layout(c, mark, b.tensor) if c is not None and mark else None
         if layout is None:
             out.append((b, None))
             continue
@@ -348,9 +354,8 @@ def _copy_element(
     local, inside, index = _element(p, depth, b, copy, sizes, lanes)
     target = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
     if storing and _zero_filled(p):
-        zero = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar) + "{}"
         p.emit(depth, f"if (tc_e < {math.prod(sizes)} && !({' && '.join(inside)})) {{")
-        p.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = {zero};")
+        p.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = {_zero(p, b)};")
         p.emit(depth, "}")
     p.emit(depth, f"if ({' && '.join([f'tc_e < {math.prod(sizes)}', *inside])}) {{")
     if not storing:

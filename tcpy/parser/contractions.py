@@ -30,13 +30,13 @@ class Operand:
 
     tensor: str
     subscripts: tuple[tuple[str, ...], ...]
+    strides: tuple[tuple[int, ...], ...]  # per subscript, each index's factor
     scalar: ScalarType  # the tensor's element type
-    strides: tuple[tuple[int, ...], ...] = ()  # per subscript, each index's factor
 
     def stride(self, index: str) -> int:
         """The factor of `index` in its subscript."""
         d = self.dimension(index)
-        return self.strides[d][self.subscripts[d].index(index)] if self.strides else 1
+        return self.strides[d][self.subscripts[d].index(index)]
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -65,12 +65,6 @@ class Contraction:
     columns: tuple[str, ...]
     batch: tuple[str, ...]
     reduction: tuple[str, ...]
-
-    def swapped(self) -> Contraction:
-        """The same contraction with its operands' places exchanged."""
-        return Contraction(
-            self.right, self.left, self.columns, self.rows, self.batch, self.reduction
-        )
 
 
 def classify(st: CheckedStatement, cdef: CheckedDef) -> Contraction | None:
@@ -122,7 +116,7 @@ def _operand(e: ast.Expr, cdef: CheckedDef) -> Operand | None:
     scalar = cdef.tensor(e.tensor).scalar
     if cast is not None and not _widens(scalar, cast):
         return None
-    return Operand(e.tensor, tuple(subscripts), scalar, tuple(strides))
+    return Operand(e.tensor, tuple(subscripts), tuple(strides), scalar)
 
 
 def _summed(e: ast.Expr) -> tuple[tuple[str, int], ...] | None:

@@ -163,10 +163,9 @@ def _contraction(
     its innermost other dimension, along the point reduction or its own point index:
     `ldmatrix` loads rows of 8 adjacent elements along one or the other,
     `operand_layout`.)"""
-    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
-    if len(names) != 1:
+    name = one_statement(node.get_domain())
+    if name is None:
         return None
-    (name,) = names
     statement = scop.statement(name)
     if statement.kind is not Kind.COMPUTE:
         return None
@@ -203,9 +202,9 @@ def along_reduction(c: Contraction, operand: Operand) -> bool:
 
 
 def operand_layout(
-    cdef: CheckedDef, mark: marks.MatrixTile, tensor: str
+    c: Contraction, mark: marks.MatrixTile, tensor: str
 ) -> tuple[tuple[int, ...], int] | None:
-    """The tile of operand `tensor` of `mark`'s contraction in shared memory: its
+    """The tile of operand `tensor` of `mark`'s contraction `c` in shared memory: its
     extents per dimension of the tensor (the block's rows along the left operand's
     point row index, its columns along the right one's point column index, the
     reduction tile along the point reduction index, 1 elsewhere), and the elements
@@ -213,27 +212,20 @@ def operand_layout(
     rows run along the rows or columns, which the tf32 fragments read down a column,
     32 bytes: the lanes reading the column then hit distinct banks). None for another
     tensor."""
-    if tensor not in mark.tensors:
+    points = point_indices(c)
+    if tensor not in mark.tensors or points is None:
         return None
-    for st in cdef.statements:
-        c = classify(st, cdef)
-        points = point_indices(c) if c is not None else None
-        if c is None or points is None or (c.left.tensor, c.right.tensor) != mark.tensors:
-            continue
-        row, column, reduction = points
-        operand, own, size = (
-            (c.left, row, mark.tile[0])
-            if tensor == c.left.tensor
-            else (c.right, column, mark.tile[1])
-        )
-        extents = tuple(
-            mark.tile[2] if reduction in sub else size * operand.stride(own) if own in sub else 1
-            for sub in operand.subscripts
-        )
-        bytes_ = itemsize(mark.kind)
-        across = bytes_ == 4 and not along_reduction(c, operand)
-        return extents, skew(bytes_) * (2 if across else 1)
-    return None
+    row, column, reduction = points
+    operand, own, size = (
+        (c.left, row, mark.tile[0]) if tensor == c.left.tensor else (c.right, column, mark.tile[1])
+    )
+    extents = tuple(
+        mark.tile[2] if reduction in sub else size * operand.stride(own) if own in sub else 1
+        for sub in operand.subscripts
+    )
+    bytes_ = itemsize(mark.kind)
+    across = bytes_ == 4 and not along_reduction(c, operand)
+    return extents, skew(bytes_) * (2 if across else 1)
 
 
 def _warp_tile(
@@ -241,8 +233,8 @@ def _warp_tile(
 ) -> tuple[int, int]:
     """`DEFAULT_WARP_TILE` (`SPLIT_WARP_TILE` for tf32x3), each side halved (down to
     `SMALLEST_WARP_TILE`) while the block's tile along it is twice the extent or
-    more, then the larger side halved
-    while the grid would not fill the device `FILL_WAVES` times over."""
+    more, then the larger side halved while the grid would not fill the device
+    `FILL_WAVES` times over."""
     wanted = list(SPLIT_WARP_TILE if kind == "tf32x3" else DEFAULT_WARP_TILE)
     sides = (rows, columns)
     for k, member in enumerate(sides):
@@ -260,7 +252,7 @@ def _warp_tile(
         tile[rows], tile[columns] = WARPS[0] * wanted[0], WARPS[1] * wanted[1]
         return count_blocks(extents, tile, plan.members)
 
-    while blocks() < fill and wanted != list(SMALLEST_WARP_TILE):
+    while blocks() < fill:
         k = 0 if wanted[0] >= wanted[1] and wanted[0] > SMALLEST_WARP_TILE[0] else 1
         if wanted[k] <= SMALLEST_WARP_TILE[k]:
             break
@@ -329,17 +321,17 @@ def absorb_epilogues(
     out: list[MappedKernel] = []
     for kernel in kernels:
         last = out[-1] if out else None
-        statement = _single_statement(kernel)
+        statement = one_statement(kernel.domain)
         if last is None or sizes is None or statement is None:
             out.append(kernel)
             continue
         if last.matrix:
-            contraction = _single_statement(last)
+            contraction = one_statement(last.domain)
             assert contraction is not None
             if epilogue_of(scop, contraction, (*last.epilogue, statement), sizes):
                 out[-1] = dataclasses.replace(last, epilogue=(*last.epilogue, statement))
                 continue
-        if kernel.matrix and _initialises(scop, _single_statement(last), statement, sizes):
+        if kernel.matrix and _initialises(scop, one_statement(last.domain), statement, sizes):
             out[-1] = kernel
             continue
         out.append(kernel)
@@ -355,15 +347,28 @@ def _initialises(scop: Scop, init: str | None, contraction: str, sizes: Mapping[
     first, then = scop.statement(init), scop.statement(contraction)
     if first.kind is not Kind.INIT or first.index != then.index:
         return False
-    st = then.source(scop.cdef)
-    reduction = [r for r in st.ranges if r.var in st.reduction_indices]
-    return all((r.hi - r.lo).evaluate(sizes) > 0 for r in reduction)
+    return _reduces(then.source(scop.cdef), sizes)
 
 
-def _single_statement(kernel: MappedKernel) -> str | None:
-    """The name of the one statement a kernel runs, or None."""
-    names = {s.get_tuple_name() for s in union_set_sets(kernel.domain)}
+def one_statement(domain: isl.UnionSet) -> str | None:
+    """The name of the one statement with instances in `domain`, or None."""
+    names = {s.get_tuple_name() for s in union_set_sets(domain)}
     return next(iter(names)) if len(names) == 1 else None
+
+
+def kernel_contraction(scop: Scop, kernel: MappedKernel) -> Contraction | None:
+    """The contraction a tensor-core kernel runs (its one statement's), or None for
+    another kernel."""
+    name = one_statement(kernel.domain) if kernel.matrix else None
+    return None if name is None else classify(scop.statement(name).source(scop.cdef), scop.cdef)
+
+
+def _reduces(st: CheckedStatement, sizes: Mapping[str, int]) -> bool:
+    """Whether every reduction index of `st` takes some value at `sizes`: its
+    contraction's kernel then stores every output."""
+    return all(
+        (r.hi - r.lo).evaluate(sizes) > 0 for r in st.ranges if r.var in st.reduction_indices
+    )
 
 
 def epilogue_of(
@@ -378,7 +383,7 @@ def epilogue_of(
     values is its own, whatever order the outputs run in); and the contraction's
     reduction is not empty at `sizes` (every output is stored)."""
     st = scop.statement(contraction).source(scop.cdef)
-    if any((r.hi - r.lo).evaluate(sizes) <= 0 for r in st.ranges if r.var in st.reduction_indices):
+    if not _reduces(st, sizes):
         return False
     written = {st.tensor}
     operands = {node.tensor for node in ast.walk(st.rhs) if isinstance(node, ast.Access)}

@@ -13,6 +13,11 @@ filters and marks, the same schedule tiled but not bound (what `verify` checks),
    memory with unit stride on x, the next on y, the others folded into z; a reduction
    member that reads with unit stride where no parallel member does is spread over
    a warp's lanes (`band`); a band with neither runs in one thread;
+   then a band of one contraction the tensor cores take is mapped for them
+   instead of the steps below (`matrix`: warp tiles, its point loops under a
+   `MatrixTile` mark, its copies and held accumulators), and the pointwise nests
+   after it join it as its epilogue (`matrix.absorb_epilogues`, once every nest is
+   mapped);
 3. shared memory, decided in this step alone, with one budget (`device.shared_budget`):
    whether the block copies operand tiles into shared memory, the reduction tile at
    which those copies fit the budget, the runs of outputs a thread reads from them and
