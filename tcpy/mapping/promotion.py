@@ -32,7 +32,11 @@ from tcpy.parser.checked import CheckedStatement, Role
 from tcpy.parser.linear import linear_form
 from tcpy.parser.ranges import guarded_accesses
 from tcpy.parser.symbolic import Sym
-from tcpy.poly.isl_helpers import schedule_children, union_map_maps, union_set_sets
+from tcpy.poly.isl_helpers import (
+    schedule_children,
+    statement_names,
+    union_map_maps,
+)
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import is_band
@@ -192,7 +196,7 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
         return False
     # an initialisation scheduled in a nest of its own would write global memory,
     # and the buffer below would start from whatever it held
-    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    names = statement_names(node.get_domain())
     if any(s.index == writers[0] and s.name not in names for s in scop.statements):
         return False
     writer = cdef.statements[writers[0]]
@@ -312,7 +316,7 @@ def statements_below(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatemen
 def _statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
     """The positions in the definition of the TC statements with instances below
     `node`, in program order."""
-    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    names = statement_names(node.get_domain())
     return sorted({scop.statement(n).index for n in names})
 
 

@@ -103,6 +103,11 @@ def union_set_sets(us: isl.UnionSet) -> list[isl.Set]:
     return list_items(us.get_set_list())
 
 
+def statement_names(us: isl.UnionSet) -> set[str]:
+    """The names of the statements (tuples) with instances in `us`."""
+    return {s.get_tuple_name() for s in union_set_sets(us)}
+
+
 def union_map_maps(um: isl.UnionMap) -> list[isl.Map]:
     return list_items(um.get_map_list())
 

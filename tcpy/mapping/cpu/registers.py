@@ -40,7 +40,7 @@ from tcpy.mapping import marks
 from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
-from tcpy.poly.isl_helpers import union_set_sets
+from tcpy.poly.isl_helpers import statement_names
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import permute_band, tile_band
@@ -91,7 +91,7 @@ def _plan(
     n = node.band_n_member()
     if n < 2 or not node.band_get_permutable():
         return None
-    names = {s.get_tuple_name() for s in union_set_sets(node.get_domain())}
+    names = statement_names(node.get_domain())
     if len(names) != 1:
         return None
     name = names.pop()

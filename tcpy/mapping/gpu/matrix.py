@@ -43,7 +43,7 @@ from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.parser.contractions import Contraction, Operand, classify
 from tcpy.parser.symbolic import Sym
-from tcpy.poly.isl_helpers import union_set_sets
+from tcpy.poly.isl_helpers import statement_names
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import permute_band, tile_leading_members
@@ -352,7 +352,7 @@ def _initialises(scop: Scop, init: str | None, contraction: str, sizes: Mapping[
 
 def one_statement(domain: isl.UnionSet) -> str | None:
     """The name of the one statement with instances in `domain`, or None."""
-    names = {s.get_tuple_name() for s in union_set_sets(domain)}
+    names = statement_names(domain)
     return next(iter(names)) if len(names) == 1 else None
 
 

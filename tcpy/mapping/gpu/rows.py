@@ -57,7 +57,7 @@ from tcpy.mapping.locality import worst_stride
 from tcpy.mapping.options import MappingOptions
 from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.parser import ast
-from tcpy.poly.isl_helpers import multi_val, union_set_sets
+from tcpy.poly.isl_helpers import multi_val, statement_names
 from tcpy.poly.schedule import identity_band, member_extent, member_variables
 from tcpy.poly.scop import Kind, PolyStatement, Scop
 
@@ -202,7 +202,7 @@ def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | N
     does not walk the rows with plain indices, or the lanes cannot run it, or it has
     a single statement (`tcpy.mapping.gpu` maps its lanes)."""
     n = band.band_n_member()
-    names = {s.get_tuple_name() for s in union_set_sets(band.get_domain())}
+    names = statement_names(band.get_domain())
     rows: dict[str, list[int]] = {name: [] for name in names}
     for k in range(n):
         walked = member_variables(band, k)
