@@ -148,6 +148,28 @@ def test_every_warp_tile_is_right(warp_tile: tuple[int, int]) -> None:
     assert np.abs(compiled(a, b) - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("one", ["M", "N", "K"])
+@pytest.mark.parametrize("precision", ["bfloat16", "tf32x3"])
+def test_a_size_of_one_fixed_before_scheduling_is_right(one: str, precision: str) -> None:
+    """With the sizes fixed before scheduling, an index of one value has no member in
+    the band (isl drops it): such a contraction runs on the CUDA cores where its row,
+    column or reduction is missing, and is right either way."""
+    type_name = "float" if precision == "tf32x3" else "bfloat16"
+    source = MM.format(t=type_name)
+    emu, reference = _engines(source)
+    sizes = {"M": 20, "N": 24, "K": 40, one: 1}
+    shapes = [(sizes["M"], sizes["K"]), (sizes["K"], sizes["N"])]
+    dtype = np.float32 if type_name == "float" else ml_dtypes.bfloat16
+    a, b = _inputs(shapes, dtype, np.random.default_rng(5))
+    options = MappingOptions.cuda().replace(
+        fix_parameters_before_scheduling=True,
+        input_precision="tf32x3" if precision == "tf32x3" else "ieee",
+    )
+    want = reference.mm(a, b)
+    got = emu.mm(a, b, options=options)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_the_profile_counts_the_instructions() -> None:
     """A 64x64x64 bfloat16 matmul: 64 * 64 * 64 / (16 * 8 * 16) = 128 instructions,
     whatever the tiles; its 2x2 blocks of 32x32 outputs (warp tiles of 16x16) copy

@@ -119,6 +119,8 @@ def matrix_plan(node: isl.ScheduleNode, scop: Scop, plan: Plan) -> MatrixPlan | 
         by_index[scop.statement(name).dims[position]] = m
     if sorted(plan.members) != list(range(plan.prefix)):
         return None  # a parallel member off the grid
+    if any(i not in by_index for i in (row, column, *c.reduction)):
+        return None  # an index of one value (a size 1): no member of the band runs it
     rows, columns, point = by_index[row], by_index[column], by_index[reduction]
     if any(by_index[r] < plan.prefix for r in c.reduction):
         return None
