@@ -265,6 +265,7 @@ def test_a_footprint_isl_cannot_bound_is_not_packed() -> None:
 # --- copies with the dimensions reversed --------------------------------------------------
 
 DOT_ROWS = "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+PROJECTION = "def f(float(S,D) X, float(T,H,E,D) W) -> (O) { O(t,h,s,e) +=! X(s,d) * W(t,h,e,d) }"
 
 
 @pytest.mark.parametrize(
@@ -282,6 +283,15 @@ DOT_ROWS = "def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k
                 O(b, n) = fmax(O(b, n) + bias(n), 0)
             }""",
             {"W"},
+        ),
+        # a matrix-vector product reads each element of A once: no copy pays
+        ("def f(float(M,K) A, float(K) x) -> (y) { y(m) +=! A(m,k) * x(k) }", set()),
+        # a projection to four dimensions: W(t,h,e,d) held as (d,t,h,e)
+        (PROJECTION, {"W"}),
+        # e is not W's second-to-last dimension: no copy makes it unit-stride
+        (
+            "def f(float(S,D) X, float(E,H,D) W) -> (O) { O(h,s,e) +=! X(s,d) * W(e,h,d) }",
+            set(),
         ),
     ],
 )
@@ -309,3 +319,18 @@ def test_a_transposed_copy_that_cannot_be_placed_leaves_the_nest_as_it_was(
     options = MappingOptions.cpu().replace(tile=tile)
     got = cpu.run("f", *inputs, options=options)
     np.testing.assert_allclose(got, reference.run("f", *inputs), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tile", [(), (1, 2, 24, 8, 40)], ids=["auto", "partial"])
+def test_a_copy_with_the_innermost_dimension_first_is_right(tile: tuple[int, ...]) -> None:
+    """W(t,h,e,d) copied as (d,t,h,e) tiles, none of which the sizes divide (the
+    `partial` tiles hold several heads and parts of e), gives the reference's result;
+    without copies too."""
+    sizes = {"S": 37, "D": 100, "T": 3, "H": 5, "E": 27}
+    assert any("W^T" in m for m in _pack_marks(PROJECTION, sizes, tile=tile))
+    cpu, reference = engines("cpu", PROJECTION, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=3)
+    want = reference.run("f", *inputs)
+    for pack in (None, False):
+        options = MappingOptions.cpu().replace(tile=tile, pack_operands=pack)
+        np.testing.assert_allclose(cpu.run("f", *inputs, options=options), want, rtol=1e-5)

@@ -33,7 +33,7 @@ class PackedBox:
     tensor: str
     offsets: tuple[isl.AstExpr, ...]  # the box's first element, one per dimension
     sizes: tuple[int, ...]
-    transposed: bool = False  # the copy's dimensions are the tensor's, reversed
+    transposed: bool = False  # the copy holds the tensor's innermost dimension first
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -97,8 +97,8 @@ def build_ast(
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
-                reversed_ = isinstance(mark, marks.Pack) and tensor in mark.transposed
-                boxes.append(PackedBox(tensor, offsets, b.sizes, transposed=reversed_))
+                transposed = isinstance(mark, marks.Pack) and tensor in mark.transposed
+                boxes.append(PackedBox(tensor, offsets, b.sizes, transposed=transposed))
         key = f"P{len(packs)}"
         packs[key] = tuple(boxes)
         return node.set_annotation(isl.Id(key, context=ctx))

@@ -22,6 +22,7 @@ import numpy as np
 from tcpy.codegen import halves
 from tcpy.codegen.dialect import Dialect
 from tcpy.errors import InternalError
+from tcpy.mapping.marks import innermost_first
 from tcpy.naming import extent_name, size_name, tensor_name
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
@@ -175,7 +176,7 @@ class LocalCopy:
     buffer: str
     offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
     sizes: tuple[int, ...]  # the buffer's extents, per dimension of the tensor
-    transposed: bool = False  # the buffer holds the tile with its dimensions reversed
+    transposed: bool = False  # the buffer holds the tile with its innermost dimension first
     base: str = ""  # where the tile starts in the buffer (a stage of a ring), in C
 
     def index(self, d: Dialect, subscripts: list[str]) -> str:
@@ -183,7 +184,7 @@ class LocalCopy:
         local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
         extents = [str(n) for n in self.sizes]
         if self.transposed:
-            local, extents = local[::-1], extents[::-1]
+            local, extents = innermost_first(local), innermost_first(extents)
         flat = flat_index(d, local, extents)
         return f"{self.base} + {flat}" if self.base else flat
 

@@ -20,7 +20,7 @@ import islpy as isl
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
 from tcpy.codegen.printer import Printer
-from tcpy.mapping.marks import Mark
+from tcpy.mapping.marks import Mark, innermost_first
 from tcpy.naming import extent_name, tensor_name
 from tcpy.parser.checked import CheckedDef
 
@@ -88,7 +88,7 @@ def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
         room = f"{extent_name(tensor, d)} - {o}"
         p.emit(depth, f"const int64_t {copy.buffer}_l{d} = {o} < 0 ? -{o} : 0;")
         p.emit(depth, f"const int64_t {copy.buffer}_u{d} = {room} < {size} ? {room} : {size};")
-    order = list(reversed(range(n))) if copy.transposed else list(range(n))
+    order = innermost_first(range(n)) if copy.transposed else list(range(n))
     source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
     extents = [extent_name(tensor, d) for d in range(n)]
     within = flat_index(p.dialect, [local[d] for d in order], [str(copy.sizes[d]) for d in order])
@@ -116,17 +116,22 @@ in cache across the rows of the block."""
 def _transposing_copy(
     p: Printer, depth: int, copy: LocalCopy, local: list[str], assignment: str
 ) -> None:
-    """The loops filling a buffer that holds a 2-D tile transposed: blocks of
-    TRANSPOSE_BLOCK along the tensor's rows, each copied row after row."""
-    i0, i1, lo, hi = local[0], local[1], f"{copy.buffer}_l", f"{copy.buffer}_u"
-    block = TRANSPOSE_BLOCK
-    p.open_loop(depth, f"for (int64_t tc_b = {lo}1; tc_b < {hi}1; tc_b += {block}) {{")
-    p.emit(depth + 1, f"const int64_t tc_e = tc_b + {block} < {hi}1 ? tc_b + {block} : {hi}1;")
-    p.open_loop(depth + 1, f"for (int64_t {i0} = {lo}0; {i0} < {hi}0; {i0}++) {{")
+    """The loops filling a buffer that holds a tile with its innermost dimension first:
+    blocks of TRANSPOSE_BLOCK along the tensor's rows, each copied row after row (the
+    rows in the tensor's order)."""
+    *outer, inner = local
+    lo, hi, last, block = f"{copy.buffer}_l", f"{copy.buffer}_u", len(outer), TRANSPOSE_BLOCK
+    p.open_loop(depth, f"for (int64_t tc_b = {lo}{last}; tc_b < {hi}{last}; tc_b += {block}) {{")
+    p.emit(
+        depth + 1,
+        f"const int64_t tc_e = tc_b + {block} < {hi}{last} ? tc_b + {block} : {hi}{last};",
+    )
+    for d, i in enumerate(outer):
+        p.open_loop(depth + 1 + d, f"for (int64_t {i} = {lo}{d}; {i} < {hi}{d}; {i}++) {{")
     if p.options.vectorize:  # distinct elements of the buffer: no check of overlap needed
-        p.emit(depth + 2, "#pragma omp simd")
-    p.open_loop(depth + 2, f"for (int64_t {i1} = tc_b; {i1} < tc_e; {i1}++) {{")
-    p.emit(depth + 3, assignment)
-    p.emit(depth + 2, "}")
-    p.emit(depth + 1, "}")
+        p.emit(depth + 1 + last, "#pragma omp simd")
+    p.open_loop(depth + 1 + last, f"for (int64_t {inner} = tc_b; {inner} < tc_e; {inner}++) {{")
+    p.emit(depth + 2 + last, assignment)
+    for d in reversed(range(last + 1)):
+        p.emit(depth + 1 + d, "}")
     p.emit(depth, "}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from tcpy.mapping.marks import innermost_first
 from tcpy.parser import ast
 from tcpy.parser.linear import Linear, linear_form
 from tcpy.parser.symbolic import Sym
@@ -21,8 +22,8 @@ def stride_score(
     """How well running band member `member` innermost walks memory: +2 per access
     it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
     when it is a reduction loop, whose accumulator then stays in a register. The
-    tensors in `transposed` are read from copies with their dimensions reversed
-    (`tcpy.mapping.promotion.transposed_operands`)."""
+    tensors in `transposed` are read from copies with their innermost dimension
+    first (`tcpy.mapping.cpu.packing.transposed_operands`)."""
     score = 0
     for stmt_name, position in member_variables(node, member).items():
         if position is None:
@@ -167,7 +168,7 @@ def _accesses(
         for node in ast.walk(st.rhs):
             if isinstance(node, ast.Access) and node.args:
                 subscripts = [_subscript(a) for a in node.args]
-                out.append(subscripts[::-1] if node.tensor in transposed else subscripts)
+                out.append(innermost_first(subscripts) if node.tensor in transposed else subscripts)
     return out
 
 

@@ -36,13 +36,24 @@ dataclass here, with its `name` and a case in `parse`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import islpy as isl
 
 from tcpy.errors import InternalError
 
-TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its dimensions reversed
+TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first
+
+T = TypeVar("T")
+
+
+def innermost_first(dims: Sequence[T]) -> list[T]:
+    """The order of a transposed copy's dimensions (`Pack.transposed`): the tensor's
+    innermost one first, the others as they were (`W(n,k)` held as `(k,n)`,
+    `W(t,h,e,d)` as `(d,t,h,e)`)."""
+    return [*dims[-1:], *dims[:-1]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +109,8 @@ class RegisterBlock:
 @dataclass(frozen=True, slots=True)
 class Pack:
     """Tiles of these tensors copied into a thread's local buffers here (CPU);
-    `transposed`, those copied with their dimensions reversed."""
+    `transposed`, those copied with their innermost dimension first
+    (`innermost_first`)."""
 
     tensors: tuple[str, ...]
     transposed: frozenset[str] = frozenset()
@@ -234,10 +246,10 @@ def parse(name: str) -> Mark:
             return ThreadRegisters(int(rest))
         case "pack" if tensors:
             plain = tuple(t.removesuffix(TRANSPOSED) for t in tensors)
-            reversed_ = frozenset(
+            transposed = frozenset(
                 t.removesuffix(TRANSPOSED) for t in tensors if t.endswith(TRANSPOSED)
             )
-            return Pack(plain, reversed_)
+            return Pack(plain, transposed)
         case "shared" if tensors:
             return Shared(tensors)
         case staged if staged.startswith("shared/") and staged[7:].isdigit() and tensors:

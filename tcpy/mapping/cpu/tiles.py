@@ -64,12 +64,13 @@ def auto_tile(
     # a reduction vector loop is register-blocked over two parallel loops, else one
     blocked = 1 if coincident[vector] else 2
     # a tall tile of rows pays where an operand the vector loop walks stays put along
-    # them, to be copied once per tile (matmul's B); not for a gather's rows
+    # them, to be copied once per tile (matmul's B); not for a gather's rows. Other
+    # parallel loops along which every operand moves (a batch, a projection's heads)
+    # run outside, whole.
     contraction = (
         coincident[vector]
         and not all(coincident)
-        and len(rows) == 1
-        and _sharing(node, scop, vector, rows[0]) > 0
+        and sum(_sharing(node, scop, vector, k) > 0 for k in rows) == 1
     )
     tiled_rows = rows[-blocked:]
     if coincident[vector] and not all(coincident) and rows:
