@@ -5,13 +5,13 @@ with tcpy operators against PyTorch's losses.
 
     python bench/autodiff.py [--only layernorm,softmax] [--no-train] [--tag NAME]
                              [--device cuda] [--no-compile] [--save auto|all|none]
-                             [--out bench/results]
+                             [--out bench/results] [--smoke]
 
 For each layer: the forward and backward of tcpy's operator (its backward derived by
 `tcpy.gradient`), of PyTorch's eager functions, and of `torch.compile` (inductor) over
 the eager function, each checked against eager first, then timed in alternating blocks
-after a pause (`bench/cpu.py`'s method), medians. A row's ratio is eager's time over
-tcpy's (above 1: tcpy is faster). For the backward def: its statement instances over
+after a pause (`bench.cpu.alternating_blocks`), medians. A row's ratio is eager's time
+over tcpy's (above 1: tcpy is faster). For the backward def: its statement instances over
 the forward's (a contraction's backward does twice its forward's work: 2.0 is the
 least), and the bytes its statements stream (each statement reading and writing its
 tensors once) over the least it must move (its inputs read once, its gradients
@@ -34,7 +34,9 @@ forwards rather than recompute (`tcpy.torch.define`'s `save`, default auto).
 `--no-compile` leaves `torch.compile` out (its
 first compile takes tens of seconds a layer on a GPU).
 
-Results go to `bench/results/autodiff-<date>[-<tag>].json`.
+`--smoke` checks that the benchmark still runs: each layer timed once, the overhead
+over one round of `SMOKE_CALLS` calls, `SMOKE_STEPS` training steps; its file is tagged
+`smoke`. Results go to `bench/results/autodiff-<date>[-<tag>].json`.
 """
 
 from __future__ import annotations
@@ -60,12 +62,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 import tcpy.torch
-from bench.cpu import _cpu_name
+from bench.cpu import SMOKE_BLOCKS, Blocks, _cpu_name, alternating_blocks
+from bench.suite import smoke_tag
 from tcpy.parser import check_source
 
-ROUNDS = 4
-GAP_S = 0.3
-BLOCK_S = 0.25
+BLOCKS = Blocks(least=3, most=500)
+SMOKE_CALLS, SMOKE_STEPS = 100, 3  # the overhead's calls and the training steps, --smoke
 
 
 @dataclass(frozen=True)
@@ -200,16 +202,6 @@ def _fwd_bwd(fn: Callable[..., torch.Tensor], args: list[torch.Tensor]) -> Calla
     return run
 
 
-def _timed(contenders: dict[str, Callable[[], object]]) -> dict[str, float]:
-    times: dict[str, list[float]] = {n: [] for n in contenders}
-    runs = {n: max(3, min(500, round(BLOCK_S / _seconds(fn)))) for n, fn in contenders.items()}
-    for _ in range(ROUNDS):
-        for n, fn in contenders.items():
-            time.sleep(GAP_S)
-            times[n] += [_seconds(fn) for _ in range(runs[n])]
-    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
-
-
 def _work(layer: Layer, ops: tcpy.torch.Ops, args: list[torch.Tensor]) -> dict[str, float]:
     """The backward's statement instances over the forward's, and the bytes its
     statements stream over the least it must move."""
@@ -259,7 +251,9 @@ def _accesses(e: Any) -> list[Any]:
     return [n for n in ast.walk(e) if isinstance(n, ast.Access)]
 
 
-def measure(layer: Layer, compile: bool = True, save: str = "auto") -> dict[str, Any]:
+def measure(
+    layer: Layer, compile: bool = True, save: str = "auto", blocks: Blocks = BLOCKS
+) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ops = tcpy.torch.define(layer.tc, save=save)
@@ -283,7 +277,7 @@ def measure(layer: Layer, compile: bool = True, save: str = "auto") -> dict[str,
         for got in checked
         for g, w in zip(got, want, strict=True)  # type: ignore[call-overload]
     )
-    ms = _timed(contenders)
+    ms = alternating_blocks(contenders, blocks, _seconds)
     return {
         "layer": layer.name,
         "shapes": [list(a.shape) for a in args],
@@ -335,10 +329,10 @@ def _empty_library_op() -> Callable[..., object]:
     return op
 
 
-def overhead() -> dict[str, float]:
+def overhead(rounds: int = 7, calls: int = 5000) -> dict[str, float]:
     """A `tcpy.torch` operator call on 16 elements, beside the engine's call, the kernel
     alone, `torch.add` and a custom operator that does nothing (PyTorch's floor for an
-    operator written in Python), in µs (best of 7 rounds of 5,000 calls)."""
+    operator written in Python), in µs (best of `rounds` rounds of `calls` calls)."""
     source = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
     ops = tcpy.torch.define(source)
     engine = tcpy.ExecutionEngine("cuda" if DEVICE == "cuda" else "cpu")
@@ -360,14 +354,14 @@ def overhead() -> dict[str, float]:
 
     def best(fn: Callable[[], object]) -> float:
         fn()
-        rounds = []
-        for _ in range(7):
+        per_call = []
+        for _ in range(rounds):
             t0 = time.perf_counter()
-            for _ in range(5000):
+            for _ in range(calls):
                 fn()
             _sync()
-            rounds.append((time.perf_counter() - t0) / 5000)
-        return min(rounds) * 1e6
+            per_call.append((time.perf_counter() - t0) / calls)
+        return min(per_call) * 1e6
 
     us = {n: round(best(fn), 2) for n, fn in paths.items()}
     if "kernel_unchecked" in us:
@@ -401,8 +395,9 @@ def head(double(N, F, H, W) X, double(K, F, H, W) Wt, double(K) b) -> (Y) {
 """
 
 
-def train(model: str, dtype: torch.dtype) -> dict[str, Any]:
-    """200 steps of SGD on random data, the model in tcpy operators and in PyTorch's."""
+def train(model: str, dtype: torch.dtype, steps: int = 200) -> dict[str, Any]:
+    """`steps` steps (at least 2) of SGD on random data, the model in tcpy operators and
+    in PyTorch's."""
     source = MLP if model == "mlp" else CONVNET
     if dtype == torch.float32:
         source = source.replace("double", "float")
@@ -438,7 +433,7 @@ def train(model: str, dtype: torch.dtype) -> dict[str, Any]:
         params = [p.clone().requires_grad_() for p in init]
         opt = torch.optim.SGD(params, lr=0.01)
         losses = []
-        for step in range(200):
+        for step in range(steps):
             if step == 1:  # the first step compiles tcpy's kernels: not timed
                 start = time.perf_counter()
             opt.zero_grad()
@@ -446,7 +441,7 @@ def train(model: str, dtype: torch.dtype) -> dict[str, Any]:
             loss.backward()
             opt.step()
             losses.append(float(loss))
-        runs[name] = (losses, (time.perf_counter() - start) / 199 * 1e3)
+        runs[name] = (losses, (time.perf_counter() - start) / (steps - 1) * 1e3)
     ours, theirs = np.array(runs["tcpy"][0]), np.array(runs["torch"][0])
     return {
         "model": model,
@@ -474,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", choices=["auto", "all", "none"], default="auto",
                         help="what backwards take from the forwards (default auto)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--smoke", action="store_true", help="each timed once: does it run?")
     args = parser.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -481,9 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     chosen = [layer for layer in LAYERS if not args.only or layer.name in args.only.split(",")]
     chosen = [] if args.train_only else chosen
+    blocks = SMOKE_BLOCKS if args.smoke else BLOCKS
     rows = []
     for layer in chosen:
-        row = measure(layer, compile=not args.no_compile, save=args.save)
+        row = measure(layer, compile=not args.no_compile, save=args.save, blocks=blocks)
         rows.append(row)
         print(
             f"{row['layer']:14} tcpy {row['tcpy_ms']:9.3f} ms  eager {row['eager_ms']:9.3f}  "
@@ -496,17 +493,19 @@ def main(argv: list[str] | None = None) -> int:
     geo = _geomean([r["ratio_vs_eager"] for r in rows])
     geo_c = _geomean([r["ratio_vs_compile"] for r in rows if r["ratio_vs_compile"]])
     print(f"geometric mean vs eager {geo}x, vs torch.compile {geo_c}x")
-    over = {} if args.train_only else overhead()
+    calls = (1, SMOKE_CALLS) if args.smoke else (7, 5000)
+    over = {} if args.train_only else overhead(*calls)
     print("overhead (us):", over)
     training = []
     if not args.no_train:
         for model in ("mlp", "convnet"):
             for dtype in (torch.float64, torch.float32):
-                t = train(model, dtype)
+                t = train(model, dtype, SMOKE_STEPS if args.smoke else 200)
                 training.append(t)
                 print("train", t, flush=True)
     result = {
         "date": datetime.date.today().isoformat(),
+        "smoke": args.smoke,
         "cpu": _cpu_name(),
         "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
@@ -518,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         "training": training,
         "save": args.save,
     }
-    name = f"autodiff-{result['date']}" + (f"-{args.tag}" if args.tag else "") + ".json"
+    tag = smoke_tag(args.tag or "", args.smoke)
+    name = f"autodiff-{result['date']}" + (f"-{tag}" if tag else "") + ".json"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
     print("wrote", args.out / name)

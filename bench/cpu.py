@@ -3,7 +3,7 @@ target against NumPy and PyTorch eager (when installed), in the same run, on the
 inputs.
 
     python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded] [--generic]
-                        [--tag NAME] [--out bench/results]
+                        [--tag NAME] [--out bench/results] [--smoke]
 
 First the machine's limits are measured: the FP32 FMA peak (a C loop of independent
 vector FMAs on every core, at each vector width the compiler offers) and the copy
@@ -17,8 +17,11 @@ the next) and summarised by medians. Ratios are the peer's time over tcpy's full
 and the copy bandwidth.
 
 `--loaded` runs one single-threaded busy process at normal priority beside everything,
-as another user of the machine would. Results go to
-`bench/results/cpu-<date>[-<tag>].json` (the tag defaults to `loaded` under --loaded).
+as another user of the machine would. `--smoke` checks that the benchmark still runs:
+the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
+measured briefly (what CI runs, tests/test_bench.py). Results go to
+`bench/results/cpu-<date>[-<tag>].json` (the tag defaults to `loaded` under --loaded;
+`smoke` is added under --smoke).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel, matmul_sweep, torch_peer
+from bench.suite import SUITE, Kernel, matmul_sweep, smoke_sized, smoke_tag, torch_peer
 from tcpy.binding import bind
 from tcpy.runtime import cpu as runtime
 
@@ -81,12 +85,13 @@ double peak(long iters) {
 """
 
 
-def fma_peak_gflops() -> float:
+def fma_peak_gflops(iters: int = 2_000_000, widths: tuple[int, ...] = (16, 32, 64)) -> float:
     """The best FP32 GFLOP/s of independent vector FMAs on all cores, over the vector
-    widths (16, 32 and 64 bytes) the compiler builds for this CPU."""
+    `widths` (in bytes) the compiler builds for this CPU, `iters` times 12 FMAs a
+    thread."""
     best = 0.0
     threads = os.cpu_count() or 1
-    for width in (16, 32, 64):
+    for width in widths:
         with tempfile.TemporaryDirectory() as tmp:
             source, lib = Path(tmp, "peak.c"), Path(tmp, "peak.so")
             source.write_text(_PEAK_C % {"bytes": width})
@@ -99,7 +104,6 @@ def fma_peak_gflops() -> float:
                 continue
             peak = ctypes.CDLL(str(lib)).peak
             peak.restype, peak.argtypes = ctypes.c_double, [ctypes.c_long]
-            iters = 2_000_000
             peak(iters // 10)
             seconds = min(_seconds(lambda: peak(iters)) for _ in range(5))  # noqa: B023
             flops = threads * iters * 12 * (width // 4) * 2
@@ -107,10 +111,10 @@ def fma_peak_gflops() -> float:
     return best
 
 
-def copy_bandwidth_gbps() -> float:
-    """GB/s (bytes read plus written) of copying 256 MB: the best of NumPy's copy and a
-    tcpy copy kernel (on every core)."""
-    src = np.ones(64 * 2**20, np.float32)
+def copy_bandwidth_gbps(megabytes: int = 256) -> float:
+    """GB/s (bytes read plus written) of copying `megabytes`: the best of NumPy's copy
+    and a tcpy copy kernel (on every core)."""
+    src = np.ones(megabytes * 2**18, np.float32)
     dst = np.empty_like(src)
     numpy_s = min(_seconds(lambda: np.copyto(dst, src)) for _ in range(5))
     engine = tcpy.ExecutionEngine("cpu")
@@ -125,6 +129,47 @@ def _seconds(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """How `alternating_blocks` times: `rounds` rounds, each a block per contender of
+    about `block_s` seconds (at least `least` runs, at most `most`), each block after a
+    pause of `pause_s`."""
+
+    least: int = 6
+    rounds: int = ROUNDS
+    block_s: float = BLOCK_S
+    pause_s: float = GAP_S
+    most: int = 2000
+
+
+SMOKE_BLOCKS = Blocks(least=1, rounds=1, block_s=0.0, pause_s=0.0)
+"""One run of each contender, no pause: whether the timing runs, not what it says."""
+
+
+def alternating_blocks(
+    contenders: Mapping[str, Callable[[], object]],
+    blocks: Blocks,
+    seconds: Callable[[Callable[[], object]], float] = _seconds,
+) -> dict[str, float]:
+    """The median milliseconds of each contender, timed in alternating blocks (tcpy and
+    its peers take turns, so that a noisy machine disturbs all of them alike). A
+    block's runs are fixed before the first round from one run of each contender.
+    `seconds` times one run (default: wall time; a GPU's caller synchronises in it)."""
+    runs = {
+        name: max(blocks.least, min(blocks.most, round(blocks.block_s / seconds(fn))))
+        for name, fn in contenders.items()
+    }
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(blocks.rounds):
+        for name, fn in contenders.items():
+            time.sleep(blocks.pause_s)
+            times[name] += [seconds(fn) for _ in range(runs[name])]
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 # --- one kernel -----------------------------------------------------------------------------
@@ -151,7 +196,11 @@ def _outputs(result: object) -> tuple[np.ndarray, ...]:
 
 
 def measure(  # type: ignore[type-arg]
-    kernel: Kernel, reps: int, torch: object, limits: dict[str, float], generic: bool = False
+    kernel: Kernel,
+    blocks: Blocks,
+    torch: object,
+    limits: dict[str, float],
+    generic: bool = False,
 ) -> dict:
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
@@ -178,15 +227,7 @@ def measure(  # type: ignore[type-arg]
     extra: dict[str, object] = {}
     if generic:
         extra, contenders["tcpy_generic"] = _generic(engine, kernel, compiled, inputs, want)
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    runs = {
-        name: max(reps, min(2000, round(BLOCK_S / _seconds(fn)))) for name, fn in contenders.items()
-    }
-    for _ in range(ROUNDS):
-        for name, fn in contenders.items():
-            time.sleep(GAP_S)
-            times[name] += [_seconds(fn) for _ in range(runs[name])]
-    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    ms = alternating_blocks(contenders, blocks)
     peers = [ms[p] for p in ("numpy", "torch") if p in ms]
     flops, moved = kernel.flops(kernel.sizes), kernel.bytes(kernel.sizes)
     gflops = flops / ms["tcpy_kernel"] / 1e6
@@ -241,6 +282,8 @@ def _generic(  # type: ignore[no-untyped-def]
 
 # --- the run ---------------------------------------------------------------------------------
 
+SMOKE_SWEEP = (64,)  # the matmul sweep's sizes under --smoke
+
 
 def _torch() -> object:
     try:
@@ -264,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tag", default="", help="added to the results file's name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, timed once: does it still run?"
+    )
     args = parser.parse_args(argv)
+    blocks = SMOKE_BLOCKS if args.smoke else Blocks(least=args.reps)
     wanted = set(filter(None, args.only.split(",")))
     os.environ["TCPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="tcpy-bench-")
     torch = _torch()
@@ -272,17 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.loaded:
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        limits = {
-            "fma_peak_gflops": round(fma_peak_gflops(), 1),
-            "copy_bandwidth_gbps": round(copy_bandwidth_gbps(), 1),
-        }
+        limits = _limits(args.smoke)
         print(json.dumps(limits), flush=True)
-        kernels = SUITE if args.no_sweep else (*SUITE, *matmul_sweep())
+        suite = tuple(map(smoke_sized, SUITE)) if args.smoke else SUITE
+        sweep = matmul_sweep(SMOKE_SWEEP) if args.smoke else matmul_sweep()
+        kernels = suite if args.no_sweep else (*suite, *sweep)
         rows = []
         for kernel in kernels:
             if wanted and kernel.name not in wanted:
                 continue
-            row = measure(kernel, args.reps, torch, limits, generic=args.generic)
+            row = measure(kernel, blocks, torch, limits, generic=args.generic)
             rows.append(row)
             print(_line(row), flush=True)
     finally:
@@ -303,10 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary))
     modes = (("loaded", args.loaded), ("generic", args.generic))
-    tag = args.tag or "-".join(mode for mode, on in modes if on)
+    tag = smoke_tag(args.tag or "-".join(mode for mode, on in modes if on), args.smoke)
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cpu",
+        "smoke": args.smoke,
         "loaded": args.loaded,
         "machine": {
             "processor": _cpu_name(),
@@ -319,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "options": tcpy.MappingOptions.cpu().to_dict(),
         "runs": {
-            "rounds": ROUNDS,
-            "least_per_block": args.reps,
-            "block_s": BLOCK_S,
-            "pause_s": GAP_S,
+            "rounds": blocks.rounds,
+            "least_per_block": blocks.least,
+            "block_s": blocks.block_s,
+            "pause_s": blocks.pause_s,
         },
         "kernels": rows,
         "summary": summary,
@@ -332,6 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def _limits(smoke: bool) -> dict[str, float]:
+    """The machine's FMA peak and copy bandwidth; under `--smoke` briefly (16-byte
+    vectors, 1% of the FMAs, a 4 MB copy), which is enough to show they still run."""
+    peak = fma_peak_gflops(20_000, (16,)) if smoke else fma_peak_gflops()
+    bandwidth = copy_bandwidth_gbps(4) if smoke else copy_bandwidth_gbps()
+    return {"fma_peak_gflops": round(peak, 1), "copy_bandwidth_gbps": round(bandwidth, 1)}
 
 
 def _line(row: dict) -> str:  # type: ignore[type-arg]

@@ -2,7 +2,7 @@
 emulator: each kernel's launches and memory traffic, checked against NumPy.
 
     python bench/emu_profile.py [--only matmul,softmax] [--options naive|JSON] [--device h100]
-                                [--type bfloat16] [--tag after] [--out bench/results]
+                                [--type bfloat16] [--tag after] [--out bench/results] [--smoke]
 
 For each kernel: the launch shapes, the bytes the lanes request, the bytes the sectors
 they touch move (`moved`: every warp request's sectors, nothing cached) and the bytes
@@ -19,7 +19,9 @@ zeroes a small output before a split reduction is exempt (shown as such). This i
 the GPU-free measure of the generated CUDA; no time is taken. `--type` retypes the
 kernels' floats (`tcpy.parser.parse.retyped`: float16 or bfloat16, the inputs rounded
 to it), whose bytes then count at their own size. Results go to
-`bench/results/emu-profile-<date>[-<tag>].json`.
+`bench/results/emu-profile-<date>[-<tag>].json`. `--smoke` checks that the profile
+still runs, at `bench.suite.smoke_sized` sizes (the reduced ones today); its file is
+tagged `smoke`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import GPU_SIZES, SUITE, Kernel, reduced
+from bench.suite import GPU_SIZES, SUITE, Kernel, reduced, smoke_sized, smoke_tag
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.gpu.sizes import FILL_WAVES
@@ -60,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--type", default="float", help="the kernels' float type")
     parser.add_argument("--tag", default="", help="a suffix of the result's file name")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--smoke", action="store_true", help="small sizes: does it still run?")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
+    sized = smoke_sized if args.smoke else reduced
     changes = json.loads(args.options) if (args.options or "").startswith("{") else None
     options = (
         None
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     for full in SUITE:
         if only and full.name not in only:
             continue
-        kernel = reduced(full)
+        kernel = sized(full)
         engine.define(retyped(kernel.tc, ty))
         inputs = tuple(
             x.astype(ty.dtype) if x.dtype.kind == "f" else x
@@ -114,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
              "fills": all(g["fills"] for g in grids if g["judged"])}
         )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"-{args.tag}" if args.tag else ""
-    path = args.out / f"emu-profile-{datetime.date.today().isoformat()}{tag}.json"
-    record = {"options": args.options or "cuda default", "type": ty.value, "device": device.key(),
-              "l2_bytes": device.l2_bytes, "fill_blocks": FILL_WAVES * device.sms,
-              "judged_share": JUDGED_SHARE, "kernels": results}  # fmt: skip
+    tag = smoke_tag(args.tag, args.smoke)
+    date = datetime.date.today().isoformat()
+    path = args.out / f"emu-profile-{date}{'-' + tag if tag else ''}.json"
+    record = {"smoke": args.smoke, "options": args.options or "cuda default", "type": ty.value,
+              "device": device.key(), "l2_bytes": device.l2_bytes,
+              "fill_blocks": FILL_WAVES * device.sms, "judged_share": JUDGED_SHARE,
+              "kernels": results}  # fmt: skip
     path.write_text(json.dumps(record, indent=1))
     print(f"\nwritten: {path}")
     return 0

@@ -4,7 +4,7 @@
     python bench/gpu.py [--reps 50] [--only matmul,softmax] [--out bench/results]
                         [--suite-sizes] [--no-torch-compile] [--type bfloat16]
                         [--variant '{"copy_stages": 1}'] [--tag NAME]
-                        [--input-precision tf32]
+                        [--input-precision tf32] [--smoke]
     python bench/gpu.py --emulate    # no GPU: the emulator's traffic profile instead
 
 The kernels run at `bench.suite.GPU_SIZES` (matmul 4096 cubed, row-wise kernels of
@@ -20,6 +20,10 @@ go to `bench/results/gpu-<date>.json`. Made to run in one call on a lent GPU.
 then run on the tensor cores (`mma.sync`), as PyTorch's do. `--input-precision tf32`
 (or tf32x3) sets that option on the CUDA defaults; with tf32, PyTorch's matmuls and
 convolutions may use TF32 too (`allow_tf32`), as they may not otherwise.
+
+`--smoke` checks that the benchmark still runs: the kernels at `bench.suite.smoke_sized`
+sizes, each timed and profiled once, a brief copy bandwidth; its file is tagged
+`smoke` (with `--emulate`, the emulator's profile at those sizes).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel, at_gpu_size, torch_peer
+from bench.suite import SUITE, Kernel, at_gpu_size, smoke_sized, smoke_tag, torch_peer
 from tcpy.parser.parse import retyped
 from tcpy.types import ScalarType
 
@@ -70,7 +74,7 @@ def gpu_torch(tf32: bool = False):  # type: ignore[no-untyped-def]
 
 def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     """Median milliseconds of `fn` on the GPU, by CUDA events: `reps` repetitions, fewer
-    where they would take longer than TIMING_BUDGET_MS."""
+    (at least 3, or `reps` if fewer) where they would take longer than TIMING_BUDGET_MS."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -78,7 +82,7 @@ def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     fn()
     torch.cuda.synchronize()
     once_ms = (time.perf_counter() - start) * 1e3
-    reps = max(3, min(reps, int(TIMING_BUDGET_MS / max(once_ms, 1e-3))))
+    reps = max(min(3, reps), min(reps, int(TIMING_BUDGET_MS / max(once_ms, 1e-3))))
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -90,11 +94,13 @@ def _time(torch, fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def copy_bandwidth(torch) -> float:  # type: ignore[no-untyped-def]
-    """GB/s of a large device-to-device copy (bytes read plus bytes written)."""
-    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+def copy_bandwidth(  # type: ignore[no-untyped-def]
+    torch, megabytes: int = 256, reps: int = 20
+) -> float:
+    """GB/s of a device-to-device copy of `megabytes` (bytes read plus bytes written)."""
+    x = torch.empty(megabytes * 2**20, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    ms = _time(torch, lambda: y.copy_(x), 20)
+    ms = _time(torch, lambda: y.copy_(x), reps)
     return 2 * x.numel() / (ms * 1e-3) / 1e9
 
 
@@ -131,7 +137,7 @@ def _profiled_reps(ms: float) -> int:
 def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: ignore[no-untyped-def]
             ty: ScalarType = ScalarType.FLOAT32,
             variant: dict[str, object] | None = None,
-            precision: str = "ieee") -> dict[str, object]:  # fmt: skip
+            precision: str = "ieee", smoke: bool = False) -> dict[str, object]:  # fmt: skip
     """One kernel: PyTorch eager (and torch.compile), then tcpy with the naive preset
     and with the CUDA target's default options for the def (what a call uses), and
     with `variant` (fields changed on those defaults) when given. Each is
@@ -146,9 +152,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
     scale = ty.dtype.itemsize / 4  # the suite's bytes are float32's
     peer = torch_peer(torch, kernel)
     eager_ms = _time(torch, lambda: peer(*device), reps)
-    eager_device_ms, eager_kernels = _device_ms(
-        torch, lambda: peer(*device), _profiled_reps(eager_ms)
-    )
+    profiled = (lambda ms: 1) if smoke else _profiled_reps
+    eager_device_ms, eager_kernels = _device_ms(torch, lambda: peer(*device), profiled(eager_ms))
     compiled_ms, compiled_error = None, "not asked for (--no-torch-compile)"
     if torch_compile:
         try:
@@ -191,7 +196,11 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
                 for g, w in zip(outputs, want, strict=True)
             )  # fmt: skip
             ms = _time(torch, lambda: compiled(*device), reps)  # noqa: B023
-            device_ms, kernels = _device_ms(torch, lambda: compiled(*device), _profiled_reps(ms))  # noqa: B023
+            device_ms, kernels = _device_ms(
+                torch,
+                lambda: compiled(*device),  # noqa: B023
+                profiled(ms),
+            )
         except tcpy.TCError as e:
             row[label] = {"error": str(e).splitlines()[0]}
             continue
@@ -237,28 +246,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate", action="store_true",
                         help="no GPU needed: the emulator's traffic profile of every kernel "
                         "at the suite's reduced sizes (bench/emu_profile.py)")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, each timed once: does it still run? (overrides "
+                        "--reps and --suite-sizes)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.emulate:
         from bench import emu_profile
 
         only = ["--only", args.only] if args.only else []
-        return emu_profile.main([*only, "--out", str(args.out)])
+        smoke = ["--smoke"] if args.smoke else []
+        return emu_profile.main([*only, "--out", str(args.out), *smoke])
     torch = gpu_torch(tf32=args.input_precision == "tf32")
     if torch is None:
         return 1
     wanted = set(filter(None, args.only.split(",")))
-    bandwidth = copy_bandwidth(torch)
+    reps = 1 if args.smoke else args.reps
+    bandwidth = copy_bandwidth(torch, 4, reps) if args.smoke else copy_bandwidth(torch)
     print(f"{torch.cuda.get_device_name(0)}: copy {bandwidth:.0f} GB/s", flush=True)
     rows: list[dict[str, object]] = []
     for kernel in SUITE:
         if wanted and kernel.name not in wanted:
             continue
-        sized = kernel if args.suite_sizes else at_gpu_size(kernel)
+        if args.smoke:
+            sized = smoke_sized(kernel)
+        else:
+            sized = kernel if args.suite_sizes else at_gpu_size(kernel)
         ty = ScalarType.from_name(args.type)
         variant = json.loads(args.variant) if args.variant else None
         row = measure(
-            torch, sized, args.reps, not args.no_torch_compile, ty, variant, args.input_precision
-        )
+            torch, sized, reps, not args.no_torch_compile, ty, variant, args.input_precision,
+            args.smoke,
+        )  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
         _write(args, torch, rows, bandwidth)
@@ -273,20 +291,21 @@ def _write(
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cuda",
+        "smoke": args.smoke,
         "gpu": torch.cuda.get_device_name(0),
         "copy_bandwidth_gbps": round(bandwidth, 1),
         "torch": torch.__version__,
         "tf32": args.input_precision == "tf32",
         "input_precision": args.input_precision,
-        "reps": args.reps,
-        "sizes": "suite" if args.suite_sizes else "gpu",
+        "reps": 1 if args.smoke else args.reps,
+        "sizes": "smoke" if args.smoke else "suite" if args.suite_sizes else "gpu",
         "kernels": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     typed = "" if args.type in ("float", "float32") else f"-{args.type}"
     typed += "" if args.input_precision == "ieee" else f"-{args.input_precision}"
-    tag = f"-{args.tag}" if args.tag else ""
-    path = args.out / f"gpu-{result['date']}{typed}{tag}.json"
+    tag = smoke_tag(args.tag, args.smoke)
+    path = args.out / f"gpu-{result['date']}{typed}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}", flush=True)
 

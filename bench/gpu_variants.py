@@ -2,11 +2,13 @@
 time of each beside the CUDA target's default options and PyTorch eager, in one run,
 each checked against PyTorch. What the defaults of `tcpy.mapping.gpu` are chosen by.
 
-    python bench/gpu_variants.py [--only matmul,gelu] [--out bench/results]
+    python bench/gpu_variants.py [--only matmul,gelu] [--out bench/results] [--smoke]
 
 A variant is a `MappingOptions.replace` of the def's default options (`{}` is the
 default itself). Device times come from PyTorch's profiler (`bench.gpu._device_ms`).
-Results go to `bench/results/gpu-variants-<date>.json`.
+Results go to `bench/results/gpu-variants-<date>.json`. `--smoke` checks that the
+benchmark still runs: the kernels at `bench.suite.smoke_sized` sizes, each timed and
+profiled once; its file is tagged `smoke`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 from bench.gpu import _device_ms, _profiled_reps, _time, gpu_torch
-from bench.suite import SUITE, at_gpu_size, torch_peer
+from bench.suite import SUITE, at_gpu_size, smoke_sized, smoke_tag, torch_peer
 
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     # the thread's register tile under shared-memory tiles (the default: 8x4)
@@ -39,14 +41,20 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def measure(torch: Any, name: str, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    (kernel,) = [at_gpu_size(k) for k in SUITE if k.name == name]
+def measure(
+    torch: Any, name: str, variants: list[dict[str, Any]], smoke: bool = False
+) -> list[dict[str, Any]]:
+    """Each of `variants` of kernel `name`, beside PyTorch eager; `smoke`: at the smoke
+    sizes, each timed and profiled once."""
+    sized = smoke_sized if smoke else at_gpu_size
+    reps = 1 if smoke else 20
+    (kernel,) = [sized(k) for k in SUITE if k.name == name]
     host = kernel.inputs(np.random.default_rng(0), kernel.sizes)
     device = [torch.as_tensor(x, device="cuda") for x in host]
     peer = torch_peer(torch, kernel)
     want = peer(*device)
     want = want if isinstance(want, tuple) else (want,)
-    eager_ms = _device_ms(torch, lambda: peer(*device), 20)[0]
+    eager_ms = _device_ms(torch, lambda: peer(*device), reps)[0]
     rows = []
     for changes in variants:
         engine = tcpy.ExecutionEngine("cuda")
@@ -61,11 +69,11 @@ def measure(torch: Any, name: str, variants: list[dict[str, Any]]) -> list[dict[
                 float(torch.max(torch.abs(g - w) / (1 + torch.abs(w))))
                 for g, w in zip(got, want, strict=True)
             )
-            ms = _time(torch, lambda: compiled(*device), 20)  # noqa: B023
+            ms = _time(torch, lambda: compiled(*device), reps)  # noqa: B023
             row["device_ms"], row["kernels"] = _device_ms(
                 torch,
                 lambda: compiled(*device),  # noqa: B023
-                _profiled_reps(ms),
+                1 if smoke else _profiled_reps(ms),
             )
         except tcpy.TCError as e:
             row["error"] = str(e).splitlines()[0]
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, timed once")
     args = parser.parse_args(argv)
     torch = gpu_torch()
     if torch is None:
@@ -91,16 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, variants in VARIANTS.items():
         if not wanted or name in wanted:
-            rows += measure(torch, name, variants)
+            rows += measure(torch, name, variants, args.smoke)
     result = {
         "date": datetime.date.today().isoformat(),
+        "smoke": args.smoke,
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "tf32": False,
         "variants": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-variants-{result['date']}.json"
+    tag = smoke_tag("", args.smoke)
+    path = args.out / f"gpu-variants-{result['date']}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -2,6 +2,7 @@
 beside float32, against PyTorch's CPU kernels on the same half tensors.
 
     python bench/half.py [--only softmax,gelu] [--types bfloat16,float16] [--reps 6]
+                         [--tag NAME] [--out bench/results] [--smoke]
 
 Each kernel's TC is retyped (`tcpy.parser.parse.retyped`, literals then take the half
 type) and run on the float32 inputs rounded to the half type. Per kernel and type it
@@ -10,7 +11,9 @@ records tcpy's kernel time (the compiled code on buffers bound once, as
 error against a float64 NumPy computation of the rounded inputs (relative to the
 output's largest magnitude), and the ratios the half-precision issue names: half over
 float32 speed (target 1.5) and PyTorch's time over tcpy's (target 1.0). JSON goes to
-bench/results/half-<date>[-tag].json.
+bench/results/half-<date>[-tag].json. `--smoke` checks that the benchmark still runs:
+the kernels at `bench.suite.smoke_sized` sizes, each timed once, a brief copy
+bandwidth; its file is tagged `smoke`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,7 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,30 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 from bench.cpu import (
-    BLOCK_S,
-    GAP_S,
-    ROUNDS,
+    SMOKE_BLOCKS,
+    Blocks,
     _cpu_name,
-    _seconds,
+    alternating_blocks,
     copy_bandwidth_gbps,
     kernel_alone,
 )
-from bench.suite import SUITE, Kernel, torch_peer
+from bench.suite import SUITE, Kernel, smoke_sized, smoke_tag, torch_peer
 from tcpy.parser.parse import retyped
 from tcpy.types import ScalarType
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _time(contenders: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median milliseconds of each contender, interleaved in rounds."""
-    runs = {n: max(reps, min(2000, round(BLOCK_S / _seconds(fn)))) for n, fn in contenders.items()}
-    times: dict[str, list[float]] = {n: [] for n in contenders}
-    for _ in range(ROUNDS):
-        for name, fn in contenders.items():
-            time.sleep(GAP_S)
-            times[name] += [_seconds(fn) for _ in range(runs[name])]
-    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
 
 
 def _compiled(source: str, entry: str, inputs: tuple[np.ndarray, ...]) -> tcpy.Compiled:
@@ -63,7 +52,9 @@ def _compiled(source: str, entry: str, inputs: tuple[np.ndarray, ...]) -> tcpy.C
     return engine.compile(entry, *inputs)
 
 
-def measure(kernel: Kernel, ty: ScalarType, reps: int, torch: object) -> dict:  # type: ignore[type-arg]
+def measure(  # type: ignore[type-arg]
+    kernel: Kernel, ty: ScalarType, blocks: Blocks, torch: object
+) -> dict:
     rng = np.random.default_rng(0)
     wide = kernel.inputs(rng, kernel.sizes)
     half = tuple(x.astype(ty.dtype) if x.dtype.kind == "f" else x for x in wide)
@@ -88,7 +79,7 @@ def measure(kernel: Kernel, ty: ScalarType, reps: int, torch: object) -> dict:  
         halves = [t.to(getattr(torch, ty.value)) if t.is_floating_point() else t for t in tensors]
         contenders["torch_float32"] = lambda: peer(*tensors)
         contenders[f"torch_{ty.value}"] = lambda: peer(*halves)
-    ms = _time(contenders, reps)
+    ms = alternating_blocks(contenders, blocks)
     moved = kernel.bytes(kernel.sizes) / 2  # the float32 bytes, halved
     return {
         "kernel": kernel.name,
@@ -111,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--tag", default="")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, timed once: does it run?")
     args = p.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     kernels = [k for k in SUITE if k.memory_bound and (not only or k.name in only)]
+    if args.smoke:
+        kernels = [smoke_sized(k) for k in kernels]
+    blocks = SMOKE_BLOCKS if args.smoke else Blocks(least=args.reps)
     types = [ScalarType.from_name(t) for t in args.types.split(",")]
     try:
         import torch
@@ -124,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for kernel in kernels:
         for ty in types:
-            row = measure(kernel, ty, args.reps, torch)
+            row = measure(kernel, ty, blocks, torch)
             rows.append(row)
             print(
                 f"{row['kernel']:>14} {row['type']:>8}  tcpy {row[f'tcpy_{ty.value}_ms']:8.3f} ms"
@@ -135,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             )
     record = {
         "date": datetime.date.today().isoformat(),
+        "smoke": args.smoke,
         "cpu": _cpu_name(),
         "threads": os.cpu_count(),
-        "copy_bandwidth_gbps": round(copy_bandwidth_gbps(), 2),
+        "copy_bandwidth_gbps": round(copy_bandwidth_gbps(4 if args.smoke else 256), 2),
         "torch": getattr(torch, "__version__", None),
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"-{args.tag}" if args.tag else ""
-    path = args.out / f"half-{record['date']}{tag}.json"
+    tag = smoke_tag(args.tag, args.smoke)
+    path = args.out / f"half-{record['date']}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"written {path}")
     return 0

@@ -23,7 +23,8 @@ word); for scale, the `cpu` target's call of the same add on NumPy arrays in the
 run.
 
 Results go to `bench/results/overhead-gpu-<date>[-<tag>].json` or
-`overhead-fake-gpu-<date>[-<tag>].json`.
+`overhead-fake-gpu-<date>[-<tag>].json`. Under `--smoke` (does it still run?): one
+round of `SMOKE_CALLS` calls a path, the graph replayed once; the file is tagged `smoke`.
 """
 
 from __future__ import annotations
@@ -41,20 +42,28 @@ from typing import Any
 
 import numpy as np
 
+from bench.suite import smoke_tag
+
 ROUNDS, CALLS = 15, 4000
+SMOKE_CALLS = 100  # in one round, under --smoke
 ADD = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
 NORM = "def norm(float(N) A) -> (O) {\n  S +=! A(i) * A(i)\n  O(i) = A(i) / sqrt(S)\n}"
 
 
-def best_us(fn: Callable[[], object], drain: Callable[[], None] = lambda: None) -> float:
-    """The best of `ROUNDS` rounds of `CALLS` calls: microseconds per call."""
+def best_us(
+    fn: Callable[[], object],
+    drain: Callable[[], None] = lambda: None,
+    rounds: int = ROUNDS,
+    calls: int = CALLS,
+) -> float:
+    """The best of `rounds` rounds of `calls` calls: microseconds per call."""
     best = float("inf")
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         drain()
         start = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - start) / CALLS)
+        best = min(best, (time.perf_counter() - start) / calls)
     drain()
     return best * 1e6
 
@@ -77,7 +86,7 @@ DRIVER_CALLS = ("launch", "synchronize", "to_host", "to_device", "memset", "allo
                 "done", "order", "event", "capturing")  # fmt: skip
 
 
-def fake_gpu() -> dict[str, Any]:
+def fake_gpu(rounds: int = ROUNDS, calls: int = CALLS) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from fake_gpu import DeviceVector, HostMemoryDriver
 
@@ -118,7 +127,7 @@ def fake_gpu() -> dict[str, Any]:
         for _ in range(1024):
             fn()
         per_call = {k: v / 1024 for k, v in sorted(drv.calls.items())}
-        us = best_us(fn)
+        us = best_us(fn, rounds=rounds, calls=calls)
         rows.append({"call": name, "python_us": round(us, 2), "driver_calls_per_call": per_call})
         shown = ", ".join(f"{k} {v:g}" for k, v in per_call.items())
         print(f"{name:18} {us:6.2f} us per call (Python); driver calls per call: {shown}")
@@ -127,12 +136,12 @@ def fake_gpu() -> dict[str, Any]:
     cpu.define(ADD)
     x, y = np.ones(16, np.float32), np.ones(16, np.float32)
     cpu.add(x, y)
-    us = best_us(lambda: cpu.add(x, y))
+    us = best_us(lambda: cpu.add(x, y), rounds=rounds, calls=calls)
     print(f"{'cpu add on NumPy':18} {us:6.2f} us per call (for scale: its kernel included)")
     return {"paths": rows, "cpu_numpy_add_us": round(us, 2)}
 
 
-def real_gpu() -> dict[str, Any]:
+def real_gpu(rounds: int = ROUNDS, calls: int = CALLS, replays: int = 50) -> dict[str, Any]:
     import torch
 
     import tcpy
@@ -171,23 +180,26 @@ def real_gpu() -> dict[str, Any]:
         for _ in range(3):
             fn()
         drain()
-        row: dict[str, Any] = {"call": name, "host_us": round(best_us(fn, drain), 2)}
+        host_us = best_us(fn, drain, rounds, calls)
+        row: dict[str, Any] = {"call": name, "host_us": round(host_us, 2)}
         if name.startswith("tcpy"):
-            calls = _counted(drv, DRIVER_CALLS)
+            counted = _counted(drv, DRIVER_CALLS)
             for _ in range(1024):
                 fn()
             drain()
-            row["driver_calls_per_call"] = {k: v / 1024 for k, v in sorted(calls.items())}
+            row["driver_calls_per_call"] = {k: v / 1024 for k, v in sorted(counted.items())}
             for attr in DRIVER_CALLS:  # the driver's own methods again
                 drv.__dict__.pop(attr, None)
         rows.append(row)
         print(f"{name:30} {row['host_us']:7.2f} us per call on the host")
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "driver_layer": drv.name, "paths": rows, "graph": _graph(torch, engine)}  # fmt: skip
+            "driver_layer": drv.name, "paths": rows,
+            "graph": _graph(torch, engine, replays)}  # fmt: skip
 
 
-def _graph(torch: Any, engine: Any) -> dict[str, Any]:
-    """20 calls captured into a CUDA graph: replay time against its kernels' time."""
+def _graph(torch: Any, engine: Any, replays: int = 50) -> dict[str, Any]:
+    """20 calls captured into a CUDA graph: replay time (the best of `replays`) against
+    its kernels' time."""
     x = torch.rand(4096, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -205,7 +217,7 @@ def _graph(torch: Any, engine: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(50):
+    for _ in range(replays):
         start.record()
         graph.replay()
         end.record()
@@ -248,19 +260,24 @@ def _triton_add(torch: Any) -> Callable[[Any, Any], Any] | None:
     return add
 
 
-def main(gpu: bool, tag: str, out: Path) -> int:
-    found = real_gpu() if gpu else fake_gpu()
+def main(gpu: bool, tag: str, out: Path, smoke: bool = False) -> int:
+    """Measure (`gpu`: on a real device), and write the results to `out`; `smoke`: one
+    round of `SMOKE_CALLS` calls, the graph replayed once."""
+    rounds, calls = (1, SMOKE_CALLS) if smoke else (ROUNDS, CALLS)
+    found = real_gpu(rounds, calls, 1 if smoke else 50) if gpu else fake_gpu(rounds, calls)
     import tcpy
 
     record = {
         "date": datetime.date.today().isoformat(),
+        "smoke": smoke,
         "machine": {"processor": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version()},
         "tcpy_source": str(Path(tcpy.__file__).parent),
-        "rounds": ROUNDS, "calls_per_round": CALLS, **found,
+        "rounds": rounds, "calls_per_round": calls, **found,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     kind = "gpu" if gpu else "fake-gpu"
+    tag = smoke_tag(tag, smoke)
     path = out / f"overhead-{kind}-{record['date']}{f'-{tag}' if tag else ''}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}")

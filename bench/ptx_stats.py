@@ -4,7 +4,7 @@ defaults, its PTX (NVRTC, compute_90) counted, and ptxas's report for sm_90 read
 (registers, spills, shared memory).
 
     python bench/ptx_stats.py [--only matmul,conv2d] [--out bench/results] [--tag NAME]
-                              [--options '{"copy_stages": 1}'] [--type bfloat16]
+                              [--options '{"copy_stages": 1}'] [--type bfloat16] [--smoke]
 
 Per kernel of each def: `cp.async` copies (`cp_async`, of which 16-byte `cp_async_16`),
 commit groups and waits, `ld.shared`, `st.shared` and `ld.global` instructions (vectors
@@ -13,7 +13,9 @@ registers, spill stores and loads and static shared bytes; `matrix`, whether the
 kernel runs on the tensor cores. `--type` retypes the defs (float16, bfloat16: their
 contractions on `mma.sync`). Counts are of the
 instructions in the PTX text, not of those executed. Results go to
-`bench/results/ptx-stats-<date>[-<tag>].json`.
+`bench/results/ptx-stats-<date>[-<tag>].json`. `--smoke` checks that the count still
+runs, on the kernels lowered at `bench.suite.smoke_sized` sizes; its file is tagged
+`smoke`.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import datetime
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.suite import SUITE, at_gpu_size
+from bench.suite import SUITE, Kernel, at_gpu_size, smoke_sized, smoke_tag
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import named
 from tcpy.parser import check_source
@@ -87,9 +90,14 @@ def resources(report: str) -> dict[str, dict[str, int]]:
 
 
 def stats(
-    name: str, changes: dict[str, Any], ty: ScalarType = ScalarType.FLOAT32
+    name: str,
+    changes: dict[str, Any],
+    ty: ScalarType = ScalarType.FLOAT32,
+    sized: Callable[[Kernel], Kernel] = at_gpu_size,
 ) -> dict[str, Any]:
-    kernel = at_gpu_size(next(k for k in SUITE if k.name == name))
+    """The counts and resources of the kernels of suite kernel `name`, lowered at the
+    sizes `sized` gives with `changes` on its CUDA defaults."""
+    kernel = sized(next(k for k in SUITE if k.name == name))
     cdef = check_source(retyped(kernel.tc, ty))[kernel.entry]
     options = cuda_defaults(cdef).replace(**changes)
     lowered = lower_to_cuda(cdef, kernel.sizes, options, device=named("h100"))
@@ -113,23 +121,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="")
     parser.add_argument("--options", default="{}", help="fields changed on the defaults (JSON)")
     parser.add_argument("--type", default="float", help="the defs' float type")
+    parser.add_argument("--smoke", action="store_true", help="small sizes: does it still run?")
     args = parser.parse_args(argv)
     if not nvrtc.available():
         print("no NVRTC: install the cuda extra", file=sys.stderr)
         return 1
     wanted = [n for n in CONTRACTIONS if not args.only or n in args.only.split(",")]
     changes = json.loads(args.options)
+    sized = smoke_sized if args.smoke else at_gpu_size
     rows = []
     for name in wanted:
-        row = stats(name, changes, ScalarType.from_name(args.type))
+        row = stats(name, changes, ScalarType.from_name(args.type), sized)
         rows.append(row)
         for k, v in row["kernels"].items():
             print(f"{name:18s} {k:12s} " + " ".join(f"{key}={val}" for key, val in v.items()))
     date = datetime.date.today().isoformat()
-    result = {"date": date, "nvrtc": nvrtc.identity(), "arch": "sm_90", "options": changes,
-              "type": args.type, "results": rows}  # fmt: skip
+    result = {"date": date, "smoke": args.smoke, "nvrtc": nvrtc.identity(), "arch": "sm_90",
+              "options": changes, "type": args.type, "results": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ptx-stats-{date}{'-' + args.tag if args.tag else ''}.json"
+    tag = smoke_tag(args.tag, args.smoke)
+    path = args.out / f"ptx-stats-{date}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

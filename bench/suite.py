@@ -350,3 +350,20 @@ def at_gpu_size(kernel: Kernel) -> Kernel:
 def reduced(kernel: Kernel) -> Kernel:
     """`kernel` at its reduced sizes (`REDUCED_SIZES`)."""
     return replace(kernel, sizes=REDUCED_SIZES[kernel.name])
+
+
+# --- smoke runs -----------------------------------------------------------------------------
+# Every script's `--smoke` runs its kernels once at small sizes, so that CI can see that
+# each benchmark still runs (tests/test_bench.py); its results say "smoke": true, and
+# its files are tagged `smoke`, never taking a real result's name.
+
+
+def smoke_sized(kernel: Kernel) -> Kernel:
+    """`kernel` at the sizes of a smoke run: its reduced sizes (`REDUCED_SIZES`), which
+    compile and run in well under a second on a CPU and keep the shape's character."""
+    return reduced(kernel)
+
+
+def smoke_tag(tag: str, smoke: bool) -> str:
+    """A result file's `tag`, with `smoke` added under `--smoke`."""
+    return "-".join(filter(None, (tag, "smoke" if smoke else "")))

@@ -3,6 +3,7 @@ suite, how fast it gets there, and how it compares with random search.
 
     python bench/tune.py [--only matmul,softmax] [--max-time 120] [--generations 8]
                          [--population 12] [--versus matmul_transposed,softmax] [--seeds 3]
+                         [--tag NAME] [--out bench/results] [--smoke]
 
 For each kernel: a tuning session from the default options (budget: `--generations`
 and `--max-time` seconds), then the default and the tuned kernels timed side by side in
@@ -12,6 +13,11 @@ NumPy, the tuning wall time, the trials, and when the session first came within 
 of its final best (from its history). Then, for the `--versus` kernels, the genetic
 search and random search at the same trial budget over `--seeds` seeds (the median
 best time of each). JSON and convergence plots go to `bench/results/`.
+
+`--smoke` checks that the benchmark still runs: the kernels at `bench.suite.smoke_sized`
+sizes, a session of one generation of four, one seed against random search, each
+kernel timed once (`SMOKE_CONFIG`, `bench.cpu.SMOKE_BLOCKS`); its files are tagged
+`smoke`.
 """
 
 from __future__ import annotations
@@ -34,13 +40,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.cpu import _block, _cpu_name, _geomean, _outputs
-from bench.suite import SUITE, Kernel
+from bench.cpu import SMOKE_BLOCKS, Blocks, _cpu_name, _geomean, _outputs, alternating_blocks
+from bench.suite import SUITE, Kernel, smoke_sized, smoke_tag
 
-ROUNDS = 4
+SMOKE_CONFIG: dict[str, Any] = {
+    "generations": 1, "population": 4, "elites": 1, "max_time_s": 30.0, "runs": 1, "workers": 1,
+}  # fmt: skip
+"""The tuner's budget under --smoke: one generation, each candidate timed once."""
 
 
-def tune_one(kernel: Kernel, config: tcpy.TunerConfig, reps: int, plots: Path) -> dict[str, Any]:
+def tune_one(
+    kernel: Kernel, config: tcpy.TunerConfig, blocks: Blocks, plot: Path
+) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
     engine = tcpy.ExecutionEngine("cpu")
@@ -55,23 +66,23 @@ def tune_one(kernel: Kernel, config: tcpy.TunerConfig, reps: int, plots: Path) -
     for got in (_outputs(default(*inputs)), _outputs(tuned(*inputs))):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3 * float(np.max(np.abs(w))))
-    times: dict[str, list[float]] = {"default": [], "tuned": [], "numpy": []}
-    for _ in range(ROUNDS):
-        _block(lambda: default(*inputs), reps, times["default"])
-        _block(lambda: tuned(*inputs), reps, times["tuned"])
-        _block(lambda: kernel.numpy(*inputs), reps, times["numpy"])
-    med = {k: statistics.median(v) for k, v in times.items()}
-    result.plot(plots / f"tune-{kernel.name}.png")
+    contenders = {
+        "default": lambda: default(*inputs),
+        "tuned": lambda: tuned(*inputs),
+        "numpy": lambda: kernel.numpy(*inputs),
+    }
+    ms = alternating_blocks(contenders, blocks)
+    result.plot(plot)
     return {
         "kernel": kernel.name,
         "sizes": kernel.sizes,
-        "default_ms": round(med["default"] * 1e3, 4),
-        "tuned_ms": round(med["tuned"] * 1e3, 4),
-        "numpy_ms": round(med["numpy"] * 1e3, 4),
-        "speedup": round(med["default"] / med["tuned"], 3),
+        "default_ms": round(ms["default"], 4),
+        "tuned_ms": round(ms["tuned"], 4),
+        "numpy_ms": round(ms["numpy"], 4),
+        "speedup": round(ms["default"] / ms["tuned"], 3),
         "tuner_speedup": round(result.speedup, 3),  # the session's own side-by-side times
-        "tuned_vs_numpy": round(med["numpy"] / med["tuned"], 3),
-        "default_vs_numpy": round(med["numpy"] / med["default"], 3),
+        "tuned_vs_numpy": round(ms["numpy"] / ms["tuned"], 3),
+        "default_vs_numpy": round(ms["numpy"] / ms["default"], 3),
         "tuning_wall_s": round(result.wall_s, 1),
         "trials": result.trials,
         "failures": result.failures,
@@ -149,12 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--population", type=int, default=12)
     parser.add_argument("--max-time", type=float, default=120.0, help="seconds per session")
-    parser.add_argument("--reps", type=int, default=5, help="runs per timing block")
+    parser.add_argument("--reps", type=int, default=5, help="least runs per timing block")
     parser.add_argument("--versus", default="matmul_transposed,softmax,conv2d",
                         help="kernels for GA against random search ('' to skip)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="", help="suffix of the JSON file's name")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes and budgets, timed once: does it still run? "
+                        "(overrides --generations, --population, --max-time, --reps and "
+                        "--seeds)")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ["TCPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="tcpy-bench-tune-")
     wanted = set(filter(None, args.only.split(",")))
@@ -162,13 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         generations=args.generations, population=args.population, max_time_s=args.max_time,
         runs=5, workers=2, timeout_s=60, patience=3,
     )  # fmt: skip
+    # `--reps` runs a block, however short: the blocks these results were measured with
+    blocks, seeds = Blocks(least=args.reps, block_s=0.0), args.seeds
+    if args.smoke:
+        config = tcpy.TunerConfig(**{**_fields(config), **SMOKE_CONFIG})
+        blocks, seeds = SMOKE_BLOCKS, 1
+    suite = tuple(map(smoke_sized, SUITE)) if args.smoke else SUITE
+    tag = smoke_tag(args.tag, args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for kernel in SUITE:
+    for kernel in suite:
         if wanted and kernel.name not in wanted:
             continue
         start = time.monotonic()
-        row = tune_one(kernel, config, args.reps, args.out)
+        plot = args.out / f"tune-{kernel.name}{'-smoke' if args.smoke else ''}.png"
+        row = tune_one(kernel, config, blocks, plot)
         rows.append(row)
         print(
             f"{row['kernel']:18} default {row['default_ms']:9.3f} ms  tuned {row['tuned_ms']:9.3f}"
@@ -177,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  90% at {row['seconds_to_90pct']} s  ({time.monotonic() - start:.0f} s)",
             flush=True,
         )
-    versus = [versus_random(k, config, args.seeds)
-              for k in SUITE if k.name in set(filter(None, args.versus.split(",")))]  # fmt: skip
+    versus = [versus_random(k, config, seeds)
+              for k in suite if k.name in set(filter(None, args.versus.split(",")))]  # fmt: skip
     summary = {
         "geomean_speedup": _geomean([r["speedup"] for r in rows]),
         "min_speedup": min((r["speedup"] for r in rows), default=None),
@@ -189,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "commit": _commit(),
         "target": "cpu",
+        "smoke": args.smoke,
         "machine": {"processor": _cpu_name(), "cores": os.cpu_count()},
         "config": {k: v for k, v in _fields(config).items() if k != "executor"},
+        "runs": {"rounds": blocks.rounds, "least_per_block": blocks.least},
         "kernels": rows,
         "ga_vs_random": versus,
         "summary": summary,
     }
-    path = args.out / f"tune-{result['date']}{'-' + args.tag if args.tag else ''}.json"
+    path = args.out / f"tune-{result['date']}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(result, indent=1, default=_plain) + "\n")
     print(f"wrote {path}")
     return 0
