@@ -5,10 +5,13 @@ the cores), never compiled in."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +21,9 @@ from tcpy import knobs
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
-from tcpy.runtime import cpu
+from tcpy.runtime import cpu, threads
 
-from programs import MATMUL
+from programs import CONV, LAYERNORM, MATMUL, SOFTMAX
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +41,7 @@ def test_the_thread_count_comes_from_the_options_then_the_environment(
     monkeypatch.setenv("TCPY_NUM_THREADS", "3")
     assert knobs.cpu_threads() == 3
     assert knobs.cpu_threads(7) == 7
-    assert cpu.threads_now() == 3
+    assert threads.threads_now() == 3
 
 
 def test_without_a_count_kernels_leave_the_cores_other_processes_use(
@@ -47,14 +50,14 @@ def test_without_a_count_kernels_leave_the_cores_other_processes_use(
     monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(knobs, "cores", lambda: 4)
-    monkeypatch.setattr(cpu, "_LOAD", cpu.Load(interval=0))
-    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 1)
-    assert cpu.threads_now() == 3
-    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 9)
-    assert cpu.threads_now() == 3  # the least of the last three samples: 1, 9
-    cpu.threads_now()
-    assert cpu.threads_now() == 1  # 9, 9, 9: never fewer than one thread
-    assert cpu.threads_now(2) == 2  # the options' count is kept
+    monkeypatch.setattr(threads, "_LOAD", threads.Load(interval=0))
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: 1)
+    assert threads.threads_now() == 3
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: 9)
+    assert threads.threads_now() == 3  # the least of the last three samples: 1, 9
+    threads.threads_now()
+    assert threads.threads_now() == 1  # 9, 9, 9: never fewer than one thread
+    assert threads.threads_now(2) == 2  # the options' count is kept
 
 
 def test_a_small_call_runs_on_one_thread_unless_more_are_given(
@@ -65,13 +68,13 @@ def test_a_small_call_runs_on_one_thread_unless_more_are_given(
     monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(knobs, "cores", lambda: 4)
-    monkeypatch.setattr(cpu, "_LOAD", cpu.Load(interval=0))
-    monkeypatch.setattr(cpu, "runnable_elsewhere", lambda: 0)
-    assert cpu.threads_now(0, cpu.SERIAL_WORK - 1) == 1
-    assert cpu.threads_now(0, cpu.SERIAL_WORK) == 4
-    assert cpu.threads_now(3, 10) == 3
+    monkeypatch.setattr(threads, "_LOAD", threads.Load(interval=0))
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: 0)
+    assert threads.threads_now(0, threads.SERIAL_WORK - 1) == 1
+    assert threads.threads_now(0, threads.SERIAL_WORK) == 4
+    assert threads.threads_now(3, 10) == 3
     monkeypatch.setenv("TCPY_NUM_THREADS", "2")
-    assert cpu.threads_now(0, 10) == 2
+    assert threads.threads_now(0, 10) == 2
     monkeypatch.delenv("TCPY_NUM_THREADS")
     seen: list[int | None] = []
     monkeypatch.setattr(cpu, "threads_now", lambda asked, work: seen.append(work) or 1)
@@ -84,7 +87,7 @@ def test_a_small_call_runs_on_one_thread_unless_more_are_given(
 
 
 def test_the_load_is_sampled_at_most_once_an_interval() -> None:
-    load = cpu.Load(interval=0.05, samples=3)
+    load = threads.Load(interval=0.05, samples=3)
     taken: list[float] = []
 
     def sample(value: int | None) -> Callable[[], int | None]:
@@ -112,7 +115,7 @@ def test_a_busy_process_is_counted() -> None:
     try:
         assert busy.stdout is not None
         busy.stdout.readline()  # it runs
-        assert max(cpu.runnable_elsewhere() or 0 for _ in range(20)) >= 1
+        assert max(threads.runnable_elsewhere() or 0 for _ in range(20)) >= 1
     finally:
         busy.kill()
         busy.wait()
@@ -199,8 +202,8 @@ def test_code_outside_the_parallel_loops_runs_once() -> None:
     engine = tcpy.ExecutionEngine("cpu")
     engine.define(text)
     a = np.random.default_rng(1).random(4096, dtype=np.float32)
-    for threads in (1, 2, 5):
-        x, s = engine.f(a, options=MappingOptions.cpu().replace(threads=threads))
+    for count in (1, 2, 5):
+        x, s = engine.f(a, options=MappingOptions.cpu().replace(threads=count))
         np.testing.assert_array_equal(x, a * 2)
         np.testing.assert_allclose(s, 2 * a.sum(dtype=np.float64), rtol=1e-5)
 
@@ -209,3 +212,125 @@ def test_a_kernel_without_parallel_loops_opens_no_region() -> None:
     text = "def f(float(N) A) -> (X) { X(i) = A(i) * 2.0 }"
     source = _source(text, "f", {"N": 64}, MappingOptions.cpu().replace(parallel=False))
     assert "#pragma omp" not in source.replace("#pragma omp simd", "")
+
+
+# --- sharing the machine ------------------------------------------------------------------
+
+
+def test_threads_busy_elsewhere_are_those_not_of_tcpy() -> None:
+    """Of the runnable tasks, those of the calling thread and of tcpy's teams are
+    tcpy's; another library's thread in this process (OpenBLAS's, spinning after its
+    call) counts as busy, as a task of another process does."""
+    assert threads.elsewhere(3, {10, 11, 12}, {10, 11}) == 1  # 12: another library's
+    assert threads.elsewhere(5, {10, 11}, {10, 11, 13}) == 3  # three other processes
+    assert threads.elsewhere(3, {10, 11, 12}, None) == 0  # teams unknown: all ours
+    assert threads.elsewhere(1, {10, 11}, {10, 11}) == 0  # never below zero
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc")
+def test_the_threads_of_a_team_are_known() -> None:
+    """After a call on two threads, tcpy knows its team's threads: tasks of this
+    process, the calling thread among them."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(MATMUL)
+    a = np.ones((64, 64), np.float32)
+    engine.mm(a, a, options=MappingOptions.cpu().replace(threads=2))
+    threads._TEAMS.know(2)
+    alive = {int(t) for t in os.listdir("/proc/self/task")}
+    team = threads._TEAMS.threads() & alive
+    assert threading.get_native_id() in team and len(team) >= 2
+    engine.mm(a, a, options=MappingOptions.cpu().replace(threads=3))  # a new team size
+    threads._TEAMS.know(3)
+    alive = {int(t) for t in os.listdir("/proc/self/task")}
+    assert len(threads._TEAMS.threads() & alive) >= 3
+
+
+_SPINNING = """
+import os, sys, time
+import numpy as np
+import tcpy
+from tcpy.mapping.options import MappingOptions
+from tcpy.runtime import threads
+engine = tcpy.ExecutionEngine("cpu")
+engine.define("def f(float(N) A) -> (B) { B(i) = A(i) + 1 }")
+a = np.ones(1 << 16, np.float32)
+engine.f(a, options=MappingOptions.cpu().replace(threads=2))  # loads libgomp
+threads._TEAMS.know(2)
+workers = threads._TEAMS.threads() - {threads.threading.get_native_id()}
+engine.f(a, options=MappingOptions.cpu().replace(threads=2))
+time.sleep(0.05)
+states = []
+for tid in workers:
+    stat = open(f"/proc/self/task/{tid}/stat", "rb").read()
+    states.append(stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode())
+print("".join(states), os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc")
+@pytest.mark.parametrize("policy", [None, "active"])
+def test_the_threads_sleep_soon_after_a_call(policy: str | None) -> None:
+    """50 ms after a call, the team's other threads sleep (libgomp's default spins
+    for milliseconds, during which another library's call finds the cores busy), and
+    the environment is as it was; where the environment chose how OpenMP threads
+    wait (`OMP_WAIT_POLICY=active`), tcpy keeps that choice: they still spin."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env.update({"OMP_WAIT_POLICY": policy} if policy else {})
+    env.pop("TCPY_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _SPINNING], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    states, spin = done.stdout.split()
+    assert states and spin == "None"
+    assert set(states) <= ({"R"} if policy == "active" else {"S"})
+
+
+_MLP = """def mlp(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+    O(b, n) +=! I(b, k) * W(n, k)
+    O(b, n) = fmax(O(b, n) + bias(n), 0)
+}"""
+
+
+@pytest.mark.parametrize("name", ["matmul", "softmax", "layernorm", "conv", "mlp"])
+def test_results_are_the_same_bits_on_any_thread_count(name: str) -> None:
+    """Each output element is computed the same way whatever thread runs it: the
+    results of 1, 2, 3 and 5 threads are bit-identical (gradients rely on it)."""
+    source, inputs = {
+        "matmul": (MATMUL, [(67, 91), (91, 45)]),
+        "softmax": (SOFTMAX, [(37, 300)]),
+        "layernorm": (LAYERNORM, [(37, 300), (300,), (300,)]),
+        "conv": (CONV, [(2, 5, 19, 17), (7, 5, 3, 3)]),
+        "mlp": (_MLP, [(37, 129), (65, 129), (65,)]),
+    }[name]
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(source)
+    entry = re.search(r"def (\w+)", source).group(1)  # type: ignore[union-attr]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in inputs]
+    results = [
+        engine.run(entry, *arrays, options=engine.default_options(entry).replace(threads=t))
+        for t in (1, 2, 3, 5)
+    ]
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
+@pytest.mark.parametrize("chosen", [{}, {"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "5"}])
+def test_libgomp_starts_with_a_short_spin_unless_the_environment_chose(
+    monkeypatch: pytest.MonkeyPatch, chosen: dict[str, str]
+) -> None:
+    """The library that brings libgomp in is loaded with `GOMP_SPINCOUNT` at
+    `SPIN_COUNT`, which libgomp reads as it starts, and the environment is put back;
+    a choice the environment made is kept."""
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in chosen.items():
+        monkeypatch.setenv(name, value)
+    seen: list[str | None] = []
+    monkeypatch.setattr(
+        threads.ctypes, "CDLL", lambda path: seen.append(os.environ.get("GOMP_SPINCOUNT"))
+    )
+    threads.load_openmp(Path("kernel.so"))
+    assert seen == [chosen.get("GOMP_SPINCOUNT", None if chosen else str(threads.SPIN_COUNT))]
+    assert os.environ.get("GOMP_SPINCOUNT") == chosen.get("GOMP_SPINCOUNT")

@@ -10,16 +10,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import re
 import shutil
 import subprocess
 import tempfile
-import threading
-import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +29,7 @@ from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES
 from tcpy.runtime import toolchain
 from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
+from tcpy.runtime.threads import load_openmp, threads_now
 
 FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w",
@@ -188,7 +185,7 @@ class CpuKernel:
         work: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         try:
-            self._lib = ctypes.CDLL(os.fspath(library_path))
+            self._lib = load_openmp(library_path)
             fn = getattr(self._lib, KERNEL_SYMBOL)
         except (OSError, AttributeError) as e:
             raise TCLaunchError(f"cannot load the compiled kernel {library_path}: {e}") from None
@@ -243,83 +240,3 @@ def address(array: np.ndarray) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
     except (TypeError, ValueError):  # read-only, or empty
         return int(array.ctypes.data)
-
-
-# --- how many threads -------------------------------------------------------------------
-
-
-SERIAL_WORK = 1 << 15
-"""Fewer statement instances than this run on one thread unless more are given:
-starting an OpenMP team and its barriers cost more than they share (measured on 2
-cores: an addition of 16 or 4,096 elements took 11-12 us on one thread and 15-16 on
-two; at 65,536 both took 32; at 2^20, two threads 140 against 242)."""
-
-
-def threads_now(asked: int = 0, work: int | None = None) -> int:
-    """The threads a kernel runs on at this call: those given (`knobs.cpu_threads`),
-    else one for less than `SERIAL_WORK` statement instances (`work`), else the
-    cores less those other processes keep busy. An OpenMP team waits at each
-    barrier for its slowest thread, and a thread that shares its core with a busy
-    process loses whole time slices there: measured on 2 cores beside one busy
-    process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
-    thread at most 2x slower."""
-    given = knobs.cpu_threads(asked)
-    if given is not None:
-        return given
-    if work is not None and work < SERIAL_WORK:
-        return 1
-    return _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
-
-
-class Load:
-    """The tasks other processes keep running, sampled at most every `interval`
-    seconds: the least of the last `samples` samples, so that a task that runs for an
-    instant does not take a core away from the kernels."""
-
-    def __init__(self, interval: float = 0.05, samples: int = 3) -> None:
-        self.interval = interval
-        self._samples: deque[int] = deque(maxlen=samples)
-        self._last = -float("inf")
-        self._lock = threading.Lock()
-        self._cores = 1  # the cores this process may run on, read at each sample
-
-    def free_cores(self, now: float, sample: Callable[[], int | None]) -> int:
-        """The cores this process may run on less those others keep busy (at least 1)."""
-        busy = self.busy_elsewhere(now, sample)
-        return max(1, self._cores - busy)
-
-    def busy_elsewhere(self, now: float, sample: Callable[[], int | None]) -> int:
-        if now - self._last < self.interval:  # no sample due: no lock either
-            return min(self._samples, default=0)
-        with self._lock:
-            if now - self._last >= self.interval:
-                self._cores = knobs.cores()
-                self._last = now
-                value = sample()
-                if value is not None:
-                    self._samples.append(value)
-            return min(self._samples, default=0)
-
-
-_LOAD = Load()
-
-
-def runnable_elsewhere() -> int | None:
-    """The tasks of other processes running or waiting to run now: the kernel's count
-    of runnable tasks (`/proc/loadavg`) less this process's running threads (a thread
-    of this process's OpenMP teams that waits spins, and counts as running). None
-    where /proc does not say."""
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-        own = 0
-        for task in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{task}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:  # the thread ended
-                continue
-            own += stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
-        return max(0, running - own)
-    except (OSError, ValueError, IndexError):
-        return None

@@ -1,0 +1,230 @@
+"""How many threads a `cpu` kernel runs on, and how its OpenMP threads wait.
+
+A kernel's OpenMP team (GNU libgomp's) waits at each barrier for its slowest thread,
+and a thread that shares its core with another busy thread loses whole time slices
+there. So each call counts the threads busy elsewhere (other processes, and other
+libraries' threads in this one: OpenBLAS's or PyTorch's, which keep spinning for a
+while after their calls) and leaves their cores to them (`threads_now`). Its own
+threads wait for the next call by spinning for a short while only (`SPIN_COUNT`),
+then sleep, so that the next library's call finds its cores free.
+
+Results do not depend on the thread count: the parallel loops share out whole
+iterations, each computing the same outputs the same way on any thread, and no
+reduction is split across threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from tcpy import knobs
+from tcpy.runtime import toolchain
+
+SERIAL_WORK = 1 << 15
+"""Fewer statement instances than this run on one thread unless more are given:
+starting an OpenMP team and its barriers cost more than they share (measured on 2
+cores: an addition of 16 or 4,096 elements took 11-12 us on one thread and 15-16 on
+two; at 65,536 both took 32; at 2^20, two threads 140 against 242)."""
+
+SPIN_COUNT = 10_000
+"""How long an idle thread of a kernel's team spins before it sleeps, in libgomp's
+spins (`GOMP_SPINCOUNT`; about 0.1 ms here), unless the environment sets
+`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`. libgomp's own default (300,000, a few
+milliseconds) kept both cores busy after each call: a NumPy call right after a tcpy
+call ran up to 40x slower. Sleeping at once (0) costs a wake-up at every call and
+barrier instead: small kernels ran 2-3x slower back to back."""
+
+
+def threads_now(asked: int = 0, work: int | None = None) -> int:
+    """The threads a kernel runs on at this call: those given (`knobs.cpu_threads`),
+    else one for less than `SERIAL_WORK` statement instances (`work`), else the
+    cores less those other threads keep busy (`Load`). Measured on 2 cores beside one
+    busy process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
+    thread at most 2x slower."""
+    given = knobs.cpu_threads(asked)
+    if given is not None:
+        return given
+    if work is not None and work < SERIAL_WORK:
+        return 1
+    count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
+    _TEAMS.know(count)
+    return count
+
+
+class Load:
+    """The threads busy elsewhere, sampled at most every `interval` seconds: the
+    least of the last `samples` samples, so that a task that runs for an instant
+    does not take a core away from the kernels."""
+
+    def __init__(self, interval: float = 0.05, samples: int = 3) -> None:
+        self.interval = interval
+        self._samples: deque[int] = deque(maxlen=samples)
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+        self._cores = 1  # the cores this process may run on, read at each sample
+
+    def free_cores(self, now: float, sample: Callable[[], int | None]) -> int:
+        """The cores this process may run on less those others keep busy (at least 1)."""
+        busy = self.busy_elsewhere(now, sample)
+        return max(1, self._cores - busy)
+
+    def busy_elsewhere(self, now: float, sample: Callable[[], int | None]) -> int:
+        if now - self._last < self.interval:  # no sample due: no lock either
+            return min(self._samples, default=0)
+        with self._lock:
+            if now - self._last >= self.interval:
+                self._cores = knobs.cores()
+                self._last = now
+                value = sample()
+                if value is not None:
+                    self._samples.append(value)
+            return min(self._samples, default=0)
+
+
+_LOAD = Load()
+
+
+def runnable_elsewhere() -> int | None:
+    """The threads running or waiting to run now, other than the calling thread and
+    the threads of tcpy's own teams (`Teams`), from the kernel's count of runnable
+    tasks (`/proc/loadavg`) and this process's (`elsewhere`). Another library's
+    threads in this process count: OpenBLAS's spin for a while after each of its
+    calls. None where /proc does not say."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        here, tasks = set(), {int(t) for t in os.listdir("/proc/self/task")}
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:  # the thread ended
+                continue
+            if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R":
+                here.add(int(task))
+    except (OSError, ValueError, IndexError):
+        return None
+    _TEAMS.forget_ended(tasks)
+    ours = _TEAMS.threads() | {threading.get_native_id()} if _TEAMS.known else None
+    return elsewhere(running, here, ours)
+
+
+def elsewhere(running: int, running_here: set[int], ours: set[int] | None) -> int:
+    """Of `running` runnable tasks, those that are not ours: `running_here` are the
+    ids of this process's, `ours` those of the calling thread and tcpy's teams (None:
+    every thread of this process)."""
+    mine = len(running_here) if ours is None else len(running_here & ours)
+    return max(0, running - mine)
+
+
+# --- tcpy's own teams -----------------------------------------------------------------
+
+_TEAM_C = r"""
+#define _GNU_SOURCE
+#include <omp.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+int tc_team(int n, long *tids) {
+  int got = 0;
+  #pragma omp parallel num_threads(n)
+  {
+    tids[omp_get_thread_num()] = (long)syscall(SYS_gettid);
+    #pragma omp single
+    got = omp_get_num_threads();
+  }
+  return got;
+}
+"""
+
+
+class Teams:
+    """The threads of the OpenMP teams tcpy's kernels run on. libgomp keeps a pool of
+    threads per calling thread, reused from call to call (a smaller team lets the
+    extra ones end); a region of the same libgomp that records its threads' ids
+    (`tc_team`, built once per process) finds them, again whenever a caller's team
+    changes size or one of its threads ended. `known` is False where that region
+    could not be built: every thread of this process then counts as tcpy's."""
+
+    def __init__(self) -> None:
+        self._teams: dict[int, tuple[int, frozenset[int]]] = {}  # caller -> size, ids
+        self._lock = threading.Lock()
+        self.known = True
+
+    def know(self, count: int) -> None:
+        """Record the team of `count` threads the calling thread is about to run."""
+        caller = threading.get_native_id()
+        if count <= 1 or not self.known or self._teams.get(caller, (1,))[0] == count:
+            return
+        team = _team_function()
+        if team is None:
+            self.known = False
+            return
+        ids = (ctypes.c_long * count)()
+        got = team(count, ids)
+        with self._lock:
+            self._teams[caller] = (count, frozenset(int(i) for i in ids[:got] if i))
+
+    def threads(self) -> set[int]:
+        with self._lock:
+            return {i for _, ids in self._teams.values() for i in ids}
+
+    def forget_ended(self, alive: set[int]) -> None:
+        """Forget the teams one of whose threads is not among `alive` (this process's
+        threads): the next call of their caller records its team again."""
+        with self._lock:
+            for caller, (_, ids) in list(self._teams.items()):
+                if not ids <= alive:
+                    del self._teams[caller]
+
+
+_TEAMS = Teams()
+
+
+@functools.cache
+def _team_function() -> Callable[[int, ctypes.Array[ctypes.c_long]], int] | None:
+    """`tc_team` of a library built with the kernels' compiler and OpenMP, or None
+    where it cannot be built."""
+    compiler = toolchain.require(knobs.c_compiler(), "C compiler", "TCPY_CC", "gcc")
+    directory = Path(tempfile.mkdtemp(prefix="tcpy-team-"))
+    source, library = directory / "team.c", directory / "team.so"
+    source.write_text(_TEAM_C)
+    command = [compiler, "-O1", "-fopenmp", "-shared", "-fPIC", "-o", str(library), str(source)]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=120)
+        if done.returncode != 0:
+            return None
+        fn = load_openmp(library).tc_team
+    except (OSError, AttributeError, subprocess.TimeoutExpired):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_long)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# --- how the threads wait -------------------------------------------------------------
+
+_ENV_LOCK = threading.Lock()
+
+
+def load_openmp(library: Path) -> ctypes.CDLL:
+    """`library` loaded; where it is the first to bring libgomp into this process,
+    libgomp reads `GOMP_SPINCOUNT` = `SPIN_COUNT` as it starts (unless the environment
+    chose how OpenMP threads wait), and the environment is put back as it was."""
+    with _ENV_LOCK:
+        chosen = any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
+        if not chosen:
+            os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        try:
+            return ctypes.CDLL(os.fspath(library))
+        finally:
+            if not chosen:
+                del os.environ["GOMP_SPINCOUNT"]
