@@ -28,6 +28,7 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.analysis import Analysis, analyse
 from tcpy.poly.dependences import Dependences
+from tcpy.poly.hoist import hoist_invariant_factors
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import verify
@@ -80,7 +81,7 @@ def lower_to_c(
 ) -> Lowered:
     """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
     A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
-    cdef = widen_half_reductions(cdef, extrema=False)
+    cdef = hoist_invariant_factors(widen_half_reductions(cdef, extrema=False))
     return _within_limit(lambda o: _lower_to_c(cdef, sizes, o, check, count_loops), options)
 
 

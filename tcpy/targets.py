@@ -39,6 +39,7 @@ from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import summary
+from tcpy.poly.hoist import hoist_invariant_factors
 from tcpy.poly.scop import instances
 from tcpy.poly.widen import widen_half_reductions
 
@@ -110,6 +111,7 @@ class Cpu(Target):
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
         cdef = widen_half_reductions(cdef, extrema=False)  # accumulated in float32
+        cdef = hoist_invariant_factors(cdef)  # computed once, not per output
         kernel = self._prepare(cdef, binding, options, session, count_loops=False)
         return replace(kernel, counting=_once(
             lambda: self._prepare(cdef, binding, options, session, count_loops=True)

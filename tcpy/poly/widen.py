@@ -35,7 +35,7 @@ def widen_half_reductions(cdef: CheckedDef, extrema: bool = True) -> CheckedDef:
             statements.append(st)
             continue
         half = cdef.tensor(st.tensor)
-        wide = replace(half, name=_fresh(f"{half.name}_f32", taken), role=Role.TEMPORARY,
+        wide = replace(half, name=fresh_name(f"{half.name}_f32", taken), role=Role.TEMPORARY,
                        scalar=ScalarType.FLOAT32)  # fmt: skip
         temporaries.append(wide)
         whole = bool(st.scatter)  # a scatter-add may write any element of the tensor
@@ -54,7 +54,8 @@ def _widened(cdef: CheckedDef, st: CheckedStatement, extrema: bool) -> bool:
     return extrema or reduction in (ast.Reduction.SUM, ast.Reduction.PROD)
 
 
-def _fresh(name: str, taken: set[str]) -> str:
+def fresh_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name` with underscores added, not in `taken` (which it joins)."""
     while name in taken:
         name += "_"
     taken.add(name)
