@@ -3,7 +3,7 @@ target against NumPy and PyTorch eager (when installed), in the same run, on the
 inputs.
 
     python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded] [--generic]
-                        [--tag NAME] [--out bench/results] [--smoke]
+                        [--users] [--interleaved] [--tag NAME] [--out bench/results] [--smoke]
 
 First the machine's limits are measured: the FP32 FMA peak (a C loop of independent
 vector FMAs on every core, at each vector width the compiler offers) and the copy
@@ -16,6 +16,12 @@ the next) and summarised by medians. Ratios are the peer's time over tcpy's full
 (above 1: tcpy is faster); GFLOP/s and GB/s are of the kernel alone, against the peak
 and the copy bandwidth.
 
+`--users` times the kernels of `bench/users.py` (what users write beyond the suite:
+PolyBench's linear algebra, BERT layer blocks, element-wise kernels) instead of the
+suite. `--interleaved` also times each kernel in a loop that alternates one tcpy call
+and one call of its NumPy peer, as code mixing the two libraries does: tcpy's call
+right after NumPy's and NumPy's right after tcpy's, against their quiet times, and
+tcpy's at each thread count (the best thread count in that state).
 `--loaded` runs one single-threaded busy process at normal priority beside everything,
 as another user of the machine would. `--smoke` checks that the benchmark still runs:
 the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import functools
 import json
 import math
 import os
@@ -48,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
 from bench.suite import SUITE, Kernel, matmul_sweep, smoke_sized, smoke_tag, torch_peer
+from bench.users import USERS, smoke_user
 from tcpy.binding import bind
 from tcpy.runtime import cpu as runtime
 
@@ -221,7 +229,10 @@ def measure(  # type: ignore[type-arg]
         "numpy": lambda: kernel.numpy(*inputs),
     }
     if torch is not None:
-        tensors = [torch.from_numpy(x) for x in inputs]  # type: ignore[attr-defined]
+        tensors = [
+            torch.from_numpy(x) if isinstance(x, np.ndarray) else float(x)  # type: ignore[attr-defined]
+            for x in inputs
+        ]
         peer = torch_peer(torch, kernel)
         contenders["torch"] = lambda: peer(*tensors)
     extra: dict[str, object] = {}
@@ -254,6 +265,61 @@ def measure(  # type: ignore[type-arg]
             else {}
         ),
     }
+
+
+def interleaved(kernel: Kernel, blocks: Blocks, quiet: dict) -> dict:  # type: ignore[type-arg]
+    """The kernel in a loop alternating one tcpy call and one call of its NumPy peer
+    (`blocks.rounds` blocks of about `blocks.block_s` seconds after a pause): the median
+    of each, with tcpy's threads chosen at each call and at each fixed count, against
+    the quiet medians of `quiet` (`measure`'s row)."""
+    inputs = kernel.inputs(np.random.default_rng(0), kernel.sizes)
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(kernel.tc)
+    options = engine.default_options(kernel.entry)
+    counts = [0, *range(1, (os.cpu_count() or 1) + 1)]  # 0: chosen at each call
+    tcpy_ms: dict[str, float] = {}
+    numpy_ms = 0.0
+    for count in counts:
+        compiled = engine.compile(kernel.entry, *inputs, options=options.replace(threads=count))
+        ours, theirs = _alternating(
+            functools.partial(compiled, *inputs), lambda: kernel.numpy(*inputs), blocks
+        )
+        tcpy_ms[str(count) if count else "chosen"] = round(ours, 4)
+        numpy_ms = round(theirs, 4) if count == 0 else numpy_ms
+    best = min(v for k, v in tcpy_ms.items() if k != "chosen")
+    return {
+        "tcpy_after_numpy_ms": tcpy_ms,
+        "numpy_after_tcpy_ms": numpy_ms,
+        "tcpy_over_quiet": round(tcpy_ms["chosen"] / quiet["tcpy_ms"], 3),
+        "tcpy_over_best_count": round(tcpy_ms["chosen"] / best, 3),
+        "numpy_over_quiet": round(numpy_ms / quiet["numpy_ms"], 3),
+    }
+
+
+def _alternating(
+    ours: Callable[[], object], theirs: Callable[[], object], blocks: Blocks
+) -> tuple[float, float]:
+    """The median milliseconds of `ours` and `theirs` called in turn."""
+    runs = max(
+        blocks.least, min(blocks.most, round(blocks.block_s / (_seconds(ours) + _seconds(theirs))))
+    )
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(blocks.rounds):
+        time.sleep(blocks.pause_s)
+        for _ in range(runs):
+            times[0].append(_seconds(ours))
+            times[1].append(_seconds(theirs))
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+def _interleaved_summary(rows: list[dict]) -> dict[str, float | None]:  # type: ignore[type-arg]
+    """The geometric means and the worst of each interleaved ratio."""
+    out: dict[str, float | None] = {}
+    for key in ("tcpy_over_quiet", "tcpy_over_best_count", "numpy_over_quiet"):
+        values = [r["interleaved"][key] for r in rows]
+        out[f"interleaved_{key}_geomean"] = _geomean(values)
+        out[f"interleaved_{key}_worst"] = max(values, default=None)
+    return out
 
 
 def _generic(  # type: ignore[no-untyped-def]
@@ -310,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes, timed once: does it still run?"
     )
+    parser.add_argument("--users", action="store_true", help="bench/users.py's kernels")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="also each call right after NumPy's"
+    )
     args = parser.parse_args(argv)
     blocks = SMOKE_BLOCKS if args.smoke else Blocks(least=args.reps)
     wanted = set(filter(None, args.only.split(",")))
@@ -324,11 +394,16 @@ def main(argv: list[str] | None = None) -> int:
         suite = tuple(map(smoke_sized, SUITE)) if args.smoke else SUITE
         sweep = matmul_sweep(SMOKE_SWEEP) if args.smoke else matmul_sweep()
         kernels = suite if args.no_sweep else (*suite, *sweep)
+        if args.users:
+            kernels = tuple(map(smoke_user, USERS)) if args.smoke else USERS
         rows = []
         for kernel in kernels:
             if wanted and kernel.name not in wanted:
                 continue
             row = measure(kernel, blocks, torch, limits, generic=args.generic)
+            if args.interleaved:
+                row["interleaved"] = interleaved(kernel, blocks, row)
+                print(_interleaved_line(row), flush=True)
             rows.append(row)
             print(_line(row), flush=True)
     finally:
@@ -346,9 +421,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.generic
             else {}
         ),
+        **(_interleaved_summary(rows) if args.interleaved else {}),
+        "worst_vs_best": min((r["ratio_vs_best"] for r in rows), default=None),
     }
     print(json.dumps(summary))
-    modes = (("loaded", args.loaded), ("generic", args.generic))
+    modes = (
+        ("users", args.users),
+        ("loaded", args.loaded),
+        ("generic", args.generic),
+        ("interleaved", args.interleaved),
+    )
     tag = smoke_tag(args.tag or "-".join(mode for mode, on in modes if on), args.smoke)
     result = {
         "date": datetime.date.today().isoformat(),
@@ -397,6 +479,15 @@ def _line(row: dict) -> str:  # type: ignore[type-arg]
         f"  {row['tcpy_gflops']:7.1f} GFLOP/s ({row['fraction_of_fma_peak']:.0%} of peak)"
         f"  {row['tcpy_gbps']:6.1f} GB/s ({row['fraction_of_copy_bandwidth']:.0%} of copy)"
         f"  compile {row['compile_s']:.2f} s" + _generic_line(row)
+    )
+
+
+def _interleaved_line(row: dict) -> str:  # type: ignore[type-arg]
+    i = row["interleaved"]
+    return (
+        f"{row['kernel']:18} interleaved: tcpy {i['tcpy_after_numpy_ms']['chosen']:8.3f} ms"
+        f" (x{i['tcpy_over_quiet']:.2f} quiet, x{i['tcpy_over_best_count']:.2f} best count)"
+        f"  numpy {i['numpy_after_tcpy_ms']:8.3f} ms (x{i['numpy_over_quiet']:.2f} quiet)"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -26,6 +27,7 @@ class Kernel:
     flops: Callable[[dict[str, int]], float]
     bytes: Callable[[dict[str, int]], float]
     memory_bound: bool = False
+    torch: Callable[[Any], Callable[..., object]] | None = None  # the module -> the peer
 
 
 def f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -264,7 +266,9 @@ SUITE: tuple[Kernel, ...] = (
 def torch_peer(torch, kernel: Kernel) -> Callable[..., object]:  # type: ignore[no-untyped-def]
     """The kernel's PyTorch function, on tensors of any device: the library's own
     operator where it has one (softmax, layer_norm, conv2d, ...), else the same array
-    operations as the NumPy peer."""
+    operations as the NumPy peer; a kernel's own `torch` where it has one."""
+    if kernel.torch is not None:
+        return kernel.torch(torch)
     overrides = {
         "matmul": lambda A, B: A @ B,
         "matmul_transposed": lambda A, B: A.T @ B.T,
