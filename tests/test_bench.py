@@ -115,6 +115,21 @@ def test_cpu(tmp_path: Path, bench: Any) -> None:
         assert row["generic"] is True and row["compiles_for_a_new_shape"] >= 0
 
 
+def test_cpu_users_interleaved(tmp_path: Path) -> None:
+    """Kernels of bench/users.py, each also timed right after a NumPy call (and NumPy's
+    right after tcpy's), at every thread count."""
+    result = smoke(tmp_path, "cpu.py", "--users", "--interleaved", "--only", "gemm,mvt")
+    assert [row["kernel"] for row in result["kernels"]] == ["mvt", "gemm"]  # users.py's order
+    for row in result["kernels"]:
+        assert row["max_rel_error"] < 1e-4 and max(row["sizes"].values()) <= 48
+        mixed = row["interleaved"]
+        counts = {"chosen", *(str(t) for t in range(1, result["machine"]["cores"] + 1))}
+        assert set(mixed["tcpy_after_numpy_ms"]) == counts
+        assert positive(*mixed["tcpy_after_numpy_ms"].values(), mixed["numpy_after_tcpy_ms"])
+        assert positive(mixed["tcpy_over_quiet"], mixed["numpy_over_quiet"])
+    assert positive(result["summary"]["interleaved_numpy_over_quiet_worst"])
+
+
 def test_tune(tmp_path: Path, bench: Any) -> None:
     """A tuning session, the default and tuned kernels side by side (checked against
     NumPy by the script), one seed of genetic against random search, and the plot."""
