@@ -23,6 +23,11 @@ VECTOR_TILE = 256  # the unit-stride loop: long enough for the vector units and 
 REDUCTION_TILE = 128  # a reduction loop: the slice of the operands kept in cache
 OUTER_TILE = 32  # the innermost other parallel loop: rows sharing the cached slice
 SMALL = 8  # loops this short (kernel windows) stay whole
+# A reduction that is the vector loop (a row's dot products: y(i) +=! A(i,j) * x(j))
+# reads each row once: long runs along it keep the prefetcher streaming, while the
+# slice of x it reuses across rows (16 KB) stays in L1. Measured on gesummv 1300^2:
+# rows whole 1.4x faster than in runs of 256.
+DOT_VECTOR_TILE = 4096
 # A contraction whose vector loop is parallel (matmul's n) is register-blocked, its
 # operands' tiles packed: a tall, narrow tile keeps the packed B slice (K_TILE x
 # N_TILE) in L1-L2 while M_TILE rows stream past it. Measured on 1024^3 and 2048^3
@@ -85,6 +90,7 @@ def auto_tile(
             continue
         if k == vector:
             size = CONTRACTION_VECTOR_TILE if contraction else VECTOR_TILE
+            size = size if coincident[vector] else DOT_VECTOR_TILE
             sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
         elif not coincident[k]:
             sizes[k] = fit(k, CONTRACTION_REDUCTION_TILE if contraction else REDUCTION_TILE)
