@@ -1,13 +1,15 @@
 """Helper functions of generated C: index arithmetic, checked division and indexing,
 and the CUDA math functions that C's math library lacks, under CUDA's names.
 
-Only the helpers a kernel uses are emitted. The special functions are computed in
+Only the helpers a kernel uses are emitted; tcpy's own float32 exp, log, tanh and erf
+come from `tcpy.codegen.vector_math`. The special functions are computed in
 double (Newton steps on erf/erfc for the inverses, series and asymptotic expansions
 for the Bessel functions), accurate well beyond float precision.
 """
 
 from __future__ import annotations
 
+from tcpy.codegen import vector_math
 from tcpy.codegen.dialect import C, Dialect
 from tcpy.codegen.exprs import Helpers, extremum_helper
 from tcpy.codegen.status import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
@@ -169,7 +171,10 @@ def helper_source(helpers: Helpers, d: Dialect = C) -> str:
     parts.extend(_extrema(t, d) for t in sorted(helpers.extrema, key=lambda t: t.value))
     if d is not C:
         return "\n".join(parts)
-    return "\n".join(p for p in [*parts, math_helpers(helpers.builtins)] if p)
+    own = {name for name in vector_math.OWN if vector_math.c_name(name) in helpers.builtins}
+    return "\n".join(
+        p for p in [*parts, math_helpers(helpers.builtins), vector_math.source(own)] if p
+    )
 
 
 def math_helpers(builtins: set[str]) -> str:

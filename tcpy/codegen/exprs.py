@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 import numpy as np
 
-from tcpy.codegen import halves
+from tcpy.codegen import halves, vector_math
 from tcpy.codegen.dialect import Dialect
 from tcpy.errors import InternalError
 from tcpy.mapping.marks import innermost_first
@@ -402,6 +402,8 @@ class _Context:
                 return _convert(inner, v.ty.compute, ty, self.d)
             case ast.Call(name=name, args=args):
                 fn = name + ("f" if ty is ScalarType.FLOAT32 else "")
+                if self.d.name == "c" and ty is ScalarType.FLOAT32 and name in vector_math.OWN:
+                    fn = vector_math.c_name(name)  # tcpy's own, inline and vectorisable
                 self.p.helpers.builtins.add(fn)
                 return f"{fn}({', '.join(self.expr(a, ty) for a in args)})"
             case ast.Unary(op=ast.UnaryOp.NOT, operand=v):

@@ -11,12 +11,42 @@
 #include <stdlib.h>
 int omp_get_thread_num(void);
 
+
 static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
 static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static inline float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
+
+static inline __attribute__((always_inline)) uint32_t tc_bits_f32(float x) {
+  union { float f; uint32_t u; } v = { x };
+  return v.u;
+}
+static inline __attribute__((always_inline)) float tc_f32_bits(uint32_t u) {
+  union { uint32_t u; float f; } v = { u };
+  return v.f;
+}
+/* exp(x) = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2; 2^n applied in two halves so
+   that results in the denormals are rounded once. */
+static inline __attribute__((always_inline)) float tc_expf(float x) {
+  float c = x > 89.0f ? 89.0f : x;  /* past the overflow and underflow bounds; NaN kept */
+  c = c < -104.0f ? -104.0f : c;
+  float z = __builtin_fmaf(c, 0x1.715476p+0f, 0x1.8p23f);  /* round(c / ln 2) + 1.5 * 2^23 */
+  float k = z - 0x1.8p23f;
+  int32_t n = (int32_t)(tc_bits_f32(z) - 0x4b400000u);
+  float r = __builtin_fmaf(k, -0x1.62e430p-1f, c);  /* c - k ln 2, ln 2 in two pieces */
+  r = __builtin_fmaf(k, 0x1.05c610p-29f, r);
+  float q = __builtin_fmaf(0x1.6a243ep-10f, r, 0x1.1239d6p-7f);
+  q = __builtin_fmaf(q, r, 0x1.5558f2p-5f);
+  q = __builtin_fmaf(q, r, 0x1.555492p-3f);
+  q = __builtin_fmaf(q, r, 0x1.fffffcp-2f);
+  float p = __builtin_fmaf(r * r, q, r) + 1.0f;  /* e^r = 1 + r + r^2 q(r) */
+  int32_t n1 = n >> 1;
+  float s1 = tc_f32_bits((uint32_t)(n1 + 127) << 23);
+  float s2 = tc_f32_bits((uint32_t)(n - n1 + 127) << 23);
+  return p * s1 * s2;
+}
 
 
 int tc_kernel(const int64_t *restrict tc_sizes,
@@ -74,7 +104,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
         const float tc_h0 = tc_pack2[(int64_t)((c0) - tc_pack2_o0)];
         #pragma omp simd
         for (int64_t c1 = 0; c1 <= 39; c1++) {
-          tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] = expf((t_I[((int64_t)(c0) * e_I_1 + (c1))] - tc_h0));
+          tc_pack0[((int64_t)((c0) - tc_pack0_o0) * 40 + ((c1) - tc_pack0_o1))] = tc_expf((t_I[((int64_t)(c0) * e_I_1 + (c1))] - tc_h0));
         }
         tc_pack1[(int64_t)((c0) - tc_pack1_o0)] = 0.0f;
         {
