@@ -57,6 +57,11 @@ def _source(tc: str, sizes: dict[str, int]) -> str:
     return lower_to_c(cdef, sizes, tcpy.MappingOptions.cpu(), check=True).source
 
 
+def test_libmvec_keeps_the_functions_it_computes_faster() -> None:
+    assert vector_math.chosen(libmvec=False) == vector_math.OWN
+    assert vector_math.chosen(libmvec=True) == {"exp", "log"}
+
+
 def test_float32_calls_are_tcpys_and_float64_keeps_libm() -> None:
     f32 = _source(
         "def f(float(N) X) -> (Y) { Y(i) = exp(X(i)) + log(X(i)) + sqrt(X(i)) }", {"N": 64}

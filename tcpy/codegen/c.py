@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from tcpy.codegen import halves
+from tcpy.codegen import vector_math as own_math
 from tcpy.codegen.ast_build import Ast
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
 from tcpy.codegen.exprs import sym_expr
@@ -134,11 +135,13 @@ def print_c(
     count_loops: bool = False,
 ) -> str:
     """The C translation unit of a kernel; with `sizes`, the sizes are constants; with
-    `vector_math`, the math functions libmvec vectorises are declared `simd`;
+    `vector_math`, the math functions libmvec vectorises are declared `simd` (and
+    those it computes faster than tcpy's own are left to it, `vector_math.chosen`);
     `vector_bytes` is the width of the vectors the compiler uses; `count_loops`: a
     counting build (`tcpy.codegen.loops.COUNT_LOOP`)."""
     printer = CPrinter(scop, ast, options, count_loops=count_loops)
     printer.vector_bytes = vector_bytes
+    printer.helpers.own = own_math.chosen(libmvec=vector_math)
     cdef = scop.cdef
     body: list[str] = []
     printer.lines = body

@@ -166,6 +166,7 @@ class Helpers:
     extrema: set[ScalarType] = field(default_factory=set)  # types of min/max
     checked_index: bool = False
     builtins: set[str] = field(default_factory=set)  # C function names used
+    own: frozenset[str] = vector_math.OWN  # math functions whose float32 calls are tcpy's
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,7 +403,7 @@ class _Context:
                 return _convert(inner, v.ty.compute, ty, self.d)
             case ast.Call(name=name, args=args):
                 fn = name + ("f" if ty is ScalarType.FLOAT32 else "")
-                if self.d.name == "c" and ty is ScalarType.FLOAT32 and name in vector_math.OWN:
+                if self.d.name == "c" and ty is ScalarType.FLOAT32 and name in self.p.helpers.own:
                     fn = vector_math.c_name(name)  # tcpy's own, inline and vectorisable
                 self.p.helpers.builtins.add(fn)
                 return f"{fn}({', '.join(self.expr(a, ty) for a in args)})"
