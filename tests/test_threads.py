@@ -77,7 +77,7 @@ def test_a_small_call_runs_on_one_thread_unless_more_are_given(
     assert threads.threads_now(0, 10) == 2
     monkeypatch.delenv("TCPY_NUM_THREADS")
     seen: list[int | None] = []
-    monkeypatch.setattr(cpu, "threads_now", lambda asked, work: seen.append(work) or 1)
+    monkeypatch.setattr(cpu, "threads_now", lambda asked, work, trials=None: seen.append(work) or 1)
     engine = tcpy.ExecutionEngine("cpu")
     engine.define("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
     small, large = np.ones(16, np.float32), np.ones(1 << 16, np.float32)
@@ -334,3 +334,37 @@ def test_libgomp_starts_with_a_short_spin_unless_the_environment_chose(
     threads.load_openmp(Path("kernel.so"))
     assert seen == [chosen.get("GOMP_SPINCOUNT", None if chosen else str(threads.SPIN_COUNT))]
     assert os.environ.get("GOMP_SPINCOUNT") == chosen.get("GOMP_SPINCOUNT")
+
+
+def test_beside_busy_threads_the_faster_count_is_kept() -> None:
+    """Where other threads keep a core busy, a kernel at given sizes runs on the free
+    cores and on all of them `TRIALS` times each, then on the faster by the median,
+    trying the other again every `RETRY` calls; calls not chosen so are not recorded."""
+    trials = threads.Trials()
+    seconds = {1: 0.002, 2: 0.001}  # two threads faster in this state
+    picks = []
+    for _ in range(2 * threads.Trials.TRIALS + 2 * threads.Trials.RETRY):
+        count = trials.choose(1, 2)
+        picks.append(count)
+        trials.record(seconds[count])
+    tried = 2 * threads.Trials.TRIALS
+    assert picks[:tried] == [1] * threads.Trials.TRIALS + [2] * threads.Trials.TRIALS
+    assert picks[tried:].count(1) == 2  # a retry each RETRY calls, else the faster
+    trials.chosen = None  # a quiet call (`threads_now` clears the choice)
+    trials.record(5.0)
+    assert trials.choose(1, 2) == 2
+
+
+def test_threads_now_consults_the_trials_only_beside_busy_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TCPY_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(knobs, "cores", lambda: 2)
+    monkeypatch.setattr(threads, "_LOAD", threads.Load(interval=0, samples=1))
+    trials = threads.Trials()
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: 0)
+    assert threads.threads_now(0, None, trials) == 2 and trials.chosen is None
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: 1)
+    assert threads.threads_now(0, None, trials) == 1 and trials.chosen == 1  # tried first
+    assert threads.threads_now(0, None) == 1  # without trials: the free cores

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES
 from tcpy.runtime import toolchain
 from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
-from tcpy.runtime.threads import load_openmp, threads_now
+from tcpy.runtime.threads import Trials, load_openmp, threads_now
 
 FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w",
@@ -198,33 +199,49 @@ class CpuKernel:
         self.threads = threads
         self.counters = loop_counters(self._lib)  # a counting build's (`Compiled.iterations`)
         self._work = work
-        self._works: dict[tuple[int, ...], int | None] = {}  # by the sizes' values
+        # by the sizes' values: the statement instances, and the thread counts' trials
+        self._at: dict[tuple[int, ...], tuple[int | None, Trials]] = {}
 
     def __call__(self, sizes: Sequence[int], buffers: Sequence[np.ndarray]) -> None:
         c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
         c_buffers = _array_type(ctypes.c_void_p, len(buffers))(*map(address, buffers))
-        check_status(self._fn(c_sizes, c_buffers, threads_now(self.threads, self.work(sizes))))
+        work, trials = self._at_sizes(sizes)
+        count = threads_now(self.threads, work, trials)
+        check_status(_timed(self._fn, trials, c_sizes, c_buffers, count))
 
     def at(self, sizes: Sequence[int], count: int) -> Callable[[Sequence[int]], None]:
         """The kernel at fixed `sizes`, called with the addresses of its `count`
         buffers (a caller that holds its buffers as addresses, `tcpy.torch`)."""
         c_sizes = _array_type(ctypes.c_int64, len(sizes))(*sizes)
         buffers, fn, threads = _array_type(ctypes.c_void_p, count), self._fn, self.threads
-        work = self.work(sizes)
+        work, trials = self._at_sizes(sizes)
 
         def call(addresses: Sequence[int]) -> None:
-            check_status(fn(c_sizes, buffers(*addresses), threads_now(threads, work)))
+            chosen = threads_now(threads, work, trials)
+            check_status(_timed(fn, trials, c_sizes, buffers(*addresses), chosen))
 
         return call
 
     def work(self, sizes: Sequence[int]) -> int | None:
         """The statement instances a call at `sizes` runs (None: not known)."""
+        return self._at_sizes(sizes)[0]
+
+    def _at_sizes(self, sizes: Sequence[int]) -> tuple[int | None, Trials]:
+        """The statement instances at `sizes` and the trials of thread counts there."""
         key = tuple(sizes)
-        if key not in self._works:
-            if len(self._works) >= 256:
-                self._works.clear()
-            self._works[key] = None if self._work is None else self._work(sizes)
-        return self._works[key]
+        if key not in self._at:
+            if len(self._at) >= 256:
+                self._at.clear()
+            self._at[key] = (None if self._work is None else self._work(sizes), Trials())
+        return self._at[key]
+
+
+def _timed(fn: Any, trials: Trials, *args: Any) -> int:
+    """`fn(*args)`, its time recorded in `trials`."""
+    start = time.perf_counter()
+    status: int = fn(*args)
+    trials.record(time.perf_counter() - start)
+    return status
 
 
 @functools.cache

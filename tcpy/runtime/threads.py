@@ -44,20 +44,60 @@ call ran up to 40x slower. Sleeping at once (0) costs a wake-up at every call an
 barrier instead: small kernels ran 2-3x slower back to back."""
 
 
-def threads_now(asked: int = 0, work: int | None = None) -> int:
+def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None = None) -> int:
     """The threads a kernel runs on at this call: those given (`knobs.cpu_threads`),
     else one for less than `SERIAL_WORK` statement instances (`work`), else the
-    cores less those other threads keep busy (`Load`). Measured on 2 cores beside one
-    busy process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
-    thread at most 2x slower."""
+    cores, or, where other threads keep some busy (`Load`), the free cores or all of
+    them, whichever ran the kernel faster in that state (`trials`, the kernel's at
+    these sizes; the free cores without them). Measured on 2 cores beside one busy
+    process, 2 threads ran kernels 1.6x to 50x slower than on a quiet machine, 1
+    thread at most 2x slower; but beside OpenBLAS's threads after a NumPy call, a
+    512^3 matmul ran 1.6x faster on both cores than on the one free."""
     given = knobs.cpu_threads(asked)
+    if trials is not None:
+        trials.chosen = None
     if given is not None:
         return given
     if work is not None and work < SERIAL_WORK:
         return 1
+    cores = knobs.cores()
     count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
+    if trials is not None and count < cores:
+        count = trials.choose(count, cores)
     _TEAMS.know(count)
     return count
+
+
+class Trials:
+    """How fast a kernel at given sizes ran on each thread count while other threads
+    kept some cores busy: `choose` tries the free cores and all of them `TRIALS`
+    times each, then keeps the faster (by the median), trying the other again every
+    `RETRY` calls; `record` takes the time of the call `choose` chose for. Calls on
+    a quiet machine are not recorded: they run on all cores."""
+
+    TRIALS = 3
+    RETRY = 50
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, deque[float]] = {}
+        self._calls = 0
+        self.chosen: int | None = None
+
+    def choose(self, free: int, cores: int) -> int:
+        self._calls += 1
+        tried = {c: self._seconds.setdefault(c, deque(maxlen=self.TRIALS)) for c in (free, cores)}
+        untried = [c for c, seconds in tried.items() if len(seconds) < self.TRIALS]
+        best = min(tried, key=lambda c: sorted(tried[c])[len(tried[c]) // 2] if tried[c] else 0)
+        if untried:
+            best = untried[0]
+        elif self._calls % self.RETRY == 0:
+            best = free if best == cores else cores
+        self.chosen = best
+        return best
+
+    def record(self, seconds: float) -> None:
+        if self.chosen is not None:
+            self._seconds[self.chosen].append(seconds)
 
 
 class Load:
