@@ -25,6 +25,7 @@ from tcpy.reference import interpreter
 from tcpy.runtime import cuda as runtime
 from tcpy.runtime import streams
 from tcpy.runtime.cpu import address
+from tcpy.runtime.host_pool import POOL
 from tcpy.runtime.launch import LaunchPlan, borrow
 from tcpy.runtime.loop_counts import LoopCounters
 from tcpy.runtime.status import KernelFault, check_status
@@ -224,7 +225,7 @@ class HostKernel:
         count = len(cdef.outputs)
         if out is None and not poison:  # the common case, kept lean
             outputs = tuple(
-                np.empty(shape, dtype) if written else np.zeros(shape, dtype)
+                POOL.empty(shape, dtype) if written else np.zeros(shape, dtype)
                 for shape, (dtype, written) in zip(shapes, self._kinds, strict=False)
             )
         else:
@@ -256,7 +257,7 @@ class HostKernel:
             return np.zeros(shape, dtype)
         if poison:
             return _poisoned(shape, dtype)
-        return np.empty(shape, dtype)
+        return POOL.empty(shape, dtype)
 
     def _temporaries(self, shapes: list[tuple[int, ...]], poison: bool) -> list[np.ndarray]:
         temporaries = self.cdef.temporaries
