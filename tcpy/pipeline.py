@@ -98,6 +98,7 @@ def _lower_to_c(
     scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. CPU mapping: tiles, unit-stride interchange, OpenMP parallel and simd marks.
+    scop.ctx.reset_operations()  # a stage of its own: its own budget of isl operations
     with log.stage("map"), isl_errors(f"mapping {cdef.name} to the CPU"):
         schedule = map_to_cpu(
             analysis.schedule, scop, deps, options, vector_bytes=runtime.vector_bytes()
@@ -182,6 +183,7 @@ def _lower_to_cuda(
     scop, deps, options = analysis.scop, analysis.deps, analysis.options
     fixed = sizes if options.fix_parameters_before_scheduling else None
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
+    scop.ctx.reset_operations()  # a stage of its own: its own budget of isl operations
     with log.stage("map"), isl_errors(f"mapping {cdef.name} to the GPU"):
         mapping = map_to_gpu(analysis.schedule, scop, options, device, launched=sizes)
         _verify(check, mapping.unbound, scop, deps)

@@ -10,7 +10,7 @@ loops parallel, which is exactly TC's meaning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -24,18 +24,36 @@ class Dependences:
     war: isl.UnionMap
     waw: isl.UnionMap
     reductions: isl.UnionMap  # between instances of one reduction statement
+    _made: dict[str, isl.UnionMap] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all(self) -> isl.UnionMap:
-        return self.raw.union(self.war).union(self.waw).coalesce()
+        if "all" not in self._made:
+            self._made["all"] = _coalesced(self.raw.union(self.war).union(self.waw))
+        return self._made["all"]
 
     @property
     def validity(self) -> isl.UnionMap:
         """What every schedule must respect. TC's reductions are associative and
         commutative, and a reduction never reads its target otherwise, so the order of
         a reduction's own updates is free: those dependences constrain parallelism
-        (they stay coincidence constraints) but not order."""
-        return self.all.subtract(self.reductions).coalesce()
+        (they stay coincidence constraints) but not order. (Made once.)"""
+        if "validity" not in self._made:
+            self._made["validity"] = _coalesced(self.all.subtract(self.reductions))
+        return self._made["validity"]
+
+
+def _coalesced(dependences: isl.UnionMap) -> isl.UnionMap:
+    """`dependences` coalesced, or as they are where coalescing passes isl's operation
+    budget (gathers make many pieces: a def of the fuzzer's took over 20 million
+    operations): the same relation, in more pieces."""
+    try:
+        return dependences.coalesce()
+    except isl.Error as e:
+        if "maximal number of operations" not in str(e):
+            raise
+        dependences.get_ctx().reset_operations()
+        return dependences
 
 
 def compute_dependences(scop: Scop) -> Dependences:
