@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         if wanted and kernel.name not in wanted:
             continue
         start = time.monotonic()
-        plot = args.out / f"tune-{kernel.name}{'-smoke' if args.smoke else ''}.png"
+        suffix = "".join(f"-{t}" for t in (args.tag, "smoke" if args.smoke else "") if t)
+        plot = args.out / f"tune-{kernel.name}{suffix}.png"  # a tagged run keeps the others
         row = tune_one(kernel, config, blocks, plot)
         rows.append(row)
         print(
