@@ -18,7 +18,7 @@ from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange, Role, TensorInfo
 from tcpy.parser.printer import expr_text
 from tcpy.parser.symbolic import Sym
-from tcpy.poly.widen import fresh_name
+from tcpy.poly.widen import assignment, fresh_name
 from tcpy.types import ScalarType
 
 MIN_REUSE = 8
@@ -69,7 +69,7 @@ def _hoisted(
     scalar = factor.ty or ScalarType.FLOAT32
     shape = tuple(r.hi for r in ranges)
     temporaries.append(TensorInfo(name, Role.TEMPORARY, scalar, shape, st.span))
-    statements.append(_assignment(st, name, indices, ranges, factor))
+    statements.append(assignment(st, name, ranges, factor, expr_text(factor)))
     args = tuple(ast.Index(i, st.span, ScalarType.INT32) for i in indices)
     return ast.Access(name, args, factor.span, scalar)
 
@@ -129,24 +129,3 @@ def _product_leaves(e: ast.Expr) -> list[ast.Expr] | None:
 def _short(r: IndexRange) -> bool:
     span = r.hi - r.lo
     return span.is_const and span.evaluate({}) < MIN_REUSE
-
-
-def _assignment(
-    st: CheckedStatement,
-    name: str,
-    indices: tuple[str, ...],
-    ranges: tuple[IndexRange, ...],
-    factor: ast.Expr,
-) -> CheckedStatement:
-    """`name(indices) = factor` over `ranges`, located at `st`."""
-    return CheckedStatement(
-        tensor=name,
-        indices=indices,
-        reduction_indices=(),
-        op=ast.AssignOp.ASSIGN,
-        rhs=factor,
-        ranges=ranges,
-        checks=(),
-        span=st.span,
-        text=f"{name}({', '.join(indices)}) = {expr_text(factor)}",
-    )

@@ -74,15 +74,23 @@ def _copy(
     indices = tuple(r.var for r in ranges)
     args = tuple(ast.Index(i, st.span, ScalarType.INT32) for i in indices)
     read = ast.Access(source.name, args, st.span, source.scalar)
-    text = f"{target}({', '.join(indices)}) = {source.name}({', '.join(indices)})"
+    return assignment(st, target, ranges, read, f"{source.name}({', '.join(indices)})")
+
+
+def assignment(
+    st: CheckedStatement, target: str, ranges: tuple[IndexRange, ...], rhs: ast.Expr, text: str
+) -> CheckedStatement:
+    """`target(...) = rhs` over `ranges` (one per dimension, its indices), located at
+    `st`; `text` is the right-hand side as generated code's comments show it."""
+    indices = tuple(r.var for r in ranges)
     return CheckedStatement(
         tensor=target,
         indices=indices,
         reduction_indices=(),
         op=ast.AssignOp.ASSIGN,
-        rhs=read,
+        rhs=rhs,
         ranges=ranges,
         checks=(),
         span=st.span,
-        text=text,
+        text=f"{target}({', '.join(indices)}) = {text}",
     )
