@@ -499,7 +499,10 @@ def _generic_line(row: dict) -> str:  # type: ignore[type-arg]
 
 
 def _geomean(values: list[object]) -> float | None:
-    nums = [float(v) for v in values if isinstance(v, int | float)]
+    """The geometric mean of the numbers among `values`; a ratio rounded to 0 (a
+    kernel over 2000x slower than its peer, as a single timed run on a busy machine
+    can be under --smoke) counts as 0.0005, its rounding's middle."""
+    nums = [max(float(v), 0.0005) for v in values if isinstance(v, int | float)]
     return round(math.exp(sum(map(math.log, nums)) / len(nums)), 3) if nums else None
 
 
