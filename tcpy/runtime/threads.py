@@ -4,9 +4,10 @@ A kernel's OpenMP team (GNU libgomp's) waits at each barrier for its slowest thr
 and a thread that shares its core with another busy thread loses whole time slices
 there. So each call counts the threads busy elsewhere (other processes, and other
 libraries' threads in this one: OpenBLAS's or PyTorch's, which keep spinning for a
-while after their calls) and leaves their cores to them (`threads_now`). Its own
-threads wait for the next call by spinning for a short while only (`SPIN_COUNT`),
-then sleep, so that the next library's call finds its cores free.
+while after their calls) and leaves their cores to them, or, where a kernel at its
+sizes ran faster on all cores in that state, takes them all (`threads_now`, `Trials`).
+Its own threads wait for the next call by spinning for a short while only
+(`SPIN_COUNT`), then sleep, so that the next library's call finds its cores free.
 
 Results do not depend on the thread count: the parallel loops share out whole
 iterations, each computing the same outputs the same way on any thread, and no
