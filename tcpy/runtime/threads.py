@@ -61,10 +61,9 @@ def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None =
         return given
     if work is not None and work < SERIAL_WORK:
         return 1
-    cores = knobs.cores()
     count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
-    if trials is not None and count < cores:
-        count = trials.choose(count, cores)
+    if trials is not None and count < _LOAD.cores:
+        count = trials.choose(count, _LOAD.cores)
     _TEAMS.know(count)
     return count
 
@@ -111,19 +110,19 @@ class Load:
         self._samples: deque[int] = deque(maxlen=samples)
         self._last = -float("inf")
         self._lock = threading.Lock()
-        self._cores = 1  # the cores this process may run on, read at each sample
+        self.cores = 1  # the cores this process may run on, read at each sample
 
     def free_cores(self, now: float, sample: Callable[[], int | None]) -> int:
         """The cores this process may run on less those others keep busy (at least 1)."""
         busy = self.busy_elsewhere(now, sample)
-        return max(1, self._cores - busy)
+        return max(1, self.cores - busy)
 
     def busy_elsewhere(self, now: float, sample: Callable[[], int | None]) -> int:
         if now - self._last < self.interval:  # no sample due: no lock either
             return min(self._samples, default=0)
         with self._lock:
             if now - self._last >= self.interval:
-                self._cores = knobs.cores()
+                self.cores = knobs.cores()
                 self._last = now
                 value = sample()
                 if value is not None:
