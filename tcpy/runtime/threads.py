@@ -150,7 +150,7 @@ def runnable_elsewhere() -> int | None:
             except OSError:  # the thread ended
                 continue
             if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R":
-                here.add(int(task))
+                here.add(task)
     except (OSError, ValueError, IndexError):
         return None
     _TEAMS.forget_ended(tasks)
