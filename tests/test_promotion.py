@@ -273,7 +273,8 @@ PROJECTION = "def f(float(S,D) X, float(T,H,E,D) W) -> (O) { O(t,h,s,e) +=! X(s,
     [
         (DOT_ROWS, {"B"}),
         (MATMUL, set()),  # B(k,n) is read along n already
-        ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) * B(n,k) }", set()),
+        # B read twice by the statement: both reads come from the one transposed copy
+        ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) * B(n,k) }", {"B"}),
         # C's rows are n: A is the one read across them
         ("def f(float(M,K) A, float(N,K) B) -> (C) { C(n,m) +=! A(m,k) * B(n,k) }", {"A"}),
         ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) max=! A(m,k) * B(n,k) }", set()),

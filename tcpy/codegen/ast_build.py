@@ -33,7 +33,7 @@ class PackedBox:
     tensor: str
     offsets: tuple[isl.AstExpr, ...]  # the box's first element, one per dimension
     sizes: tuple[int, ...]
-    transposed: bool = False  # the copy holds the tensor's innermost dimension first
+    turns: int = 0  # how many of the tensor's innermost dimensions the copy holds first
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -97,8 +97,8 @@ def build_ast(
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
-                transposed = isinstance(mark, marks.Pack) and tensor in mark.transposed
-                boxes.append(PackedBox(tensor, offsets, b.sizes, transposed=transposed))
+                turns = mark.turns(tensor) if isinstance(mark, marks.Pack) else 0
+                boxes.append(PackedBox(tensor, offsets, b.sizes, turns=turns))
         key = f"P{len(packs)}"
         packs[key] = tuple(boxes)
         return node.set_annotation(isl.Id(key, context=ctx))

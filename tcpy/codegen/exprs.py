@@ -177,15 +177,16 @@ class LocalCopy:
     buffer: str
     offsets: tuple[str, ...]  # the tile's first element, per dimension, in C
     sizes: tuple[int, ...]  # the buffer's extents, per dimension of the tensor
-    transposed: bool = False  # the buffer holds the tile with its innermost dimension first
+    turns: int = 0  # how many of the tile's innermost dimensions the buffer holds first
     base: str = ""  # where the tile starts in the buffer (a stage of a ring), in C
 
     def index(self, d: Dialect, subscripts: list[str]) -> str:
         """The buffer's offset of the tensor's element at `subscripts`."""
         local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
         extents = [str(n) for n in self.sizes]
-        if self.transposed:
-            local, extents = innermost_first(local), innermost_first(extents)
+        if self.turns:
+            local = innermost_first(local, self.turns)
+            extents = innermost_first(extents, self.turns)
         flat = flat_index(d, local, extents)
         return f"{self.base} + {flat}" if self.base else flat
 

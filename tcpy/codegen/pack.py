@@ -23,6 +23,7 @@ from tcpy.codegen.printer import Printer
 from tcpy.mapping.marks import Mark, innermost_first
 from tcpy.naming import extent_name, tensor_name
 from tcpy.parser.checked import CheckedDef
+from tcpy.poly.isl_helpers import ast_children
 
 ALIGN = 64  # a cache line: each buffer starts on one
 ARENA = "tc_arena"  # every thread's buffers, allocated once per call
@@ -30,8 +31,26 @@ MINE = "tc_mine"  # the calling thread's part of the arena
 
 
 def arena_bytes(ast: Ast, cdef: CheckedDef) -> int:
-    """The bytes of buffers a thread needs: the largest copy site's."""
-    return max((_site_bytes(boxes, cdef)[-1] for boxes in ast.packs.values()), default=0)
+    """The bytes of buffers a thread needs: the most that copy sites inside one
+    another hold together (a row block's temporaries and a statement's operand tile
+    below them)."""
+
+    def held(node: isl.AstNode) -> int:
+        kind = node.get_type()
+        if kind == isl.ast_node_type.mark:
+            boxes = ast.packed(node)
+            own = _site_bytes(boxes, cdef)[-1] if boxes else 0
+            return own + held(node.mark_get_node())
+        if kind == isl.ast_node_type.for_:  # type: ignore[attr-defined]
+            return held(node.for_get_body())
+        if kind == isl.ast_node_type.if_:  # type: ignore[attr-defined]
+            other = node.if_get_else_node() if node.if_has_else_node() else None
+            return max(held(node.if_get_then_node()), 0 if other is None else held(other))
+        if kind == isl.ast_node_type.block:
+            return max((held(c) for c in ast_children(node)), default=0)
+        return 0
+
+    return held(ast.root)
 
 
 def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
@@ -59,23 +78,24 @@ def print_pack(
     buffers are only placed: `inner` writes them before it reads them."""
     p.emit(depth, "{")
     copies = {}
-    starts = _site_bytes(boxes, p.scop.cdef)
+    starts = [p.arena_at + start for start in _site_bytes(boxes, p.scop.cdef)]
     for b, start in zip(boxes, starts, strict=False):
         buffer = f"tc_pack{p.copies}"
         p.copies += 1
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
-        copy = LocalCopy(buffer, offsets, b.sizes, transposed=b.transposed)
+        copy = LocalCopy(buffer, offsets, b.sizes, turns=b.turns)
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
         if copy_in:
             _copy(p, depth + 1, b.tensor, copy)
         copies[b.tensor] = copy
-    saved = p.bodies
+    saved, outside = p.bodies, p.arena_at
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+    p.arena_at = starts[-1]  # the sites inside take the buffers after these
     p.node(inner, depth + 1, marks)
-    p.bodies = saved
+    p.bodies, p.arena_at = saved, outside
     p.emit(depth, "}")
 
 
@@ -88,13 +108,13 @@ def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
         room = f"{extent_name(tensor, d)} - {o}"
         p.emit(depth, f"const int64_t {copy.buffer}_l{d} = {o} < 0 ? -{o} : 0;")
         p.emit(depth, f"const int64_t {copy.buffer}_u{d} = {room} < {size} ? {room} : {size};")
-    order = innermost_first(range(n)) if copy.transposed else list(range(n))
+    order = innermost_first(range(n), copy.turns) if copy.turns else list(range(n))
     source = [f"{o} + {i}" for o, i in zip(copy.offsets, local, strict=True)]
     extents = [extent_name(tensor, d) for d in range(n)]
     within = flat_index(p.dialect, [local[d] for d in order], [str(copy.sizes[d]) for d in order])
     read = flat_index(p.dialect, source, extents)
     assignment = f"{copy.buffer}[{within}] = {tensor_name(tensor)}[{read}];"
-    if copy.transposed:
+    if copy.turns:
         _transposing_copy(p, depth, copy, local, assignment)
         return
     for d, i in enumerate(local):

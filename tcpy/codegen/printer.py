@@ -101,6 +101,7 @@ class Printer:
         self.locals = 0  # hoisted reads so far: tc_h0, tc_h1, ...
         self.substitute: dict[str, str] = {}  # reads loaded into locals (`invariant_reads`)
         self.copies = 0  # packed tiles so far: tc_pack0, tc_pack1, ...
+        self.arena_at = 0  # bytes of the thread's buffers the copy sites outside hold
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from tcpy.mapping.marks import innermost_first
+from tcpy.mapping.marks import EMPTY, Turns, innermost_first
 from tcpy.parser import ast
 from tcpy.parser.linear import Linear, linear_form
 from tcpy.parser.symbolic import Sym
@@ -16,14 +16,13 @@ from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop
 
 
-def stride_score(
-    node: isl.ScheduleNode, member: int, scop: Scop, transposed: frozenset[str] = frozenset()
-) -> int:
+def stride_score(node: isl.ScheduleNode, member: int, scop: Scop, transposed: Turns = EMPTY) -> int:
     """How well running band member `member` innermost walks memory: +2 per access
     it walks with unit stride, -2 per access it strides across, 0 when invariant; +1
     when it is a reduction loop, whose accumulator then stays in a register. The
-    tensors in `transposed` are read from copies with their innermost dimension
-    first (`tcpy.mapping.cpu.packing.transposed_operands`)."""
+    tensors `transposed` names for a statement are read from copies with their
+    innermost dimensions first, as many as it says
+    (`tcpy.mapping.cpu.packing.transposed_operands`)."""
     score = 0
     for stmt_name, position in member_variables(node, member).items():
         if position is None:
@@ -37,9 +36,7 @@ def stride_score(
     return score
 
 
-def worst_stride(
-    node: isl.ScheduleNode, member: int, scop: Scop, transposed: frozenset[str] = frozenset()
-) -> int:
+def worst_stride(node: isl.ScheduleNode, member: int, scop: Scop, transposed: Turns = EMPTY) -> int:
     """The worst way running band member `member` innermost walks any one access: 2
     when every access it moves along is walked with unit stride, 0 when some access
     stays put, -2 when it strides across one. A reduction's own element is left
@@ -155,9 +152,7 @@ def is_reduction_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool
 Subscript = Linear | frozenset[str]  # affine, or the indices a non-affine one uses
 
 
-def _accesses(
-    scop: Scop, stmt_name: str, transposed: frozenset[str] = frozenset()
-) -> list[list[Subscript]]:
+def _accesses(scop: Scop, stmt_name: str, transposed: Turns = EMPTY) -> list[list[Subscript]]:
     stmt = scop.statement(stmt_name)
     st = stmt.source(scop.cdef)
     lhs: list[Subscript] = [Linear(((v, 1),), Sym()) for v in st.indices]
@@ -168,7 +163,8 @@ def _accesses(
         for node in ast.walk(st.rhs):
             if isinstance(node, ast.Access) and node.args:
                 subscripts = [_subscript(a) for a in node.args]
-                out.append(innermost_first(subscripts) if node.tensor in transposed else subscripts)
+                turns = transposed.get((stmt.index, node.tensor), 0)
+                out.append(innermost_first(subscripts, turns) if turns else subscripts)
     return out
 
 

@@ -12,7 +12,8 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 - `Collapse(d)`, `omp_collapse@d`: a loop shared out with the one outside it;
 - `Simd(d)`, `omp_simd@d`: a vector loop;
 - `RegisterBlock(sizes)`, `register_tile:4x16`: a block of outputs in registers;
-- `Pack(tensors, transposed)`, `pack:A,W^T`: operand tiles in a thread's buffers.
+- `Pack(tensors, transposed)`, `pack:A,W^T`: operand tiles in a thread's buffers
+  (`W^T2`: W's last two dimensions first).
 
 GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
@@ -36,24 +37,29 @@ dataclass here, with its `name` and a case in `parse`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeVar
 
 import islpy as isl
 
 from tcpy.errors import InternalError
 
-TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first
+Turns = Mapping[tuple[int, str], int]
+"""How many innermost dimensions of a tensor a statement reads from a transposed copy,
+by (the statement's position in the definition, the tensor)."""
+EMPTY: Turns = MappingProxyType({})  # no tensor copied transposed
+TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first (`^T2`: two)
 
 T = TypeVar("T")
 
 
-def innermost_first(dims: Sequence[T]) -> list[T]:
+def innermost_first(dims: Sequence[T], turns: int = 1) -> list[T]:
     """The order of a transposed copy's dimensions (`Pack.transposed`): the tensor's
-    innermost one first, the others as they were (`W(n,k)` held as `(k,n)`,
-    `W(t,h,e,d)` as `(d,t,h,e)`)."""
-    return [*dims[-1:], *dims[:-1]]
+    `turns` innermost ones first, the others after them as they were (`W(n,k)` held as
+    `(k,n)`, `W(t,h,e,d)` as `(d,t,h,e)`, and with two turns `W(n,h,e)` as `(h,e,n)`)."""
+    return [*dims[len(dims) - turns :], *dims[: len(dims) - turns]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,16 +115,23 @@ class RegisterBlock:
 @dataclass(frozen=True, slots=True)
 class Pack:
     """Tiles of these tensors copied into a thread's local buffers here (CPU);
-    `transposed`, those copied with their innermost dimension first
+    `transposed`, those copied with their innermost dimensions first, with how many
     (`innermost_first`)."""
 
     tensors: tuple[str, ...]
-    transposed: frozenset[str] = frozenset()
+    transposed: tuple[tuple[str, int], ...] = ()
+
+    def turns(self, tensor: str) -> int:
+        """How many innermost dimensions of `tensor`'s copy come first (0: none)."""
+        return dict(self.transposed).get(tensor, 0)
 
     @property
     def name(self) -> str:
-        names = (t + TRANSPOSED if t in self.transposed else t for t in self.tensors)
-        return f"pack:{','.join(names)}"
+        def shown(t: str) -> str:
+            turns = self.turns(t)
+            return t if not turns else t + TRANSPOSED + (str(turns) if turns > 1 else "")
+
+        return f"pack:{','.join(shown(t) for t in self.tensors)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +258,9 @@ def parse(name: str) -> Mark:
         case "thread_registers" if rest.isdigit():
             return ThreadRegisters(int(rest))
         case "pack" if tensors:
-            plain = tuple(t.removesuffix(TRANSPOSED) for t in tensors)
-            transposed = frozenset(
-                t.removesuffix(TRANSPOSED) for t in tensors if t.endswith(TRANSPOSED)
-            )
+            split = [t.partition(TRANSPOSED) for t in tensors]
+            plain = tuple(name for name, _, _ in split)
+            transposed = tuple((name, int(turns or 1)) for name, mark, turns in split if mark)
             return Pack(plain, transposed)
         case "shared" if tensors:
             return Shared(tensors)

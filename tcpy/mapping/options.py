@@ -270,6 +270,12 @@ class MappingOptions:
     computes 2 or 4 outputs along x (`register_tile`, `use_private_memory`), make
     them adjacent, loaded, stored and read from shared memory as one `float2` or
     `float4` where the accesses allow (`tcpy.mapping.gpu.placement.thread_runs`)."""
+    fuse_rows: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+    )
+    """`cpu`: run consecutive nests that share their rows, where a row reduction needs
+    the rows whole (a softmax, a layer norm, an attention head), as one nest over
+    blocks of rows, their temporaries in a thread's buffers (`tcpy.mapping.cpu.rows`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The
@@ -492,7 +498,7 @@ def _validate(o: MappingOptions) -> None:
                  "use_shared_memory", "use_private_memory", "unroll_copy_shared",
                  "use_readonly_cache", "reduce_across_threads", "split_reductions",
                  "use_tensor_cores",
-                 "parallel", "vectorize"):  # fmt: skip
+                 "parallel", "vectorize", "fuse_rows"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")
     for name in ("tile", "map_to_blocks", "map_to_threads", "interchange", "register_tile",

@@ -172,8 +172,9 @@ def has_mark(node: isl.ScheduleNode, kind: type[marks.Mark]) -> bool:
 def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
     definition that touches it runs there (a reduction's initialisation too), one of
-    them writes it (with `=` or an initialised reduction), the others only read it,
-    after that one in program order, only elements it wrote, and each read affine and
+    them writes it (with `=` or an initialised reduction), the others only read it or
+    rewrite elements it wrote with `=` (an attention's scores scaled in place), after
+    that one in program order, only elements it wrote, and each read affine and
     unconditional (the code generators read a checked subscript from global memory,
     where the values never went: a tie count read under `?:` in a max's backward
     read poison on the GPU, the gradient fuzzer's find). Its values then never need
@@ -192,7 +193,9 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     readers = [
         k for k, st in enumerate(cdef.statements) if subscript_indices(st, tensor) is not None
     ]
-    if len(writers) != 1 or not set(writers + readers) <= set(below):
+    if not writers or not set(writers + readers) <= set(below):
+        return False
+    if not _rewrites_in_place(writers, scop, tensor):
         return False
     # an initialisation scheduled in a nest of its own would write global memory,
     # and the buffer below would start from whatever it held
@@ -208,6 +211,27 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     written = scop.writes.range().extract_set(_space(scop, name))
     read = scop.reads.range().extract_set(_space(scop, name))
     return read.is_subset(written)
+
+
+def _rewrites_in_place(writers: list[int], scop: Scop, tensor: str) -> bool:
+    """Whether every statement of `writers` after the first (positions in the
+    definition) assigns with `=` elements the first one wrote."""
+    if len(writers) == 1:
+        return True
+    if any(scop.cdef.statements[k].op.is_reduction for k in writers[1:]):
+        return False
+    space = _space(scop, tensor_name(tensor))
+
+    def written(k: int) -> isl.Set:
+        found = isl.Set.empty(space)
+        for s in scop.statements:
+            if s.index == k:
+                writes = scop.writes.intersect_domain(isl.UnionSet.from_set(s.domain))
+                found = found.union(writes.range().extract_set(space))
+        return found
+
+    first = written(writers[0])
+    return all(written(k).is_subset(first) for k in writers[1:])
 
 
 def _space(scop: Scop, array: str) -> isl.Space:

@@ -9,6 +9,7 @@ and every index variable of every statement given a range. It is the input of th
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -156,12 +157,24 @@ class CheckedDef:
         return self.inputs + self.outputs + self.temporaries
 
 
+def _shape(e: object) -> object:
+    """`e` without its source positions and types: equal for equal expressions."""
+    if isinstance(e, tuple):
+        return tuple(_shape(x) for x in e)
+    if dataclasses.is_dataclass(e) and not isinstance(e, type):
+        kept = (f.name for f in dataclasses.fields(e) if f.name not in ("span", "ty"))
+        return (type(e).__name__, *(_shape(getattr(e, name)) for name in kept))
+    return e
+
+
 def contraction(st: CheckedStatement) -> bool:
-    """A reduction that combines two or more tensors read along its reduction indices."""
+    """A reduction that combines two or more reads along its reduction indices (of
+    different tensors, or of one at different elements: an attention's queries and
+    keys in one tensor), not one read twice (a sum of squares)."""
     if st.op.reduction is None:
         return False
     along = {
-        node.tensor
+        _shape(node)
         for node in ast.walk(st.rhs)
         if isinstance(node, ast.Access)
         and any(

@@ -51,6 +51,8 @@ def isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
     # Freeing a reduction's update order lets its loops form one band; isl's fusion
     # heuristics, though, fuse per row only with the full constraints.
     validity = deps.validity if fusion is Fusion.MIN else every
+    if scop.sizes is not None:
+        return _without_sizes(scop, validity, every)
     constraints = (
         isl.ScheduleConstraints.on_domain(scop.domain)
         .set_context(scop.context)
@@ -59,6 +61,25 @@ def isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
         .set_coincidence(every)
     )
     return constraints.compute_schedule()
+
+
+def _without_sizes(scop: Scop, validity: isl.UnionMap, every: isl.UnionMap) -> isl.Schedule:
+    """isl's schedule of a scop whose sizes are fixed, computed with the sizes as the
+    numbers they are rather than as parameters: a parameter fixed to 768 is a constant
+    isl's bound on constant terms does not see, and the scheduler would otherwise fuse
+    a layer norm's row loops by shifting each statement by a multiple of the row
+    length (`n + 2*D`), one loop of three rows' lengths where there are three loops."""
+    n = scop.context.dim(isl.dim_type.param)
+    domain = scop.domain.project_out(isl.dim_type.param, 0, n)
+    validity, every = (m.project_out(isl.dim_type.param, 0, n) for m in (validity, every))
+    constraints = (
+        isl.ScheduleConstraints.on_domain(domain)
+        .set_validity(validity)
+        .set_proximity(every)
+        .set_coincidence(every)
+    )
+    schedule = constraints.compute_schedule()
+    return schedule.align_params(scop.context.get_space()).intersect_domain(scop.domain)
 
 
 def acceptable(schedule: isl.Schedule, options: MappingOptions) -> bool:

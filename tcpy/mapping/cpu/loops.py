@@ -1,13 +1,18 @@
 """The CPU's loop marks: the worksharing loop of each nest (`omp for`, with the loop
-inside it where the two share out as one) and the vector loops (`omp simd`)."""
+inside it where the two share out as one) and the vector loops (`omp simd`); and the
+row loops a reduction shares with other statements, split so that the reduction gets
+a loop of its own (`split_row_reductions`), which the code generator vectorises."""
 
 from __future__ import annotations
 
 import islpy as isl
 
 from tcpy.mapping import marks
-from tcpy.poly.schedule import member_extent
-from tcpy.poly.transforms import is_band
+from tcpy.poly.dependences import Dependences, respects
+from tcpy.poly.isl_helpers import schedule_children, statement_names, union_set_sets
+from tcpy.poly.schedule import member_extent, member_variables
+from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.transforms import is_band, map_innermost_bands
 
 
 def _mark(node: isl.ScheduleNode, kind: type[marks.LoopMark], member: int) -> isl.ScheduleNode:
@@ -52,3 +57,93 @@ def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
     for i in range(node.n_children()):
         node = mark_parallel(node.child(i)).parent()
     return node
+
+
+def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Schedule:
+    """`schedule` with each innermost one-member band below the rows (a parallel loop)
+    that a sum or min/max runs along beside other statements (a layer norm's `Y(s,n)
+    = ...` then `mean(s) +=! Y(s,n)`, a softmax's exponentials and their sum) split,
+    in order, into a loop for each such reduction and one for the statements between
+    them, where that respects the dependences; each new loop is parallel where no
+    dependence runs along it. Fused, the reduction's partial results form one chain of
+    dependent additions through memory (a layer norm's rows ran 10x slower than the
+    copy bandwidth); alone in its loop, its accumulator is kept in vector lanes
+    (`tcpy.codegen`), at the price of reading the row once more, from the cache."""
+
+    def split(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.band_n_member() != 1 or node.n_children() != 1 or not _rows_above(node):
+            return node
+        below = node.child(0)
+        if below.get_type() not in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+            return node
+        branches = [c.filter_get_filter() for c in schedule_children(below)]
+        groups: list[isl.UnionSet] = []
+        alone = True  # whether the last group is a reduction's
+        for f in branches:  # a reduction alone, the statements between them together
+            if alone or _reduces_along(node, f, scop):
+                groups.append(f)
+                alone = _reduces_along(node, f, scop)
+            else:
+                groups[-1] = groups[-1].union(f)
+        if len(groups) == 1:
+            return node
+        filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))
+        for group in groups:
+            filters = filters.add(group)
+        sequence = node.insert_sequence(filters)
+        if not respects(sequence.get_schedule(), deps.validity):
+            return node
+        for k in range(len(groups)):
+            band = sequence.child(k).child(0)
+            parallel = not _carried(band, deps.all)
+            sequence = band.band_member_set_coincident(0, int(parallel)).parent().parent()
+        return sequence
+
+    return map_innermost_bands(schedule, split)
+
+
+def _rows_above(node: isl.ScheduleNode) -> bool:
+    """Whether a band above `node` has a parallel member (the rows the threads share:
+    a loop split below them is not shared out itself)."""
+    while node.has_parent():
+        node = node.parent()
+        if is_band(node) and any(
+            node.band_member_get_coincident(k) for k in range(node.band_n_member())
+        ):
+            return True
+    return False
+
+
+def _carried(band: isl.ScheduleNode, deps: isl.UnionMap) -> bool:
+    """Whether one-member `band` carries a dependence among the instances below it:
+    two of them in the same iteration of the loops above, at different points."""
+    domain = band.get_domain()
+    prefix = band.get_prefix_schedule_union_map().intersect_domain(domain)
+    inner = prefix.flat_range_product(band.band_get_partial_schedule_union_map())
+    among = deps.intersect_domain(domain).intersect_range(domain)
+    steps = among.apply_domain(inner).apply_range(inner).deltas()
+    for step in union_set_sets(steps):
+        n = step.dim(isl.dim_type.set)
+        same_outer = step
+        for d in range(n - 1):
+            same_outer = same_outer.fix_val(isl.dim_type.set, d, 0)
+        at_zero = same_outer.fix_val(isl.dim_type.set, n - 1, 0)
+        if not same_outer.is_subset(at_zero):
+            return True
+    return False
+
+
+def _reduces_along(band: isl.ScheduleNode, statements: isl.UnionSet, scop: Scop) -> bool:
+    """Whether a statement of `statements` (one branch below `band`) is a reduction
+    that band member 0 walks along one of its reduction indices."""
+    walked = member_variables(band, 0)
+    for name in statement_names(statements):
+        stmt = scop.statement(name)
+        position = walked.get(name)
+        if stmt.kind is not Kind.COMPUTE or position is None:
+            continue
+        source = stmt.source(scop.cdef)
+        reduces = source.op.reduction is not None and not source.scatter
+        if reduces and stmt.dims[position] in source.reduction_indices:
+            return True
+    return False

@@ -25,6 +25,7 @@ import islpy as isl
 
 from tcpy.mapping import marks
 from tcpy.mapping.locality import is_window_member
+from tcpy.mapping.marks import EMPTY, Turns
 from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import (
     MIN_REUSE,
@@ -32,17 +33,18 @@ from tcpy.mapping.promotion import (
     candidates,
     extent_value,
     footprint,
-    has_mark,
     has_parallel_mark,
     kernel_local,
     reuse,
     run_stride,
+    statements_below,
+    subscript_indices,
     within_budget,
 )
 from tcpy.parser import ast
-from tcpy.parser.checked import Role
 from tcpy.parser.linear import linear_form
 from tcpy.parser.ranges import guarded_accesses
+from tcpy.poly.isl_helpers import statement_names
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import has_band_below, is_band, map_outermost_bands
 
@@ -55,13 +57,13 @@ def pack_operands(
     schedule: isl.Schedule,
     scop: Scop,
     options: MappingOptions,
-    transposed: frozenset[str] = frozenset(),
+    transposed: Turns = EMPTY,
 ) -> isl.Schedule:
     """The schedule with a `pack:` mark (see the module docstring) above the point
     loops of every nest with tiles worth copying: with `options.pack_operands` None,
     the tensors whose boxes are reused and strided; True, every tensor that can be
     copied; False, none. The tensors in `transposed` (`transposed_operands`) are
-    always copied where they can be, with their dimensions reversed (`W^T`)."""
+    always copied where they can be, with their innermost dimensions first (`W^T`)."""
     if options.pack_operands is False:
         return schedule
 
@@ -73,25 +75,52 @@ def pack_operands(
             # of its steps (a size-generic conv2d ran 2.5x slower copying)
             return band
         point = band.child(0)
-        chosen = [
-            t
-            for t in candidates(point, scop)
-            if options.pack_operands or t in transposed or _pays(point, t, scop)
-        ]
-        chosen = within_budget(point, chosen, scop)
-        if not chosen:
-            return band
-        mark = marks.Pack(tuple(chosen), frozenset(t for t in chosen if t in transposed))
-        return marks.insert(point, mark).parent().parent()
+        if point.get_type() == isl.schedule_node_type.sequence:
+            # a row-fused nest (`tcpy.mapping.cpu.rows`): a site above each statement's
+            # own loops, copying what that statement reads of a block of rows, but not
+            # what the nest writes (it may live in a thread's buffer, not in memory)
+            written = {st.tensor for st in statements_below(band, scop)}
+            for i in range(point.n_children()):
+                branch = point.child(i).child(0)
+                if is_band(branch):
+                    branch = _copy_site(branch, scop, options, transposed, written)
+                    point = branch.parent().parent()
+            return point.parent()
+        return _copy_site(point, scop, options, transposed).parent()
 
     return map_outermost_bands(schedule, site)
 
 
-def transposed_operands(scop: Scop, options: MappingOptions) -> frozenset[str]:
-    """The inputs a contraction reads across its vector loop, which a copy with the
-    innermost dimension first makes unit-stride: `W` in an MLP's `O(b,n) +=! I(b,k) *
-    W(n,k)`, a tensor read once, as `W(..., n, k)` with `n` the output's innermost
-    index and `k` a reduction index (a projection's `W(t,h,e,d)` too). The nest
+def _copy_site(
+    point: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    transposed: Turns,
+    written: set[str] | None = None,
+) -> isl.ScheduleNode:
+    """A `pack:` mark above `point` where a tile is worth copying there (see
+    `pack_operands`), of none of the tensors `written`; returns the node at `point`'s
+    position (the mark, if any)."""
+    tensors = [t for t in candidates(point, scop) if t not in (written or set())]
+    turns = {t: _site_turns(point, t, transposed, scop) for t in tensors}
+    chosen = [
+        t for t, turned in turns.items() if options.pack_operands or turned or _pays(point, t, scop)
+    ]
+    chosen = within_budget(point, chosen, scop)
+    if not chosen:
+        return point
+    turned = tuple((t, turns[t]) for t in chosen if turns[t])
+    return marks.insert(point, marks.Pack(tuple(chosen), turned)).parent()
+
+
+def transposed_operands(scop: Scop, options: MappingOptions) -> dict[tuple[int, str], int]:
+    """The tensors a contraction reads across its vector loop, which a copy with the
+    innermost dimensions first makes unit-stride, with how many come first, by
+    statement (`marks.Turns`): `W` in an MLP's `O(b,n) +=! I(b,k) * W(n,k)`, read as
+    `W(..., n, k...)` with `n` the output's innermost index and only reduction indices
+    after it (a projection's `W(t,h,e,d)`, one; an output projection's `Wo(n,h,e)`,
+    two; an attention's keys `QKV(1,b,h,j,e)`, one, the queries of the same tensor
+    then read from the same copy). The nest
     then runs `n` as its vector loop and keeps a block of `O` in registers across
     `k` (an outer product, as a matmul), where
     running `k` innermost would leave a sum per lane to merge for every output: 2x
@@ -100,26 +129,43 @@ def transposed_operands(scop: Scop, options: MappingOptions) -> frozenset[str]:
     than the product (8x slower than the rows summed in vector lanes, measured at
     2000 x 2000). Empty when `pack_operands` is False (no copy)."""
     if options.pack_operands is False:
-        return frozenset()
-    reads: dict[str, int] = {}
-    candidates = set()
-    for st in scop.cdef.statements:
+        return {}
+    found: dict[tuple[int, str], set[int]] = {}
+    for k, st in enumerate(scop.cdef.statements):
         for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
-            reads[access.tensor] = reads.get(access.tensor, 0) + 1
-            info = scop.cdef.tensor(access.tensor)
             names = [a.name if isinstance(a, ast.Index) else None for a in access.args]
             if (
                 not guarded
                 and st.op.reduction is ast.Reduction.SUM
-                and info.role is Role.INPUT
-                and len(names) >= 2
                 and st.indices
-                and names[-2] == st.indices[-1]
-                and names[-1] in st.reduction_indices
+                and _reduced_after(names, st.indices[-1], st.reduction_indices)
                 and not set(st.indices) <= set(names)
             ):
-                candidates.add(access.tensor)
-    return frozenset(t for t in candidates if reads[t] == 1)
+                turns = len(names) - 1 - names.index(st.indices[-1])
+                found.setdefault((k, access.tensor), set()).add(turns)
+    return {key: turns.pop() for key, turns in found.items() if len(turns) == 1}
+
+
+def _site_turns(node: isl.ScheduleNode, tensor: str, transposed: Turns, scop: Scop) -> int:
+    """The turns of `tensor`'s copy at `node`: those of the statements below that read
+    it, where they agree (0, a plain copy, where they do not)."""
+    below = {
+        s.index
+        for s in scop.statements
+        if s.name in statement_names(node.get_domain())
+        and subscript_indices(scop.cdef.statements[s.index], tensor) is not None
+    }
+    turns = {transposed.get((k, tensor), 0) for k in below}
+    return turns.pop() if len(turns) == 1 else 0
+
+
+def _reduced_after(names: list[str | None], index: str, reduced: tuple[str, ...]) -> bool:
+    """Whether `index` is among `names` and every name after it (one at least) is a
+    reduction index: `W(n,h,e)` for an output's `n` reduced over `h` and `e`."""
+    if index not in names:
+        return False
+    after = names[names.index(index) + 1 :]
+    return bool(after) and all(n in reduced for n in after)
 
 
 def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
@@ -130,15 +176,15 @@ def scratch_temporaries(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     memory. A temporary qualifies when it is local to the nest (`kernel_local`),
     every read of it is affine and unconditional, each iteration reads only elements
     it wrote itself and writes no element another iteration writes, and its box fits
-    the budget; not where a pack site is on the
-    way or below (each site has the thread's buffers to itself)."""
+    the budget; not where a pack site is on the way (a pack site below takes the
+    thread's buffers after the scratch's, `tcpy.codegen.pack`)."""
     temporaries = [t.name for t in scop.cdef.temporaries]
     if not temporaries:
         return schedule
 
     def site(band: isl.ScheduleNode) -> isl.ScheduleNode:
         node = _row_body(band)
-        if node is None or has_mark(node, marks.Pack) or has_parallel_mark(node):
+        if node is None or has_parallel_mark(node):
             return band
         accesses = scop.reads.union(scop.writes)
         local = [t for t in temporaries if _scratch_fits(node, t, scop)]

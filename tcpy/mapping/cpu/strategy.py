@@ -20,10 +20,12 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.mapping import marks
-from tcpy.mapping.cpu.loops import mark_parallel, mark_simd
+from tcpy.mapping.cpu.loops import mark_parallel, mark_simd, split_row_reductions
 from tcpy.mapping.cpu.packing import pack_operands, scratch_temporaries, transposed_operands
 from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, register_block
+from tcpy.mapping.cpu.rows import fuse_rows
 from tcpy.mapping.cpu.tiles import auto_tile, order_band
+from tcpy.mapping.marks import Turns
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef, contraction
 from tcpy.poly.dependences import Dependences, respects
@@ -46,14 +48,16 @@ def map_to_cpu(
 ) -> isl.Schedule:
     """The mapped schedule (see the module docstring); `vector_bytes` is the width of
     the C compiler's vectors, which register blocks are sized by."""
+    if options.fuse_rows:
+        schedule = fuse_rows(schedule, scop, deps)
     schedule = map_outermost_bands(schedule, lambda b: merge_child_bands(b, deps.validity))
     # inputs read across the vector loop, copied with their dimensions reversed; where
     # a copy cannot be placed (no tile, or too large a one), the nest is mapped without
     # (its vector loop would otherwise gather across the input: 20x slower, measured)
     transposed = transposed_operands(scop, options)
     mapped = _map(schedule, scop, deps, options, vector_bytes, transposed)
-    if transposed and not transposed <= _copied_transposed(mapped):
-        mapped = _map(schedule, scop, deps, options, vector_bytes, frozenset())
+    if transposed and not {t for _, t in transposed} <= _copied_transposed(mapped):
+        mapped = _map(schedule, scop, deps, options, vector_bytes, {})
     return scratch_temporaries(mapped, scop)
 
 
@@ -63,7 +67,7 @@ def _map(
     deps: Dependences,
     options: MappingOptions,
     vector_bytes: int,
-    transposed: frozenset[str],
+    transposed: Turns,
 ) -> isl.Schedule:
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
@@ -76,6 +80,7 @@ def _map(
         if respects(distributed, deps.validity):
             schedule = distributed
     schedule = map_innermost_bands(schedule, lambda b: order_band(b, scop, options, transposed))
+    schedule = split_row_reductions(schedule, scop, deps)
     if options.register_tile != (0,):
         schedule = map_innermost_bands(
             schedule, lambda b: register_block(b, scop, options, vector_bytes)
@@ -95,7 +100,7 @@ def _copied_transposed(schedule: isl.Schedule) -> set[str]:
     def visit(node: isl.ScheduleNode) -> bool:
         mark = marks.of(node)
         if isinstance(mark, marks.Pack):
-            found.update(mark.transposed)
+            found.update(t for t, _ in mark.transposed)
         return True
 
     schedule.get_root().foreach_descendant_top_down(visit)

@@ -13,6 +13,7 @@ from tcpy.mapping.locality import (
     stride_score,
     worst_stride,
 )
+from tcpy.mapping.marks import EMPTY, Turns
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
 from tcpy.poly.schedule import member_extent, member_variables
@@ -37,9 +38,7 @@ CONTRACTION_REDUCTION_TILE = 256
 CONTRACTION_ROWS_TILE = 256
 
 
-def auto_tile(
-    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
-) -> isl.ScheduleNode:
+def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> isl.ScheduleNode:
     """Tile sizes from the loop extents when the options give none: the loop that
     walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
     the innermost other parallel loop (the two innermost when the vector loop is a
@@ -81,6 +80,7 @@ def auto_tile(
         best = max(reversed(rows), key=lambda k: _sharing(node, scop, vector, k))
         if _sharing(node, scop, vector, best) > 0:
             tiled_rows = [best]
+    reductions = _reduction_tiles(extents, [*map(bool.__or__, coincident, short)], vector)
     for k in range(n):
         extent = extents[k]
         if short[k]:
@@ -91,11 +91,29 @@ def auto_tile(
             size = CONTRACTION_VECTOR_TILE if contraction else VECTOR_TILE
             size = size if coincident[vector] else DOT_VECTOR_TILE
             sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
+        elif not coincident[k] and contraction:
+            sizes[k] = reductions[k]
         elif not coincident[k]:
-            sizes[k] = fit(k, CONTRACTION_REDUCTION_TILE if contraction else REDUCTION_TILE)
+            sizes[k] = fit(k, REDUCTION_TILE)
         elif k in tiled_rows:
             sizes[k] = fit(k, _rows_tile(extent) if contraction else OUTER_TILE)
     return tile_band(node, tuple(sizes))
+
+
+def _reduction_tiles(extents: list[int | None], other: list[bool], vector: int) -> dict[int, int]:
+    """A contraction's tiles of its reduction members (those not `other`, nor the
+    vector loop): their product one reduction tile at most, the innermost whole
+    first, so that the operands' tiles of a contraction reduced along several
+    members (an output projection's heads and their width) still fit the copies'
+    budget."""
+    left, tiles = CONTRACTION_REDUCTION_TILE, {}
+    for k in reversed(range(len(extents))):
+        if other[k] or k == vector:
+            continue
+        e = extents[k]
+        tiles[k] = max(1, left) if e is None else min(e, max(1, left))
+        left //= tiles[k]
+    return tiles
 
 
 def _block_row(
@@ -168,9 +186,7 @@ def _short_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
 # --- interchange ----------------------------------------------------------------------
 
 
-def vector_member(
-    node: isl.ScheduleNode, scop: Scop, transposed: frozenset[str] = frozenset()
-) -> int:
+def vector_member(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> int:
     """The band member to run innermost, as the vector loop. In order of preference:
     not a short loop (a kernel window), not a reduction loop that strides across an
     operand (a strided vector reduction gathers), the best worst-case stride over the
@@ -196,7 +212,7 @@ def order_band(
     node: isl.ScheduleNode,
     scop: Scop,
     options: MappingOptions,
-    transposed: frozenset[str] = frozenset(),
+    transposed: Turns = EMPTY,
 ) -> isl.ScheduleNode:
     n = node.band_n_member()
     if n < 2 or not node.band_get_permutable():
