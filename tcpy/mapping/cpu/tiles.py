@@ -120,11 +120,13 @@ def _block_row(
     node: isl.ScheduleNode, scop: Scop, vector: int, coincident: list[bool], short: list[bool]
 ) -> int | None:
     """The rows of a contraction's register block: of the parallel members but the
-    vector loop and short windows, the only one along which an operand the vector loop
-    walks stays put (matmul's m; a convolution's filters, even a few of them). Other
-    parallel members, along which every operand moves (a batch, a projection's heads),
-    run outside, whole. None where the vector loop is a reduction, the band has no
-    reduction, or not exactly one member shares."""
+    vector loop and short windows, the one along which an operand the vector loop
+    walks stays put (matmul's m; a convolution's filters, even a few of them), the
+    innermost such member that is not short where several are (a batch of sequences
+    sharing a projection's weights: the sequence, not the batch). Other parallel
+    members, along which every operand moves (a batch, a projection's heads), run
+    outside, whole. None where the vector loop is a reduction, the band has no
+    reduction, or no member shares."""
     if not coincident[vector] or all(coincident):
         return None
     shared = [
@@ -135,6 +137,9 @@ def _block_row(
         and not (short[k] and is_window_member(node, k, scop))
         and _sharing(node, scop, vector, k) > 0
     ]
+    long = [k for k in shared if not short[k]]
+    if len(shared) > 1 and long:
+        return long[-1]
     return shared[0] if len(shared) == 1 else None
 
 
