@@ -38,7 +38,7 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the
 # every script with a `main`: each is run by a test below (overhead_gpu.py through
 # overhead.py's --fake-gpu and --gpu)
 SCRIPTS = {
-    "autodiff.py", "cpu.py", "emu_profile.py", "gpu.py", "gpu_variants.py", "half.py",
+    "autodiff.py", "bert.py", "cpu.py", "emu_profile.py", "gpu.py", "gpu_variants.py", "half.py",
     "overhead.py", "overhead_gpu.py", "ptx_stats.py", "tune.py",
 }  # fmt: skip
 
@@ -151,6 +151,21 @@ def test_half(tmp_path: Path) -> None:
     assert (row["kernel"], row["type"]) == ("gelu", "bfloat16")
     assert positive(*times(row), row["half_over_float32_speed"], result["copy_bandwidth_gbps"])
     assert row["max_error_of_largest"] < 2e-2  # a few bfloat16 ulps
+
+
+def test_bert(tmp_path: Path) -> None:
+    """The whole layer as one def and the attention block, in float32 and bfloat16 at
+    a tiny size, each against PyTorch eager (and SDPA for the attention)."""
+    pytest.importorskip("torch")
+    result = smoke(tmp_path, "bert.py", "--only", "attention,layer", "--batches", "2")
+    rows = {(row["block"], row["type"]): row for row in result["rows"]}
+    assert set(rows) == {(b, t) for b in ("attention", "layer") for t in ("float32", "bfloat16")}
+    for (block, ty), row in rows.items():
+        assert positive(row["tcpy_ms"], row["eager_ms"], row["compile_ms"], row["least_bytes"])
+        assert row["max_error_of_largest"] < (1e-5 if ty == "float32" else 3e-2), (block, ty)
+    assert positive(rows["attention", "float32"]["sdpa_ms"])
+    emulated = result["attention_on_emulator"]
+    assert emulated["launches"] >= 1 and emulated["global_bytes"] >= emulated["least_bytes"]
 
 
 @pytest.mark.parametrize(
