@@ -100,6 +100,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "private_depth": lambda rng: rng.randint(0, 3),
     "parallel": _flag,
     "vectorize": _flag,
+    "fuse_rows": lambda rng: rng.random() < 0.8,  # mostly on: the rewrite is what is tested
     "threads": lambda rng: rng.randint(0, 4),
 }
 
