@@ -35,6 +35,7 @@ options_strategy = st.builds(
     pack_operands=st.sampled_from([None, True, False]),
     parallel=st.booleans(),
     vectorize=st.booleans(),
+    fuse_rows=st.booleans(),
     allow_skewing=st.booleans(),
     positive_orthant=st.booleans(),
 )
