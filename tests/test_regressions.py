@@ -614,3 +614,37 @@ def test_a_register_blocks_partial_run_is_computed_once() -> None:
         c, d = rng.standard_normal((8, 6), np.float32), rng.standard_normal((6, n), np.float32)
         got, want = run_both(TWO_MATMULS, "two_matmul", (a, b, c, d), "cpu", opts)
         np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+# --- a loop GCC's loop distribution reordered ------------------------------------------
+
+REINITIALISED = """
+def f(float(L, L) B, int32(L, L) acc) -> (Z, Y, O) {
+    Z(n, l) = min(max(float(int32(acc(l, n))), (-3.0)), 3.0)
+    Y(k) min=! min(max(Z(i22, i23), (-9.0)), 9.0) where k in 0:L
+    O(i25, i26) min=! min(max(Z(i25, i26), (-100.0)), 100.0)
+    O(i27, i28) = (-Y(i27))
+    Y(i29) max=! (-3) where i29 in 0:L
+}
+"""  # fuzzer pair 3601011155 (cpu): O came out -inf
+
+
+def test_a_reduction_beside_a_conditional_initialisation_is_not_reordered() -> None:
+    """`Max` fusion puts Y's initialisation (under `c0 == 0 && c1 == 0 && c2 == 0`, at
+    `Y[c4]`) and its update (`Y[c0 + c2]`) in one loop; GCC 12.2's loop distribution at
+    -O3 moved the update past the initialisation and O read +inf. The C is right (-O2
+    gives the reference's result); `runtime.cpu.GCC_FLAGS` turns the distribution off."""
+    opts = options(
+        outer_schedule_fusion=Fusion.MAX,
+        intra_tile_schedule_fusion=Fusion.MAX,
+        fix_parameters_before_scheduling=False,
+        tile=(4,),
+        interchange=(1, 2, 0),
+        pack_operands=True,
+        parallel=False,
+    )
+    rng = np.random.default_rng(3)
+    for size in (1, 3, 6):
+        b = rng.standard_normal((size, size)).astype(np.float32)
+        acc = rng.integers(-5, 6, size=(size, size)).astype(np.int32)
+        assert_same(*run_both(REINITIALISED, "f", (b, acc), "cpu", opts))

@@ -103,14 +103,18 @@ def vector_bytes() -> int:
     return DEFAULT_VECTOR_BYTES
 
 
-GCC_FLAGS = ("--param=vect-max-version-for-alias-checks=0",)
+GCC_FLAGS = ("--param=vect-max-version-for-alias-checks=0", "-fno-tree-loop-distribution")
 """GCC's flags beyond `FLAGS`: no loop is vectorised behind a run-time check that its
 arrays do not overlap. GCC 12.2 at -O3 -march=native (Rocket Lake tuning) vectorises
 such a loop wrongly when its trip count is a division of an outer index and 1 or 2
 (a register block's last, partial run: `c8 <= 2 - (c4 + 6) / 5`), computing some
 elements twice. The kernels declare their arrays `restrict`, but GCC does not trust
 that of a local pointer or in an OpenMP region; in the suite's kernels only the
-transposing copies of two packed operands were vectorised so."""
+transposing copies of two packed operands were vectorised so. And no loop is
+distributed: GCC 12.2's loop distribution at -O3 moved a reduction's update of
+`Y[c0 + c2]` past the loop that also initialises `Y[c4]` under a condition (fuzzer
+pair 3601011155, `tests/test_regressions.py`), a wrong result that -O2 and this flag
+do not give."""
 
 
 def flags() -> tuple[str, ...]:
