@@ -80,7 +80,7 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
         best = max(reversed(rows), key=lambda k: _sharing(node, scop, vector, k))
         if _sharing(node, scop, vector, best) > 0:
             tiled_rows = [best]
-    reductions = _reduction_tiles(extents, [*map(bool.__or__, coincident, short)], vector)
+    reductions = _reduction_tiles(extents, coincident, short, vector)
     for k in range(n):
         extent = extents[k]
         if short[k]:
@@ -100,15 +100,17 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
     return tile_band(node, tuple(sizes))
 
 
-def _reduction_tiles(extents: list[int | None], other: list[bool], vector: int) -> dict[int, int]:
-    """A contraction's tiles of its reduction members (those not `other`, nor the
-    vector loop): their product one reduction tile at most, the innermost whole
-    first, so that the operands' tiles of a contraction reduced along several
+def _reduction_tiles(
+    extents: list[int | None], coincident: list[bool], short: list[bool], vector: int
+) -> dict[int, int]:
+    """A contraction's tiles of its reduction members (neither coincident nor short,
+    nor the vector loop): their product one reduction tile at most, the innermost
+    whole first, so that the operands' tiles of a contraction reduced along several
     members (an output projection's heads and their width) still fit the copies'
     budget."""
     left, tiles = CONTRACTION_REDUCTION_TILE, {}
     for k in reversed(range(len(extents))):
-        if other[k] or k == vector:
+        if coincident[k] or short[k] or k == vector:
             continue
         e = extents[k]
         tiles[k] = max(1, left) if e is None else min(e, max(1, left))
