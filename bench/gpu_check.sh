@@ -5,7 +5,8 @@
 # the contractions on the tensor cores: bfloat16, float16, tf32 and tf32x3),
 # `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
 # forward + backward
-# of `bench/autodiff.py` on CUDA tensors, and the differential and gradient fuzzers on
+# of `bench/autodiff.py` on CUDA tensors, `bench/bert.py --device cuda` (the BERT layer
+# per block and as one def, float32 and bfloat16), and the differential and gradient fuzzers on
 # the `cuda` target (beside the pycuda tests, which need no timing). Run from the
 # repository's root.
 #
@@ -112,6 +113,11 @@ if [ "$what" != tests ]; then
         timeout "${AUTODIFF_SECONDS:-90}" python3 bench/autodiff.py --device cuda --no-train \
             --no-compile --tag cuda --out "$OUT" > "$OUT/autodiff.log" 2>&1
         echo "autodiff: rc=$?"; tail -n 3 "$OUT/autodiff.log"
+    fi
+    if [ "${BERT_SECONDS:-150}" != 0 ]; then  # the BERT layer, per block and whole
+        timeout "${BERT_SECONDS:-150}" python3 bench/bert.py --device cuda --batches 1 \
+            --tag cuda --out "$OUT" > "$OUT/bert.log" 2>&1
+        echo "bert: rc=$?"; tail -n 13 "$OUT/bert.log"
     fi
 fi
 fuzz() {  # $1: log name, then the fuzzer's arguments; every case a fresh process
