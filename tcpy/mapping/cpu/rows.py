@@ -225,7 +225,7 @@ def _reduces_rows(statements: list[PolyStatement], k: int, scop: Scop) -> bool:
 
 def _block(statements: list[PolyStatement], k: int, scop: Scop) -> int:
     """Rows of a block: `ROWS`, halved while the temporaries of one block's rows
-    would take more than half of a thread's buffers."""
+    would take more than a thread's buffers (`PACK_BYTES`)."""
     row_bytes = 0
     for t in {s.source(scop.cdef).tensor for s in statements}:
         info = scop.cdef.tensor(t)
