@@ -80,11 +80,12 @@ def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) 
         groups: list[isl.UnionSet] = []
         alone = True  # whether the last group is a reduction's
         for f in branches:  # a reduction alone, the statements between them together
-            if alone or _reduces_along(node, f, scop):
+            reduces = _reduces_along(node, f, scop)
+            if alone or reduces:
                 groups.append(f)
-                alone = _reduces_along(node, f, scop)
             else:
                 groups[-1] = groups[-1].union(f)
+            alone = reduces
         if len(groups) == 1:
             return node
         filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from tcpy.errors import InternalError
 from tcpy.mapping.promotion import PACK_BYTES, box
 from tcpy.naming import tensor_name
 from tcpy.parser.checked import Role
@@ -77,8 +78,11 @@ def fuse_rows(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Sche
         return schedule
     # the nests in program order (isl may have hoisted initialisations ahead): a row's
     # statements are then consecutive
-    children = sorted(schedule_children(sequence), key=lambda c: _first(_statements(c, scop)))
-    nests = [_statements(c, scop) for c in children]
+    found = sorted(
+        ((c, _statements(c, scop)) for c in schedule_children(sequence)),
+        key=lambda pair: _first(pair[1]),
+    )
+    children, nests = [c for c, _ in found], [n for _, n in found]
     runs = _runs(nests, scop, deps)
     if not runs:
         return schedule
@@ -297,8 +301,8 @@ def _in_order(statements: list[PolyStatement]) -> list[PolyStatement]:
 
 
 def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode:
-    """The subtree at `source` copied at `leaf` (bands, marks, sequences and sets);
-    returns the node at `leaf`'s position."""
+    """The subtree at `source` copied at `leaf` (bands, marks, sequences and sets, the
+    nodes isl's scheduler makes); returns the node at `leaf`'s position."""
     kind = source.get_type()
     if kind == isl.schedule_node_type.leaf:
         return leaf
@@ -322,7 +326,8 @@ def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode
         for i in range(source.n_children()):
             node = _graft(source.child(i).child(0), node.child(i).child(0)).parent().parent()
         return node
-    raise NotImplementedError(kind)
+    # isl's scheduler makes no context, guard, extension or expansion node
+    raise InternalError(f"row fusion met a {kind} node in isl's schedule")
 
 
 def _fused(
