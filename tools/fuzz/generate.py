@@ -12,7 +12,10 @@ with and without `!`, reductions over 1-3 indices, `where` ranges, affine subscr
 (`i + k`, `2*h + kh`, `i + 1`), constant subscripts, gathers `T(I(b), d)`, int32 and
 float tensors with casts and promotion, sizes near multiples of 16/32 and tiny ones,
 fixed sizes in signatures, and names that are keywords or macros of C, C++, CUDA or of
-the generated code (`and`, `nan`, `INFINITY`, `ceild`, `tc_status`, ...).
+the generated code (`and`, `nan`, `INFINITY`, `ceild`, `tc_status`, ...). A quarter
+of the programs are row chains (`row_chain`): a row's elements, a reduction of each
+row, statements over the elements reading it, another reduction, a product with an
+operand the rows share, as attention and log-sum-exp are, which row fusion rewrites.
 """
 
 from __future__ import annotations
@@ -323,8 +326,96 @@ class _Rhs:
         return tuple(out)
 
 
+# --- row chains --------------------------------------------------------------------------
+
+ROW_CHAIN_SHARE = 0.25
+"""The share of programs drawn as row chains (`row_chain`)."""
+
+
+def row_chain(rng: random.Random) -> Program:
+    """A chain of statements over shared rows that a row reduction needs whole, as
+    attention, softmax, log-sum-exp and layer norm are (what row fusion rewrites):
+    a row's elements, from an input or a contraction with an operand the rows share,
+    maybe rewritten in place; a reduction of each row; statements over the row's
+    elements reading it; another reduction; a product with an operand the rows share
+    or a statement over the elements, maybe rewritten in place. Which of each, the
+    reductions' operators, the number of row indices, the order of the operands and
+    the sizes are drawn; values stay exact (inputs of at most 3, clamped sums)."""
+    names = Names(rng)
+    size = {k: names.fresh("size") for k in ("row", "outer", "col", "red", "out")}
+    sizes = {size[k]: rng.choice(SIZES) for k in size}
+    two = rng.random() < 0.4
+    rows = [names.fresh("index") for _ in range(2 if two else 1)]
+    j, k, e = names.fresh("index"), names.fresh("index"), names.fresh("index")
+    row_dims = [size["outer"], size["row"]] if two else [size["row"]]
+    inputs: list[Decl] = []
+    stmts: list[Stmt] = []
+
+    def tensor(dims: list[str]) -> str:
+        decl = Decl(names.fresh("tensor"), FLOAT, tuple(dims))
+        inputs.append(decl)
+        return decl.name
+
+    def at(name: str, *vs: str) -> Read:
+        return Read(name, tuple(Lin(((v, 1),)) for v in vs))
+
+    def clamp(x: Expr, c: int) -> Expr:
+        return Call("min", (Call("max", (x, Num(-c, FLOAT))), Num(c, FLOAT)))
+
+    elements = names.fresh("tensor")
+    if rng.random() < 0.6:  # a contraction inside the rows
+        q = tensor([*row_dims, size["red"]])
+        shared = tensor([size["col"], size["red"]])
+        product = Bin("*", at(q, *rows, k), at(shared, j, k))
+        stmts.append(Stmt(elements, (*rows, j), "+=!", clamp(product, 9)))
+    else:
+        x = tensor([*row_dims, size["col"]])
+        stmts.append(Stmt(elements, (*rows, j), "=", at(x, *rows, j)))
+    if rng.random() < 0.5:  # rewritten in place, as a scale and a mask
+        mask = tensor([size["col"]])
+        own = at(elements, *rows, j)
+        stmts.append(Stmt(elements, (*rows, j), "=", Bin(rng.choice("+-"), own, at(mask, j))))
+    first = names.fresh("tensor")
+    stmts.append(Stmt(first, tuple(rows), rng.choice(("max=!", "min=!", "+=!")),
+                      clamp(at(elements, *rows, j), 100)))  # fmt: skip
+    centred = names.fresh("tensor")
+    stmts.append(Stmt(centred, (*rows, j), "=",
+                      clamp(Bin("-", at(elements, *rows, j), at(first, *rows)), 50)))  # fmt: skip
+    second = names.fresh("tensor")
+    stmts.append(Stmt(second, tuple(rows), rng.choice(("+=!", "max=!")),
+                      at(centred, *rows, j)))  # fmt: skip
+    out = names.fresh("tensor")
+    if rng.random() < 0.6:  # a product with an operand the rows share
+        v = tensor([size["col"], size["out"]])
+        product = Bin("*", clamp(at(centred, *rows, j), 9), at(v, j, e))
+        stmts.append(Stmt(out, (*rows, e), "+=!", product))
+        last = (*rows, e)
+    else:
+        stmts.append(Stmt(out, (*rows, j), "=", at(centred, *rows, j)))
+        last = (*rows, j)
+    if rng.random() < 0.6:
+        own, row = clamp(at(out, *last), 10000), clamp(at(second, *rows), 10000)
+        stmts.append(Stmt(out, last, "=", Bin(rng.choice("+-"), own, row)))
+    outputs = [out] + [t for t in (first, second, centred) if rng.random() < 0.2]
+    used = {x for d in inputs for x in d.dims}
+    float_type = rng.choices(FLOAT_TYPES, weights=(2, 1, 1))[0]
+    program = Program("f", tuple(inputs), tuple(outputs), tuple(stmts),
+                      {n: v for n, v in sizes.items() if n in used}, False, float_type)  # fmt: skip
+    analyze(program)
+    return program
+
+
 def generate(rng: random.Random) -> Program:
-    """A random program that `program.analyze` accepts at its own sizes."""
+    """A random program that `program.analyze` accepts at its own sizes: a row chain
+    (`row_chain`) for a `ROW_CHAIN_SHARE` of them, else statements drawn one by one."""
+    # drawn from the generator's state without advancing it, so that a seed that
+    # draws no row chain gives the program it gave before row chains were drawn
+    if random.Random(hash(rng.getstate())).random() < ROW_CHAIN_SHARE:
+        while True:
+            try:
+                return row_chain(rng)
+            except Invalid:
+                continue
     while True:
         g = Generator(rng)
         g.signature()
