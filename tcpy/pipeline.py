@@ -19,7 +19,7 @@ import islpy as isl
 from tcpy import knobs, log
 from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import compares_floats, print_c
-from tcpy.codegen.cuda import SharedCopyInDivergentLoop, print_cuda
+from tcpy.codegen.cuda import RowsOutOfStep, SharedCopyInDivergentLoop, print_cuda
 from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
@@ -160,13 +160,37 @@ def lower_to_cuda(
         )
 
     try:
-        return lower(options)
+        return _in_step(lower, options)
     except SharedCopyInDivergentLoop:
         # a shared copy under a loop whose bounds differ between threads: no barrier
         # there can be reached by all, so the def runs from global memory
         lowered = lower(dataclasses.replace(options, use_shared_memory=False))
         note = "a shared-memory copy fell under a loop whose bounds differ between threads"
         return dataclasses.replace(lowered, fallbacks=(note, *lowered.fallbacks))
+
+
+def _in_step(
+    lower: Callable[[MappingOptions], LoweredCuda], options: MappingOptions
+) -> LoweredCuda:
+    """`lower(options)`; where a row kernel's AST splits its statements by lane
+    (`RowsOutOfStep`), again without row fusion, then without row kernels."""
+    fallbacks: list[Callable[[MappingOptions], MappingOptions]] = [
+        lambda o: o.replace(fuse_rows=False),
+        lambda o: o.replace(reduce_across_threads=False),
+    ]
+    for k in range(len(fallbacks) + 1):
+        try:
+            lowered = lower(options)
+        except RowsOutOfStep:
+            if k == len(fallbacks):
+                raise
+            options = fallbacks[k](options)
+            continue
+        if k == 0:
+            return lowered
+        note = "a row kernel's statements were split by lane"
+        return dataclasses.replace(lowered, fallbacks=(note, *lowered.fallbacks))
+    raise AssertionError("unreachable")
 
 
 def _lower_to_cuda(
@@ -185,7 +209,7 @@ def _lower_to_cuda(
     # 4. GPU mapping: one kernel per top-level nest, tiles on blocks, points on threads.
     scop.ctx.reset_operations()  # a stage of its own: its own budget of isl operations
     with log.stage("map"), isl_errors(f"mapping {cdef.name} to the GPU"):
-        mapping = map_to_gpu(analysis.schedule, scop, options, device, launched=sizes)
+        mapping = map_to_gpu(analysis.schedule, scop, options, device, sizes, deps)
         _verify(check, mapping.unbound, scop, deps)
     # 5. One isl AST per kernel, the block and thread ids bounded in its context.
     with log.stage("ast"):

@@ -24,6 +24,7 @@ EVERY_KIND = [
     marks.Lanes(),
     marks.Atomic(),
     marks.Rows(),
+    marks.LaneZero(),
 ]
 
 

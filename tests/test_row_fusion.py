@@ -1,4 +1,4 @@
-"""Row fusion on the CPU (`tcpy.mapping.cpu.rows`) and the passes that serve it: a
+"""Row fusion on the CPU (`tcpy.mapping.rows`) and the passes that serve it: a
 run of nests that a row reduction needs whole runs as one nest over blocks of rows,
 its temporaries in a thread's buffers; a reduction sharing its row loop with other
 statements gets a loop of its own (`split_row_reductions`); an operand read across
@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pytest
 
-from tcpy.mapping.cpu.rows import ROWS
 from tcpy.mapping.cpu.strategy import cpu_defaults
+from tcpy.mapping.rows import ROWS
 from tcpy.parser import check_source
 from tcpy.pipeline import Lowered, lower_to_c
 from tcpy.poly.analysis import analyse

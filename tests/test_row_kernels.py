@@ -141,26 +141,24 @@ def test_a_temporary_read_before_it_is_written_keeps_global_memory() -> None:
     assert _stored(text, "t")
 
 
-@pytest.mark.parametrize(
-    ("source", "shape"),
-    [
-        # the reduction walks a column: lanes on it would not coalesce
-        (
-            "def f(float(N, D) X) -> (O) { c(d) +=! X(n, d)\n O(n, d) = X(n, d) / c(d) }",
-            (40, 48),
-        ),
-        # rows shorter than a warp
-        (SOFTMAX, (12, 20)),
-    ],
-    ids=["column", "short"],
-)
-def test_nests_the_lanes_cannot_run_are_left_to_the_band_mapping(
-    source: str, shape: tuple[int, int]
-) -> None:
-    data = (np.random.default_rng(7).random(shape) + 0.5).astype(np.float32)
+def test_lanes_walking_a_column_read_it_from_shared_memory() -> None:
+    """The reduction walks a column: the lanes read it from the block's copy in shared
+    memory (copied row by row, coalesced), never across global memory."""
+    source = "def f(float(N, D) X) -> (O) { c(d) +=! X(n, d)\n O(n, d) = X(n, d) / c(d) }"
+    data = (np.random.default_rng(7).random((40, 48)) + 0.5).astype(np.float32)
     got, want, text = _run(source, data)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
-    assert "__syncwarp" not in text
+    assert _kernels(text) == 1 and "__syncwarp" in text
+    assert text.count("TC_LD(t_X,") == 1  # in the copy alone
+
+
+def test_rows_shorter_than_a_warp_leave_lanes_idle() -> None:
+    """Rows of 20: lanes 20 to 31 run no statement but reach every `__syncwarp()` and
+    shuffle (their guard is sunk to the statements)."""
+    data = (np.random.default_rng(7).random((12, 20)) + 0.5).astype(np.float32)
+    got, want, text = _run(SOFTMAX, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert _kernels(text) == 1 and "__shfl_xor_sync" in text
 
 
 def test_the_cuda_default_fuses_only_pipelines_without_a_contraction() -> None:
@@ -170,3 +168,63 @@ def test_the_cuda_default_fuses_only_pipelines_without_a_contraction() -> None:
     }""").values()
     assert cuda_defaults(mm).outer_schedule_fusion is Fusion.MIN
     assert cuda_defaults(check_source(SOFTMAX)["softmax"]).outer_schedule_fusion is Fusion.MAX
+
+
+@pytest.mark.parametrize("scalar", ["float", "float16"])
+def test_a_reduction_that_leaves_lane_zero_out_runs_in_the_rows_order(scalar: str) -> None:
+    """The product runs on lanes 1 to 19 and the seed and (in float16) the rounded
+    store on lane 0: the warp still runs them in the row's order (isl would put the
+    lane-0 statements of a lane filter in one branch, the product in another)."""
+    source = f"""def f({scalar}(M, N) A) -> (O) {{
+        O(m) = A(m, 0)
+        O(m) *= A(m, n) where n in 1:N
+    }}"""
+    dtype = np.float32 if scalar == "float" else np.float16
+    data = (np.random.default_rng(8).random((8, 20)) * 0.5 + 0.75).astype(dtype)
+    got, want, text = _run(source, data)
+    np.testing.assert_allclose(got, want, rtol=2e-3)
+    assert _kernels(text) == 1 and "__shfl_xor_sync" in text
+
+
+def test_statements_sharing_a_lane_guard_meet_between_them() -> None:
+    """`T` on lanes 0-7 and `O` on lanes 0-7 share their guard, which isl puts around
+    both; sunk to each statement, the warp meets between them, so `O` reads every
+    lane's `T` (the emulator's race check would see it otherwise)."""
+    source = """def g(float(R, J) X, float(J, E) V) -> (O, s) {
+        T(r, j) = X(r, j) * 2
+        s(r) +=! T(r, j)
+        O(r, e) +=! T(r, j) * V(j, e)
+        O(r, e) = O(r, e) + s(r)
+    }"""
+    rng = np.random.default_rng(9)
+    x, v = (
+        rng.standard_normal((12, 8), dtype=np.float32),
+        rng.standard_normal((8, 8), dtype=np.float32),
+    )
+    got, want, text = _run(source, x, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert _kernels(text) == 1 and text.count("__syncwarp();") >= 3
+
+
+def test_a_row_kernel_split_by_lane_is_mapped_again_without_rows() -> None:
+    """`RowsOutOfStep` (a row kernel whose AST isl split by lane) maps the def again
+    without row fusion, then without row kernels, and says so."""
+    from tcpy.codegen.cuda import RowsOutOfStep
+    from tcpy.pipeline import _in_step
+
+    seen: list[MappingOptions] = []
+
+    def lower(options: MappingOptions):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        if options.reduce_across_threads:
+            raise RowsOutOfStep("split")
+        return lower_to_cuda(check_source(SOFTMAX)["softmax"], {"N": 4, "D": 40}, options)
+
+    lowered = _in_step(lower, cuda_defaults(check_source(SOFTMAX)["softmax"]))
+    assert [(o.fuse_rows, o.reduce_across_threads) for o in seen] == [
+        (True, True),
+        (False, True),
+        (False, False),
+    ]
+    assert "split by lane" in lowered.fallbacks[0]

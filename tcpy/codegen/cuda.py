@@ -47,6 +47,7 @@ from tcpy.codegen.shared_copy import (
     print_pipelined_loop,
     print_shared_copy,
     ring_stages,
+    store_box,
 )
 from tcpy.codegen.thread_tile import (
     ThreadPrinter,
@@ -61,6 +62,7 @@ from tcpy.mapping.gpu.device import WARP
 from tcpy.mapping.marks import (
     Atomic,
     Lanes,
+    LaneZero,
     Mark,
     MatrixTile,
     Private,
@@ -125,12 +127,17 @@ class CudaPrinter(ThreadPrinter):
         the copy's scope, around the statements only: every thread of the block must
         run the copy and reach its barriers. The guard does not change below it, so
         this is the same program. Each branch of such a guard is printed so
-        (`_branch`), the `else` under the guard negated."""
+        (`_branch`), the `else` under the guard negated. Inside a row kernel every
+        guard on the thread is sunk to its statements, which the warp then runs in
+        its order with a `__syncwarp()` between; one with an `else` (isl splitting
+        the row's statements by lane) cannot be, and raises `RowsOutOfStep`."""
         cond = isl_expr(node.if_get_cond(), self.names, top=True)
         then = node.if_get_then_node()
         other = node.if_get_else_node() if node.if_has_else_node() else None
-        copies = _has_shared_mark(then) or (other is not None and _has_shared_mark(other))
-        if "threadIdx" not in cond or not copies:
+        if "threadIdx" in cond and other is not None and (self.rows or _in_step(node)):
+            raise RowsOutOfStep("a row kernel's statements split by lane")
+        copies = _all_threads(then) or (other is not None and _all_threads(other))
+        if "threadIdx" not in cond or not (copies or self.rows):
             self.divergent += "threadIdx.x" in cond
             super().if_(node, depth, marks)
             self.divergent -= "threadIdx.x" in cond
@@ -144,7 +151,7 @@ class CudaPrinter(ThreadPrinter):
         copies into shared memory below it, with `cond` sunk around the statements
         (`shared_copy`); where it has none, all of it runs under `cond` and the guards
         sunk so far."""
-        if _has_shared_mark(node):
+        if _all_threads(node) or self.rows:
             self.sunk.append(cond)
             self.node(node, depth, marks)
             self.sunk.pop()
@@ -203,7 +210,7 @@ class CudaPrinter(ThreadPrinter):
         elif isinstance(mark, Shared):
             print_shared_copy(self, self.ast.packed(node), inner, depth, marks)
         elif isinstance(mark, Scratch):
-            self.scratch(self.ast.packed(node), inner, depth, marks)
+            self.scratch(mark, self.ast.packed(node), inner, depth, marks)
         elif isinstance(mark, Private) and (tile := matrix_below(inner)) is not None:
             self.matrix, outer = HeldMatrix(tile), self.matrix
             print_held_matrix(self, tile, inner, depth, marks, self.matrix)
@@ -219,16 +226,29 @@ class CudaPrinter(ThreadPrinter):
             self.rows, saved = True, self.rows
             self.node(inner, depth, marks)
             self.rows = saved
+        elif isinstance(mark, LaneZero):
+            self.emit(depth, "if (threadIdx.x == 0) {")
+            self.divergent += 1
+            self.node(inner, depth + 1, marks)
+            self.divergent -= 1
+            self.emit(depth, "}")
         else:
             super().mark(mark, node, depth, marks)
 
     def scratch(
-        self, boxes: tuple[PackedBox, ...], inner: isl.AstNode, depth: int, marks: tuple[Mark, ...]
+        self,
+        mark: Scratch,
+        boxes: tuple[PackedBox, ...],
+        inner: isl.AstNode,
+        depth: int,
+        marks: tuple[Mark, ...],
     ) -> None:
         """A block's slices of temporaries that live and die in a row kernel
         (`tcpy.mapping.gpu.rows`), in shared memory: `inner` writes and reads them there
         instead of in global memory. Each warp touches only its rows' slices, so no
-        barrier of the block is needed."""
+        barrier of the block is needed, but for the outputs computed there
+        (`mark.stored`): once every warp is done, the block stores their boxes, each
+        thread every `threads`-th element inside the tensor (coalesced)."""
         self.emit(depth, "{")
         places = {}
         for b in boxes:
@@ -241,6 +261,13 @@ class CudaPrinter(ThreadPrinter):
         self.bodies = dataclasses.replace(saved, copies={**saved.copies, **places})
         self.node(inner, depth + 1, marks)
         self.bodies = saved
+        stored = [b for b in boxes if b.tensor in mark.stored]
+        if stored:
+            assert self.kernel is not None
+            self.emit(depth + 1, "__syncthreads();")
+            for b in stored:
+                store_box(self, depth + 1, b, places[b.tensor], max(1, self.kernel.threads))
+            self.emit(depth + 1, "__syncthreads();")
         self.emit(depth, "}")
 
     def partial_reduction(
@@ -305,6 +332,18 @@ class CudaPrinter(ThreadPrinter):
         self.emit(depth, parts.wrap(f"tc_part = {parts.combine('tc_part')};"))
         self.emit(depth, "tc_seen = true;")
 
+    def promoted(self, instance: Instance, loop: Header, depth: int) -> None:
+        """A reduction loop with its accumulator in a register, below guards sunk from
+        above a row kernel (`_branch`): the loop, its load and its store under them."""
+        if not self.sunk:
+            super().promoted(instance, loop, depth)
+            return
+        guards, self.sunk = self.sunk, []
+        self.emit(depth, f"if ({' && '.join(f'({c})' for c in guards)}) {{")
+        super().promoted(instance, loop, depth + 1)
+        self.emit(depth, "}")
+        self.sunk = guards
+
     def accumulator(self, body: isl.AstNode, loop: Header) -> Instance | None:
         return None if self.lane_parts is not None else super().accumulator(body, loop)
 
@@ -321,6 +360,13 @@ class CudaPrinter(ThreadPrinter):
 
 def kernel_name(kernel: MappedKernel) -> str:
     return f"tc_kernel_{kernel.index}"
+
+
+class RowsOutOfStep(InternalError):
+    """A row kernel whose AST isl split by lane (an `if` on the thread with an `else`):
+    each lane's part would run the row's statements in its own order, out of step
+    with the warp's `__syncwarp()`s. The lowering maps the def again without row
+    fusion, then without row kernels (`tcpy.pipeline.lower_to_cuda`)."""
 
 
 class SharedCopyInDivergentLoop(InternalError):
@@ -455,3 +501,15 @@ def _users_and_iterators(node: isl.AstNode) -> tuple[list[isl.AstNode], list[str
 
 def _has_shared_mark(node: isl.AstNode) -> bool:
     return any(isinstance(of_ast(n), Shared) for n, _ in walk(node))
+
+
+def _in_step(node: isl.AstNode) -> bool:
+    """Whether a row kernel's statements (`warp_rows`) are below `node`."""
+    return any(isinstance(of_ast(n), Rows) for n, _ in walk(node))
+
+
+def _all_threads(node: isl.AstNode) -> bool:
+    """Whether every thread of the block (a shared copy's barriers), or of a warp (a
+    row kernel's `__syncwarp()`, a lane reduction's shuffles), must reach code below
+    `node`."""
+    return any(isinstance(of_ast(n), Shared | Rows | Lanes) for n, _ in walk(node))

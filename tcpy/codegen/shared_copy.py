@@ -16,12 +16,12 @@ import islpy as isl
 from tcpy.codegen.ast_build import PackedBox
 from tcpy.codegen.dialect import CUDA
 from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
-from tcpy.codegen.loops import Header
+from tcpy.codegen.loops import Header, walk
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
 from tcpy.mapping.gpu.device import WARP
 from tcpy.mapping.gpu.matrix import kernel_contraction, operand_layout
-from tcpy.mapping.marks import Mark, Shared, of_ast
+from tcpy.mapping.marks import Mark, Rows, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.types import ScalarType
 
@@ -134,9 +134,14 @@ def _compute_from(
     marks: tuple[Mark, ...],
 ) -> None:
     """`inner` reading the tensors of `copies` from shared memory, under the guards
-    sunk into the copy's scope (`if_`)."""
+    sunk into the copy's scope (`if_`); below a row kernel's statements, whose lanes
+    must all reach each `__syncwarp()`, the guards stay sunk to its statements."""
     saved, sunk = p.bodies, p.sunk
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
+    if any(isinstance(of_ast(n), Rows) for n, _ in walk(inner)):
+        p.node(inner, depth, marks)
+        p.bodies = saved
+        return
     p.sunk = []
     if sunk:
         p.emit(depth, f"if ({' && '.join(f'({c})' for c in sunk)}) {{")
@@ -285,6 +290,21 @@ def print_shared_copy(
         copies[b.tensor] = copy
     p.emit(depth + 1, "__syncthreads();")
     _compute_from(p, copies, inner, depth + 1, marks)
+    p.emit(depth, "}")
+
+
+def store_box(p: ThreadPrinter, depth: int, b: PackedBox, copy: LocalCopy, threads: int) -> None:
+    """The part of box `b` inside its tensor stored from `copy` in shared memory to
+    global memory, each thread taking every `threads`-th element (coalesced)."""
+    sizes = list(b.sizes)
+    total = math.prod(sizes)
+    p.open_loop(depth, f"for (int tc_e = {THREAD}; tc_e < {total}; tc_e += {threads}) {{")
+    local, inside, index = _element(p, depth + 1, b, copy, sizes, 1)
+    source = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
+    p.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
+    store = CUDA.store.format(array=tensor_name(b.tensor), index=index)
+    p.emit(depth + 2, f"{store} = TC_SLD({copy.buffer}, {source});")
+    p.emit(depth + 1, "}")
     p.emit(depth, "}")
 
 

@@ -59,6 +59,25 @@ def worst_stride(node: isl.ScheduleNode, member: int, scop: Scop, transposed: Tu
     return worst
 
 
+def strided_tensors(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
+    """The tensors that some statement reads or writes across memory along band
+    member `member` (`_stride` -2)."""
+    found = set()
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if position is None:
+            continue
+        st = stmt.source(scop.cdef)
+        var = stmt.dims[position]
+        tensors = [st.tensor]
+        if stmt.kind is Kind.COMPUTE:
+            tensors += [a.tensor for a in ast.walk(st.rhs) if isinstance(a, ast.Access) and a.args]
+        for tensor, subscripts in zip(tensors, _accesses(scop, stmt_name), strict=True):
+            if _stride(subscripts, var) < 0:
+                found.add(tensor)
+    return found
+
+
 def strided_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
     """The tensors that some statement reads across memory along band member `member`
     (`_stride` -2: the member's index in a subscript other than the last, or in the

@@ -19,7 +19,8 @@ GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
 - `Shared(tensors, stages)`, `shared:A,B` or `shared/2:A,B`: operand tiles copied into
   shared memory (into a ring of `stages` buffers);
-- `Scratch(tensors)`, `scratch:T`: a row kernel's temporaries in shared memory;
+- `Scratch(tensors, stored)`, `scratch:T,A>`: a row kernel's temporaries in shared memory,
+  and outputs there stored to global memory once its rows are done (`A>`);
 - `ThreadRegisters(outputs)`, `thread_registers:16`: a thread's point loops, whose
   outputs (16 at most) it keeps in registers across their reduction;
 - `Private()`, `private`: where a thread's register tile is loaded and stored;
@@ -27,7 +28,8 @@ GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
   point loops of a contraction, run by its warps on the tensor cores;
 - `Lanes()`, `lane_reduction`: a reduction over the 32 lanes of a warp;
 - `Atomic()`, `atomic_reduction`: a reduction split across blocks;
-- `Rows()`, `warp_rows`: a row kernel's statements, a warp per row.
+- `Rows()`, `warp_rows`: a row kernel's statements, a warp per row;
+- `LaneZero()`, `lane_zero`: a row kernel's statement of the row alone, run by lane 0.
 
 A mark of a loop (`Parallel`, `Collapse`, `Simd`) names the schedule depth of the
 member it marks, which is the loop it belongs to: isl drops loops of a single
@@ -148,16 +150,23 @@ class Shared:
         return f"shared{ring}:{','.join(self.tensors)}"
 
 
+STORED = ">"
+"""After a tensor's name in a `scratch:` mark: its box is stored to global memory when
+the code below the mark has run (`scratch:P,A>`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Scratch:
-    """These temporaries live in shared memory here, one slice per row (GPU row
-    kernels)."""
+    """These tensors live in shared memory here, one slice per row (GPU row kernels):
+    temporaries, and outputs (`stored`) whose box is stored to global memory once
+    the rows are done."""
 
     tensors: tuple[str, ...]
+    stored: tuple[str, ...] = ()  # among `tensors`
 
     @property
     def name(self) -> str:
-        return f"scratch:{','.join(self.tensors)}"
+        return "scratch:" + ",".join(t + STORED * (t in self.stored) for t in self.tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +240,21 @@ class Rows:
         return "warp_rows"
 
 
+@dataclass(frozen=True, slots=True)
+class LaneZero:
+    """A row kernel's statement of the row alone (an initialisation, a row's value),
+    run by lane 0. A mark rather than a filter on the lane: isl would otherwise split
+    the row's statements by lane, and each lane's part would run in its own order,
+    out of step with the warp's meetings (`tcpy.codegen.cuda`)."""
+
+    @property
+    def name(self) -> str:
+        return "lane_zero"
+
+
 Mark = (
     Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | ThreadRegisters
-    | MatrixTile | Private | Lanes | Atomic | Rows
+    | MatrixTile | Private | Lanes | Atomic | Rows | LaneZero
 )  # fmt: skip
 Copy = Pack | Shared | Scratch
 """The marks under which codegen lays out local copies of tensors' boxes."""
@@ -267,10 +288,13 @@ def parse(name: str) -> Mark:
         case staged if staged.startswith("shared/") and staged[7:].isdigit() and tensors:
             return Shared(tensors, int(staged[7:]))
         case "scratch" if tensors:
-            return Scratch(tensors)
+            names = tuple(t.removesuffix(STORED) for t in tensors)
+            return Scratch(
+                names, tuple(t.removesuffix(STORED) for t in tensors if t.endswith(STORED))
+            )
         case matrix if matrix.startswith("matrix/"):
             return _matrix_tile(matrix[7:], rest)
-    for simple in (Private(), Lanes(), Atomic(), Rows()):
+    for simple in (Private(), Lanes(), Atomic(), Rows(), LaneZero()):
         if name == simple.name:
             return simple
     raise InternalError(f"a schedule mark that is no tcpy mark: {name!r}")

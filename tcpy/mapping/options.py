@@ -271,11 +271,13 @@ class MappingOptions:
     them adjacent, loaded, stored and read from shared memory as one `float2` or
     `float4` where the accesses allow (`tcpy.mapping.gpu.placement.thread_runs`)."""
     fuse_rows: bool = dataclasses.field(
-        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu", "cuda"), *_BOOLS)
     )
-    """`cpu`: run consecutive nests that share their rows, where a row reduction needs
-    the rows whole (a softmax, a layer norm, an attention head), as one nest over
-    blocks of rows, their temporaries in a thread's buffers (`tcpy.mapping.cpu.rows`)."""
+    """Run consecutive nests that share their rows, where a row reduction needs the
+    rows whole (a softmax, a layer norm, an attention head), as one nest over their
+    rows (`tcpy.mapping.rows`): `cpu`, over blocks of rows, their temporaries in a
+    thread's buffers; `cuda`, as a row kernel, a warp per row, the temporaries in
+    shared memory (`tcpy.mapping.gpu.rows`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The

@@ -169,7 +169,7 @@ def has_mark(node: isl.ScheduleNode, kind: type[marks.Mark]) -> bool:
     return any(has_mark(c, kind) for c in schedule_children(node))
 
 
-def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop, outputs: bool = False) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
     definition that touches it runs there (a reduction's initialisation too), one of
     them writes it (with `=` or an initialised reduction), the others only read it or
@@ -178,9 +178,10 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     unconditional (the code generators read a checked subscript from global memory,
     where the values never went: a tie count read under `?:` in a max's backward
     read poison on the GPU, the gradient fuzzer's find). Its values then never need
-    global memory."""
+    global memory. With `outputs`, the same rules for an output, whose values then
+    need global memory only at the end (`tcpy.mapping.gpu.shared.written_by_block`)."""
     cdef = scop.cdef
-    if cdef.tensor(tensor).role is not Role.TEMPORARY:
+    if cdef.tensor(tensor).role is not Role.TEMPORARY and not outputs:
         return False
     for st in cdef.statements:
         for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):

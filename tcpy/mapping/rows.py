@@ -1,5 +1,6 @@
-"""Row fusion on the CPU: consecutive nests that share their outer rows, and that a
-row reduction needs whole, run as one nest over blocks of rows.
+"""Row fusion: consecutive nests that share their outer rows, and that a row
+reduction needs whole, run as one nest over blocks of rows (the CPU) or over the
+rows (the GPU, whose row kernels take blocks of rows themselves).
 
 A softmax, a layer norm or an attention head, as isl's `Min` fusion schedules them,
 is a nest per statement, each temporary written whole to memory and read back (an
@@ -15,7 +16,11 @@ indices (the rows: an attention's `b, h, i`) and rebuilds each such run as
 
 so that one block's rows go through every statement before the next block starts,
 and a temporary that lives in the run (the scores, their exponentials) stays in a
-thread's buffer (`scratch:`, `tcpy.mapping.cpu.packing`), never in memory.
+thread's buffer (`scratch:`, `tcpy.mapping.cpu.packing`), never in memory. For the
+GPU (`tiled=False`) the band is over the rows themselves, `(b, h, i)`, permutable,
+each statement over its own remaining indices below: `tcpy.mapping.gpu.rows` maps
+it as a row kernel, a warp per row, a block per tile of rows, the temporaries in
+shared memory; a run it cannot map that way is not fused (`accept`).
 
 A run qualifies when every dependence among its statements joins instances of the
 same row (so rows are independent and, within a row, program order is a valid
@@ -25,8 +30,8 @@ row must be whole before the next statement), and each operand the block's rows
 share (read without the innermost row index, as an attention's keys) is small enough
 to be read again for every block from the cache (`SHARED_OPERAND_BYTES`): an output
 projection's weights, read again for every block of 32 rows, would make the fused
-nest slower than the matmul it replaces. The band over the rows is left
-non-permutable so that tiling does not cut it again.
+nest slower than the matmul it replaces. The CPU's band over the blocks of rows
+is left non-permutable so that tiling does not cut it again.
 """
 
 from __future__ import annotations
@@ -61,18 +66,30 @@ again for every block, from the cache (half of a Zen 4 core's L2)."""
 @dataclass(frozen=True)
 class _Run:
     """Consecutive children `start` to `stop` (exclusive) of the top-level sequence,
-    fused over their first `rows` indices, `block` of the innermost at a time."""
+    fused over their first `rows` indices, `block` of the innermost at a time (None:
+    the rows untiled, for the GPU)."""
 
     start: int
     stop: int
     rows: int
-    block: int
+    block: int | None
 
 
-def fuse_rows(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Schedule:
+Accept = Callable[[list[PolyStatement], int], bool]
+"""Whether a target can run these statements fused over their first `k` indices."""
+
+
+def fuse_rows(
+    schedule: isl.Schedule,
+    scop: Scop,
+    deps: Dependences,
+    tiled: bool = True,
+    accept: Accept | None = None,
+) -> isl.Schedule:
     """`schedule` with its qualifying runs of nests fused over their rows (see the
-    module docstring); unchanged where there is none, or where the fused schedule
-    would not respect the dependences."""
+    module docstring), in blocks of rows (`tiled`, the CPU) or over the rows alone
+    (the GPU), each run also accepted by `accept`; unchanged where there is none, or
+    where the fused schedule would not respect the dependences."""
     sequence = schedule.get_root().child(0)
     if sequence.get_type() != isl.schedule_node_type.sequence:
         return schedule
@@ -83,7 +100,7 @@ def fuse_rows(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Sche
         key=lambda pair: _first(pair[1]),
     )
     children, nests = [c for c, _ in found], [n for _, n in found]
-    runs = _runs(nests, scop, deps)
+    runs = _runs(nests, scop, deps, tiled, accept)
     if not runs:
         return schedule
     fused = _rebuild(schedule, children, nests, runs, scop, deps)
@@ -100,7 +117,13 @@ def _statements(child: isl.ScheduleNode, scop: Scop) -> list[PolyStatement]:
     return sorted((scop.statement(n) for n in names), key=lambda s: s.name)
 
 
-def _runs(nests: list[list[PolyStatement]], scop: Scop, deps: Dependences) -> list[_Run]:
+def _runs(
+    nests: list[list[PolyStatement]],
+    scop: Scop,
+    deps: Dependences,
+    tiled: bool,
+    accept: Accept | None,
+) -> list[_Run]:
     """The qualifying runs, greedily: from each nest, the longest run that qualifies."""
     runs: list[_Run] = []
     start = 0
@@ -111,8 +134,13 @@ def _runs(nests: list[list[PolyStatement]], scop: Scop, deps: Dependences) -> li
             rows = _shared_rows(statements, scop, deps)
             if rows == 0:
                 break
-            if _whole(statements, scop) and _reduces_rows(statements, rows, scop):
-                found = _Run(start, stop, rows, _block(statements, rows, scop))
+            if (
+                _whole(statements, scop)
+                and _reduces_rows(statements, rows, scop)
+                and (accept is None or accept(_in_order(statements), rows))
+            ):
+                block = _block(statements, rows, scop) if tiled else None
+                found = _Run(start, stop, rows, block)
         if found is None:
             start += 1
         else:
@@ -333,12 +361,16 @@ def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode
 def _fused(
     leaf: isl.ScheduleNode, statements: list[PolyStatement], run: _Run, deps: isl.UnionMap
 ) -> isl.ScheduleNode:
-    """At `leaf`, the band over the blocks of rows and the statements' bands below it
-    (see the module docstring); returns the node at `leaf`'s position."""
+    """At `leaf`, the band over the blocks of rows (or the rows) and the statements'
+    bands below it (see the module docstring); returns the node at `leaf`'s position."""
     ctx = leaf.get_ctx()
-    blocks = [_band(statements, functools.partial(_dim, d=d)) for d in range(run.rows - 1)]
-    blocks.append(_band(statements, lambda s: _tile(s, run.rows - 1, run.block)))
+    outer = run.rows - 1 if run.block is not None else run.rows
+    blocks = [_band(statements, functools.partial(_dim, d=d)) for d in range(outer)]
+    if run.block is not None:
+        block = run.block
+        blocks.append(_band(statements, lambda s: _tile(s, run.rows - 1, block)))
     node = leaf.insert_partial_schedule(_joined(blocks))
+    node = node.band_set_permutable(int(run.block is None))
     for m in range(run.rows):
         node = node.band_member_set_coincident(m, 1)
     filters = isl.UnionSetList.alloc(ctx, len(statements))
@@ -346,8 +378,10 @@ def _fused(
         filters = filters.add(isl.UnionSet.from_set(s.domain))
     node = node.child(0).insert_sequence(filters)
     for i, s in enumerate(statements):
-        inner = [_point(s, run.rows - 1, run.block)]
+        inner = [_point(s, run.rows - 1, run.block)] if run.block is not None else []
         inner += [_dim(s, d) for d in range(run.rows, len(s.dims))]
+        if not inner:
+            continue  # a statement of the row alone
         band = node.child(i).child(0).insert_partial_schedule(_joined([_single(a) for a in inner]))
         band = band.band_set_permutable(1)
         for m, flag in enumerate(_coincident(band, deps)):

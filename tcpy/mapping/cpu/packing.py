@@ -76,7 +76,7 @@ def pack_operands(
             return band
         point = band.child(0)
         if point.get_type() == isl.schedule_node_type.sequence:
-            # a row-fused nest (`tcpy.mapping.cpu.rows`): a site above each statement's
+            # a row-fused nest (`tcpy.mapping.rows`): a site above each statement's
             # own loops, copying what that statement reads of a block of rows, but not
             # what the nest writes (it may live in a thread's buffer, not in memory)
             written = {st.tensor for st in statements_below(band, scop)}

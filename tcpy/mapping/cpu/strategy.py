@@ -23,10 +23,10 @@ from tcpy.mapping import marks
 from tcpy.mapping.cpu.loops import mark_parallel, mark_simd, split_row_reductions
 from tcpy.mapping.cpu.packing import pack_operands, scratch_temporaries, transposed_operands
 from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, register_block
-from tcpy.mapping.cpu.rows import fuse_rows
 from tcpy.mapping.cpu.tiles import auto_tile, order_band
 from tcpy.mapping.marks import Turns
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.rows import fuse_rows
 from tcpy.parser.checked import CheckedDef, contraction
 from tcpy.poly.dependences import Dependences, respects
 from tcpy.poly.scop import Scop

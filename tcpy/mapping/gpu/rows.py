@@ -13,7 +13,8 @@ row's intermediate values never leave the chip:
               band  rows
                 mark warp_rows             __syncwarp() after each statement
                   sequence                 the statements in program order
-                    filter I0  t0 = 0      one lane runs a statement of the row
+                    filter I0              lane 0 runs a statement of the row
+                      mark lane_zero
                     filter S0  d mod 32 = t0
                       mark lane_reduction  each lane reduces a 32nd, then shuffles
                         band d
@@ -43,20 +44,21 @@ nest is mapped as any other band (`tcpy.mapping.gpu`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import islpy as isl
 
 from tcpy.mapping import marks
-from tcpy.mapping.gpu.bind import bind_members, count_blocks, grid_sizes, pin
+from tcpy.mapping.gpu.bind import bind_members, count_blocks, grid_sizes
 from tcpy.mapping.gpu.device import SHUFFLED, WARP, DeviceProfile, shared_budget
 from tcpy.mapping.gpu.shared import block_traffic, row_tensors
-from tcpy.mapping.locality import worst_stride
+from tcpy.mapping.locality import strided_tensors
 from tcpy.mapping.options import MappingOptions
 from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.parser import ast
+from tcpy.parser.checked import CheckedStatement, Role
 from tcpy.poly.isl_helpers import multi_val, statement_names
 from tcpy.poly.schedule import identity_band, member_extent, member_variables
 from tcpy.poly.scop import Kind, PolyStatement, Scop
@@ -64,6 +66,10 @@ from tcpy.poly.scop import Kind, PolyStatement, Scop
 ROWS = 8
 """The rows (warps) a block runs, halved while the grid would not fill the device
 (down to `_fewest_rows`) or the block's shared memory would not fit."""
+MOST_ROWS = 32
+"""The most rows (warps) a block runs: where the operands its rows share dominate
+their traffic (an attention's keys and values, read by every query row), a block
+takes up to this many rows, the whole sequence where it is shorter."""
 SHARED_OPERAND_SHARE = 0.25
 """The most that the operands all rows of a block read (a layernorm's `g` and `b`,
 copied in once per block) may add to the traffic of the rows themselves: the rows
@@ -79,6 +85,7 @@ class Rows(NamedTuple):
     rows: int
     copied: tuple[str, ...]
     scratch: tuple[str, ...]
+    member: int  # the row band's member whose consecutive rows a block runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +93,34 @@ class RowStatement:
     """A statement of a row kernel."""
 
     statement: PolyStatement
-    inner: tuple[int, ...]  # the positions of its indices below the rows, in order
+    inner: tuple[int, ...]  # the positions of its indices below the rows, its own
+    # reduction indices last where it has others (each lane then reduces alone)
     lanes: bool  # a reduction over the lanes (else lane-parallel, or lane 0 alone)
+    lane: int = -1  # the position in `inner` of the index on the lanes
+
+    @property
+    def sequential(self) -> int:
+        """How many of its inner indices each lane walks alone, after the lanes' one:
+        the reduction of a contraction inside the row (an attention's scores)."""
+        return len(self.inner) - 1 - self.lane if self.inner else 0
+
+
+def row_fusable(scop: Scop, options: MappingOptions) -> Callable[[list[PolyStatement], int], bool]:
+    """Whether a row kernel can run statements fused over their first `k` indices
+    (`tcpy.mapping.rows.fuse_rows`): the options let the lanes share a row, and each
+    statement is one the lanes can run (`row_statement`)."""
+    threads = options.map_to_threads
+
+    def accept(statements: list[PolyStatement], k: int) -> bool:
+        if not options.reduce_across_threads or options.tile:
+            return False
+        if (threads and (threads[0] != WARP or len(threads) > 2)) or k > len(BLOCK_PARAMS):
+            return False
+        return all(
+            row_statement(s, loops(s, range(k, len(s.dims))), scop) is not None for s in statements
+        )
+
+    return accept
 
 
 def map_rows(
@@ -121,24 +154,32 @@ def map_rows(
     if statements is None:
         return None
     node = _rebuild(node, statements)
-    if not _coalesced(node.child(0), statements, scop):
-        return None
     members = list(reversed(range(n)))  # by grid dimension: x on the innermost
 
-    def tiles(rows: int) -> list[int]:
-        return [1] * (n - 1) + [rows]
+    member = chosen.member if chosen else _row_member(node, scop)
 
-    chosen = chosen or _rows(node, scop, options, device, fill, tiles)
-    rows, copied, scratch = chosen
+    def tiles(rows: int) -> list[int]:
+        return [rows if m == member else 1 for m in range(n)]
+
+    given = chosen is not None
+    chosen = chosen or _rows(node, scop, options, device, fill, tiles, member)
+    coalesced = _coalesced(node.child(0), statements, scop, {*chosen.copied, *chosen.scratch})
+    if not coalesced and not given:  # the outputs the lanes write across memory, stored
+        chosen = _rows(node, scop, options, device, fill, tiles, member, every_output=True)
+        coalesced = _coalesced(node.child(0), statements, scop, {*chosen.copied, *chosen.scratch})
+    if not coalesced:
+        return None
+    rows, copied, scratch, _ = chosen
     node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
     grid = grid_sizes(options, [member_extent(node, m, at) for m in members])
     if not bind:
         return (node, tuple(grid), (WARP, rows)), chosen
     node = bind_members(node, members, grid, BLOCK_PARAMS)
-    point = bind_members(node.child(0), [n - 1], [rows], THREAD_PARAMS[1:2])
+    point = bind_members(node.child(0), [member], [rows], THREAD_PARAMS[1:2])
     sequence = _bind_lanes(marks.insert(point.child(0), marks.Rows()), statements)
     point = sequence.ancestor(3)  # above the mark and the rows' band: the thread filter
-    for mark in (marks.Scratch(tuple(scratch)), marks.Shared(tuple(copied))):
+    stored = tuple(t for t in scratch if scop.cdef.tensor(t).role is not Role.TEMPORARY)
+    for mark in (marks.Scratch(tuple(scratch), stored), marks.Shared(tuple(copied))):
         if mark.tensors:
             point = marks.insert(point, mark).parent()
     return (point.parent().parent(), tuple(grid), (WARP, rows)), chosen
@@ -151,35 +192,63 @@ def _rows(
     device: DeviceProfile,
     fill: int,
     tiles: Callable[[int], list[int]],
+    member: int,
+    every_output: bool = False,
 ) -> Rows:
     """The rows a block of the row band `node` runs (tiled by `tiles(rows)`): the
     options', else `ROWS` halved while the grid would not fill the device (`fill`
     blocks) down to `_fewest_rows`, and while the block's shared memory would not
-    fit; with the operands it copies and the temporaries it keeps there."""
+    fit; with the operands it copies and the temporaries (and outputs: `every_output`,
+    `shared.row_tensors`) it keeps there."""
     threads = options.map_to_threads
     n = node.band_n_member()
     extents = [member_extent(node, m) for m in range(n)]
     members = list(reversed(range(n)))
     fixed = len(threads) == 2
-    rows = threads[1] if fixed else max(1, min(ROWS, extents[-1] or ROWS))
+    last = extents[member] or ROWS
+    rows = threads[1] if fixed else max(1, min(ROWS, last))
     fewest = rows if fixed else _fewest_rows(node, scop, tiles)
+    if fewest > rows:  # the operands a block's rows share dominate: more rows a block
+        rows = fewest = min(fewest, last)
     while rows // 2 >= fewest and count_blocks(extents, tiles(rows), members) < fill:
         rows //= 2
-    copied: list[str] = []
-    scratch: list[str] = []
-    while options.use_shared_memory:
+    if not options.use_shared_memory:
+        return Rows(rows, (), (), member)
+
+    def fit(rows: int) -> tuple[list[str], list[str], bool]:
         tiled = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
-        copied, scratch, complete = row_tensors(
-            tiled.child(0), scop, shared_budget(options, device)
-        )
-        if complete or fixed or rows == 1:
-            break
+        return row_tensors(tiled.child(0), scop, shared_budget(options, device), every_output)
+
+    copied, scratch, complete = fit(rows)
+    while not (complete or fixed or rows == 1):
+        fewer = fit(rows // 2)
+        if len(fewer[0]) + len(fewer[1]) <= len(copied) + len(scratch) and not fewer[2]:
+            break  # what does not fit does not shrink with the rows (a head's keys)
         rows //= 2
-    return Rows(rows, tuple(copied), tuple(scratch))
+        copied, scratch, complete = fewer
+    return Rows(rows, tuple(copied), tuple(scratch), member)
+
+
+def _row_member(band: isl.ScheduleNode, scop: Scop) -> int:
+    """The member of the row band `band` whose consecutive rows a block runs: the one
+    along which the rows share most of the operands they read (an attention's query
+    rows share the head's keys and values, its heads do not), the innermost of
+    those alike (its rows are adjacent in memory)."""
+    n = band.band_n_member()
+    space = band.band_get_space()
+    best, shared = n - 1, -1
+    for m in reversed(range(n)):
+        if member_extent(band, m) == 1:
+            continue
+        one, two = (block_traffic(band.band_tile(multi_val(space, [r if k == m else 1
+                    for k in range(n)])).child(0), scop) for r in (1, 2))  # fmt: skip
+        if one is not None and two is not None and 2 * one - two > shared:
+            best, shared = m, 2 * one - two
+    return best
 
 
 def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:
-    """The fewest rows (a power of two, at most `ROWS`) a block of the row band `band`
+    """The fewest rows (a power of two, at most `MOST_ROWS`) a block of the row band `band`
     may run, tiled by `tiles(rows)`: with fewer, the global traffic of the operands
     every row of the block reads, moved once per block, would exceed
     `SHARED_OPERAND_SHARE` of the traffic of the block's rows (from the boxes of a
@@ -191,7 +260,7 @@ def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list
         return 1
     shared, per_row = 2 * one - two, two - one
     rows = 1
-    while rows < ROWS and shared > SHARED_OPERAND_SHARE * rows * per_row:
+    while rows < MOST_ROWS and shared > SHARED_OPERAND_SHARE * rows * per_row:
         rows *= 2
     return rows
 
@@ -205,6 +274,8 @@ def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | N
     names = statement_names(band.get_domain())
     rows: dict[str, list[int]] = {name: [] for name in names}
     for k in range(n):
+        if member_extent(band, k) == 1:
+            continue  # a row index of one value (a batch of 1): no loop
         walked = member_variables(band, k)
         for name in names:
             position = walked.get(name)
@@ -216,51 +287,74 @@ def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | N
         (scop.statement(name) for name in names),
         key=lambda s: (s.index, s.kind is Kind.COMPUTE),
     ):
-        if len(set(rows[s.name])) != n:
+        if len(set(rows[s.name])) != len(rows[s.name]):
             return None
-        inner = tuple(d for d in range(len(s.dims)) if d not in rows[s.name])
-        lanes = _lanes(s, inner, scop)
-        if lanes is None:
+        r = row_statement(
+            s, loops(s, [d for d in range(len(s.dims)) if d not in rows[s.name]]), scop
+        )
+        if r is None:
             return None
-        found.append(RowStatement(s, inner, lanes))
+        found.append(r)
     if not any(r.inner for r in found) or len({r.statement.index for r in found}) < 2:
         return None  # one band over every index, or one statement: a plain nest
     return found
 
 
-def _coalesced(sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop) -> bool:
-    """Whether the lanes walk no access of a statement across rows of memory (each
-    statement's last inner index, the one on the lanes, is `sequence`'s child's last
-    band member)."""
+def _coalesced(
+    sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop, local: set[str]
+) -> bool:
+    """Whether the lanes walk no access of a statement across rows of memory (the
+    index on the lanes is member `lane` of the band below `sequence`'s child), but
+    in the tensors of `local`, in shared memory (a copy reads the rows whole)."""
     for pos, r in enumerate(statements):
-        if r.inner and worst_stride(sequence.child(pos).child(0), len(r.inner) - 1, scop) < 0:
+        if r.inner and not strided_tensors(sequence.child(pos).child(0), r.lane, scop) <= local:
             return False
     return True
 
 
-def _lanes(s: PolyStatement, inner: tuple[int, ...], scop: Scop) -> bool | None:
-    """Whether statement `s` of a row kernel reduces over the lanes (False: its last
-    inner index is spread over them, or it has none); None when the lanes cannot run
-    it."""
+def loops(s: PolyStatement, dims: Iterable[int]) -> tuple[int, ...]:
+    """Those of statement `s`'s indices `dims` that take more than one value."""
+    return tuple(d for d in dims if s.domain.dim_min_val(d) != s.domain.dim_max_val(d))
+
+
+def row_statement(s: PolyStatement, inner: tuple[int, ...], scop: Scop) -> RowStatement | None:
+    """Statement `s` of a row kernel, `inner` its indices below the rows: a reduction
+    over exactly them reduces over the lanes (shuffles); another statement spreads
+    its last index that it does not reduce over the lanes, each lane reducing alone
+    over its own reduction indices, put last (a contraction inside the row: an
+    attention's scores, walking the keys on the lanes); a statement without inner
+    indices runs in lane 0. None when the lanes cannot run it: a scatter, a read of
+    what it writes other than at the element it writes (a rewrite in place is
+    element-wise), an inner loop of unknown extent, or a shuffle of a type the
+    shuffles do not move."""
     st = s.source(scop.cdef)
-    if s.kind is Kind.INIT or not inner:
-        return False
-    if st.scatter:
-        return None  # its element moves with every index: no lane may hold it
-    if any(isinstance(a, ast.Access) and a.tensor == st.tensor for a in ast.walk(st.rhs)):
-        return None  # reads what it writes
+    if not inner:
+        return RowStatement(s, inner, False)
+    if st.scatter or _reads_own_tensor(st):
+        return None
     for d in inner:
         lo, hi = s.domain.dim_min_val(d), s.domain.dim_max_val(d)
-        if (
-            not (lo.is_int() and hi.is_int())
-            or int(hi.to_python()) - int(lo.to_python()) < WARP - 1
-        ):
+        if not (lo.is_int() and hi.is_int()):
             return None
-    if st.op.reduction is None:
-        return False
-    if {s.dims[d] for d in inner} != set(st.reduction_indices):
-        return None
-    return scop.cdef.tensor(st.tensor).scalar.compute in SHUFFLED or None
+    reducing = set(st.reduction_indices) if s.kind is Kind.COMPUTE else set()
+    own = tuple(d for d in inner if s.dims[d] in reducing)
+    spread = tuple(d for d in inner if s.dims[d] not in reducing)
+    if not spread:
+        if scop.cdef.tensor(st.tensor).scalar.compute not in SHUFFLED:
+            return None
+        return RowStatement(s, inner, True, len(inner) - 1)
+    return RowStatement(s, spread + own, False, len(spread) - 1)
+
+
+def _reads_own_tensor(st: CheckedStatement) -> bool:
+    """Whether `st` reads the tensor it writes other than at the element it writes."""
+    return any(
+        isinstance(a, ast.Access)
+        and a.tensor == st.tensor
+        and [x.name if isinstance(x, ast.Index) else None for x in a.args] != list(st.indices)
+        for e in st.expressions
+        for a in ast.walk(e)
+    )
 
 
 def _rebuild(band: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:
@@ -278,7 +372,7 @@ def _rebuild(band: isl.ScheduleNode, statements: list[RowStatement]) -> isl.Sche
             child = child.insert_partial_schedule(identity_band(r.statement, r.inner))
             child = child.band_set_permutable(1)
             for k in range(len(r.inner)):
-                child = child.band_member_set_coincident(k, 0 if r.lanes else 1)
+                child = child.band_member_set_coincident(k, int(not r.lanes and k <= r.lane))
         node = child.parent().parent()
     return node.parent()
 
@@ -291,9 +385,9 @@ def _bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.S
     for pos, r in enumerate(statements):
         child = node.child(pos).child(0)
         if not r.inner:
-            node = pin(child, lane, 0).ancestor(3)
+            node = marks.insert(child, marks.LaneZero()).ancestor(3)
             continue
-        child = bind_members(child, [len(r.inner) - 1], [WARP], (lane,))
+        child = bind_members(child, [r.lane], [WARP], (lane,))
         if r.lanes:
             child = marks.insert(child, marks.Lanes()).parent()
         node = child.ancestor(3)

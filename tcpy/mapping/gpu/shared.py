@@ -15,16 +15,19 @@ import islpy as isl
 
 from tcpy.mapping.locality import strided_reads
 from tcpy.mapping.promotion import (
+    Box,
     box,
     box_at,
     candidates,
+    extent_value,
+    footprint,
     kernel_local,
     reuse,
     statements_below,
     subscript_indices,
     within_budget,
 )
-from tcpy.parser.checked import Role
+from tcpy.parser.checked import CheckedStatement, Role
 from tcpy.parser.linear import linear_form
 from tcpy.parser.ranges import guarded_accesses
 from tcpy.poly.isl_helpers import union_map_maps
@@ -99,25 +102,96 @@ def _point_band(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 
 def row_tensors(
-    node: isl.ScheduleNode, scop: Scop, budget: int
+    node: isl.ScheduleNode, scop: Scop, budget: int, every_output: bool = False
 ) -> tuple[list[str], list[str], bool]:
     """At the block of a row kernel (`tcpy.mapping.gpu.rows`, above its thread filter):
     the operands to copy into shared memory (read by several statements below, or
     reused across the block's rows, as a layernorm's `g`), the temporaries to keep
-    there instead of in global memory (`scratch`), and whether every one wanted fits
+    there instead of in global memory and the outputs to compute there and store
+    once (`scratch`: `written_by_block`; `every_output`: those written once too,
+    which the lanes would write across memory), and whether every one wanted fits
     `budget` bytes (smallest boxes first)."""
     operands = [
         t
         for t in candidates(node, scop, min_rank=1)
-        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 4
+        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 2
         and (reuse(node, t, scop) >= 2 or _readers(node, t, scop) >= 2)
     ]
     local = [t for t in scop.cdef.tensors if kernel_local(node, t.name, scop)]
+    local += [t for t in scop.cdef.tensors if written_by_block(node, t.name, scop, every_output)]
     wanted = operands + [t.name for t in local]
     accesses = scop.reads.union(scop.writes)
     chosen = within_budget(node, wanted, scop, budget, accesses)
     complete = len(chosen) == len(wanted)
     return [t for t in operands if t in chosen], [t for t in chosen if t not in operands], complete
+
+
+def written_by_block(
+    node: isl.ScheduleNode, tensor: str, scop: Scop, every_output: bool = False
+) -> bool:
+    """Whether output `tensor` can be computed in shared memory by each block at `node`
+    (the block of a row kernel) and its box stored once when the block is done (an
+    attention's output, initialised, accumulated and divided in place): every
+    statement writing it runs below `node`, the first of them initialises it (`=`,
+    or a reduction's `!`), none reads it before that one nor elsewhere than where it
+    writes it (`kernel_local`'s rules), every element of the tensor is written, and
+    at each block the elements written are the whole of their box inside the tensor
+    (so a block stores exactly the elements it computed, and no other block does);
+    unless `every_output`, only where the kernel touches it more than once (a
+    reduction, or several statements): an output written once is stored where it
+    is computed."""
+    info = scop.cdef.tensor(tensor)
+    if info.role is Role.TEMPORARY or info.role is Role.INPUT:
+        return False
+    touching = [st for st in scop.cdef.statements if tensor in _touched(st)]
+    once = len(touching) < 2 and not any(st.op.is_reduction for st in touching)
+    if once and not every_output:
+        return False  # written once and not read: stored where it is computed
+    if not kernel_local(node, tensor, scop, outputs=True):
+        return False
+    extents = [extent_value(scop, e) for e in info.shape]
+    if any(e is None for e in extents):
+        return False
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    written = footprint(prefix, scop.writes, tensor)
+    found = None if written is None else box(written, tensor)
+    if written is None or found is None:
+        return False
+    whole = _shape_set(written.get_space().range(), [e or 0 for e in extents])
+    whole = whole.intersect_params(written.params())
+    if not written.range().is_equal(whole):
+        return False
+    return written.is_equal(_hull(written, found).intersect_range(whole))
+
+
+def _touched(st: CheckedStatement) -> set[str]:
+    """The tensors statement `st` writes or reads."""
+    return {st.tensor} | {a.tensor for e in st.expressions for a, _ in guarded_accesses(e)}
+
+
+def _shape_set(space: isl.Space, extents: list[int]) -> isl.Set:
+    """The elements of a tensor of these extents, in `space`."""
+    out = isl.Set.universe(space)
+    for d, n in enumerate(extents):
+        out = out.lower_bound_val(isl.dim_type.set, d, isl.Val.int_from_si(space.get_ctx(), 0))
+        out = out.upper_bound_val(isl.dim_type.set, d, isl.Val.int_from_si(space.get_ctx(), n - 1))
+    return out
+
+
+def _hull(footprint: isl.Map, b: Box) -> isl.Map:
+    """Outer loop values -> every element of the box `b` of `footprint` there."""
+    space = footprint.get_space()
+    wrapped = isl.LocalSpace.from_space(space.wrap())
+    outer = isl.MultiAff.domain_map(space)
+    n = space.dim(isl.dim_type.in_)
+    hull = isl.Set.universe(space.wrap())
+    for d, (lo, size) in enumerate(zip(b.offsets, b.sizes, strict=True)):
+        x = isl.PwAff.var_on_domain(wrapped, isl.dim_type.set, n + d)
+        first = lo.pullback_multi_aff(outer)
+        hull = hull.intersect(x.ge_set(first)).intersect(
+            x.lt_set(first.add_constant_val(isl.Val.int_from_si(space.get_ctx(), size)))
+        )
+    return hull.unwrap().intersect_domain(footprint.domain())
 
 
 def block_traffic(node: isl.ScheduleNode, scop: Scop) -> int | None:

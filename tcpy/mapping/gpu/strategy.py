@@ -71,7 +71,7 @@ from tcpy.mapping.gpu.placement import (
     wanted_stages,
 )
 from tcpy.mapping.gpu.plan import Plan
-from tcpy.mapping.gpu.rows import Rows, map_rows
+from tcpy.mapping.gpu.rows import Rows, map_rows, row_fusable
 from tcpy.mapping.gpu.shared import gathers
 from tcpy.mapping.gpu.sizes import (
     FILL_WAVES,
@@ -83,9 +83,11 @@ from tcpy.mapping.gpu.sizes import (
 )
 from tcpy.mapping.locality import runs_along
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.mapping.rows import fuse_rows
 from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS, size_name
 from tcpy.parser.checked import CheckedDef, contraction
-from tcpy.poly.isl_helpers import read_set
+from tcpy.poly.dependences import Dependences
+from tcpy.poly.isl_helpers import read_set, schedule_children, statement_names
 from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band, tile_leading_members
@@ -145,15 +147,17 @@ def map_to_gpu(
     options: MappingOptions,
     device: DeviceProfile | None = None,
     launched: Mapping[str, int] | None = None,
+    deps: Dependences | None = None,
 ) -> GpuMapping:
     """`schedule` (valid for `scop`) mapped for `device` (default: `default_profile()`):
     every nest's band tiled, then bound to blocks and threads (see the module).
     `launched`: the sizes the kernels are launched at, when the schedule is for any
     size but the launch is for these (a CUDA kernel is built per shape): the grid
-    then has no more blocks than its loops have tiles at them."""
+    then has no more blocks than its loops have tiles at them. With `deps` (and
+    `fuse_rows`), runs of nests a row reduction needs whole are first fused over
+    their rows (step 0), kept where each becomes a row kernel."""
     device = device or default_profile()
     scop.ctx.set_tile_scale_tile_loops(0)
-    root = schedule.get_root().child(0)
     at = None
     if launched is not None and scop.sizes is None and scop.params:
         values = " and ".join(f"{size_name(p)} = {launched[p]}" for p in scop.params)
@@ -161,11 +165,39 @@ def map_to_gpu(
     # the bands tiled, as `verify` checks them, each band's choices kept; then the same
     # tiles bound to blocks and threads, from the choices made once
     choices: list[Choice] = []
-    unbound = _map_nests(root, scop, options, device, [], choices, bind=False, at=at)
+    if options.fuse_rows and deps is not None:
+        fused = fuse_rows(schedule, scop, deps, tiled=False, accept=row_fusable(scop, options))
+        root = fused.get_root().child(0)
+        unbound = _map_nests(root, scop, options, device, [], choices, bind=False, at=at)
+        if fused is schedule or _rows_kept(fused, schedule, choices):
+            schedule = fused
+        else:
+            choices = []
+    if not choices:
+        root = schedule.get_root().child(0)
+        unbound = _map_nests(root, scop, options, device, [], choices, bind=False, at=at)
     kernels: list[MappedKernel] = []
     bound = _map_nests(root, scop, options, device, kernels, choices, bind=True, at=at)
     kernels = absorb_epilogues(kernels, scop, scop.sizes or launched)
     return GpuMapping(bound.get_schedule(), unbound.get_schedule(), tuple(kernels))
+
+
+def _rows_kept(fused: isl.Schedule, schedule: isl.Schedule, choices: list[Choice]) -> bool:
+    """Whether every nest of `fused` that row fusion made (one that is no nest of
+    `schedule`) was mapped as a row kernel (`choices`, a nest's each, in order)."""
+    before = set(_nest_statements(schedule))
+    return all(
+        names in before or choice.rows is not None
+        for names, choice in zip(_nest_statements(fused), choices, strict=True)
+    )
+
+
+def _nest_statements(schedule: isl.Schedule) -> list[frozenset[str]]:
+    """The statements of each top-level nest of `schedule`, in order."""
+    node = schedule.get_root().child(0)
+    if node.get_type() not in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        return [frozenset(statement_names(node.get_domain()))]
+    return [frozenset(statement_names(c.filter_get_filter())) for c in schedule_children(node)]
 
 
 def _map_nests(

@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
       const int tc_scratch2_o0 = (int)blockIdx.x;
       __shared__ float tc_scratch3[1];
       const int tc_scratch3_o0 = (int)blockIdx.x;
-      if ((int)threadIdx.x == 0) {
+      if (threadIdx.x == 0) {
         TC_SST(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0)) = (-1.0f / 0.0f);
       }
       __syncwarp();
@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
         TC_SST(tc_scratch1, ((int)(((int)blockIdx.x) - tc_scratch1_o0) * 40 + ((c2) - tc_scratch1_o1))) = expf((TC_SLD(tc_shared0, ((int)(((int)blockIdx.x) - tc_shared0_o0) * 41 + ((c2) - tc_shared0_o1))) - TC_SLD(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0))));
       }
       __syncwarp();
-      if ((int)threadIdx.x == 0) {
+      if (threadIdx.x == 0) {
         TC_SST(tc_scratch2, (int)(((int)blockIdx.x) - tc_scratch2_o0)) = 0.0f;
       }
       __syncwarp();
