@@ -2,8 +2,10 @@
 
 With `Max` fusion, isl fuses a softmax or a layernorm into one nest: a band over the
 rows (every member coincident, no dependence between rows), and below it each
-statement's loops over the row's elements. `map_rows` maps such a nest so that the
-row's intermediate values never leave the chip:
+statement's loops over the row's elements; row fusion (`tcpy.mapping.rows`, the GPU
+mapping's first step) makes such a nest of an attention head, whose scores are a
+contraction inside the rows. `map_rows` maps such a nest so that the row's
+intermediate values never leave the chip:
 
     filter  rows on blocks                 b0 .. (the row band's tiles)
       band  row tiles
@@ -25,21 +27,25 @@ row's intermediate values never leave the chip:
 Below the row band the schedule is rebuilt in program order (the statements one
 after the other, each over its own remaining indices in their order): within a row
 that is the definition's own order, so every dependence holds, and there is none
-between rows. A statement with indices below the rows spreads its last one over the
-32 lanes: a reduction over exactly those indices with shuffles (`marks.Lanes`),
-another statement as a parallel loop; a statement of the row alone runs in lane 0.
-The warp meets at a `__syncwarp()` after each statement, which orders its memory
-accesses for the next one. A temporary whose every use is in the kernel lives in
-shared memory (`scratch:`, `tcpy.mapping.gpu.shared.row_tensors`), one slice per row;
-an operand several statements read, or the block's rows share, is copied in once
-(`shared:`); the rows a block runs halve until they fit.
+between rows. A statement with indices below the rows spreads one over the 32 lanes
+(`row_statement`): a reduction over exactly those indices with shuffles
+(`marks.Lanes`), another statement its last index it does not reduce over, as a
+parallel loop, each lane reducing alone over its own reduction indices (a contraction
+inside the row); a statement of the row alone runs in lane 0 (`marks.LaneZero`).
+Lanes past a row shorter than a warp run nothing. The warp meets at a `__syncwarp()`
+after each statement, which orders its memory accesses for the next one. A temporary
+whose every use is in the kernel lives in shared memory (`scratch:`,
+`tcpy.mapping.gpu.shared.row_tensors`), one slice per row, and so may an output,
+stored once when the block is done; an operand several statements read, or the
+block's rows share, is copied in once (`shared:`); the rows a block runs halve until
+they fit.
 
 Only where the lanes can do it: `reduce_across_threads`, the options leaving the
 tiles to the mapping and the block's x a warp, every statement's row indices plain
-indices of the band, every loop below the rows at least a warp long, a reduction's
-own indices exactly those below the rows on a type the shuffles move, and no
-statement reading what it writes (apart from a reduction's own element). Else the
-nest is mapped as any other band (`tcpy.mapping.gpu`).
+indices of the band, every loop below the rows of known extent, a shuffled reduction
+on a type the shuffles move, no statement reading what it writes other than at the
+element it writes, and no lane index striding across global memory. Else the nest is
+mapped as any other band (`tcpy.mapping.gpu`).
 """
 
 from __future__ import annotations
