@@ -15,36 +15,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from test_row_fusion import ATTENTION, ATTENTION_REWRITTEN
 
 from tcpy.mapping import marks
 from tcpy.mapping.options import MappingOptions
 
 from differential import run_against_reference
 
-ATTENTION = """
-def attention(float(T,B,H,S,E) QKV, float(B,S) M) -> (A) {
-    Sc(b,h,i,j) +=! QKV(0,b,h,i,e) * QKV(1,b,h,j,e)
-    Sc(b,h,i,j) = Sc(b,h,i,j) * 0.25 + M(b,j)
-    mx(b,h,i) max=! Sc(b,h,i,j)
-    P(b,h,i,j) = exp(Sc(b,h,i,j) - mx(b,h,i))
-    sm(b,h,i) +=! P(b,h,i,j)
-    A(b,h,i,e) +=! P(b,h,i,j) * QKV(2,b,h,j,e)
-    A(b,h,i,e) = A(b,h,i,e) / sm(b,h,i)
-}
-"""
-# the same attention with its temporaries named otherwise, the scale folded into the
-# exponential, the sum taken before the output's product, the sequence before the
-# heads in the input and the output
-ATTENTION_OTHERWISE = """
-def attn(float(T,B,S,H,E) X, float(B,S) mask) -> (out) {
-    logits(b,i,h,k) +=! X(0,b,i,h,d) * X(1,b,k,h,d)
-    logits(b,i,h,k) = logits(b,i,h,k) + mask(b,k)
-    top(b,i,h) max=! logits(b,i,h,k)
-    w(b,i,h,k) = exp((logits(b,i,h,k) - top(b,i,h)) * 0.25)
-    total(b,i,h) +=! w(b,i,h,k)
-    out(b,i,h,d) +=! w(b,i,h,k) / total(b,i,h) * X(2,b,k,h,d)
-}
-"""
 LOG_SUM_EXP_OF_MATMUL = """
 def lse(float(N,K) X, float(C,K) W) -> (L) {
     Y(n,c) +=! X(n,k) * W(c,k)
@@ -122,7 +99,7 @@ def test_half_precision_attention_moves_its_least_bytes_in_one_launch(scalar: st
 
 def test_attention_written_otherwise_is_fused_alike() -> None:
     x, mask = _qkv((3, 1, 20, 2, 8), seed=2, sequence=2)
-    out, launches, moved = _profile(ATTENTION_OTHERWISE, x, mask)
+    out, launches, moved = _profile(ATTENTION_REWRITTEN, x, mask)
     assert launches == 1
     assert moved <= 1.3 * _least(x, mask, out)
 
