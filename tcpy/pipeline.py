@@ -174,23 +174,16 @@ def _in_step(
 ) -> LoweredCuda:
     """`lower(options)`; where a row kernel's AST splits its statements by lane
     (`RowsOutOfStep`), again without row fusion, then without row kernels."""
-    fallbacks: list[Callable[[MappingOptions], MappingOptions]] = [
-        lambda o: o.replace(fuse_rows=False),
-        lambda o: o.replace(reduce_across_threads=False),
-    ]
-    for k in range(len(fallbacks) + 1):
-        try:
-            lowered = lower(options)
-        except RowsOutOfStep:
-            if k == len(fallbacks):
-                raise
-            options = fallbacks[k](options)
-            continue
-        if k == 0:
-            return lowered
-        note = "a row kernel's statements were split by lane"
-        return dataclasses.replace(lowered, fallbacks=(note, *lowered.fallbacks))
-    raise AssertionError("unreachable")
+    try:
+        return lower(options)
+    except RowsOutOfStep:
+        options = options.replace(fuse_rows=False)
+    try:
+        lowered = lower(options)
+    except RowsOutOfStep:
+        lowered = lower(options.replace(reduce_across_threads=False))
+    note = "a row kernel's statements were split by lane"
+    return dataclasses.replace(lowered, fallbacks=(note, *lowered.fallbacks))
 
 
 def _lower_to_cuda(

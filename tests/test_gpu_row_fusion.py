@@ -74,6 +74,8 @@ def test_attention_moves_its_least_bytes_in_one_launch() -> None:
     out, launches, moved = _profile(ATTENTION, qkv, mask)
     assert launches == 1
     assert moved <= 1.3 * _least(qkv, mask, out)
+    # exactly: each of the 2 blocks (a head each) reads the mask, the rest once
+    assert moved == _least(qkv, mask, out) + mask.nbytes
 
 
 @pytest.mark.parametrize("shape", [(3, 2, 3, 37, 16), (3, 1, 2, 64, 32), (3, 1, 1, 5, 3)])

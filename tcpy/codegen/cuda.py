@@ -134,7 +134,7 @@ class CudaPrinter(ThreadPrinter):
         cond = isl_expr(node.if_get_cond(), self.names, top=True)
         then = node.if_get_then_node()
         other = node.if_get_else_node() if node.if_has_else_node() else None
-        if "threadIdx" in cond and other is not None and (self.rows or _in_step(node)):
+        if "threadIdx" in cond and other is not None and (self.rows or _has_rows(node)):
             raise RowsOutOfStep("a row kernel's statements split by lane")
         copies = _all_threads(then) or (other is not None and _all_threads(other))
         if "threadIdx" not in cond or not (copies or self.rows):
@@ -503,7 +503,7 @@ def _has_shared_mark(node: isl.AstNode) -> bool:
     return any(isinstance(of_ast(n), Shared) for n, _ in walk(node))
 
 
-def _in_step(node: isl.AstNode) -> bool:
+def _has_rows(node: isl.AstNode) -> bool:
     """Whether a row kernel's statements (`warp_rows`) are below `node`."""
     return any(isinstance(of_ast(n), Rows) for n, _ in walk(node))
 

@@ -164,9 +164,7 @@ def map_rows(
 
     member = chosen.member if chosen else _row_member(node, scop)
 
-    def tiles(rows: int) -> list[int]:
-        return [rows if m == member else 1 for m in range(n)]
-
+    tiles = _along(member, n)
     given = chosen is not None
     chosen = chosen or _rows(node, scop, options, device, fill, tiles, member)
     coalesced = _coalesced(node.child(0), statements, scop, {*chosen.copied, *chosen.scratch})
@@ -241,30 +239,44 @@ def _row_member(band: isl.ScheduleNode, scop: Scop) -> int:
     rows share the head's keys and values, its heads do not), the innermost of
     those alike (its rows are adjacent in memory)."""
     n = band.band_n_member()
-    space = band.band_get_space()
-    best, shared = n - 1, -1
+    best, most = n - 1, -1
     for m in reversed(range(n)):
         if member_extent(band, m) == 1:
             continue
-        one, two = (block_traffic(band.band_tile(multi_val(space, [r if k == m else 1
-                    for k in range(n)])).child(0), scop) for r in (1, 2))  # fmt: skip
-        if one is not None and two is not None and 2 * one - two > shared:
-            best, shared = m, 2 * one - two
+        found = _traffic(band, scop, _along(m, n))
+        if found is not None and found[0] > most:
+            best, most = m, found[0]
     return best
+
+
+def _along(member: int, n: int) -> Callable[[int], list[int]]:
+    """Tiles of a band of `n` members: `rows` along `member`, 1 along the others."""
+    return lambda rows: [rows if k == member else 1 for k in range(n)]
+
+
+def _traffic(
+    band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]
+) -> tuple[int, int] | None:
+    """The global bytes a block of the row band `band` (tiled by `tiles(rows)`) moves
+    whatever its rows, and per row (from the boxes of a block of one row and of
+    two); None when a box is unknown."""
+    space = band.band_get_space()
+    one, two = (block_traffic(band.band_tile(multi_val(space, tiles(r))).child(0), scop)
+                for r in (1, 2))  # fmt: skip
+    if one is None or two is None:
+        return None
+    return 2 * one - two, two - one
 
 
 def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:
     """The fewest rows (a power of two, at most `MOST_ROWS`) a block of the row band `band`
     may run, tiled by `tiles(rows)`: with fewer, the global traffic of the operands
     every row of the block reads, moved once per block, would exceed
-    `SHARED_OPERAND_SHARE` of the traffic of the block's rows (from the boxes of a
-    block of one row and of two: what grows with the rows, and what does not)."""
-    space = band.band_get_space()
-    one, two = (block_traffic(band.band_tile(multi_val(space, tiles(r))).child(0), scop)
-                for r in (1, 2))  # fmt: skip
-    if one is None or two is None or two <= one:
+    `SHARED_OPERAND_SHARE` of the traffic of the block's rows (`_traffic`)."""
+    found = _traffic(band, scop, tiles)
+    if found is None or found[1] <= 0:
         return 1
-    shared, per_row = 2 * one - two, two - one
+    shared, per_row = found
     rows = 1
     while rows < MOST_ROWS and shared > SHARED_OPERAND_SHARE * rows * per_row:
         rows *= 2
