@@ -275,3 +275,45 @@ def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
         assert update["global_load_bytes"] == 4 * (a.size + b.size) * 2 + 4 * 64 * 64
         barriers[depth, limit] = update["barriers"] // 4  # per block
     assert barriers == {(0, 0): 3, (2, 0): 2, (2, 20000): 4}
+
+
+def test_lanes_walking_a_column_of_a_ring_of_short_rows_meet_no_bank_conflict() -> None:
+    """`C = A * B^T` with tiles of 16 values of k in a ring of 2: the lanes walk n, a
+    column of B's tile, whose rows of 16 floats unpadded would put a warp in 2 banks
+    (16 wavefronts a read: 368,640 conflicts here); padded to 17, the reads meet none,
+    and the fills (4 bytes a lane, a warp's over two rows) one a warp request."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("""def mmt(float(M,K) A, float(N,K) B) -> (C) {
+        C(m,n) +=! A(m,k) * B(n,k)
+    }""")
+    rng = np.random.default_rng(4)
+    a, b = (rng.standard_normal((n, 256)).astype(np.float32) for n in (128, 96))
+    options = MappingOptions.cuda().replace(
+        copy_stages=4, max_shared_memory=12 * 1024, reduce_across_threads=False
+    )
+    kernel = engine.compile("mmt", a, b, options=options)
+    assert "for (int c2 = 0; c2 <= 15; c2++)" in kernel.source  # tiles of 16
+    assert "TC_CP_ASYNC(tc_shared1, tc_s * 544 + ((int)(tc_i0) * 17 + (tc_i1))" in kernel.source
+    np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
+    update = kernel.profile(a, b)[1]
+    assert update["async_copies"] > 0
+    assert update["bank_conflicts"] <= update["async_copies"] // 32
+
+
+def test_a_contraction_over_heads_and_their_values_copies_both_operands() -> None:
+    """An output projection `Y(s,n) = A(s,h,e) * Wo(n,h,e)` at BERT-base's sizes: a
+    tile of 4 heads (the smallest tried before) held 32 KB of each operand, so only
+    `A` was copied and the lanes read `Wo` across memory, a row of 3 KB apart (7x the
+    sectors its bytes need); tiles of the reduction now count `e`'s 64 values, and a
+    tile of one head copies both, in a ring of 2."""
+    engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
+    engine.define("""def proj(float(S,H,E) A, float(D,H,E) Wo) -> (Y) {
+        Y(s,n) +=! A(s,h,e) * Wo(n,h,e)
+    }""")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((384, 12, 64), dtype=np.float32)
+    w = rng.standard_normal((768, 12, 64), dtype=np.float32)
+    kernel = engine.compile("proj", a, w)
+    assert "TC_CP_ASYNC(tc_shared0" in kernel.source and "TC_CP_ASYNC(tc_shared1" in kernel.source
+    want = np.einsum("she,nhe->sn", a.astype(np.float64), w.astype(np.float64))
+    np.testing.assert_allclose(kernel(a, w), want, rtol=1e-4, atol=1e-3)

@@ -161,6 +161,39 @@ def test_rows_shorter_than_a_warp_leave_lanes_idle() -> None:
     assert _kernels(text) == 1 and "__shfl_xor_sync" in text
 
 
+def test_half_rows_read_twice_are_not_copied_but_rows_shared_are() -> None:
+    """A bfloat16 softmax reads each row twice from global memory, a layernorm thrice
+    (a copy would move 2 bytes a lane, no faster: it ran 1.3x slower on an H100); a
+    row every row of the block reads (a layernorm's `g` and `b`) is still copied
+    once per block."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
+    got, want, text = _run(SOFTMAX.replace("float(", "bfloat16("), x)
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=2e-2, atol=1e-2)
+    assert _kernels(text) == 1 and text.count("TC_LD(t_I,") == 2
+    g, b = (rng.standard_normal(64).astype(ml_dtypes.bfloat16) for _ in range(2))
+    got, want, text = _run(LAYERNORM.replace("float(", "bfloat16("), x, g, b)
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=5e-2, atol=5e-2)
+    assert text.count("TC_LD(t_g,") == 1 and text.count("TC_LD(t_X,") == 3
+
+
+def test_a_window_of_few_values_is_reduced_by_a_thread_not_a_warp() -> None:
+    """A 2x2 max-pool in bfloat16 (its rounding to bfloat16 a statement of its own):
+    a row kernel would put 2 of each warp's lanes on a window; a thread reduces its
+    output's window itself, in one kernel (it ran 17x slower as a row kernel)."""
+    import ml_dtypes
+
+    source = """def pool(bfloat16(N,C,H,W) I) -> (O) {
+        O(n,c,h,w) max=! I(n,c,2*h+kh,2*w+kw) where kh in 0:2, kw in 0:2
+    }"""
+    data = np.random.default_rng(10).standard_normal((2, 3, 8, 64)).astype(ml_dtypes.bfloat16)
+    got, want, text = _run(source, data)
+    np.testing.assert_array_equal(got, want)
+    assert _kernels(text) == 1 and "__shfl" not in text and "__syncwarp" not in text
+
+
 def test_the_cuda_default_fuses_only_pipelines_without_a_contraction() -> None:
     (mm,) = check_source("""def mm(float(M,K) A, float(K,N) B) -> (C, D) {
         C(m, n) +=! A(m, k) * B(k, n)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS, extent_name, size_name, tensor_name
 from tcpy.parser import ast as tc
 from tcpy.parser.checked import Role
-from tcpy.poly.isl_helpers import ast_children
+from tcpy.poly.isl_helpers import ast_children, statement_names, union_map_maps
 from tcpy.poly.scop import Scop
 
 _AXES = ("x", "y", "z")
@@ -447,7 +448,8 @@ def _kernel(
     if narrow:
         for k, p in enumerate(scop.params):
             printer.emit(1, f"const int {size_name(p)} = (int)tc_size{k};")
-    for name in buffer_order(cdef):
+    touched = _touched(scop, kernel)
+    for name in (n for n in buffer_order(cdef) if tensor_name(n) in touched):
         for d, extent in enumerate(cdef.tensor(name).shape):
             printer.emit(
                 1, f"const {dialect.index_type} {extent_name(name, d)} = {sym_expr(extent)};"
@@ -459,6 +461,20 @@ def _kernel(
     return "\n".join([f"{launch}{kernel_name(kernel)}({signature}) {{", *body, "}"])
 
 
+def _touched(scop: Scop, kernel: MappedKernel) -> set[str]:
+    """The tensors (`tensor_name`s) `kernel`'s statements and epilogue read or write:
+    the only ones whose extents its code declares (a layer of many tensors and kernels
+    would otherwise declare every extent in every kernel)."""
+    names = {*statement_names(kernel.domain), *kernel.epilogue}
+    accesses = scop.reads.union(scop.writes)
+    return {
+        m.get_tuple_name(isl.dim_type.out)
+        for m in union_map_maps(accesses)
+        if m.get_tuple_name(isl.dim_type.in_) in names
+    }
+
+
+_INTEGER = re.compile(r"(?<![\w.])\d+(?![\w.])")
 NARROW_HEADROOM = 8
 """How far below 2^31 the numbers a narrow kernel computes with must stay: an index
 expression adds a few terms, each at most a size times a coefficient."""
@@ -476,8 +492,8 @@ def narrow_indices(scop: Scop, options: MappingOptions, sizes: Mapping[str, int]
     limit = 2**31 // NARROW_HEADROOM
     cdef = scop.cdef
     elements = [math.prod(d.evaluate(sizes) for d in t.shape) for t in cdef.tensors]
-    text = def_text(cdef)  # the def as written: its numbers, and the digits in its names
-    literals = [int(n) for n in "".join(c if c.isdigit() else " " for c in text).split()]
+    # the def's integers as written (a float's digits and a name's are no index's)
+    literals = [int(n) for n in _INTEGER.findall(def_text(cdef))]
     scale = max([1, *literals])
     largest = max([1, *sizes.values(), *options.tile, *literals])
     return max(elements, default=0) < limit and largest * scale < limit

@@ -19,7 +19,6 @@ from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
 from tcpy.codegen.loops import Header, walk
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
-from tcpy.mapping.gpu.device import WARP
 from tcpy.mapping.gpu.matrix import kernel_contraction, operand_layout
 from tcpy.mapping.marks import Mark, Rows, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
@@ -457,14 +456,19 @@ def row_length(p: ThreadPrinter, elements: int, itemsize: int, skew: int | None)
 
 def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
     """The length of a row of a tile of `elements` in shared memory: one word more for
-    rows of 32 elements or more (one element; two of 2 bytes, which keeps rows on 4
-    bytes), so that threads walking a column of the tile hit distinct banks; where
-    threads read runs of adjacent elements (`MappedKernel.runs`), which the mapping
-    gives only where no thread walks a column, a multiple of 4 instead, so that every
-    run starts on a vector."""
+    rows of an even number of words, 16 or more (one element; two of 2 bytes, which
+    keeps rows on 4 bytes), so that threads walking a column of the tile hit distinct
+    banks (rows of 16 words unpadded put a warp's column in 2 banks); at most 1/17
+    more, which `device.shared_budget` leaves room for. Where threads read runs of
+    adjacent elements (`MappedKernel.runs`), which the mapping gives only where no
+    thread walks a column, a multiple of 4 instead, so that every run starts on a
+    vector. A padded row is no whole 16-byte pieces: a pipelined copy fills it 4
+    bytes at a time."""
     if runs > 1:
         return -(-elements // VECTOR_LANES) * VECTOR_LANES
-    return elements + (elements >= WARP) * max(1, 4 // itemsize)
+    word = max(1, 4 // itemsize)
+    words = -(-elements // word)
+    return elements + word * (words >= 16 and words % 2 == 0)
 
 
 VECTOR_LANES = 4

@@ -101,6 +101,6 @@ def default_profile() -> DeviceProfile:
 
 def shared_budget(options: MappingOptions, device: DeviceProfile) -> int:
     """The bytes of boxes a block may place in its (static) shared memory, before
-    padding (which adds one element to rows of 32 or more: at most 1/33)."""
+    padding (which adds a word to rows of 16 words or more: at most 1/17)."""
     limit = min(options.max_shared_memory or STATIC_SHARED, STATIC_SHARED, device.shared_per_block)
-    return limit * 32 // 33
+    return limit * 16 // 17

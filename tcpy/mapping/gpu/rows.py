@@ -166,11 +166,12 @@ def map_rows(
 
     tiles = _along(member, n)
     given = chosen is not None
-    chosen = chosen or _rows(node, scop, options, device, fill, tiles, member)
-    coalesced = _coalesced(node.child(0), statements, scop, {*chosen.copied, *chosen.scratch})
+    strided = _strided(node.child(0), statements, scop)
+    chosen = chosen or _rows(node, scop, options, device, fill, tiles, member, strided)
+    coalesced = strided <= {*chosen.copied, *chosen.scratch}
     if not coalesced and not given:  # the outputs the lanes write across memory, stored
-        chosen = _rows(node, scop, options, device, fill, tiles, member, every_output=True)
-        coalesced = _coalesced(node.child(0), statements, scop, {*chosen.copied, *chosen.scratch})
+        chosen = _rows(node, scop, options, device, fill, tiles, member, strided, True)
+        coalesced = strided <= {*chosen.copied, *chosen.scratch}
     if not coalesced:
         return None
     rows, copied, scratch, _ = chosen
@@ -197,13 +198,15 @@ def _rows(
     fill: int,
     tiles: Callable[[int], list[int]],
     member: int,
+    strided: set[str],
     every_output: bool = False,
 ) -> Rows:
     """The rows a block of the row band `node` runs (tiled by `tiles(rows)`): the
     options', else `ROWS` halved while the grid would not fill the device (`fill`
     blocks) down to `_fewest_rows`, and while the block's shared memory would not
     fit; with the operands it copies and the temporaries (and outputs: `every_output`,
-    `shared.row_tensors`) it keeps there."""
+    `shared.row_tensors`) it keeps there. `strided`: the tensors the lanes walk across
+    memory (`_strided`), the only operands of 2-byte elements worth a copy."""
     threads = options.map_to_threads
     n = node.band_n_member()
     extents = [member_extent(node, m) for m in range(n)]
@@ -221,7 +224,8 @@ def _rows(
 
     def fit(rows: int) -> tuple[list[str], list[str], bool]:
         tiled = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
-        return row_tensors(tiled.child(0), scop, shared_budget(options, device), every_output)
+        budget = shared_budget(options, device)
+        return row_tensors(tiled.child(0), scop, budget, strided, every_output)
 
     copied, scratch, complete = fit(rows)
     while not (complete or fixed or rows == 1):
@@ -315,19 +319,36 @@ def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | N
         found.append(r)
     if not any(r.inner for r in found) or len({r.statement.index for r in found}) < 2:
         return None  # one band over every index, or one statement: a plain nest
+    if max(_lane_extent(r) for r in found) < FEWEST_LANES:
+        return None  # a window's few values (a pooling): a thread reduces them alone
     return found
 
 
-def _coalesced(
-    sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop, local: set[str]
-) -> bool:
-    """Whether the lanes walk no access of a statement across rows of memory (the
-    index on the lanes is member `lane` of the band below `sequence`'s child), but
-    in the tensors of `local`, in shared memory (a copy reads the rows whole)."""
+FEWEST_LANES = WARP // 4
+"""The fewest lanes some statement of a row kernel must keep busy: rows shorter (a
+2x2 pooling window with its rounding to half precision) leave most of each warp
+idle, and a thread per output reduces them faster (`strategy.window_reductions`)."""
+
+
+def _lane_extent(r: RowStatement) -> int:
+    """The values of row statement `r`'s index on the lanes (0: it runs in lane 0)."""
+    if not r.inner:
+        return 0
+    d = r.inner[r.lane]
+    domain = r.statement.domain
+    return domain.dim_max_val(d).to_python() - domain.dim_min_val(d).to_python() + 1
+
+
+def _strided(sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop) -> set[str]:
+    """The tensors some statement's lanes walk across rows of memory (the index on the
+    lanes is member `lane` of the band below `sequence`'s child): the row kernel is
+    coalesced only where the block keeps them in shared memory (a copy reads the
+    rows whole)."""
+    found: set[str] = set()
     for pos, r in enumerate(statements):
-        if r.inner and not strided_tensors(sequence.child(pos).child(0), r.lane, scop) <= local:
-            return False
-    return True
+        if r.inner:
+            found |= strided_tensors(sequence.child(pos).child(0), r.lane, scop)
+    return found
 
 
 def loops(s: PolyStatement, dims: Iterable[int]) -> tuple[int, ...]:

@@ -11,6 +11,8 @@ fenced by barriers, `tcpy.codegen.cuda`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import islpy as isl
 
 from tcpy.mapping.locality import strided_reads
@@ -24,6 +26,7 @@ from tcpy.mapping.promotion import (
     kernel_local,
     reuse,
     statements_below,
+    stays_along,
     subscript_indices,
     within_budget,
 )
@@ -31,6 +34,7 @@ from tcpy.parser.checked import CheckedStatement, Role
 from tcpy.parser.linear import linear_form
 from tcpy.parser.ranges import guarded_accesses
 from tcpy.poly.isl_helpers import union_map_maps
+from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import is_band
 
@@ -102,7 +106,11 @@ def _point_band(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 
 def row_tensors(
-    node: isl.ScheduleNode, scop: Scop, budget: int, every_output: bool = False
+    node: isl.ScheduleNode,
+    scop: Scop,
+    budget: int,
+    strided: Collection[str] = (),
+    every_output: bool = False,
 ) -> tuple[list[str], list[str], bool]:
     """At the block of a row kernel (`tcpy.mapping.gpu.rows`, above its thread filter):
     the operands to copy into shared memory (read by several statements below, or
@@ -110,12 +118,13 @@ def row_tensors(
     there instead of in global memory and the outputs to compute there and store
     once (`scratch`: `written_by_block`; `every_output`: those written once too,
     which the lanes would write across memory), and whether every one wanted fits
-    `budget` bytes (smallest boxes first)."""
+    `budget` bytes (smallest boxes first). An operand of 2-byte elements read twice
+    by a row is not copied (its copy moves 2 bytes a lane, no faster than the second
+    read it saves: a bfloat16 softmax's rows ran 1.3x slower copied), only one the
+    block's rows share (an attention's values) or the lanes would read across memory
+    (among `strided`: its keys)."""
     operands = [
-        t
-        for t in candidates(node, scop, min_rank=1)
-        if scop.cdef.tensor(t).scalar.dtype.itemsize >= 2
-        and (reuse(node, t, scop) >= 2 or _readers(node, t, scop) >= 2)
+        t for t in candidates(node, scop, min_rank=1) if _row_copied(node, t, scop, strided)
     ]
     local = [t for t in scop.cdef.tensors if kernel_local(node, t.name, scop)]
     local += [t for t in scop.cdef.tensors if written_by_block(node, t.name, scop, every_output)]
@@ -124,6 +133,25 @@ def row_tensors(
     chosen = within_budget(node, wanted, scop, budget, accesses)
     complete = len(chosen) == len(wanted)
     return [t for t in operands if t in chosen], [t for t in chosen if t not in operands], complete
+
+
+def _row_copied(node: isl.ScheduleNode, tensor: str, scop: Scop, strided: Collection[str]) -> bool:
+    """Whether a row kernel copies operand `tensor` (`row_tensors`): one of 4-byte or
+    wider elements that several statements read or the block's rows share; one of 2
+    bytes only where the rows share it or the lanes would read it across memory."""
+    itemsize = scop.cdef.tensor(tensor).scalar.dtype.itemsize
+    if itemsize == 2:
+        return tensor in strided or _rows_share(node, tensor, scop)
+    return itemsize >= 4 and (reuse(node, tensor, scop) >= 2 or _readers(node, tensor, scop) >= 2)
+
+
+def _rows_share(band: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether the rows of a row kernel's block (the members of `band`) read the same
+    elements of `tensor`: its accesses stay put along some member of several rows."""
+    return is_band(band) and any(
+        member_extent(band, k) != 1 and stays_along(band, k, tensor, scop)
+        for k in range(band.band_n_member())
+    )
 
 
 def written_by_block(

@@ -370,10 +370,9 @@ def fit_shared(node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | Non
     every operand fits but not their ring of `copy_stages` buffers (pipelined copies),
     the tile halves on, down to `SMALLEST_STAGED_TILE`, for the largest tile whose ring
     of that many fits with the same operands; failing that, the largest whose ring has
-    two or more; failing that, the tile with one buffer."""
-    tiles = [SHARED_REDUCTION_TILE]
-    while tiles[-1] > SMALLEST_REDUCTION_TILE:
-        tiles.append(tiles[-1] // 2)
+    two or more; failing that, the tile with one buffer (`_reduction_tiles`: the
+    tiles, fewer values of the first member where the members after it are long)."""
+    tiles, staged_floor = _reduction_tiles(node, plan)
     wanted = wanted_stages(plan.options, plan.device)
     best: Copies | None = None
     complete: Copies | None = None  # the largest tile copying every operand
@@ -387,7 +386,7 @@ def fit_shared(node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | Non
                     return copies
                 if staged is None and copies.stages > 1:
                     staged = copies
-            if tile <= SMALLEST_STAGED_TILE:
+            if tile <= staged_floor:
                 break
             continue
         if copies is not None and (best is None or len(copies.tensors) > len(best.tensors)):
@@ -396,9 +395,27 @@ def fit_shared(node: isl.ScheduleNode, scop: Scop, plan: Plan, extent: int | Non
             if copies is None or copies.stages >= wanted:
                 break
             complete = copies
-            if tile <= SMALLEST_STAGED_TILE:
+            if tile <= staged_floor:
                 break
     return staged or best
+
+
+def _reduction_tiles(node: isl.ScheduleNode, plan: Plan) -> tuple[list[int], int]:
+    """The tiles of the first reduction member `fit_shared` tries, and the smallest it
+    takes for a ring. Counted in values of the whole reduction a tile spans: where
+    the members after the first span `depth` values together (an output projection's
+    64 values of `e` below its heads `h`), the tiles halve down to 1 (down to
+    `SMALLEST_REDUCTION_TILE` where `depth` is under `SMALLEST_STAGED_TILE`), the ring's
+    smallest is `SMALLEST_STAGED_TILE / depth` (a tile of one head there: a ring of
+    64 values, with the operand whose lanes walk `n` copied too, not read across
+    memory)."""
+    below = [member_extent(node, m) for m in range(plan.prefix + 1, node.band_n_member())]
+    depth = 1 if None in below else math.prod(e for e in below if e is not None)
+    smallest = 1 if depth >= SMALLEST_STAGED_TILE else SMALLEST_REDUCTION_TILE
+    tiles = [SHARED_REDUCTION_TILE]
+    while tiles[-1] > smallest:
+        tiles.append(tiles[-1] // 2)
+    return tiles, max(1, SMALLEST_STAGED_TILE // depth)
 
 
 def tile_and_bind(

@@ -26,10 +26,6 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
   const int s_M = (int)tc_size0;
   const int s_K = (int)tc_size1;
   const int s_N = (int)tc_size2;
-  const int e_A_0 = s_M;
-  const int e_A_1 = s_K;
-  const int e_B_0 = s_K;
-  const int e_B_1 = s_N;
   const int e_C_0 = s_M;
   const int e_C_1 = s_N;
   /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
