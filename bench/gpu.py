@@ -13,6 +13,10 @@ The kernels run at `bench.suite.GPU_SIZES` (matmul 4096 cubed, row-wise kernels 
 For each kernel and each option set (the `naive` preset and the CUDA default): the
 time of a launch (inputs already on the device, CUDA events around the call), GFLOP/s
 and GB/s from the suite's counts, and the ratios to PyTorch eager and torch.compile.
+Errors: `max_rel_error` against PyTorch's output (each element's difference over 1 plus
+its magnitude), and `error_vs_float64` (PyTorch's and each contender's) against
+PyTorch's result on the inputs widened to float64, relative to its largest magnitude:
+the measure of the tensor-core targets (tf32x3 within twice the CUDA cores' error).
 Also recorded: the GPU's name and a measured device-to-device copy bandwidth. Results
 go to `bench/results/gpu-<date>.json`. Made to run in one call on a lent GPU.
 
@@ -37,7 +41,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +181,8 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
         "torch_compile_ms": round(compiled_ms, 4) if compiled_ms else None,
         "torch_compile_error": compiled_error,
     }
+    exact = _in_float64(torch, peer, device)
+    row["torch_eager_error_vs_float64"] = _error_vs(torch, peer(*device), exact)
     engine = tcpy.ExecutionEngine("cuda")
     engine.define(retyped(kernel.tc, ty))
     defaults = engine.default_options(kernel.entry).replace(input_precision=precision)
@@ -215,9 +223,33 @@ def measure(torch, kernel: Kernel, reps: int, torch_compile: bool,  # type: igno
             "vs_torch_compile": round(compiled_ms / ms, 3) if compiled_ms else None,
             "compile_s": round(compile_s, 3),
             "max_rel_error": error,
+            "error_vs_float64": _error_vs(torch, result, exact),
             "options": options.to_dict(),
         }
     return row
+
+
+def _in_float64(torch, peer: Callable[..., object], inputs: list[Any]) -> tuple[Any, ...] | None:  # type: ignore[no-untyped-def]
+    """PyTorch's result on `inputs` widened to float64 (None where the peer cannot run
+    in float64): what every contender's error is measured against."""
+    try:
+        wide = peer(*[x.double() if x.is_floating_point() else x for x in inputs])
+    except RuntimeError:
+        return None
+    return wide if isinstance(wide, tuple) else (wide,)
+
+
+def _error_vs(torch, result: object, exact: tuple[Any, ...] | None) -> float | None:  # type: ignore[no-untyped-def]
+    """The largest error of `result`'s outputs against `exact`, relative to the largest
+    magnitude of the exact output (the tensor-core tests' measure)."""
+    if exact is None:
+        return None
+    got = result if isinstance(result, tuple) else (result,)
+    return max(
+        float(torch.max(torch.abs(torch.as_tensor(g, device="cuda").double() - w))
+              / torch.max(torch.abs(w)).clamp_min(1e-300))
+        for g, w in zip(got, exact, strict=True)
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

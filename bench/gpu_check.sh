@@ -13,7 +13,8 @@
 #   bench/gpu_check.sh [tests|bench|all] [extra pytest -k expression]
 #
 # A phase whose *_SECONDS is 0 is skipped; FUZZ_ARGS go to the differential fuzzer
-# (`--float-type half`, say) and BENCH_ARGS to `bench/gpu.py`.
+# (`--float-type half`, say), BENCH_ARGS to `bench/gpu.py` and BERT_ARGS to `bench/bert.py`
+# (`--only layer,attention`, say).
 #
 # Wheels the machine lacks travel in .whl/ (islpy, lark, deap and their needs, and the
 # pycuda sdist, which is built there: PyPI has no pycuda wheel). Logs and results go to
@@ -73,9 +74,12 @@ if [ "$what" != bench ]; then
     run_tests bindings "${TEST_SECONDS:-180}"
 fi
 if [ "$what" != tests ]; then
-    timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" ${BENCH_ARGS:-} \
-        > "$OUT/bench.log" 2>&1
-    echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
+    if [ "${BENCH_SECONDS:-170}" != 0 ]; then
+        # shellcheck disable=SC2086
+        timeout "${BENCH_SECONDS:-170}" python3 bench/gpu.py --reps 30 --out "$OUT" \
+            ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+        echo "bench: rc=$?"; tail -n 2 "$OUT/bench.log"
+    fi
     if [ "${HALF_SECONDS:-90}" != 0 ]; then  # the memory-bound suite in bfloat16
         timeout "${HALF_SECONDS:-90}" python3 bench/gpu.py --type bfloat16 --reps 30 \
             --only softmax,layernorm,gelu,bias_add_grad,maxpool --no-torch-compile \
@@ -115,8 +119,9 @@ if [ "$what" != tests ]; then
         echo "autodiff: rc=$?"; tail -n 3 "$OUT/autodiff.log"
     fi
     if [ "${BERT_SECONDS:-150}" != 0 ]; then  # the BERT layer, per block and whole
+        # shellcheck disable=SC2086
         timeout "${BERT_SECONDS:-150}" python3 bench/bert.py --device cuda --batches 1 \
-            --tag cuda --out "$OUT" > "$OUT/bert.log" 2>&1
+            --tag cuda --out "$OUT" ${BERT_ARGS:-} > "$OUT/bert.log" 2>&1
         echo "bert: rc=$?"; tail -n 13 "$OUT/bert.log"
     fi
 fi
