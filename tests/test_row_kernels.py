@@ -7,6 +7,7 @@ left to the other mappings."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -84,6 +85,27 @@ def test_two_row_indices_fold_into_the_grid() -> None:
     got, want, text = _run(source, data)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert _kernels(text) == 1 and "__syncwarp();" in text
+
+
+@pytest.mark.parametrize(
+    ("sizes", "rows", "blocks"),
+    [
+        # 2 x 384 rows: 8 a block would leave 96 blocks on an H100's 132 SMs (they did:
+        # the blocks were counted with each member's extent against another's tile)
+        ({"B": 2, "N": 384, "D": 768}, 4, 192),
+        # 384 rows: the 4 rows a block its `g` and `b` ask for make 96 blocks, 2 make 192
+        ({"B": 1, "N": 384, "D": 768}, 2, 192),
+        # 8,192 rows: blocks enough with 8 rows each
+        ({"B": 4, "N": 2048, "D": 768}, 8, 1024),
+    ],
+)
+def test_a_row_band_of_two_members_fills_the_device(
+    sizes: dict[str, int], rows: int, blocks: int
+) -> None:
+    source = LAYERNORM.replace("(N, D) X", "(B, N, D) X").replace("(n", "(i, n")
+    (cdef,) = check_source(source).values()
+    (kernel,) = lower_to_cuda(cdef, sizes, cuda_defaults(cdef)).mapping.kernels
+    assert kernel.block == (32, rows) and math.prod(kernel.grid) == blocks
 
 
 @pytest.mark.parametrize(

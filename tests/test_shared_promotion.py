@@ -85,7 +85,8 @@ def test_overlapping_windows_are_reuse() -> None:
 def test_a_box_over_the_budget_shrinks_the_channel_tile_or_stays_in_global_memory() -> None:
     """At 32 channels a strided convolution's input box is 268 KB (32 x 33 x 65 for a
     block's 16x32 outputs): over the block's 48 KB, the channel tile halves until it
-    fits (4 channels: 33 KB, rows padded to 66). Where even that does not fit
+    fits (4 channels: 33 KB; rows of 65 words, an odd number, unpadded: a warp walking
+    a column already meets 32 banks). Where even that does not fit
     `max_shared_memory`, the input is read from global memory and only the filter is
     copied."""
     with warnings.catch_warnings():
@@ -94,7 +95,7 @@ def test_a_box_over_the_budget_shrinks_the_channel_tile_or_stays_in_global_memor
     sizes = {"N": 8, "C": 32, "H": 65, "W": 65, "F": 32, "KH": 3, "KW": 3}
     lowered = lower_to_cuda(cdef, sizes, cuda_defaults(cdef), check=True)
     assert sorted(set(_copied(lowered.source))) == ["I", "K"]
-    assert f"float tc_shared0[{4 * 33 * 66}];" in lowered.source
+    assert f"float tc_shared0[{4 * 33 * 65}];" in lowered.source
     options = cuda_defaults(cdef).replace(max_shared_memory=20000)
     lowered = lower_to_cuda(cdef, sizes, options, check=True)
     assert _copied(lowered.source) == ["K"]

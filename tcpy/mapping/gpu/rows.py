@@ -208,16 +208,19 @@ def _rows(
     `shared.row_tensors`) it keeps there. `strided`: the tensors the lanes walk across
     memory (`_strided`), the only operands of 2-byte elements worth a copy."""
     threads = options.map_to_threads
-    n = node.band_n_member()
-    extents = [member_extent(node, m) for m in range(n)]
-    members = list(reversed(range(n)))
+    members = list(reversed(range(node.band_n_member())))  # by grid dimension
+    extents = [member_extent(node, m) for m in members]
     fixed = len(threads) == 2
-    last = extents[member] or ROWS
+    last = member_extent(node, member) or ROWS
     rows = threads[1] if fixed else max(1, min(ROWS, last))
-    fewest = rows if fixed else _fewest_rows(node, scop, tiles)
+
+    def blocks(rows: int) -> int:
+        return count_blocks(extents, tiles(rows), members)
+
+    fewest = rows if fixed else _fewest_rows(node, scop, tiles, blocks, device.sms)
     if fewest > rows:  # the operands a block's rows share dominate: more rows a block
         rows = fewest = min(fewest, last)
-    while rows // 2 >= fewest and count_blocks(extents, tiles(rows), members) < fill:
+    while rows // 2 >= fewest and blocks(rows) < fill:
         rows //= 2
     if not options.use_shared_memory:
         return Rows(rows, (), (), member)
@@ -272,11 +275,20 @@ def _traffic(
     return 2 * one - two, two - one
 
 
-def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list[int]]) -> int:
+def _fewest_rows(
+    band: isl.ScheduleNode,
+    scop: Scop,
+    tiles: Callable[[int], list[int]],
+    blocks: Callable[[int], int],
+    sms: int,
+) -> int:
     """The fewest rows (a power of two, at most `MOST_ROWS`) a block of the row band `band`
     may run, tiled by `tiles(rows)`: with fewer, the global traffic of the operands
     every row of the block reads, moved once per block, would exceed
-    `SHARED_OPERAND_SHARE` of the traffic of the block's rows (`_traffic`)."""
+    `SHARED_OPERAND_SHARE` of the traffic of the block's rows (`_traffic`). Fewer
+    where those rows would leave multiprocessors (`sms`) without a block (`blocks(rows)`)
+    and one row a block would not: a layernorm of 384 rows of 768 kept 4 rows a block
+    for its `g` and `b`, 96 blocks; a wave of the device counts for more."""
     found = _traffic(band, scop, tiles)
     if found is None or found[1] <= 0:
         return 1
@@ -284,6 +296,8 @@ def _fewest_rows(band: isl.ScheduleNode, scop: Scop, tiles: Callable[[int], list
     rows = 1
     while rows < MOST_ROWS and shared > SHARED_OPERAND_SHARE * rows * per_row:
         rows *= 2
+    while rows > 1 and blocks(rows) < sms <= blocks(1):
+        rows //= 2
     return rows
 
 
