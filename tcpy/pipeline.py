@@ -72,6 +72,13 @@ def plain(options: MappingOptions) -> MappingOptions:
     )
 
 
+def cuda_plain(options: MappingOptions) -> MappingOptions:
+    """`plain`, the GPU mapping's own tiles kept: a CUDA kernel's tiles make its grid
+    and its blocks, not more code (untiled, every output ran in a block of one thread:
+    a bfloat16 BERT layer past `SOURCE_LIMIT` ran 12x slower)."""
+    return plain(options).replace(tile=())
+
+
 def lower_to_c(
     cdef: CheckedDef,
     sizes: Mapping[str, int],
@@ -151,12 +158,12 @@ def lower_to_cuda(
 ) -> LoweredCuda:
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
-    source past `SOURCE_LIMIT` is lowered again with `plain` options."""
+    source past `SOURCE_LIMIT` is lowered again with `cuda_plain` options."""
     cdef = widen_half_reductions(cdef)
 
     def lower(o: MappingOptions) -> LoweredCuda:
         return _within_limit(
-            lambda p: _lower_to_cuda(cdef, sizes, p, check, device, count_loops), o
+            lambda p: _lower_to_cuda(cdef, sizes, p, check, device, count_loops), o, cuda_plain
         )
 
     try:
@@ -244,16 +251,21 @@ def _verify(check: bool, schedule: isl.Schedule, scop: Scop, deps: Dependences) 
 L = TypeVar("L", Lowered, LoweredCuda)
 
 
-def _within_limit(lower: Callable[[MappingOptions], L], options: MappingOptions) -> L:
-    """`lower(options)`, or, when its source passes `SOURCE_LIMIT`, `lower(plain(options))`
-    with the reason among its fallbacks."""
+def _within_limit(
+    lower: Callable[[MappingOptions], L],
+    options: MappingOptions,
+    simpler: Callable[[MappingOptions], MappingOptions] = plain,
+) -> L:
+    """`lower(options)`, or, when its source passes `SOURCE_LIMIT`,
+    `lower(simpler(options))` with the reason among its fallbacks."""
     lowered: L = lower(options)
-    if len(lowered.source) <= SOURCE_LIMIT or plain(options) == options:
+    if len(lowered.source) <= SOURCE_LIMIT or simpler(options) == options:
         return lowered
-    again: L = lower(plain(options))
+    again: L = lower(simpler(options))
+    dropped = "tiles, " if simpler is plain else ""
     note = (
         f"the generated code was {len(lowered.source) // 1024} KB (more than "
-        f"{SOURCE_LIMIT // 1024} KB): lowered again without fusion, skewing, tiles, "
+        f"{SOURCE_LIMIT // 1024} KB): lowered again without fusion, skewing, {dropped}"
         "register blocks and unrolling"
     )
     return dataclasses.replace(again, fallbacks=(*lowered.fallbacks, note, *again.fallbacks))

@@ -534,3 +534,23 @@ def test_a_shared_copy_under_a_loop_the_threads_bound_differently_falls_back() -
     lowered = lower_to_cuda(cdef, sizes, MappingOptions.from_dict(options))
     assert not lowered.options.use_shared_memory
     assert any("shared-memory copy" in f for f in lowered.fallbacks)
+
+
+def test_a_cuda_source_past_the_limit_keeps_the_mappings_own_tiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA the plain options keep the mapping's tiles: they make the grid and the
+    blocks, not more code. With `tile=(0,)`, as for C, every output ran in a block of
+    one thread (a bfloat16 BERT layer past the limit: 12x slower on an H100)."""
+    from tcpy import pipeline
+    from tcpy.mapping.gpu import cuda_defaults
+    from tcpy.parser import check_source
+
+    (cdef,) = check_source(MATMUL).values()
+    sizes = {"M": 256, "K": 256, "N": 256}
+    full = pipeline.lower_to_cuda(cdef, sizes, cuda_defaults(cdef))
+    monkeypatch.setattr(pipeline, "SOURCE_LIMIT", len(full.source) - 1)
+    lowered = pipeline.lower_to_cuda(cdef, sizes, cuda_defaults(cdef))
+    assert any("lowered again without fusion" in f for f in lowered.fallbacks)
+    assert "tiles" not in lowered.fallbacks[-1]
+    assert all(kernel.threads >= 32 for kernel in lowered.mapping.kernels)
