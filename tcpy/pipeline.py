@@ -259,10 +259,11 @@ def _within_limit(
     """`lower(options)`, or, when its source passes `SOURCE_LIMIT`,
     `lower(simpler(options))` with the reason among its fallbacks."""
     lowered: L = lower(options)
-    if len(lowered.source) <= SOURCE_LIMIT or simpler(options) == options:
+    plainer = simpler(options)
+    if len(lowered.source) <= SOURCE_LIMIT or plainer == options:
         return lowered
-    again: L = lower(simpler(options))
-    dropped = "tiles, " if simpler is plain else ""
+    again: L = lower(plainer)
+    dropped = "tiles, " if plainer.tile == (0,) else ""
     note = (
         f"the generated code was {len(lowered.source) // 1024} KB (more than "
         f"{SOURCE_LIMIT // 1024} KB): lowered again without fusion, skewing, {dropped}"

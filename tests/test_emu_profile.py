@@ -297,7 +297,7 @@ def test_lanes_walking_a_column_of_a_ring_of_short_rows_meet_no_bank_conflict() 
     np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
     update = kernel.profile(a, b)[1]
     assert update["async_copies"] > 0
-    assert update["bank_conflicts"] <= update["async_copies"] // 32
+    assert update["bank_conflicts"] == update["async_copies"] // 32  # the fills' alone
 
 
 def test_a_contraction_over_heads_and_their_values_copies_both_operands() -> None:
