@@ -52,6 +52,15 @@ CONTRACTIONS = {
         "def f(int32(M,K) A, int32(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
         [{"M": 16, "K": 32, "N": 8}, {"M": 5, "K": 3, "N": 11}],
     ),
+    "weight_gradient": (  # rows of OW reduced in lanes: a partial tile of lanes
+        """def f(float(N,C,H,W) I, float(N,F,OH,OW) G) -> (D) {
+            D(f,c,kh,kw) +=! G(n,f,h,w) * I(n,c,h+kh,w+kw) where kh in 0:3, kw in 0:3
+        }""",
+        [
+            {"N": 2, "C": 16, "H": 6, "W": 32, "F": 32, "OH": 4, "OW": 30},
+            {"N": 1, "C": 2, "H": 5, "W": 21, "F": 3, "OH": 3, "OW": 19},
+        ],
+    ),
     "product": (
         "def f(float(M,K) A, float(K,N) B) -> (P) { P(m,n) *=! A(m,k) - B(k,n) }",
         [{"M": 8, "K": 5, "N": 16}, {"M": 9, "K": 3, "N": 13}],
@@ -120,6 +129,25 @@ def test_a_reduction_vector_loop_keeps_partial_sums_per_lane() -> None:
     (store,) = [k for k, ln in enumerate(lines) if ln.startswith("t_C[") and ln.endswith("tc_sum;")]
     assert start < total < store and declaration
     assert not any("t_C[" in ln for ln in lines[start:total])
+
+
+def test_full_tiles_of_lanes_bounded_by_a_reduction_loop_keep_their_own_block() -> None:
+    """A weight gradient reduces rows of 30 in lanes: the last tile of lanes along the
+    row is partial, and the row is a reduction loop, so the block cannot be tested
+    once outside it. Each row's full tiles update `tc_reg` under constant bounds and
+    the partial one `tc_rem` (the block indexed by constants only stays in registers);
+    both are added into the output."""
+    source, (sizes, _) = CONTRACTIONS["weight_gradient"]
+    lines = [ln.strip() for ln in _source(source, sizes).splitlines()]
+    (test,) = [k for k, ln in enumerate(lines) if ln.startswith("if (") and ">=" in ln]
+    (other,) = [k for k, ln in enumerate(lines) if ln == "} else {" and k > test]
+    full = [ln for ln in lines[test:other] if ln.startswith("tc_reg[")]
+    partial = [ln for ln in lines[other:] if ln.startswith("tc_rem[") and "t_G[" in ln]
+    assert full and partial and not any("tc_rem" in ln for ln in lines[test:other])
+    loops = [ln for ln in lines[test:other] if ln.startswith("for (int64_t")]
+    assert "tc_min" not in loops[-1], loops  # the full tile's lane loop: a constant bound
+    sums = [ln for ln in lines if ln.startswith("tc_sum = tc_sum + ")]
+    assert {ln.split(" + ")[1].split("[")[0] for ln in sums} == {"tc_reg", "tc_rem"}
 
 
 def test_an_input_read_across_the_output_rows_is_copied_transposed() -> None:

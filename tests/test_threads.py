@@ -208,6 +208,37 @@ def test_code_outside_the_parallel_loops_runs_once() -> None:
         np.testing.assert_allclose(s, 2 * a.sum(dtype=np.float64), rtol=1e-5)
 
 
+SCATTER = """def f(float(B, D) G, int32(B, L) idx) -> (E) {
+    E(i, j) = 0.0 where i in 0:V, j in 0:D
+    E(idx(b, l), d) += G(b, d) where b in 0:B, d in 0:D, l in 0:L
+}"""
+
+
+@pytest.mark.parametrize(("width", "shared"), [(64, False), (8192, True)])
+def test_a_parallel_loop_inside_sequential_loops_is_shared_only_when_large(
+    width: int, shared: bool
+) -> None:
+    """An embedding bag's backward scatters rows of `D` values at every bag and
+    position in turn (two sequential loops): sharing the rows among the threads ends
+    each of the 1,024 sequential steps in a barrier. Rows of 64 run on one thread
+    (`omp single`); rows of 8,192 are shared out (`omp for` inside the sequential
+    loops). Both give the reference's sums."""
+    text = SCATTER.replace("0:V", "0:100")
+    sizes = {"B": 128, "L": 8, "D": width}
+    source = _source(text, "f", sizes, MappingOptions.cpu())
+    scatter = source[source.rindex("E(idx(b, l), d) +=") :]
+    assert ("#pragma omp for" in scatter) is shared, scatter
+    assert ("#pragma omp single" in scatter) is not shared, scatter
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(text)
+    rng = np.random.default_rng(2)
+    g = rng.random((128, width), dtype=np.float32)
+    idx = rng.integers(0, 100, (128, 8)).astype(np.int32)
+    want = np.zeros((100, width), np.float64)
+    np.add.at(want, idx.reshape(-1), np.repeat(g, 8, axis=0))
+    np.testing.assert_allclose(engine.f(g, idx), want, rtol=1e-5)
+
+
 def test_a_kernel_without_parallel_loops_opens_no_region() -> None:
     text = "def f(float(N) A) -> (X) { X(i) = A(i) * 2.0 }"
     source = _source(text, "f", {"N": 64}, MappingOptions.cpu().replace(parallel=False))

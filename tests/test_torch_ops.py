@@ -304,3 +304,47 @@ def test_the_backward_takes_the_values_the_forward_saved() -> None:
     )
     for got, want in zip(torch.autograd.grad(compiled(x, g), (x, g)), grads(ops.ln), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_eager_calls_run_the_kernels_directly_and_give_the_operators_results() -> None:
+    """Outside any tracing, a call runs its kernels straight from the operator's Python
+    (no second dispatch through the private operators); with the profiler on, the
+    operators run and are recorded (`test_the_backward_takes_the_values_the_forward_saved`).
+    Both give the same bits, and a graph asked of the backward still raises on a second
+    derivative."""
+    ops = tcpy.torch.define(LAYERNORM64)
+    rng = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 7, generator=rng, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(7, generator=rng, dtype=torch.float64, requires_grad=True)
+    seed = torch.randn(5, 7, generator=rng, dtype=torch.float64)
+
+    def grads() -> tuple:
+        return (ops.ln(x, g).detach(), *torch.autograd.grad((ops.ln(x, g) * seed).sum(), (x, g)))
+
+    direct = grads()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        recorded = grads()
+    for a, b in zip(direct, recorded, strict=True):
+        assert torch.equal(a, b)
+    (dx,) = torch.autograd.grad(ops.ln(x, g).sum(), x, create_graph=True)
+    with pytest.raises(tcpy.TCGradientError, match="first derivatives only"):
+        dx.sum().backward()
+
+
+def test_outputs_of_a_megabyte_come_from_the_host_pool() -> None:
+    """An output of 1 MB or more that the kernel writes whole is a block of the host
+    pool: once the caller lets it go, the next call's output takes its pages again
+    (fresh pages fault at their first write); smaller ones are plain tensors."""
+    ops = tcpy.torch.define("def twice(float(N) A) -> (B) { B(i) = A(i) * 2 }")
+    big, small = torch.ones(1 << 18), torch.ones(16)
+    ops.twice(big)  # the first call goes through the engine and makes the ready call
+    first = ops.twice(big)
+    where = first.data_ptr()
+    torch.testing.assert_close(first, big * 2)
+    del first
+    again = ops.twice(big)
+    assert again.data_ptr() == where
+    torch.testing.assert_close(again, big * 2)
+    kept = ops.twice(big)  # the block is taken: another one
+    assert kept.data_ptr() != again.data_ptr()
+    torch.testing.assert_close(ops.twice(small), small * 2)

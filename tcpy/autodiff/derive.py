@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from tcpy.autodiff import build as b
 from tcpy.autodiff import text
 from tcpy.autodiff.extrema import extremum, product
+from tcpy.autodiff.invariance import invariant
 from tcpy.autodiff.rules import read_adjoints
 from tcpy.autodiff.saving import Save, savable
 from tcpy.autodiff.solve import Solved, solve, span_of
@@ -159,7 +160,9 @@ class _Backward(Writer):
         return out
 
     def _nonzero(self) -> set[str]:
-        """The versions whose adjoints may be nonzero: the outputs, and what they read."""
+        """The versions whose adjoints may be nonzero: the outputs, and what they read,
+        but for the versions no output depends on (`tcpy.autodiff.invariance`: a
+        softmax's row maximum)."""
         vs = self.versions
         out = {vs.last(t.name).name for t in self.cdef.outputs if t.scalar.is_float}
         for s in reversed(range(len(vs.written))):
@@ -167,7 +170,7 @@ class _Backward(Writer):
                 out |= {v.name for v in vs.reads(s)}
                 if vs.keeps[s] and not vs.before[s].zeros:
                     out.add(vs.before[s].name)
-        return out
+        return {n for n in out if n not in vs.of or not invariant(vs, vs.of[n])}
 
     def needs(self, v: Version) -> bool:
         return v.name in self.relevant and v.name in self.nonzero

@@ -35,8 +35,10 @@ def print_register_block(
     lane = None if lane_header is None else _Loop.of(lane_header)
     blocked = [*headers, *([lane_header] if lane_header else [])]
     full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
+    split = None  # a lane loop bounded by a reduction loop: its full tiles apart
     if lane is not None and full[-1] is not None and not full[-1][2].isdisjoint(outer):
-        full[-1] = (lane, "", frozenset())  # bounded by a reduction loop: tested where it runs
+        split = full[-1][:2]
+        full[-1] = (lane, "", frozenset())
     tests = [f[1] for f in full if f is not None and f[1]]
     if tests and all(f is not None for f in full):
         # a block inside the iteration domain (the common case) gets constant
@@ -44,12 +46,13 @@ def print_register_block(
         # block at an edge keeps the bounds isl gave (sizes read at each call)
         constant = [f[0] for f in full if f is not None]
         p.emit(depth, f"if ({' && '.join(tests)}) {{")
-        _print_block(p, plan, depth + 1, constant[: len(block)], constant[-1] if lane else None)
+        lanes = constant[-1] if lane else None
+        _print_block(p, plan, depth + 1, constant[: len(block)], lanes, split)
         p.emit(depth, "} else {")
-        _print_block(p, plan, depth + 1, block, lane)
+        _print_block(p, plan, depth + 1, block, lane, split)
         p.emit(depth, "}")
     else:
-        _print_block(p, plan, depth, block, lane)
+        _print_block(p, plan, depth, block, lane, split)
     return True
 
 
@@ -137,52 +140,112 @@ class _Plan:
 
 
 def _print_block(
-    p: Printer, plan: _Plan, depth: int, block: list[_Loop], lane: _Loop | None
+    p: Printer,
+    plan: _Plan,
+    depth: int,
+    block: list[_Loop],
+    lane: _Loop | None,
+    split: tuple[_Loop, str] | None = None,
 ) -> None:
     """The block of outputs loaded (or, with lanes, started at the identity), updated
-    across the reduction loops, and stored, with `block` and `lane` as its loops."""
+    across the reduction loops, and stored, with `block` and `lane` as its loops.
+    With `split` (the lane loop's full tile and the test that it runs whole, where a
+    reduction loop bounds the lanes: rows of 30 in lanes of 16), the full tiles
+    update `tc_reg` under constant bounds and the partial ones a second array,
+    `tc_rem`: indexed only by constants, `tc_reg` stays in registers (a weight
+    gradient's block, indexed by a variable lane bound, lived in memory: 6x slower)."""
     parts, sizes = plan.parts, plan.sizes
     levels = [(pragmas, h.text) for pragmas, h in zip(plan.unrolled, block, strict=True)]
     index = "".join(_offset(h) for h in block)
+    arrays = ["tc_reg", "tc_rem"] if lane is not None and split is not None else ["tc_reg"]
     p.emit(depth, "{")
-    p.emit(depth + 1, f"{parts.compute} tc_reg{''.join(f'[{n}]' for n in sizes)};")
+    for array in arrays:
+        p.emit(depth + 1, f"{parts.compute} {array}{''.join(f'[{n}]' for n in sizes)};")
     if lane is None:
         element = f"tc_reg{index}"
-        start = [f"{element} = {parts.current};"]
-        finish = [f"{parts.target} = {parts.store(element)};"]
-        inner = levels
+        _nest(p, depth + 1, levels, [f"{element} = {parts.current};"])
+        update = [parts.wrap(f"{element} = {parts.combine(element)};")]
+        _nest(p, depth + 1, [*plan.reductions, *levels], update)
+        _nest(p, depth + 1, levels, [f"{parts.target} = {parts.store(element)};"])
     else:
-        element = f"tc_reg{index}{_offset(lane)}"
-        lanes = f"for (int tc_l = 0; tc_l < {sizes[-1]}; tc_l++) {{"
-        start = [lanes, f"  tc_reg{index}[tc_l] = {parts.identity};", "}"]
-        # the lanes' partial results, merged in a tree of vector steps: a chain of
-        # scalar steps took as long as the reduction loop on short reductions
-        merge = [f"#pragma omp simd reduction({plan.add}:tc_sum)"] if plan.vector else []
-        finish = [
-            f"{parts.compute} tc_sum = {parts.current};",
-            *merge,
-            lanes,
-            f"  tc_sum = tc_sum {plan.add} tc_reg{index}[tc_l];",
-            "}",
-            f"{parts.target} = {parts.store('tc_sum')};",
-        ]
-        inner = [*levels, (plan.vector, lane.text)]
-    _nest(p, depth + 1, levels, start)
-    update = [parts.wrap(f"{element} = {parts.combine(element)};")]
-    _nest(p, depth + 1, [*plan.reductions, *inner], update)
-    _nest(p, depth + 1, levels, finish)
+        _print_lanes(p, plan, depth + 1, levels, index, arrays, lane, split)
     p.emit(depth, "}")
+
+
+def _print_lanes(
+    p: Printer,
+    plan: _Plan,
+    depth: int,
+    levels: list[tuple[list[str], str]],
+    index: str,
+    arrays: list[str],
+    lane: _Loop,
+    split: tuple[_Loop, str] | None,
+) -> None:
+    """A block with a lane loop (`_print_block`): its `arrays` of partial results per
+    lane started at the identity, updated across the reduction loops (the full tiles
+    of lanes apart where `split`), and merged into the outputs."""
+    parts = plan.parts
+    lanes = f"for (int tc_l = 0; tc_l < {plan.sizes[-1]}; tc_l++) {{"
+    start = [
+        line for a in arrays for line in (lanes, f"  {a}{index}[tc_l] = {parts.identity};", "}")
+    ]
+    _nest(p, depth, levels, start)
+    inside = depth + len(plan.reductions)
+    _open(p, depth, plan.reductions)
+    if split is None:
+        _lane_update(p, plan, inside, levels, f"tc_reg{index}", lane)
+    else:
+        full, test = split
+        p.emit(inside, f"if ({test}) {{")
+        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", full)
+        p.emit(inside, "} else {")
+        _lane_update(p, plan, inside + 1, levels, f"tc_rem{index}", lane)
+        p.emit(inside, "}")
+    _close(p, depth, len(plan.reductions))
+    # the lanes' partial results, merged in a tree of vector steps: a chain of
+    # scalar steps took as long as the reduction loop on short reductions
+    merge = [f"#pragma omp simd reduction({plan.add}:tc_sum)"] if plan.vector else []
+    finish = [f"{parts.compute} tc_sum = {parts.current};"]
+    for a in arrays:
+        finish += [*merge, lanes, f"  tc_sum = tc_sum {plan.add} {a}{index}[tc_l];", "}"]
+    finish.append(f"{parts.target} = {parts.store('tc_sum')};")
+    _nest(p, depth, levels, finish)
+
+
+def _lane_update(
+    p: Printer,
+    plan: _Plan,
+    depth: int,
+    levels: list[tuple[list[str], str]],
+    block: str,
+    lane: _Loop,
+) -> None:
+    """The block loops and lane loop `lane` around one update of array `block`'s lane."""
+    element = f"{block}{_offset(lane)}"
+    body = [plan.parts.wrap(f"{element} = {plan.parts.combine(element)};")]
+    _nest(p, depth, [*levels, (plan.vector, lane.text)], body)
 
 
 def _nest(p: Printer, depth: int, levels: list[tuple[list[str], str]], body: list[str]) -> None:
     """Loops (their pragmas and headers, outermost first) around `body`."""
+    _open(p, depth, levels)
+    for line in body:
+        p.emit(depth + len(levels), line)
+    _close(p, depth, len(levels))
+
+
+def _open(p: Printer, depth: int, levels: list[tuple[list[str], str]]) -> None:
+    """Open loops (their pragmas and headers, outermost first) from `depth` in."""
     for k, (pragmas, header) in enumerate(levels):
         for pragma in pragmas:
             p.emit(depth + k, pragma)
         p.open_loop(depth + k, header)
-    for line in body:
-        p.emit(depth + len(levels), line)
-    for k in reversed(range(len(levels))):
+
+
+def _close(p: Printer, depth: int, count: int) -> None:
+    """Close `count` loops opened from `depth` in."""
+    for k in reversed(range(count)):
         p.emit(depth + k, "}")
 
 

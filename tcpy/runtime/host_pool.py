@@ -12,6 +12,7 @@ and the next call of that size writes into pages already mapped. At most
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -40,7 +41,7 @@ class HostPool:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An uninitialised array of `shape` and `dtype`: from a pooled block when it
         holds `MIN_BYTES` or more, else from NumPy."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES:
             return np.empty(shape, dtype)
         size = self.rounded(nbytes)

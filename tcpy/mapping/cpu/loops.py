@@ -31,13 +31,23 @@ def mark_simd(node: isl.ScheduleNode) -> isl.ScheduleNode:
     return _mark(node, marks.Simd, last)
 
 
-def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
+SHARED_LEAST = 1 << 12
+"""The fewest loop iterations (the worksharing loop's and those inside it) a worksharing
+loop nested in sequential loops must hold: each iteration of the sequential loops
+ends in a barrier of the team. An embedding bag's backward, which scatters rows of 64
+values at 1,024 sequential pairs of bag and position, spent its 0.3 ms in barriers;
+on one thread it takes a tenth."""
+
+
+def mark_parallel(node: isl.ScheduleNode, nested: bool = False) -> isl.ScheduleNode:
     """Mark the first coincident member of the outermost band of every nest (looking
     deeper where a band has none), and the member after it when that one is coincident
     too (`omp_collapse`: the printer shares both loops out as one where the second is
     directly inside the first and its bounds do not depend on it); returns the node at
-    the position it was given. A size-generic MLP of 256 rows made one tile of rows
-    and ran on one thread without it."""
+    the position it was given. A member inside sequential loops (`nested`) is marked
+    only where it and the loops inside it run `SHARED_LEAST` iterations or more, or an
+    unknown number. A size-generic MLP of 256 rows made one tile of rows and ran on one
+    thread without looking past a single tile."""
     if is_band(node):
         n = node.band_n_member()
         # a loop of one iteration (a single tile) is dropped by isl: look past it
@@ -50,13 +60,42 @@ def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
             None,
         )
         if first is not None:
+            if nested and _few_iterations(node, first):
+                return node
             marked = _mark(node, marks.Parallel, first)
             if first + 1 < n and node.band_member_get_coincident(first + 1):
                 marked = _mark(marked.child(0), marks.Collapse, first + 1).parent()
             return marked
+        nested = nested or any(member_extent(node, k) != 1 for k in range(n))
     for i in range(node.n_children()):
-        node = mark_parallel(node.child(i)).parent()
+        node = mark_parallel(node.child(i), nested).parent()
     return node
+
+
+def _few_iterations(band: isl.ScheduleNode, first: int) -> bool:
+    """Whether `band`'s members from `first` on and the loops inside them run fewer
+    than `SHARED_LEAST` iterations (False where a count is not known)."""
+    count: int | None = 1
+    for k in range(first, band.band_n_member()):
+        extent = member_extent(band, k)
+        count = None if extent is None or count is None else count * extent
+    inner = _iterations(band.child(0))
+    return count is not None and inner is not None and count * inner < SHARED_LEAST
+
+
+def _iterations(node: isl.ScheduleNode) -> int | None:
+    """The iterations of the loops of `node`'s subtree, each band's members taken at
+    their whole extent (None where one is not known)."""
+    if node.get_type() == isl.schedule_node_type.leaf:
+        return 1
+    if is_band(node):
+        count: int | None = _iterations(node.child(0))
+        for k in range(node.band_n_member()):
+            extent = member_extent(node, k)
+            count = None if extent is None or count is None else count * extent
+        return count
+    counts = [_iterations(node.child(i)) for i in range(node.n_children())]
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Schedule:
