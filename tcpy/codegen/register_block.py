@@ -35,9 +35,10 @@ def print_register_block(
     lane = None if lane_header is None else _Loop.of(lane_header)
     blocked = [*headers, *([lane_header] if lane_header else [])]
     full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
-    split = None  # a lane loop bounded by a reduction loop: its full tiles apart
+    split = None  # a lane loop bounded by a reduction loop: constant bounds, guarded
     if lane is not None and full[-1] is not None and not full[-1][2].isdisjoint(outer):
-        split = full[-1][:2]
+        loop, test = full[-1][:2]
+        split = (loop, test, f"{lane.iterator} <= {test.rsplit(' >= ', 1)[0]}")
         full[-1] = (lane, "", frozenset())
     tests = [f[1] for f in full if f is not None and f[1]]
     if tests and all(f is not None for f in full):
@@ -145,19 +146,21 @@ def _print_block(
     depth: int,
     block: list[_Loop],
     lane: _Loop | None,
-    split: tuple[_Loop, str] | None = None,
+    split: tuple[_Loop, str, str] | None = None,
 ) -> None:
     """The block of outputs loaded (or, with lanes, started at the identity), updated
     across the reduction loops, and stored, with `block` and `lane` as its loops.
-    With `split` (the lane loop's full tile and the test that it runs whole, where a
-    reduction loop bounds the lanes: rows of 30 in lanes of 16), the full tiles
-    update `tc_reg` under constant bounds and the partial ones a second array,
-    `tc_rem`: indexed only by constants, `tc_reg` stays in registers (a weight
-    gradient's block, indexed by a variable lane bound, lived in memory: 6x slower)."""
+    With `split` (the lane loop's full tile, the test that it runs whole and the guard
+    of a lane, where a reduction loop bounds the lanes: rows of 30 in lanes of 16),
+    every tile runs the lane loop under constant bounds, a partial one with its lanes
+    past the row guarded (masked loads and adds): indexed only by constants, the block
+    stays in registers (a weight gradient's block, indexed by a variable lane bound,
+    lived in memory: 6x slower; a second block for the partial tiles, indexed by it,
+    ran 1.2-1.3x slower than the guard)."""
     parts, sizes = plan.parts, plan.sizes
     levels = [(pragmas, h.text) for pragmas, h in zip(plan.unrolled, block, strict=True)]
     index = "".join(_offset(h) for h in block)
-    arrays = ["tc_reg", "tc_rem"] if lane is not None and split is not None else ["tc_reg"]
+    arrays = ["tc_reg"]
     p.emit(depth, "{")
     for array in arrays:
         p.emit(depth + 1, f"{parts.compute} {array}{''.join(f'[{n}]' for n in sizes)};")
@@ -180,7 +183,7 @@ def _print_lanes(
     index: str,
     arrays: list[str],
     lane: _Loop,
-    split: tuple[_Loop, str] | None,
+    split: tuple[_Loop, str, str] | None,
 ) -> None:
     """A block with a lane loop (`_print_block`): its `arrays` of partial results per
     lane started at the identity, updated across the reduction loops (the full tiles
@@ -196,11 +199,11 @@ def _print_lanes(
     if split is None:
         _lane_update(p, plan, inside, levels, f"tc_reg{index}", lane)
     else:
-        full, test = split
+        full, test, guard = split
         p.emit(inside, f"if ({test}) {{")
         _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", full)
         p.emit(inside, "} else {")
-        _lane_update(p, plan, inside + 1, levels, f"tc_rem{index}", lane)
+        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", full, guard)
         p.emit(inside, "}")
     _close(p, depth, len(plan.reductions))
     # the lanes' partial results, merged in a tree of vector steps: a chain of
@@ -220,10 +223,13 @@ def _lane_update(
     levels: list[tuple[list[str], str]],
     block: str,
     lane: _Loop,
+    guard: str = "",
 ) -> None:
-    """The block loops and lane loop `lane` around one update of array `block`'s lane."""
+    """The block loops and lane loop `lane` around one update of array `block`'s lane,
+    only where `guard` holds if one is given."""
     element = f"{block}{_offset(lane)}"
-    body = [plan.parts.wrap(f"{element} = {plan.parts.combine(element)};")]
+    update = plan.parts.wrap(f"{element} = {plan.parts.combine(element)};")
+    body = [f"if ({guard}) {{", f"  {update}", "}"] if guard else [update]
     _nest(p, depth, [*levels, (plan.vector, lane.text)], body)
 
 
