@@ -52,6 +52,15 @@ CONTRACTIONS = {
         "def f(int32(M,K) A, int32(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
         [{"M": 16, "K": 32, "N": 8}, {"M": 5, "K": 3, "N": 11}],
     ),
+    "conv2d_channels": (  # rows of 30: vectors of output channels (`channel_vectors`)
+        """def f(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
+            O(n,f,h,w) +=! I(n,c,h+kh,w+kw) * Wt(f,c,kh,kw)
+        }""",
+        [
+            {"N": 1, "C": 4, "H": 5, "W": 32, "F": 32, "KH": 3, "KW": 3},
+            {"N": 2, "C": 3, "H": 4, "W": 13, "F": 16, "KH": 2, "KW": 3},
+        ],
+    ),
     "weight_gradient": (  # rows of OW reduced in lanes: a partial tile of lanes
         """def f(float(N,C,H,W) I, float(N,F,OH,OW) G) -> (D) {
             D(f,c,kh,kw) +=! G(n,f,h,w) * I(n,c,h+kh,w+kw) where kh in 0:3, kw in 0:3
@@ -138,7 +147,8 @@ def test_lanes_bounded_by_a_reduction_loop_run_under_constant_bounds() -> None:
     indexed by constants only, stays in registers), the partial one with the lanes
     past the row guarded."""
     source, (sizes, _) = CONTRACTIONS["weight_gradient"]
-    lines = [ln.strip() for ln in _source(source, sizes).splitlines()]
+    # without copies: no transposed copy makes the output channels the vector loop
+    lines = [ln.strip() for ln in _source(source, sizes, pack_operands=False).splitlines()]
     (test,) = [k for k, ln in enumerate(lines) if ln.startswith("if (") and " >= " in ln]
     (other,) = [k for k, ln in enumerate(lines) if ln == "} else {" and k > test]
     for part in (lines[test:other], lines[other : other + 12]):
@@ -150,11 +160,36 @@ def test_lanes_bounded_by_a_reduction_loop_run_under_constant_bounds() -> None:
     assert not any("tc_min" in ln and "for (" in ln for ln in lines[test : other + 12])
 
 
+def test_short_ragged_rows_take_vectors_of_output_channels() -> None:
+    """A 3x3 convolution's rows of 30 are no whole number of vectors, its 32 output
+    channels are: the channels are the vector loop of the block, the filters copied
+    with their channels innermost, each image value broadcast. Rows of 32 keep the
+    rows as the vector loop; without copies, so do rows of 30."""
+    source, (sizes, _) = CONTRACTIONS["conv2d_channels"]
+    turned = r"(tc_pack\d+)\[[^=]*\* 32 \+ \(tc_i0\)\)\] = t_Wt\["
+    text = _source(source, sizes)
+    copy = re.search(turned, text)
+    assert copy is not None, text
+    name = copy.group(1)
+    updates = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ln.strip().startswith("tc_reg[") and "t_I[" in ln and f"{name}[" in ln
+    ]
+    assert updates
+    for update in updates:
+        lane = re.match(r"tc_reg\[c\d+\]\[(c\d+)\]", update)
+        assert lane is not None and f"(({lane.group(1)}) - {name}_o0))]" in update, update
+    assert re.search(turned, _source(source, {**sizes, "W": 34})) is None
+    assert "= t_Wt[" not in _source(source, sizes, pack_operands=False)
+
+
 def test_an_input_read_across_the_output_rows_is_copied_transposed() -> None:
     """`C(m,n) +=! A(m,k) * B(n,k)`: B's tile is copied with k outermost, so that n, the
     output's unit-stride index, is the vector loop of an outer-product block; without
     copies (`pack_operands=False`) k stays the vector loop, with a sum per lane."""
-    source, (sizes, _) = CONTRACTIONS["dot_rows"]
+    source, _ = CONTRACTIONS["dot_rows"]
+    sizes = {"M": 64, "K": 48, "N": 48}  # rows of whole vectors (`channel_vectors`: 40)
     text = _source(source, sizes)
     (copy,) = re.findall(
         r"(tc_pack\d+)\[\(\(int64_t\)\(tc_i1\) \* \d+ \+ \(tc_i0\)\)\] = t_B", text

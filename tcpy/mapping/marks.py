@@ -52,6 +52,10 @@ Turns = Mapping[tuple[int, str], int]
 """How many innermost dimensions of a tensor a statement reads from a transposed copy,
 by (the statement's position in the definition, the tensor)."""
 EMPTY: Turns = MappingProxyType({})  # no tensor copied transposed
+Vectors = Mapping[int, str]
+"""The output index a contraction runs as its vector loop where it is not the innermost,
+by the statement's position in the definition (`tcpy.mapping.cpu.packing.channel_vectors`)."""
+NO_VECTORS: Vectors = MappingProxyType({})
 TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first (`^T2`: two)
 
 T = TypeVar("T")

@@ -21,10 +21,15 @@ import islpy as isl
 
 from tcpy.mapping import marks
 from tcpy.mapping.cpu.loops import mark_parallel, mark_simd, split_row_reductions
-from tcpy.mapping.cpu.packing import pack_operands, scratch_temporaries, transposed_operands
+from tcpy.mapping.cpu.packing import (
+    channel_vectors,
+    pack_operands,
+    scratch_temporaries,
+    transposed_operands,
+)
 from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, register_block
 from tcpy.mapping.cpu.tiles import auto_tile, order_band
-from tcpy.mapping.marks import Turns
+from tcpy.mapping.marks import Turns, Vectors
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.rows import fuse_rows
 from tcpy.parser.checked import CheckedDef, contraction
@@ -54,10 +59,11 @@ def map_to_cpu(
     # inputs read across the vector loop, copied with their dimensions reversed; where
     # a copy cannot be placed (no tile, or too large a one), the nest is mapped without
     # (its vector loop would otherwise gather across the input: 20x slower, measured)
-    transposed = transposed_operands(scop, options)
-    mapped = _map(schedule, scop, deps, options, vector_bytes, transposed)
+    vectors = channel_vectors(scop, options, vector_bytes)
+    transposed = transposed_operands(scop, options, vectors)
+    mapped = _map(schedule, scop, deps, options, vector_bytes, transposed, vectors)
     if transposed and not {t for _, t in transposed} <= _copied_transposed(mapped):
-        mapped = _map(schedule, scop, deps, options, vector_bytes, {})
+        mapped = _map(schedule, scop, deps, options, vector_bytes, {}, {})
     return scratch_temporaries(mapped, scop)
 
 
@@ -68,6 +74,7 @@ def _map(
     options: MappingOptions,
     vector_bytes: int,
     transposed: Turns,
+    vectors: Vectors,
 ) -> isl.Schedule:
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
@@ -79,7 +86,9 @@ def _map(
         distributed = distribute_point_bands(schedule, deps.validity)
         if respects(distributed, deps.validity):
             schedule = distributed
-    schedule = map_innermost_bands(schedule, lambda b: order_band(b, scop, options, transposed))
+    schedule = map_innermost_bands(
+        schedule, lambda b: order_band(b, scop, options, transposed, vectors)
+    )
     schedule = split_row_reductions(schedule, scop, deps)
     if options.register_tile != (0,):
         schedule = map_innermost_bands(

@@ -13,9 +13,10 @@ from tcpy.mapping.locality import (
     stride_score,
     worst_stride,
 )
-from tcpy.mapping.marks import EMPTY, Turns
+from tcpy.mapping.marks import EMPTY, NO_VECTORS, Turns, Vectors
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
+from tcpy.poly.isl_helpers import statement_names
 from tcpy.poly.schedule import member_extent, member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import has_band_below, permute_band, tile_band
@@ -220,7 +221,10 @@ def order_band(
     scop: Scop,
     options: MappingOptions,
     transposed: Turns = EMPTY,
+    vectors: Vectors = NO_VECTORS,
 ) -> isl.ScheduleNode:
+    """The band with its vector loop innermost: the options' interchange, or the
+    member walking the index `vectors` gives its statement, or `vector_member`'s."""
     n = node.band_n_member()
     if n < 2 or not node.band_get_permutable():
         return node
@@ -228,6 +232,23 @@ def order_band(
         if len(options.interchange) == n:
             return permute_band(node, list(options.interchange))
         return node
-    best = vector_member(node, scop, transposed)
+    best = _given_vector(node, scop, vectors)
+    if best is None:
+        best = vector_member(node, scop, transposed)
     order = [k for k in range(n) if k != best] + [best]
     return permute_band(node, order)
+
+
+def _given_vector(node: isl.ScheduleNode, scop: Scop, vectors: Vectors) -> int | None:
+    """The member of `node` that walks the index `vectors` names for its one statement
+    (None: none named, or no member walks it alone)."""
+    names = statement_names(node.get_domain())
+    if len(names) != 1:
+        return None
+    stmt = scop.statement(names.pop())
+    index = vectors.get(stmt.index)
+    for k in range(node.band_n_member()):
+        position = member_variables(node, k).get(stmt.name)
+        if index is not None and position is not None and stmt.dims[position] == index:
+            return k
+    return None
