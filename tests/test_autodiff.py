@@ -602,3 +602,19 @@ def test_a_value_an_output_depends_on_keeps_its_adjoint(name: str) -> None:
     x = np.random.default_rng(12).uniform(-1, 1, (3, 5))
     bw = gradients.check(source, "f", [x])
     assert "d_mx(" in bw.text or "d_m(" in bw.text, bw.text
+
+
+def test_additions_to_an_adjoint_fold_into_its_first_write() -> None:
+    """A layer norm's `d_X` is written once and added to twice, its `d_mean` summed twice
+    over the same rows: each becomes one statement, at the last one's place (one pass
+    over `d_X` instead of three). A scatter-add into zeros stays two statements (other
+    subscripts), and the gradients match finite differences."""
+    rng = np.random.default_rng(13)
+    bw = gradients.check(LAYERNORM64, "ln", [rng.uniform(-1, 1, (3, 5)), rng.uniform(-1, 1, 5)])
+    lines = bw.text.splitlines()
+    assert len([ln for ln in lines if ln.strip().startswith("d_X(")]) == 1, bw.text
+    assert len([ln for ln in lines if ln.strip().startswith("d_mean(")]) == 1, bw.text
+    embedding = "def f(double(V, D) E, int32(B) idx) -> (O) { O(b, d) = E(idx(b), d) }"
+    inputs = [rng.uniform(-1, 1, (6, 3)), np.array([1, 4, 1, 0], np.int32)]
+    bw = gradients.check(embedding, "f", inputs, wrt=["E"])
+    assert len([ln for ln in bw.text.splitlines() if ln.strip().startswith("d_E(")]) == 2

@@ -187,6 +187,7 @@ class _Backward(Writer):
                 t = self.cdef.tensor(n)
                 dims = self.dims(len(t.shape))
                 self.emit(self._name_of(n), dims, A.ASSIGN, b.num(0, t.span), self.whole(t, dims))
+        self.merge_sums()
         backward, saved = self.backward(self.wrt, self.savable)
         return Derived(backward, saved, self.forward(saved) if saved else None)
 

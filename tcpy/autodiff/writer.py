@@ -29,6 +29,7 @@ class Writer:
     taken: set[str] = field(default_factory=set)
     lines: list[str] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
+    emitted: list[Emitted] = field(default_factory=list)  # `lines` as statements
 
     def __post_init__(self) -> None:
         c = self.cdef
@@ -64,11 +65,27 @@ class Writer:
         ranges: Sequence[IndexRange],
     ) -> None:
         self.read |= {n.tensor for n in ast.walk(value) if isinstance(n, ast.Access)}
-        lhs = f"{tensor}({', '.join(dims)})" if dims else tensor
-        where = ", ".join(f"{r.var} in {text.size(r.lo)}:{text.size(r.hi)}" for r in ranges)
-        self.lines.append(
-            f"{lhs} {op.value} {text.expr(value)}" + (f" where {where}" if where else "")
-        )
+        statement = Emitted(tensor, tuple(dims), op, value, tuple(ranges))
+        self.emitted.append(statement)
+        self.lines.append(statement.line())
+
+    def merge_sums(self) -> None:
+        """Fold the statements that add to a tensor after its first write into that
+        write, where they run over the same indices and ranges and nothing between
+        reads or writes it otherwise (a backward's `d_e(n,d) = ...` then `d_e(n,d) +=
+        d_s(n)`: one pass over `d_e` instead of two; a layer norm's `d_X`, written once
+        and added to twice: one instead of three). The sum moves to the last of them,
+        where every value it reads is computed (TC lets a sum be reassociated)."""
+        out: list[Emitted] = []
+        for st in self.emitted:
+            first = _merge_target(out, st)
+            if first is None:
+                out.append(st)
+                continue
+            head = out.pop(first)
+            out.append(Emitted(st.tensor, st.dims, head.op, b.add(head.value, st.value), st.ranges))
+        self.emitted = out
+        self.lines = [st.line() for st in out]
 
     # --- the forward's values -------------------------------------------------------
 
@@ -98,9 +115,11 @@ class Writer:
     def _recomputing(self, statements: Sequence[int]) -> list[str]:
         """The lines of the forward's `statements` as the backward recomputes them."""
         kept, self.lines = self.lines, []
+        emitted, self.emitted = self.emitted, []
         for s in statements:
             self._recompute_one(s)
         lines, self.lines = self.lines, kept
+        self.emitted = emitted
         return lines
 
     def _recompute_one(self, s: int) -> None:
@@ -170,3 +189,39 @@ class Writer:
         if key not in self.sizes:
             self.sizes[key] = fresh(f"{t.name}_dim{k}", self.taken)
         return self.sizes[key]
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A statement of a backward: `tensor(dims) op value where ranges`."""
+
+    tensor: str
+    dims: tuple[str, ...]
+    op: ast.AssignOp
+    value: ast.Expr
+    ranges: tuple[IndexRange, ...]
+
+    def line(self) -> str:
+        lhs = f"{self.tensor}({', '.join(self.dims)})" if self.dims else self.tensor
+        where = ", ".join(f"{r.var} in {text.size(r.lo)}:{text.size(r.hi)}" for r in self.ranges)
+        return f"{lhs} {self.op.value} {text.expr(self.value)}" + (
+            f" where {where}" if where else ""
+        )
+
+    def reads(self, tensor: str) -> bool:
+        return any(isinstance(n, ast.Access) and n.tensor == tensor for n in ast.walk(self.value))
+
+
+def _merge_target(done: list[Emitted], st: Emitted) -> int | None:
+    """The position in `done` of the write of `st`'s tensor that `st` (a `+=`) can be
+    folded into (see `Writer.merge_sums`), or None."""
+    if st.op is not A.SUM or st.reads(st.tensor):
+        return None
+    for k in reversed(range(len(done))):
+        other = done[k]
+        if other.tensor == st.tensor:
+            same = (other.dims, other.ranges) == (st.dims, st.ranges)
+            return k if same and other.op in (A.ASSIGN, A.SUM_INIT) else None
+        if other.reads(st.tensor):
+            return None
+    return None
