@@ -432,8 +432,8 @@ def _autograd(
     backward: `grad_op` where PyTorch may be recording or tracing the call (a graph
     asked of the backward, whose second derivative must raise; a tracing mode;
     tensors of a subclass), else its kernel directly (`kernels`, the dispatcher's
-    two passes through an operator's Python layers skipped: a fifth of a small
-    layer's backward)."""
+    two passes through an operator's Python layers skipped: a layer norm's backward
+    without its kernel 94 -> 72 us)."""
     names = [t.name for t in cdef.inputs]
     outputs = [t.name for t in cdef.outputs]
     returned = [t.name for t in run.outputs]  # `outputs`, then the saved values
@@ -476,9 +476,10 @@ def _direct(
 ) -> type[torch.autograd.Function]:
     """The saving forward `name` and its backward as a `torch.autograd.Function` that
     runs their kernels directly, for eager calls that nothing traces: the autograd
-    formula `torch.library` wraps an operator in costs a small layer's forward and
-    backward some 40 us of Python (a layer norm of 512 x 768 ran its kernels in 0.31
-    ms and its calls in 0.87). Same kernels, same saved values, same formula."""
+    layers `torch.library` wraps an operator in, and the second dispatch to the
+    saving operator, cost a small layer's forward and backward some 20 us of Python
+    (a layer norm's calls with their kernels left out: 181 -> 157-165 us, with the
+    backward called directly too). Same kernels, same saved values, same formula."""
 
     class Direct(torch.autograd.Function):
         @staticmethod

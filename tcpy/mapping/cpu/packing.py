@@ -116,16 +116,15 @@ def _copy_site(
 
 def channel_vectors(scop: Scop, options: MappingOptions, vector_bytes: int) -> dict[int, str]:
     """The contractions, at fixed sizes, whose rows are short and ragged (the output's
-    innermost index runs fewer than four vectors of `lanes` and no whole number of
-    them: a 3x3 convolution's rows of 30, in vectors of `vector_bytes`) and which have
-    another output index whose
+    innermost index runs fewer than four vectors of `vector_bytes` and no whole number
+    of them: a 3x3 convolution's rows of 30) and which have another output index whose
     extent is whole vectors, read only by operands that a transposed copy makes
     unit-stride along it (a convolution's filters `Wt(f,c,kh,kw)`, along its output
     channels `f`) and not read by another (the image, whose values the vectors then
     share by broadcast): that index, by statement, to run as the vector loop. A block
     of output pixels times vectors of channels then has only whole vectors (rows of 30
     in lanes of 16 left 14 to half-empty registers: a 3x3 convolution of 16 channels on
-    32 x 32 images ran 2.4x faster so). None where copies are off (`pack_operands`
+    32 x 32 images ran 2x faster so). None where copies are off (`pack_operands`
     False) or a size is known only at the call."""
     if options.pack_operands is False or scop.sizes is None:
         return {}

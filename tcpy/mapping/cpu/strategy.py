@@ -61,6 +61,8 @@ def map_to_cpu(
     # (its vector loop would otherwise gather across the input: 20x slower, measured)
     vectors = channel_vectors(scop, options, vector_bytes)
     transposed = transposed_operands(scop, options, vectors)
+    # another vector loop only with its copy planned (else its operands would gather)
+    vectors = {k: index for k, index in vectors.items() if any(s == k for s, _ in transposed)}
     mapped = _map(schedule, scop, deps, options, vector_bytes, transposed, vectors)
     if transposed and not {t for _, t in transposed} <= _copied_transposed(mapped):
         mapped = _map(schedule, scop, deps, options, vector_bytes, {}, {})
