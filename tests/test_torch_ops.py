@@ -321,8 +321,10 @@ def test_eager_calls_run_the_kernels_directly_and_give_the_operators_results() -
     def grads() -> tuple:
         return (ops.ln(x, g).detach(), *torch.autograd.grad((ops.ln(x, g) * seed).sum(), (x, g)))
 
+    assert type(ops.ln(x, g).grad_fn).__name__ == "DirectBackward"
     direct = grads()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert type(ops.ln(x, g).grad_fn).__name__ != "DirectBackward"
         recorded = grads()
     for a, b in zip(direct, recorded, strict=True):
         assert torch.equal(a, b)

@@ -21,15 +21,15 @@ A = ast.AssignOp
 
 @dataclass
 class Writer:
-    """The statements of a backward of `cdef` (`lines`, in order), the names taken,
+    """The statements of a backward of `cdef` (`emitted`, in order; `lines` as TC text),
+    the names taken,
     the element type of each tensor it makes (`types`), and the tensors its statements
     read (`read`)."""
 
     cdef: CheckedDef
     taken: set[str] = field(default_factory=set)
-    lines: list[str] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
-    emitted: list[Emitted] = field(default_factory=list)  # `lines` as statements
+    emitted: list[Emitted] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         c = self.cdef
@@ -56,6 +56,11 @@ class Writer:
     def whole(self, t: TensorInfo, dims: Sequence[str]) -> tuple[IndexRange, ...]:
         return tuple(IndexRange(d, Sym.of(0), e) for d, e in zip(dims, t.shape, strict=True))
 
+    @property
+    def lines(self) -> list[str]:
+        """The statements emitted so far, as TC text."""
+        return [st.line() for st in self.emitted]
+
     def emit(
         self,
         tensor: str,
@@ -67,7 +72,6 @@ class Writer:
         self.read |= {n.tensor for n in ast.walk(value) if isinstance(n, ast.Access)}
         statement = Emitted(tensor, tuple(dims), op, value, tuple(ranges))
         self.emitted.append(statement)
-        self.lines.append(statement.line())
 
     def merge_sums(self) -> None:
         """Fold the statements that add to a tensor after its first write into that
@@ -85,7 +89,6 @@ class Writer:
             head = out.pop(first)
             out.append(Emitted(st.tensor, st.dims, head.op, b.add(head.value, st.value), st.ranges))
         self.emitted = out
-        self.lines = [st.line() for st in out]
 
     # --- the forward's values -------------------------------------------------------
 
@@ -114,12 +117,10 @@ class Writer:
 
     def _recomputing(self, statements: Sequence[int]) -> list[str]:
         """The lines of the forward's `statements` as the backward recomputes them."""
-        kept, self.lines = self.lines, []
-        emitted, self.emitted = self.emitted, []
+        kept, self.emitted = self.emitted, []
         for s in statements:
             self._recompute_one(s)
-        lines, self.lines = self.lines, kept
-        self.emitted = emitted
+        lines, self.emitted = self.lines, kept
         return lines
 
     def _recompute_one(self, s: int) -> None:

@@ -36,16 +36,16 @@ def print_register_block(
     blocked = [*headers, *([lane_header] if lane_header else [])]
     full = [_full_tile(h, size) for h, size in zip(blocked, sizes, strict=True)]
     split = None  # a lane loop bounded by a reduction loop: constant bounds, guarded
-    if lane is not None and full[-1] is not None and not full[-1][2].isdisjoint(outer):
-        loop, test = full[-1][:2]
-        split = (loop, test, f"{lane.iterator} <= {test.rsplit(' >= ', 1)[0]}")
-        full[-1] = (lane, "", frozenset())
-    tests = [f[1] for f in full if f is not None and f[1]]
+    last = full[-1]
+    if lane is not None and last is not None and not last.ids.isdisjoint(outer):
+        split = (last.loop, last.test, f"{lane.iterator} <= {last.edge}")
+        full[-1] = _Full(lane, "", frozenset())
+    tests = [f.test for f in full if f is not None and f.test]
     if tests and all(f is not None for f in full):
         # a block inside the iteration domain (the common case) gets constant
         # bounds, which the compiler unrolls with the block in registers; a partial
         # block at an edge keeps the bounds isl gave (sizes read at each call)
-        constant = [f[0] for f in full if f is not None]
+        constant = [f.loop for f in full if f is not None]
         p.emit(depth, f"if ({' && '.join(tests)}) {{")
         lanes = constant[-1] if lane else None
         _print_block(p, plan, depth + 1, constant[: len(block)], lanes, split)
@@ -259,23 +259,34 @@ _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
 """How two partial results of a blocked reduction combine."""
 
 
-def _full_tile(loop: Header, size: int) -> tuple[_Loop, str, frozenset[str]] | None:
-    """A block loop of `size` iterations with a constant bound, the test under which
-    its iterations are all in the domain ("" when isl's bound is constant already)
-    and the isl ids that test uses; None when its bound is of another form (the
-    block's `c <= last`, or the least of `last` and an edge: `c <= min(last, e)`)."""
+class _Full(NamedTuple):
+    """A block loop with a constant bound (`_full_tile`): the loop, the test under
+    which its iterations are all in the domain ("" when isl's bound is constant
+    already), the isl ids the test uses, and isl's edge (`c <= edge` keeps an
+    iteration in the domain; "" with no test)."""
+
+    loop: _Loop
+    test: str
+    ids: frozenset[str]
+    edge: str = ""
+
+
+def _full_tile(loop: Header, size: int) -> _Full | None:
+    """A block loop of `size` iterations with a constant bound (`_Full`); None when its
+    bound is of another form (the block's `c <= last`, or the least of `last` and an
+    edge: `c <= min(last, e)`)."""
     found = loop.bound()
     if loop.start != 0 or found is None or not found[0]:
         return None
     last, bound = size - 1, found[1]
     if expr_int(bound) == last:
-        return _Loop.of(loop), "", frozenset()
+        return _Full(_Loop.of(loop), "", frozenset())
     args = expr_args(bound, isl.ast_expr_op_type.min)
     if args is None or len(args) != 2 or expr_int(args[0]) != last:
         return None
     full = _Loop(loop.iterator, 0, loop.init, loop.with_cond(f"{loop.iterator} <= {last}"))
     edge = isl_expr(args[1], loop.names)
-    return full, f"{edge} >= {last}", expr_ids(args[1])
+    return _Full(full, f"{edge} >= {last}", expr_ids(args[1]), edge)
 
 
 def _offset(loop: _Loop) -> str:

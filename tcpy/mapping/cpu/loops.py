@@ -75,12 +75,8 @@ def mark_parallel(node: isl.ScheduleNode, nested: bool = False) -> isl.ScheduleN
 def _few_iterations(band: isl.ScheduleNode, first: int) -> bool:
     """Whether `band`'s members from `first` on and the loops inside them run fewer
     than `SHARED_LEAST` iterations (False where a count is not known)."""
-    count: int | None = 1
-    for k in range(first, band.band_n_member()):
-        extent = member_extent(band, k)
-        count = None if extent is None or count is None else count * extent
-    inner = _iterations(band.child(0))
-    return count is not None and inner is not None and count * inner < SHARED_LEAST
+    count = _extents(band, range(first, band.band_n_member()), _iterations(band.child(0)))
+    return count is not None and count < SHARED_LEAST
 
 
 def _iterations(node: isl.ScheduleNode) -> int | None:
@@ -89,13 +85,18 @@ def _iterations(node: isl.ScheduleNode) -> int | None:
     if node.get_type() == isl.schedule_node_type.leaf:
         return 1
     if is_band(node):
-        count: int | None = _iterations(node.child(0))
-        for k in range(node.band_n_member()):
-            extent = member_extent(node, k)
-            count = None if extent is None or count is None else count * extent
-        return count
+        return _extents(node, range(node.band_n_member()), _iterations(node.child(0)))
     counts = [_iterations(node.child(i)) for i in range(node.n_children())]
     return None if None in counts else sum(c for c in counts if c is not None)
+
+
+def _extents(band: isl.ScheduleNode, members: range, inner: int | None) -> int | None:
+    """`inner` times the extents of `band`'s `members` (None where one is not known)."""
+    count = inner
+    for k in members:
+        extent = member_extent(band, k)
+        count = None if extent is None or count is None else count * extent
+    return count
 
 
 def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Schedule:

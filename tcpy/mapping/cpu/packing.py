@@ -138,7 +138,7 @@ def channel_vectors(scop: Scop, options: MappingOptions, vector_bytes: int) -> d
         if inner % lanes == 0 or inner >= 4 * lanes:
             continue
         reads = [
-            [a.name if isinstance(a, ast.Index) else None for a in access.args]
+            _index_names(access)
             for e in st.expressions
             for access, _ in guarded_accesses(e)
             if access.tensor != st.tensor
@@ -179,7 +179,7 @@ def transposed_operands(
     found: dict[tuple[int, str], set[int]] = {}
     for k, st in enumerate(scop.cdef.statements):
         for access, guarded in (g for e in st.expressions for g in guarded_accesses(e)):
-            names = [a.name if isinstance(a, ast.Index) else None for a in access.args]
+            names = _index_names(access)
             if (
                 not guarded
                 and st.op.reduction is ast.Reduction.SUM
@@ -203,6 +203,11 @@ def _site_turns(node: isl.ScheduleNode, tensor: str, transposed: Turns, scop: Sc
     }
     turns = {transposed.get((k, tensor), 0) for k in below}
     return turns.pop() if len(turns) == 1 else 0
+
+
+def _index_names(access: ast.Access) -> list[str | None]:
+    """The index each subscript of `access` is alone (None: another expression)."""
+    return [a.name if isinstance(a, ast.Index) else None for a in access.args]
 
 
 def _reduced_after(names: list[str | None], index: str, reduced: tuple[str, ...]) -> bool:
