@@ -461,7 +461,8 @@ def test_save_all_recomputes_nothing() -> None:
         s(n) +=! e(n, d)
         Y(n, d) = e(n, d) / s(n)
     }"""
-    assert derive(source, "f", save="auto").saved == ("mx", "s")
+    # `e` read back from the output, `Y(n, d) * s(n)`: `mx` is not read
+    assert derive(source, "f", save="auto").saved == ("s",)
     derived = derive(source, "f", save="all")
     assert derived.saved == ("e", "s")  # `mx` no output depends on: nothing reads it
     body = derived.backward.split("{", 1)[1]
@@ -618,3 +619,72 @@ def test_additions_to_an_adjoint_fold_into_its_first_write() -> None:
     inputs = [rng.uniform(-1, 1, (6, 3)), np.array([1, 4, 1, 0], np.int32)]
     bw = gradients.check(embedding, "f", inputs, wrt=["E"])
     assert len([ln for ln in bw.text.splitlines() if ln.strip().startswith("d_E(")]) == 2
+
+
+SOFTMAX64 = """
+def f(double(N, D) X) -> (Y) {
+    mx(n) max=! X(n, d)
+    e(n, d) = exp(X(n, d) - mx(n))
+    s(n) +=! e(n, d)
+    Y(n, d) = e(n, d) / {divisor}
+}"""
+
+RECOVERED = {  # (divisor, save, whether `e` is read back as `Y(n, d) * divisor`)
+    "softmax": ("s(n)", "auto", True),
+    "a_divisor_of_saved_values": ("(s(n) + 1)", "auto", True),
+    "a_divisor_recomputed_from_e_itself": ("(s(n) + 1)", None, False),
+    "a_product": ("s(n)", "auto", False),
+}
+
+
+@pytest.mark.parametrize("name", RECOVERED)
+def test_a_value_divided_into_an_output_is_read_back_from_it(name: str) -> None:
+    """A softmax's backward reads `e` back as `Y(n, d) * s(n)` rather than recompute
+    its `exp`, where the divisor reads only what the backward has at hand (`s` saved;
+    not where `s` would be recomputed from `e` itself), and not from a product (`e`
+    would be `Y / s`, wrong where `s` is 0); the gradients are the recomputing
+    backward's, which finite differences check."""
+    divisor, save, back = RECOVERED[name]
+    source = SOFTMAX64.replace("{divisor}", divisor)
+    if name == "a_product":
+        source = source.replace("e(n, d) / s(n)", "e(n, d) * s(n)")
+    x = [np.random.default_rng(14).uniform(-2, 2, (3, 5))]
+    bw = gradients.backward(source, "f", x, save=save)
+    body = bw.text.split("{", 1)[1]
+    assert (f"e(n, d) = Y(n, d) * {divisor}" in body) is back, bw.text
+    assert ("exp(" in body) is not back, bw.text
+    recomputing = gradients.check(source, "f", x)
+    for got, want in zip(_run(bw), _run(recomputing), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_an_adjoint_read_once_point_wise_is_substituted_where_it_is_read() -> None:
+    """A softmax's `d_e(n, d) = d_Y(n, d) / s(n) + d_s(n)`, read only by `d_X(n, d) =
+    d_e(n, d) * e(n, d)`, becomes part of `d_X`'s statement (no `d_e`, a pass less);
+    an adjoint two statements read (`d_t` of `t = A * B`) stays a tensor; the
+    gradients match finite differences."""
+    x = [np.random.default_rng(15).uniform(-2, 2, (3, 5))]
+    bw = gradients.check(SOFTMAX64.replace("{divisor}", "s(n)"), "f", x)
+    assert "d_e(" not in bw.text and "d_X(n, d) = (d_Y(n, d) / s(n) + d_s(n))" in bw.text, bw.text
+    two = "def f(double(N) A, double(N) B) -> (O) { t(i) = A(i) * B(i)\n O(i) = sin(t(i)) }"
+    rng = np.random.default_rng(16)
+    bw = gradients.check(two, "f", [rng.uniform(-1, 1, 4), rng.uniform(-1, 1, 4)])
+    assert "d_t(i) = " in bw.text, bw.text
+
+
+def test_an_addition_past_a_scatter_folds_into_the_first_write() -> None:
+    """A cross-entropy's `d_X` is zeros, then its labels' term scattered, then its
+    point-wise term added: the point-wise term becomes the first write, under that
+    write's index names (one pass over `d_X` instead of two), the scatter after it
+    (additions commute); the gradients match finite differences."""
+    source = """
+    def ce(double(B, K) X, int32(B) label) -> (loss) {
+        mx(b) max=! X(b, k)
+        s(b) +=! exp(X(b, k) - mx(b))
+        loss +=! (log(s(b)) + mx(b) - X(b, label(b))) / B
+    }"""
+    rng = np.random.default_rng(17)
+    x = [rng.uniform(-2, 2, (4, 6)), np.array([5, 0, 5, 2], np.int32)]
+    bw = gradients.check(source, "ce", x, wrt=["X"])
+    lines = [ln.strip() for ln in bw.text.splitlines() if ln.strip().startswith("d_X(")]
+    assert len(lines) == 2 and "exp(" in lines[0] and "label(" in lines[1], bw.text

@@ -217,6 +217,30 @@ def test_a_row_reduction_gets_a_loop_of_its_own_and_vector_lanes() -> None:
     _check(source, "ln", sizes)
 
 
+def test_a_row_loop_beside_a_value_at_one_of_its_points_is_vectorised() -> None:
+    """A cross-entropy's backward: `d_s(b)` runs at one point of the row loop of
+    `d_X(b, k) = d_s(b) * exp(...)`, whose member then carried the dependence on it;
+    split into a statement before the row's loop, the loop is a vector loop."""
+    source = """
+    def ce_grad(float(B, K) X, int32(B) label, float(B) mx, float(B) s, float d_loss)
+        -> (d_X) {
+        d_s(b) = d_loss / B * (1 / s(b))
+        d_X(i, j) = d_s(i) * exp(X(i, j) - mx(i)) where i in 0:B, j in 0:K
+        d_X(b, label(b)) += -(d_loss / B)
+    }"""
+    sizes = {"B": 37, "K": 300}
+    code = _lowered(source, sizes).source
+    row = code[: code.index("tc_expf((t_X[")].rsplit("for (", 1)[0].rstrip().splitlines()[-1]
+    assert row.strip() == "#pragma omp simd", code
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((37, 300), dtype=np.float32)
+    label = rng.integers(0, 300, 37).astype(np.int32)
+    mx, s = x.max(1), rng.uniform(1, 3, 37).astype(np.float32)
+    cpu, reference = engines("cpu", source, quiet=True)
+    args = (x, label, mx, s, np.float32(0.7))
+    np.testing.assert_allclose(cpu.ce_grad(*args), reference.ce_grad(*args), rtol=1e-5, atol=1e-7)
+
+
 def test_fixed_sizes_are_scheduled_as_numbers() -> None:
     """With the sizes fixed, a size is not a shift isl can fuse loops with: each
     statement of a batched layer norm keeps its own loop over the row, no member

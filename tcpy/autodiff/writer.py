@@ -4,11 +4,13 @@ it reads, and its signature; and the forward that saves values for it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tcpy.autodiff import build as b
 from tcpy.autodiff import text
+from tcpy.autodiff.recovery import recovered
 from tcpy.autodiff.versions import fresh, versions_of
 from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, IndexRange, TensorInfo
@@ -79,26 +81,64 @@ class Writer:
         reads or writes it otherwise (a backward's `d_e(n,d) = ...` then `d_e(n,d) +=
         d_s(n)`: one pass over `d_e` instead of two; a layer norm's `d_X`, written once
         and added to twice: one instead of three). The sum moves to the last of them,
-        where every value it reads is computed (TC lets a sum be reassociated)."""
+        where every value it reads is computed (TC lets a sum be reassociated); past
+        other additions to the tensor (a cross-entropy's scatter-add of its labels'
+        term between `d_X`'s zeros and its point-wise term), it stays at the first
+        write, where what it reads is computed already."""
         out: list[Emitted] = []
         for st in self.emitted:
-            first = _merge_target(out, st)
-            if first is None:
+            found = _merge_target(out, st)
+            if found is None:
                 out.append(st)
                 continue
-            head = out.pop(first)
-            out.append(Emitted(st.tensor, st.dims, head.op, b.add(head.value, st.value), st.ranges))
+            first, passed = found
+            head = out[first]
+            renamed = {
+                d: ast.Index(h, st.value.span) for d, h in zip(st.dims, head.dims, strict=True)
+            }
+            value = b.add(head.value, b.substitute(st.value, renamed))
+            merged = Emitted(head.tensor, head.dims, head.op, value, head.ranges)
+            if passed:
+                out[first] = merged
+            else:
+                out.pop(first)
+                out.append(merged)
+        self.emitted = out
+
+    def inline_once(self, kept: Collection[str]) -> None:
+        """Substitute the value of a point-wise statement into the one statement that
+        reads it, where that one runs point-wise over the same indices and ranges,
+        reads it there, and nothing between writes what the value reads (a softmax
+        backward's `d_e(n, d) = d_Y(n, d) / s(n) + d_s(n)`, read by `d_X(n, d) =
+        d_e(n, d) * e(n, d)`: no `d_e`, a pass less); the tensors of `kept` stay."""
+        out = list(self.emitted)
+        k = 0
+        while k < len(out):
+            j = _inline_target(out, k, kept)
+            if j is None:
+                k += 1
+                continue
+            st = out.pop(k)
+            value = st.value
+            if self.types[st.tensor] not in (ScalarType.FLOAT32, ScalarType.FLOAT64):
+                value = b.cast(self.types[st.tensor], value)  # as the tensor stored it
+            into = out[j - 1]
+            new = b.transform(into.value, functools.partial(_substituted, st, value))
+            out[j - 1] = Emitted(into.tensor, into.dims, into.op, new, into.ranges)
         self.emitted = out
 
     # --- the forward's values -------------------------------------------------------
 
     def recompute(self, saved: set[str]) -> tuple[list[str], set[str], list[str]]:
         """The statements that recompute the versions the statements read (temporaries,
-        versions overwritten) but those in `saved`, in the forward's order; the forward
-        outputs read; the saved versions read, in the forward's order."""
+        versions overwritten) but those in `saved`, in the forward's order (a value
+        the forward divided into an output read back from it, `tcpy.autodiff.
+        recovery`); the forward outputs read; the saved versions read, in the
+        forward's order."""
         vs = self.versions
         needed: set[int] = set()
         taken: set[int] = set()
+        recovering: dict[int, ast.Expr] = {}
         stack = [vs.of[n] for n in vs.of if n in self.read]
         while stack:
             v = stack.pop()
@@ -108,26 +148,38 @@ class Writer:
                 taken.add(v.statement)
                 continue
             needed.add(v.statement)
+            back = recovered(
+                vs,
+                v.statement,
+                lambda r: r.name in saved or r.statement is None or vs.is_final_output(r),
+            )
+            if back is not None:
+                recovering[v.statement] = back
+                stack += [vs.of[n.tensor] for n in ast.walk(back) if isinstance(n, ast.Access)]
+                continue
             stack += vs.reads(v.statement)
             if vs.keeps[v.statement] and not vs.before[v.statement].zeros:
                 stack.append(vs.before[v.statement])
-        lines = self._recomputing(sorted(needed))
+        lines = self._recomputing(sorted(needed), recovering)
         outputs = {vs.last(t.name).name for t in self.cdef.outputs}
         return lines, outputs & self.read, [vs.written[s].name for s in sorted(taken)]
 
-    def _recomputing(self, statements: Sequence[int]) -> list[str]:
-        """The lines of the forward's `statements` as the backward recomputes them."""
+    def _recomputing(
+        self, statements: Sequence[int], recovering: Mapping[int, ast.Expr] | None = None
+    ) -> list[str]:
+        """The lines of the forward's `statements` as the backward recomputes them (a
+        statement of `recovering` by the value given there)."""
         kept, self.emitted = self.emitted, []
         for s in statements:
-            self._recompute_one(s)
+            self._recompute_one(s, (recovering or {}).get(s))
         lines, self.emitted = self.lines, kept
         return lines
 
-    def _recompute_one(self, s: int) -> None:
+    def _recompute_one(self, s: int, value: ast.Expr | None = None) -> None:
         vs = self.versions
         st, w = self.cdef.statements[s], vs.written[s]
         t = vs.tensor(w)
-        rhs = vs.rhs[s]
+        rhs = vs.rhs[s] if value is None else value
         if vs.keeps[s]:
             dims = self.dims(len(t.shape))
             prev = vs.before[s]
@@ -213,16 +265,70 @@ class Emitted:
         return any(isinstance(n, ast.Access) and n.tensor == tensor for n in ast.walk(self.value))
 
 
-def _merge_target(done: list[Emitted], st: Emitted) -> int | None:
+def _inline_target(done: list[Emitted], k: int, kept: Collection[str]) -> int | None:
+    """The position of the one statement after `done[k]` that `done[k]`'s value can
+    be substituted into (see `Writer.inline_once`), or None."""
+    st = done[k]
+    if st.op is not A.ASSIGN or st.tensor in kept or len(st.ranges) != len(st.dims):
+        return None
+    readers = [j for j in range(k + 1, len(done)) if done[j].reads(st.tensor)]
+    if len(readers) != 1 or any(o.tensor == st.tensor for o in done[k + 1 :]):
+        return None
+    j = readers[0]
+    into = done[j]
+    if (into.dims, into.ranges) != (st.dims, st.ranges) or st.reads(st.tensor):
+        return None
+    reads = [n for n in ast.walk(into.value) if isinstance(n, ast.Access) and n.tensor == st.tensor]
+    if len(reads) != 1 or not _reads_at(reads[0], st):
+        return None
+    if any(st.reads(o.tensor) for o in done[k + 1 : j + 1]):
+        return None  # what the value reads is written before the read
+    return j
+
+
+def _substituted(st: Emitted, value: ast.Expr, n: ast.Expr) -> ast.Expr | None:
+    """`value` in place of `n` where `n` reads `st`'s tensor at its own indices."""
+    return value if _reads_at(n, st) else None
+
+
+def _reads_at(n: ast.Expr, st: Emitted) -> bool:
+    """Whether `n` reads `st`'s tensor at `st`'s own indices."""
+    return (
+        isinstance(n, ast.Access)
+        and n.tensor == st.tensor
+        and [a.name if isinstance(a, ast.Index) else None for a in n.args] == list(st.dims)
+    )
+
+
+def _merge_target(done: list[Emitted], st: Emitted) -> tuple[int, bool] | None:
     """The position in `done` of the write of `st`'s tensor that `st` (a `+=`) can be
-    folded into (see `Writer.merge_sums`), or None."""
+    folded into (see `Writer.merge_sums`), and whether other additions to the tensor
+    come between; or None."""
     if st.op is not A.SUM or st.reads(st.tensor):
         return None
+    passed = False
     for k in reversed(range(len(done))):
         other = done[k]
         if other.tensor == st.tensor:
-            same = (other.dims, other.ranges) == (st.dims, st.ranges)
-            return k if same and other.op in (A.ASSIGN, A.SUM_INIT) else None
+            if other.op is A.SUM and not other.reads(st.tensor):
+                passed = True  # additions commute
+                continue
+            if not _same_domain(other, st) or other.op not in (A.ASSIGN, A.SUM_INIT):
+                return None
+            if passed and any(st.reads(o.tensor) for o in done[k + 1 :]):
+                return None  # what `st` adds is computed after the first write
+            return k, passed
         if other.reads(st.tensor):
             return None
     return None
+
+
+def _same_domain(a: Emitted, b: Emitted) -> bool:
+    """Whether `a` and `b` run over the same indices and ranges, or over the same
+    ranges point-wise with indices named otherwise."""
+    if (a.dims, a.ranges) == (b.dims, b.ranges):
+        return True
+    point_wise = all(len(s.ranges) == len(s.dims) for s in (a, b))
+    bounds = [(r.lo, r.hi) for r in a.ranges] == [(r.lo, r.hi) for r in b.ranges]
+    in_order = all(tuple(r.var for r in s.ranges) == s.dims for s in (a, b))
+    return point_wise and bounds and in_order

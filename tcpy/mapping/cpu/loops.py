@@ -102,13 +102,17 @@ def _extents(band: isl.ScheduleNode, members: range, inner: int | None) -> int |
 def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> isl.Schedule:
     """`schedule` with each innermost one-member band below the rows (a parallel loop)
     that a sum or min/max runs along beside other statements (a layer norm's `Y(s,n)
-    = ...` then `mean(s) +=! Y(s,n)`, a softmax's exponentials and their sum) split,
-    in order, into a loop for each such reduction and one for the statements between
-    them, where that respects the dependences; each new loop is parallel where no
-    dependence runs along it. Fused, the reduction's partial results form one chain of
-    dependent additions through memory (a layer norm's rows ran 10x slower than the
-    copy bandwidth); alone in its loop, its accumulator is kept in vector lanes
-    (`tcpy.codegen`), at the price of reading the row once more, from the cache."""
+    = ...` then `mean(s) +=! Y(s,n)`, a softmax's exponentials and their sum), or
+    that other statements run at one point of (a cross-entropy backward's `d_s(b)`
+    beside its row `d_X(b, k) = d_s(b) * ...`), split, in order, into a loop for each
+    such reduction, one for the statements between them that it walks, and one for
+    those at a point, where that respects the dependences; each new loop is parallel
+    where no dependence runs along it. Fused, the reduction's partial results form one
+    chain of dependent additions through memory (a layer norm's rows ran 10x slower
+    than the copy bandwidth); alone in its loop, its accumulator is kept in vector
+    lanes (`tcpy.codegen`), at the price of reading the row once more, from the cache.
+    A loop beside a statement at one of its points carries the dependence on it, and
+    was not vectorised (the cross-entropy's row of `exp`s ran 5x slower)."""
 
     def split(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.band_n_member() != 1 or node.n_children() != 1 or not _rows_above(node):
@@ -118,14 +122,20 @@ def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) 
             return node
         branches = [c.filter_get_filter() for c in schedule_children(below)]
         groups: list[isl.UnionSet] = []
-        alone = True  # whether the last group is a reduction's
-        for f in branches:  # a reduction alone, the statements between them together
-            reduces = _reduces_along(node, f, scop)
-            if alone or reduces:
-                groups.append(f)
-            else:
+        kinds: list[str] = []
+        for f in branches:  # a reduction alone, the statements between them by kind
+            kind = (
+                "reduction"
+                if _reduces_along(node, f, scop)
+                else "point"
+                if _fixed_along(node, f)
+                else "loop"
+            )
+            if kinds and kind != "reduction" and kinds[-1] == kind:
                 groups[-1] = groups[-1].union(f)
-            alone = reduces
+            else:
+                groups.append(f)
+                kinds.append(kind)
         if len(groups) == 1:
             return node
         filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))
@@ -172,6 +182,15 @@ def _carried(band: isl.ScheduleNode, deps: isl.UnionMap) -> bool:
         if not same_outer.is_subset(at_zero):
             return True
     return False
+
+
+def _fixed_along(band: isl.ScheduleNode, statements: isl.UnionSet) -> bool:
+    """Whether the instances of `statements` (one branch below one-member `band`) in
+    each iteration of the loops above run at one point of the band's member."""
+    domain = band.get_domain().intersect(statements)
+    prefix = band.get_prefix_schedule_union_map().intersect_domain(domain)
+    member = band.band_get_partial_schedule_union_map().intersect_domain(domain)
+    return bool(prefix.reverse().apply_range(member).is_single_valued())
 
 
 def _reduces_along(band: isl.ScheduleNode, statements: isl.UnionSet, scop: Scop) -> bool:
