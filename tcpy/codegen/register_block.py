@@ -4,6 +4,7 @@ across the reduction loops."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,7 +39,8 @@ def print_register_block(
     split = None  # a lane loop bounded by a reduction loop: constant bounds, guarded
     last = full[-1]
     if lane is not None and last is not None and not last.ids.isdisjoint(outer):
-        split = (last.loop, last.test, f"{lane.iterator} <= {last.edge}")
+        one_path = _one_path(plan.parts, lane.iterator)
+        split = _Split(last.loop, last.test, f"{lane.iterator} <= {last.edge}", one_path)
         full[-1] = _Full(lane, "", frozenset())
     tests = [f.test for f in full if f is not None and f.test]
     if tests and all(f is not None for f in full):
@@ -146,17 +148,17 @@ def _print_block(
     depth: int,
     block: list[_Loop],
     lane: _Loop | None,
-    split: tuple[_Loop, str, str] | None = None,
+    split: _Split | None = None,
 ) -> None:
     """The block of outputs loaded (or, with lanes, started at the identity), updated
     across the reduction loops, and stored, with `block` and `lane` as its loops.
     With `split` (the lane loop's full tile, the test that it runs whole and the guard
     of a lane, where a reduction loop bounds the lanes: rows of 30 in lanes of 16),
-    every tile runs the lane loop under constant bounds, a partial one with its lanes
-    past the row guarded (masked loads and adds): indexed only by constants, the block
-    stays in registers (a weight gradient's block, indexed by a variable lane bound,
-    lived in memory: 6x slower; a second block for the partial tiles, indexed by it,
-    ran 1.2-1.3x slower than the guard)."""
+    every tile runs the lane loop under constant bounds, its lanes past the row
+    adding the identity (masked loads): indexed only by constants, the block stays
+    in registers (a weight gradient's block, indexed by a variable lane bound, lived
+    in memory: 6x slower; with the full tiles on a path of their own, or the partial
+    tile's update under an `if`, it lived in memory too: 1.55 against 1.2-1.3 ms)."""
     parts, sizes = plan.parts, plan.sizes
     levels = [(pragmas, h.text) for pragmas, h in zip(plan.unrolled, block, strict=True)]
     index = "".join(_offset(h) for h in block)
@@ -183,7 +185,7 @@ def _print_lanes(
     index: str,
     arrays: list[str],
     lane: _Loop,
-    split: tuple[_Loop, str, str] | None,
+    split: _Split | None,
 ) -> None:
     """A block with a lane loop (`_print_block`): its `arrays` of partial results per
     lane started at the identity, updated across the reduction loops (the full tiles
@@ -198,12 +200,13 @@ def _print_lanes(
     _open(p, depth, plan.reductions)
     if split is None:
         _lane_update(p, plan, inside, levels, f"tc_reg{index}", lane)
+    elif split.one_path:  # the lanes past the row add the identity
+        _lane_update(p, plan, inside, levels, f"tc_reg{index}", split.loop, split.guard, True)
     else:
-        full, test, guard = split
-        p.emit(inside, f"if ({test}) {{")
-        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", full)
+        p.emit(inside, f"if ({split.test}) {{")
+        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", split.loop)
         p.emit(inside, "} else {")
-        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", full, guard)
+        _lane_update(p, plan, inside + 1, levels, f"tc_reg{index}", split.loop, split.guard)
         p.emit(inside, "}")
     _close(p, depth, len(plan.reductions))
     # the lanes' partial results, merged in a tree of vector steps: a chain of
@@ -224,12 +227,19 @@ def _lane_update(
     block: str,
     lane: _Loop,
     guard: str = "",
+    one_path: bool = False,
 ) -> None:
     """The block loops and lane loop `lane` around one update of array `block`'s lane,
-    only where `guard` holds if one is given."""
+    only where `guard` holds if one is given: on `one_path` (`_one_path`) the update
+    adds the identity elsewhere, else it is skipped under an `if`."""
+    parts = plan.parts
     element = f"{block}{_offset(lane)}"
-    update = plan.parts.wrap(f"{element} = {plan.parts.combine(element)};")
-    body = [f"if ({guard}) {{", f"  {update}", "}"] if guard else [update]
+    if guard and one_path:
+        added = f"(({guard}) ? ({parts.value}) : {parts.identity})"
+        body = [f"{element} = {parts.merge(element, added)};"]
+    else:
+        update = parts.wrap(f"{element} = {parts.combine(element)};")
+        body = [f"if ({guard}) {{", f"  {update}", "}"] if guard else [update]
     _nest(p, depth, [*levels, (plan.vector, lane.text)], body)
 
 
@@ -257,6 +267,28 @@ def _close(p: Printer, depth: int, count: int) -> None:
 
 _BLOCK_COMBINE = {tc.Reduction.SUM: "+", tc.Reduction.PROD: "*"}
 """How two partial results of a blocked reduction combine."""
+
+
+class _Split(NamedTuple):
+    """A lane loop bounded by a reduction loop (`print_register_block`): its loop
+    under constant bounds, the test that a tile of lanes runs whole, the guard of a
+    lane, and whether whole and partial tiles run on one path (`_one_path`)."""
+
+    loop: _Loop
+    test: str
+    guard: str
+    one_path: bool
+
+
+def _one_path(parts: StatementParts, lane: str) -> bool:
+    """Whether a guarded lane update can add `value` under a `?:` (the identity past
+    the row), on the path of the whole tiles: no load hoisted before the value
+    (it would leave the guard), and every load indexed by the lane (`lane`: the lane
+    loop's iterator) (GCC vectorises the `?:` with masked loads; one of a value
+    the lanes share, `alpha` in `alpha * A(i, j) * x(j)`, left the loop scalar: 7x
+    slower)."""
+    indexed = re.compile(rf"\b{re.escape(lane)}\b")
+    return not parts.prelude and all(indexed.search(r.index) for r in parts.reads)
 
 
 class _Full(NamedTuple):
