@@ -688,3 +688,20 @@ def test_an_addition_past_a_scatter_folds_into_the_first_write() -> None:
     bw = gradients.check(source, "ce", x, wrt=["X"])
     lines = [ln.strip() for ln in bw.text.splitlines() if ln.strip().startswith("d_X(")]
     assert len(lines) == 2 and "exp(" in lines[0] and "label(" in lines[1], bw.text
+
+
+def test_a_value_computed_twice_is_read_from_where_it_was_stored() -> None:
+    """A bias's gradient is the same partial of `Z(n, o) + b(o)` as `Z`'s, summed
+    over the rows: it reads `d_Z(n, o)` instead of computing the GELU's derivative
+    (an `erf` and an `exp` an element) again; the gradients match finite
+    differences."""
+    source = """
+    def f(double(B, I) X, double(O, I) W, double(O) b) -> (Y) {
+        Z(n, o) +=! X(n, i) * W(o, i)
+        Y(n, o) = 0.5 * (Z(n, o) + b(o)) * (1 + erf((Z(n, o) + b(o)) * 0.70710678))
+    }"""
+    rng = np.random.default_rng(18)
+    x = [rng.uniform(-1, 1, (4, 3)), rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, 5)]
+    bw = gradients.check(source, "f", x)
+    (bias,) = [ln.strip() for ln in bw.text.splitlines() if ln.strip().startswith("d_b(")]
+    assert bias.startswith("d_b(o) +=! d_Z(n, o) where"), bw.text

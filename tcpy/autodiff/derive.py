@@ -188,6 +188,7 @@ class _Backward(Writer):
                 dims = self.dims(len(t.shape))
                 self.emit(self._name_of(n), dims, A.ASSIGN, b.num(0, t.span), self.whole(t, dims))
         self.merge_sums()
+        self.reuse_values()
         self.inline_once({f"d_{n}" for n in self.wrt})
         backward, saved = self.backward(self.wrt, self.savable)
         return Derived(backward, saved, self.forward(saved) if saved else None)

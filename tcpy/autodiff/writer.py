@@ -105,6 +105,25 @@ class Writer:
                 out.append(merged)
         self.emitted = out
 
+    def reuse_values(self) -> None:
+        """Read a statement's whole value from a tensor an earlier point-wise statement
+        wrote it to, where it runs over that statement's indices and ranges (and
+        perhaps more: a sum), and nothing between writes what either reads (a bias's
+        gradient `d_b(o) +=! <d_Z's value>`, the same partial of `Z(n, o) + b(o)`:
+        `d_b(o) +=! d_Z(n, o)`, a GELU's `erf` and `exp` computed once, not twice)."""
+        out: list[Emitted] = []
+        for st in self.emitted:
+            source = _reusable(out, st)
+            if source is not None:
+                read = ast.Access(
+                    source.tensor,
+                    tuple(ast.Index(d, st.value.span) for d in source.dims),
+                    st.value.span,
+                )
+                st = Emitted(st.tensor, st.dims, st.op, read, st.ranges)
+            out.append(st)
+        self.emitted = out
+
     def inline_once(self, kept: Collection[str]) -> None:
         """Substitute the value of a point-wise statement into the one statement that
         reads it, where that one runs point-wise over the same indices and ranges,
@@ -263,6 +282,28 @@ class Emitted:
 
     def reads(self, tensor: str) -> bool:
         return any(isinstance(n, ast.Access) and n.tensor == tensor for n in ast.walk(self.value))
+
+
+def _reusable(done: list[Emitted], st: Emitted) -> Emitted | None:
+    """The earlier statement of `done` whose tensor holds `st`'s whole value at the
+    same instances (see `Writer.reuse_values`), or None."""
+    value = text.expr(st.value)
+    if isinstance(st.value, ast.Access):
+        return None  # a read already
+    ranges = {(r.var, r.lo, r.hi) for r in st.ranges}
+    for k in reversed(range(len(done))):
+        other = done[k]
+        if (
+            other.op is A.ASSIGN
+            and len(other.ranges) == len(other.dims)
+            and tuple(r.var for r in other.ranges) == other.dims
+            and {(r.var, r.lo, r.hi) for r in other.ranges} <= ranges
+            and text.expr(other.value) == value
+            and not any(st.reads(o.tensor) or o.tensor == other.tensor for o in done[k + 1 :])
+            and not other.reads(other.tensor)
+        ):
+            return other
+    return None
 
 
 def _inline_target(done: list[Emitted], k: int, kept: Collection[str]) -> int | None:
