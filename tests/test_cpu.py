@@ -91,6 +91,23 @@ def test_integer_division_by_zero_on_cpu() -> None:
     np.testing.assert_array_equal(e.f(np.array([3, -4], np.int32)), [3, -2])
 
 
+def test_integer_division_by_a_constant_is_cs_own_and_vectorised() -> None:
+    """By a literal other than 0 and -1 a division cannot fault or overflow: C's `/`
+    and `%`, which GCC vectorises (the checked helper's branch kept the loop
+    scalar); by a value, the helper. Negative numerators truncate as the reference's."""
+    e, ref = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    source = "def f(int32(N) A, int32(N) B) -> (Q, R, S) { Q(i) = A(i) / 4\n R(i) = A(i) % 3\n S(i) = A(i) / B(i) }"
+    e.define(source)
+    ref.define(source)
+    a = np.arange(-40, 41, dtype=np.int32)
+    b = np.where(a == 0, 5, a).astype(np.int32)
+    for got, want in zip(e.f(a, b), ref.f(a, b), strict=True):
+        np.testing.assert_array_equal(got, want)
+    code = e.compile("f", a, b).source
+    assert "(t_A[(int64_t)(c1)] / 4)" in code and "(t_A[(int64_t)(c1)] % 3)" in code
+    assert "tc_div_int32(t_A[(int64_t)(c1)], t_B[(int64_t)(c1)], tc_status)" in code
+
+
 @pytest.fixture
 def vector_width(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Sets `TCPY_VECTOR_BITS` for one test; the width is read once per process."""

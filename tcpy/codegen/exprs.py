@@ -429,6 +429,8 @@ class _Context:
         ty = e.ty.compute
         a, b = self.expr(e.lhs, ty), self.expr(e.rhs, ty)
         if op in (ast.BinaryOp.DIV, ast.BinaryOp.MOD) and ty.is_integer:
+            if isinstance(e.rhs, ast.IntLit) and e.rhs.value not in (0, -1):
+                return f"({a} {op.value} {b})"  # no zero, no overflow: C's, vectorised
             self.p.helpers.divisions.add(ty)
             fn = "div" if op is ast.BinaryOp.DIV else "mod"
             return f"tc_{fn}_{ty.value}({a}, {b}, tc_status)"
