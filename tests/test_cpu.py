@@ -96,7 +96,10 @@ def test_integer_division_by_a_constant_is_cs_own_and_vectorised() -> None:
     and `%`, which GCC vectorises (the checked helper's branch kept the loop
     scalar); by a value, the helper. Negative numerators truncate as the reference's."""
     e, ref = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
-    source = "def f(int32(N) A, int32(N) B) -> (Q, R, S) { Q(i) = A(i) / 4\n R(i) = A(i) % 3\n S(i) = A(i) / B(i) }"
+    source = (
+        "def f(int32(N) A, int32(N) B) -> (Q, R, S) {"
+        " Q(i) = A(i) / 4\n R(i) = A(i) % 3\n S(i) = A(i) / B(i) }"
+    )
     e.define(source)
     ref.define(source)
     a = np.arange(-40, 41, dtype=np.int32)
@@ -106,6 +109,28 @@ def test_integer_division_by_a_constant_is_cs_own_and_vectorised() -> None:
     code = e.compile("f", a, b).source
     assert "(t_A[(int64_t)(c1)] / 4)" in code and "(t_A[(int64_t)(c1)] % 3)" in code
     assert "tc_div_int32(t_A[(int64_t)(c1)], t_B[(int64_t)(c1)], tc_status)" in code
+
+
+def test_a_read_under_a_condition_in_bounds_over_its_ranges_is_not_checked() -> None:
+    """A read under `?:` is checked element by element where its subscripts may leave
+    the tensor (`A(i - 1)` at `i = 0`: the condition is what keeps it in); one whose
+    subscripts stay in the tensor over the statement's ranges, at the sizes the kernel
+    is built for, reads as an unconditional one does (a max pool's backward reads
+    `d_O(n, c, h, w)` under its comparison: with the check, the loop stayed scalar)."""
+    source = """
+    def f(float(N) A, float(N) B) -> (O) {
+        O(i) = A(i) > 0 ? B(i) / A(i) : (i > 0 ? A(i - 1) : 0) where i in 0:N
+    }"""
+    e, ref = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
+    e.define(source)
+    ref.define(source)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(37, dtype=np.float32), rng.standard_normal(37, dtype=np.float32)
+    np.testing.assert_allclose(e.f(a, b), ref.f(a, b), rtol=1e-6)
+    code = e.compile("f", a, b).source
+    (line,) = [ln for ln in code.splitlines() if ln.strip().startswith("t_O[")]
+    assert "t_B[(int64_t)(c1)]" in line and "t_A[(int64_t)(c1)]" in line, line
+    assert line.count("tc_index(") == 1 and "tc_index((((int32_t)(c1)) - 1)" in line, line
 
 
 @pytest.fixture

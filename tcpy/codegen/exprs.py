@@ -28,7 +28,7 @@ from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.parser.linear import linear_form
 from tcpy.parser.printer import expr_text
-from tcpy.parser.ranges import guarded_accesses
+from tcpy.parser.ranges import guarded_accesses, stays_within
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 from tcpy.types import ScalarType, promote
 
@@ -227,6 +227,7 @@ class BodyPrinter:
     local declared before it (CUDA: the emulator counts what the source asks for, and
     no load then depends on the compiler's aliasing analysis)."""
     copies: Mapping[str, LocalCopy] = field(default_factory=dict)  # by tensor
+    sizes: Mapping[str, int] | None = None  # the sizes the kernel is built for, if fixed
 
     def statement(
         self,
@@ -464,6 +465,9 @@ class _Context:
     def place(self, tensor: str, k: int, arg: ast.Expr, proven: bool) -> tuple[str, bool]:
         """Subscript `k` of an access of `tensor`, and whether it is checked on the data:
         `proven` says range inference proved it in bounds where it is affine."""
+        if not proven and self.depth == 1:  # read under a condition: proven at any rate?
+            extent = self.p.cdef.tensor(tensor).shape[k]
+            proven = stays_within(arg, self.st.ranges, extent, self.p.sizes)
         proven = proven and linear_form(arg) is not None
         # an affine subscript proven in bounds is computed in 64 bits, from the
         # loop values as they are: `(int32_t)` casts inside it (TC's type for an

@@ -94,7 +94,7 @@ class Printer:
     counted: int = 0  # the loops counted so far, across the kernels of a source
 
     def __post_init__(self) -> None:
-        self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers)
+        self.bodies = BodyPrinter(self.scop.cdef, self.dialect, self.helpers, sizes=self.scop.sizes)
         # isl's parameters already carry the C names of the sizes; CUDA adds the block
         # and thread parameters' spellings
         self.names: dict[str, str] = {}

@@ -18,7 +18,7 @@ no condition; the targets check them on the data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -198,6 +198,35 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
                 proved = not (guarded or exists)
                 out.append(_Condition(lin, extent, node.tensor, k, arg.span, proved, guarded))
     return out
+
+
+def stays_within(
+    arg: ast.Expr,
+    ranges: Sequence[IndexRange],
+    extent: Sym,
+    sizes: Mapping[str, int] | None = None,
+) -> bool:
+    """Whether the affine subscript `arg` lies in `0:extent` over the whole of `ranges`
+    (each index it uses): at `sizes` where given (a kernel built for them), else for
+    every size. A read under a condition whose subscripts do is in bounds wherever
+    the condition lets it be read."""
+    form = linear_form(arg)
+    if form is None:
+        return False
+    by_var = {r.var: r for r in ranges}
+    lo = hi = form.rest
+    for v, c in form.coeffs:
+        r = by_var.get(v)
+        if r is None:
+            return False
+        first, last = r.lo * c, (r.hi - 1) * c
+        lo, hi = (lo + first, hi + last) if c > 0 else (lo + last, hi + first)
+    if sizes is None:
+        return provably_le(Sym(), lo) is True and provably_le(hi, extent - 1) is True
+    try:
+        return lo.evaluate(sizes) >= 0 and hi.evaluate(sizes) <= extent.evaluate(sizes) - 1
+    except KeyError:
+        return False
 
 
 def guarded_accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:
