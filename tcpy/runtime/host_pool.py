@@ -27,7 +27,7 @@ class HostPool:
 
     def __init__(self, idle_limit: int = IDLE_BYTES) -> None:
         self.idle_limit = idle_limit
-        self.idle: dict[int, list[np.ndarray]] = {}
+        self.idle: dict[int, list[tuple[np.ndarray, int]]] = {}  # blocks and addresses
         self.idle_bytes = 0
         self.lock = threading.Lock()
 
@@ -47,19 +47,24 @@ class HostPool:
         size = self.rounded(nbytes)
         with self.lock:
             blocks = self.idle.get(size)
-            block = blocks.pop() if blocks else None
-            if block is not None:
+            taken = blocks.pop() if blocks else None
+            if taken is not None:
                 self.idle_bytes -= size
-        if block is None:
-            block = np.empty(size, np.uint8)
-        raw: np.ndarray = np.asarray(_Owner(block, self, nbytes))
-        return raw.view(dtype).reshape(shape)
+        if taken is None:
+            fresh = np.empty(size, np.uint8)
+            taken = fresh, int(fresh.ctypes.data)
+        block, address = taken
+        if dtype.kind in "biufc":  # NumPy's own types: the owner describes the array
+            return np.asarray(_Owner(block, address, self, tuple(shape), dtype.str))
+        raw: np.ndarray = np.asarray(_Owner(block, address, self, (nbytes,), "|u1"))
+        return raw.view(dtype).reshape(shape)  # bfloat16: a type NumPy describes otherwise
 
-    def give_back(self, block: np.ndarray) -> None:
-        """`block` idle again (kept while the pool holds under its limit)."""
+    def give_back(self, block: np.ndarray, address: int) -> None:
+        """`block` (at `address`) idle again (kept while the pool holds under its
+        limit)."""
         with self.lock:
             if self.idle_bytes + block.nbytes <= self.idle_limit:
-                self.idle.setdefault(block.nbytes, []).append(block)
+                self.idle.setdefault(block.nbytes, []).append((block, address))
                 self.idle_bytes += block.nbytes
 
     def clear(self) -> None:
@@ -72,19 +77,27 @@ class _Owner:
     """The base of an array carved from a pooled `block`: NumPy keeps it alive as long
     as the array or any view of it lives, and its end gives the block back."""
 
-    __slots__ = ("__array_interface__", "block", "pool")
+    __slots__ = ("__array_interface__", "address", "block", "pool")
 
-    def __init__(self, block: np.ndarray, pool: HostPool, nbytes: int) -> None:
-        self.block, self.pool = block, pool
+    def __init__(
+        self,
+        block: np.ndarray,
+        address: int,
+        pool: HostPool,
+        shape: tuple[int, ...],
+        typestr: str,
+    ) -> None:
+        self.block, self.address, self.pool = block, address, pool
         self.__array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (block.ctypes.data, False),
+            "shape": shape,
+            "typestr": typestr,
+            "data": (address, False),
             "version": 3,
         }
 
     def __del__(self) -> None:
-        self.pool.give_back(self.block)  # the pool and its lock are held here: still alive
+        # the pool and its lock are held here: still alive
+        self.pool.give_back(self.block, self.address)
 
 
 POOL = HostPool()

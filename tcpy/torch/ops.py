@@ -196,14 +196,14 @@ class _Kernels:
     ) -> tuple[Any, ...]:
         """Run def `name` (of the backward source if `backward`) on `args`, with
         `options` (as for `ExecutionEngine.run`)."""
-        tensors = [a.detach().contiguous() for a in args]  # below autograd: no graph here
-        key = (name, backward, *[(t.shape, t.dtype, t.is_cuda) for t in tensors])
+        key = (name, backward, *[(t.shape, t.dtype, t.is_cuda) for t in args])
         ready = self.ready.get(key)
-        if ready is not None:
+        if ready is not None and all(t.is_contiguous() for t in args):
             try:
-                return ready(tensors)
+                return ready(args)  # addresses only: nothing for autograd to record
             except TCError:
                 pass  # the checked call below says where the values went wrong
+        tensors = [a.detach().contiguous() for a in args]  # below autograd: no graph here
         engine = self.engine(tensors, backward)
         if any(t.is_cuda for t in tensors):
             out = engine.run(name, *tensors, options=options)
