@@ -37,13 +37,13 @@ from tcpy.autodiff.extrema import extremum, product
 from tcpy.autodiff.invariance import invariant
 from tcpy.autodiff.rules import read_adjoints
 from tcpy.autodiff.saving import Save, savable
-from tcpy.autodiff.solve import Solved, solve, span_of
+from tcpy.autodiff.solve import Solved, solve
 from tcpy.autodiff.versions import Version, covers, fresh
 from tcpy.autodiff.writer import Writer
 from tcpy.errors import TCGradientError
 from tcpy.parser import ast, check_source
 from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange
-from tcpy.parser.ranges import guarded_accesses
+from tcpy.parser.ranges import affine_span, guarded_accesses
 from tcpy.parser.symbolic import Sym, provably_positive
 from tcpy.types import ScalarType
 
@@ -327,7 +327,7 @@ class _Backward(Writer):
                 pad_ranges.append(IndexRange(d, Sym.of(0), r.hi))
                 shifts.append(Sym.of(0))
                 continue
-            values = span_of(solved.values[var], ranges)
+            values = affine_span(solved.values[var], ranges)
             if values is None:
                 return None
             # the pad before the tensor: the values below 0, with the sizes at least 1

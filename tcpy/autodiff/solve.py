@@ -97,21 +97,6 @@ def solve(
     return Solved(tuple(dims), exprs, free, guard, bool(conditions), tuple(bounded))
 
 
-def span_of(value: ast.Expr, ranges: Iterable[IndexRange]) -> tuple[Sym, Sym] | None:
-    """The values an affine `value` takes over `ranges` (of every index it uses), as
-    `lo:hi` (hi exclusive); None where it is not affine."""
-    form = linear_form(value)
-    if form is None:
-        return None
-    by_var = {r.var: r for r in ranges}
-    lo = hi = form.rest
-    for v, c in form.coeffs:
-        r = by_var[v]
-        first, last = r.lo * c, (r.hi - 1) * c
-        lo, hi = (lo + first, hi + last) if c > 0 else (lo + last, hi + first)
-    return lo, hi + 1
-
-
 def _resolved(
     values: dict[str, Linear], divided: dict[str, ast.Expr], span: Span
 ) -> dict[str, ast.Expr]:

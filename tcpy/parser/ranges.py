@@ -18,7 +18,7 @@ no condition; the targets check them on the data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -200,6 +200,24 @@ def _conditions(st: StatementShape, shapes: Mapping[str, tuple[Sym, ...]]) -> li
     return out
 
 
+def affine_span(value: ast.Expr, ranges: Iterable[IndexRange]) -> tuple[Sym, Sym] | None:
+    """The values an affine `value` takes over `ranges` (of every index it uses), as
+    `lo:hi` (hi exclusive); None where it is not affine or uses an index without a
+    range there."""
+    form = linear_form(value)
+    if form is None:
+        return None
+    by_var = {r.var: r for r in ranges}
+    lo = hi = form.rest
+    for v, c in form.coeffs:
+        r = by_var.get(v)
+        if r is None:
+            return None
+        first, last = r.lo * c, (r.hi - 1) * c
+        lo, hi = (lo + first, hi + last) if c > 0 else (lo + last, hi + first)
+    return lo, hi + 1
+
+
 def stays_within(
     arg: ast.Expr,
     ranges: Sequence[IndexRange],
@@ -210,21 +228,14 @@ def stays_within(
     (each index it uses): at `sizes` where given (a kernel built for them), else for
     every size. A read under a condition whose subscripts do is in bounds wherever
     the condition lets it be read."""
-    form = linear_form(arg)
-    if form is None:
+    span = affine_span(arg, ranges)
+    if span is None:
         return False
-    by_var = {r.var: r for r in ranges}
-    lo = hi = form.rest
-    for v, c in form.coeffs:
-        r = by_var.get(v)
-        if r is None:
-            return False
-        first, last = r.lo * c, (r.hi - 1) * c
-        lo, hi = (lo + first, hi + last) if c > 0 else (lo + last, hi + first)
+    lo, hi = span
     if sizes is None:
-        return provably_le(Sym(), lo) is True and provably_le(hi, extent - 1) is True
+        return provably_le(Sym(), lo) is True and provably_le(hi, extent) is True
     try:
-        return lo.evaluate(sizes) >= 0 and hi.evaluate(sizes) <= extent.evaluate(sizes) - 1
+        return lo.evaluate(sizes) >= 0 and hi.evaluate(sizes) <= extent.evaluate(sizes)
     except KeyError:
         return False
 
