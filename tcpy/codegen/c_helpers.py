@@ -46,15 +46,22 @@ _UNSIGNED = {
 
 def _extrema(ty: ScalarType, d: Dialect) -> str:
     """min and max of a type; on floats they propagate NaN (a NaN operand is the
-    result)."""
+    result), as two selects: written `(a > b || a != a) ? a : b`, GCC made the
+    scalar code of a loop (the iterations a vector loop leaves) two branches on the
+    data: a 2x2 max pool's forward ran 3.7x slower on random values."""
     ctype = d.ctype(ty)
-    nan = " || a != a" if ty.is_float else ""
     lines = []
     for smallest in (True, False):
         cmp = "<" if smallest else ">"
+        chosen = f"(a {cmp} b) ? a : b"
+        body = (
+            f"{ctype} m = {chosen}; return (a != a) ? a : m;"
+            if ty.is_float
+            else f"return {chosen};"
+        )
         lines.append(
             f"{d.function_prefix} {ctype} {extremum_helper(smallest, ty)}({ctype} a, {ctype} b) "
-            f"{{ return (a {cmp} b{nan}) ? a : b; }}"
+            f"{{ {body} }}"
         )
     return "\n".join(lines) + "\n"
 

@@ -16,8 +16,8 @@ static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b 
 static inline int64_t tc_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tc_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-static inline float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
-static inline float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float tc_min_float32(float a, float b) { float m = (a < b) ? a : b; return (a != a) ? a : m; }
+static inline float tc_max_float32(float a, float b) { float m = (a > b) ? a : b; return (a != a) ? a : m; }
 
 static inline __attribute__((always_inline)) uint32_t tc_bits_f32(float x) {
   union { float f; uint32_t u; } v = { x };

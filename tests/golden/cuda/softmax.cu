@@ -27,8 +27,8 @@ static __device__ __forceinline__ int tc_floord(int a, int b) { return (a >= 0) 
 static __device__ __forceinline__ int tc_min(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ int tc_max(int a, int b) { return a > b ? a : b; }
 
-static __device__ __forceinline__ float tc_min_float32(float a, float b) { return (a < b || a != a) ? a : b; }
-static __device__ __forceinline__ float tc_max_float32(float a, float b) { return (a > b || a != a) ? a : b; }
+static __device__ __forceinline__ float tc_min_float32(float a, float b) { float m = (a < b) ? a : b; return (a != a) ? a : m; }
+static __device__ __forceinline__ float tc_max_float32(float a, float b) { float m = (a > b) ? a : b; return (a != a) ? a : m; }
 
 extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0, long long tc_size1, const float *__restrict__ t_I, float *__restrict__ t_O, float *__restrict__ t_maxVal, float *__restrict__ t_expDist, float *__restrict__ t_expSum, int *tc_status) {
   const int s_N = (int)tc_size0;
