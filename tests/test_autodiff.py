@@ -640,10 +640,11 @@ RECOVERED = {  # (divisor, save, whether `e` is read back as `Y(n, d) * divisor`
 @pytest.mark.parametrize("name", RECOVERED)
 def test_a_value_divided_into_an_output_is_read_back_from_it(name: str) -> None:
     """A softmax's backward reads `e` back as `Y(n, d) * s(n)` rather than recompute
-    its `exp`, where the divisor reads only what the backward has at hand (`s` saved;
-    not where `s` would be recomputed from `e` itself), and not from a product (`e`
-    would be `Y / s`, wrong where `s` is 0); the gradients are the recomputing
-    backward's, which finite differences check."""
+    its `exp`, each read of `e` taking that product in its place (no `e`), where the
+    divisor reads only what the backward has at hand (`s` saved; not where `s` would
+    be recomputed from `e` itself), and not from a product (`e` would be `Y / s`,
+    wrong where `s` is 0); the gradients are the recomputing backward's, which finite
+    differences check."""
     divisor, save, back = RECOVERED[name]
     source = SOFTMAX64.replace("{divisor}", divisor)
     if name == "a_product":
@@ -651,8 +652,8 @@ def test_a_value_divided_into_an_output_is_read_back_from_it(name: str) -> None:
     x = [np.random.default_rng(14).uniform(-2, 2, (3, 5))]
     bw = gradients.backward(source, "f", x, save=save)
     body = bw.text.split("{", 1)[1]
-    assert (f"e(n, d) = Y(n, d) * {divisor}" in body) is back, bw.text
-    assert ("exp(" in body) is not back, bw.text
+    assert (f"(Y(n, d) * {divisor})" in body) is back, bw.text
+    assert ("exp(" in body) is not back and ("\n    e(n, d) = " in body) is not back, bw.text
     recomputing = gradients.check(source, "f", x)
     for got, want in zip(_run(bw), _run(recomputing), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)

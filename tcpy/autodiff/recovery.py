@@ -9,7 +9,9 @@ saving`), so the backward takes `e(n, d) = Y(n, d) * s(n)`: one product, and a r
 `Y` instead of `X`. The rule: a point-wise value `v` whose right-hand side calls a
 builtin other than the cheap ones (`CHEAP`), which a later statement divides by
 something, writing a final output over `v`'s own indices and ranges, in `v`'s type:
-`O(i) = v(i) / r` gives `v(i) = O(i) * r`.
+`O(i) = v(i) / r` gives `v(i) = O(i) * r`. The backward writes no `v`: each read of
+it takes the product in its place (`Writer.recompute`), a multiply where a load was
+(the softmax's backward 113 -> 71 us on two cores).
 
 Only a quotient: `O = v * r` would give `v = O / r`, which is not `v` where `r` is 0
 (a mask). The value read back is the forward's quotient rounded and multiplied again:

@@ -179,26 +179,39 @@ class Writer:
             stack += vs.reads(v.statement)
             if vs.keeps[v.statement] and not vs.before[v.statement].zeros:
                 stack.append(vs.before[v.statement])
-        lines = self._recomputing(sorted(needed), recovering)
+        # a value read back is a product of two reads: each read of it takes the
+        # product in its place (no tensor to fill, no pass over it)
+        inlined = {
+            vs.written[s].name: (self.cdef.statements[s].indices, back)
+            for s, back in recovering.items()
+        }
+        self.emitted = [
+            Emitted(st.tensor, st.dims, st.op, _read_back(st.value, inlined), st.ranges)
+            for st in self.emitted
+        ]
+        self.read |= {
+            n.tensor for e in recovering.values() for n in ast.walk(e) if isinstance(n, ast.Access)
+        }
+        lines = self._recomputing(sorted(needed - recovering.keys()), inlined)
         outputs = {vs.last(t.name).name for t in self.cdef.outputs}
         return lines, outputs & self.read, [vs.written[s].name for s in sorted(taken)]
 
     def _recomputing(
-        self, statements: Sequence[int], recovering: Mapping[int, ast.Expr] | None = None
+        self, statements: Sequence[int], inlined: Mapping[str, Inlined] | None = None
     ) -> list[str]:
-        """The lines of the forward's `statements` as the backward recomputes them (a
-        statement of `recovering` by the value given there)."""
+        """The lines of the forward's `statements` as the backward recomputes them (the
+        reads of a version of `inlined` replaced by its value)."""
         kept, self.emitted = self.emitted, []
         for s in statements:
-            self._recompute_one(s, (recovering or {}).get(s))
+            self._recompute_one(s, inlined or {})
         lines, self.emitted = self.lines, kept
         return lines
 
-    def _recompute_one(self, s: int, value: ast.Expr | None = None) -> None:
+    def _recompute_one(self, s: int, inlined: Mapping[str, Inlined]) -> None:
         vs = self.versions
         st, w = self.cdef.statements[s], vs.written[s]
         t = vs.tensor(w)
-        rhs = vs.rhs[s] if value is None else value
+        rhs = _read_back(vs.rhs[s], inlined)
         if vs.keeps[s]:
             dims = self.dims(len(t.shape))
             prev = vs.before[s]
@@ -304,6 +317,26 @@ def _reusable(done: list[Emitted], st: Emitted) -> Emitted | None:
         ):
             return other
     return None
+
+
+Inlined = tuple[tuple[str, ...], ast.Expr]
+"""A version's value in its statement's indices (those indices, the value)."""
+
+
+def _read_back(e: ast.Expr, inlined: Mapping[str, Inlined]) -> ast.Expr:
+    """`e` with each read of a version of `inlined` replaced by its value, at the
+    read's subscripts."""
+    if not inlined:
+        return e
+
+    def one(n: ast.Expr) -> ast.Expr | None:
+        if not (isinstance(n, ast.Access) and n.tensor in inlined):
+            return None
+        dims, value = inlined[n.tensor]
+        args = [_read_back(a, inlined) for a in n.args]
+        return b.substitute(value, dict(zip(dims, args, strict=True)))
+
+    return b.transform(e, one)
 
 
 def _inline_target(done: list[Emitted], k: int, kept: Collection[str]) -> int | None:
