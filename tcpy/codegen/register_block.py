@@ -282,11 +282,10 @@ class _Split(NamedTuple):
 
 def _one_path(parts: StatementParts, lane: str) -> bool:
     """Whether a guarded lane update can add `value` under a `?:` (the identity past
-    the row), on the path of the whole tiles: no load hoisted before the value
-    (it would leave the guard), and every load indexed by the lane (`lane`: the lane
-    loop's iterator) (GCC vectorises the `?:` with masked loads; one of a value
-    the lanes share, `alpha` in `alpha * A(i, j) * x(j)`, left the loop scalar: 7x
-    slower)."""
+    the row), on the path of the whole tiles: no load hoisted before the value (it
+    would leave the guard), and every load indexed by the lane loop's iterator `lane`.
+    GCC vectorises the `?:` with masked loads, but a load the lanes share (`alpha`
+    in `alpha * A(i, j) * x(j)`) left the loop scalar: 7x slower."""
     indexed = re.compile(rf"\b{re.escape(lane)}\b")
     return not parts.prelude and all(indexed.search(r.index) for r in parts.reads)
 

@@ -112,7 +112,7 @@ def split_row_reductions(schedule: isl.Schedule, scop: Scop, deps: Dependences) 
     than the copy bandwidth); alone in its loop, its accumulator is kept in vector
     lanes (`tcpy.codegen`), at the price of reading the row once more, from the cache.
     A loop beside a statement at one of its points carries the dependence on it, and
-    was not vectorised (the cross-entropy's row of `exp`s ran 5x slower)."""
+    was not vectorised (the cross-entropy's backward: 0.50 ms against 0.06)."""
 
     def split(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.band_n_member() != 1 or node.n_children() != 1 or not _rows_above(node):
