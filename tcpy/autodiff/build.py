@@ -7,7 +7,7 @@ backward is printed as TC text and checked again by the front end as any def is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from tcpy.autodiff.text import expr
 from tcpy.errors import Span
@@ -240,3 +240,12 @@ def simplified(e: ast.Expr) -> ast.Expr:
         return linear(form, n.span) if terms < len(leaves) else None  # some cancel or fold
 
     return transform(e, one)
+
+
+def reads_at(e: ast.Expr, tensor: str, indices: Sequence[str]) -> bool:
+    """Whether `e` is a read of `tensor` at exactly `indices`, each an index alone."""
+    return (
+        isinstance(e, ast.Access)
+        and e.tensor == tensor
+        and [a.name if isinstance(a, ast.Index) else None for a in e.args] == list(indices)
+    )

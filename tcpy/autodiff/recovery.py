@@ -56,7 +56,7 @@ def recovered(vs: Versions, s: int, at_hand: Callable[[Version], bool]) -> ast.E
             continue
         if not (isinstance(rhs, ast.Binary) and rhs.op is ast.BinaryOp.DIV):
             continue
-        if not _reads_whole(rhs.lhs, v.name, st.indices):
+        if not b.reads_at(rhs.lhs, v.name, st.indices):
             continue
         divisor = [vs.of[n.tensor] for n in ast.walk(rhs.rhs) if isinstance(n, ast.Access)]
         if not all(at_hand(r) for r in divisor):
@@ -71,12 +71,3 @@ def recovered(vs: Versions, s: int, at_hand: Callable[[Version], bool]) -> ast.E
 
 def _costly(e: ast.Expr) -> bool:
     return any(isinstance(n, ast.Call) and n.name not in CHEAP for n in ast.walk(e))
-
-
-def _reads_whole(e: ast.Expr, name: str, indices: tuple[str, ...]) -> bool:
-    """Whether `e` is a read of `name` at exactly `indices`."""
-    return (
-        isinstance(e, ast.Access)
-        and e.tensor == name
-        and [a.name if isinstance(a, ast.Index) else None for a in e.args] == list(indices)
-    )

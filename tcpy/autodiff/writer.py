@@ -4,7 +4,6 @@ it reads, and its signature; and the forward that saves values for it."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -142,7 +141,7 @@ class Writer:
             if self.types[st.tensor] not in (ScalarType.FLOAT32, ScalarType.FLOAT64):
                 value = b.cast(self.types[st.tensor], value)  # as the tensor stored it
             into = out[j - 1]
-            new = b.transform(into.value, functools.partial(_substituted, st, value))
+            new = _read_back(into.value, {st.tensor: (st.dims, value)})  # read at its dims
             out[j - 1] = Emitted(into.tensor, into.dims, into.op, new, into.ranges)
         self.emitted = out
 
@@ -353,25 +352,11 @@ def _inline_target(done: list[Emitted], k: int, kept: Collection[str]) -> int | 
     if (into.dims, into.ranges) != (st.dims, st.ranges) or st.reads(st.tensor):
         return None
     reads = [n for n in ast.walk(into.value) if isinstance(n, ast.Access) and n.tensor == st.tensor]
-    if len(reads) != 1 or not _reads_at(reads[0], st):
+    if len(reads) != 1 or not b.reads_at(reads[0], st.tensor, st.dims):
         return None
     if any(st.reads(o.tensor) for o in done[k + 1 : j + 1]):
         return None  # what the value reads is written before the read
     return j
-
-
-def _substituted(st: Emitted, value: ast.Expr, n: ast.Expr) -> ast.Expr | None:
-    """`value` in place of `n` where `n` reads `st`'s tensor at its own indices."""
-    return value if _reads_at(n, st) else None
-
-
-def _reads_at(n: ast.Expr, st: Emitted) -> bool:
-    """Whether `n` reads `st`'s tensor at `st`'s own indices."""
-    return (
-        isinstance(n, ast.Access)
-        and n.tensor == st.tensor
-        and [a.name if isinstance(a, ast.Index) else None for a in n.args] == list(st.dims)
-    )
 
 
 def _merge_target(done: list[Emitted], st: Emitted) -> tuple[int, bool] | None:
