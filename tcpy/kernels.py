@@ -264,9 +264,9 @@ class HostKernel:
         if not temporaries:
             return []
         kept: list[np.ndarray] | None = getattr(self._scratch, "buffers", None)
-        if kept is None or [b.shape for b in kept] != shapes:
+        if kept is None or getattr(self._scratch, "shapes", None) != shapes:
             kept = [np.empty(s, t.scalar.dtype) for s, t in zip(shapes, temporaries, strict=True)]
-            self._scratch.buffers = kept
+            self._scratch.buffers, self._scratch.shapes = kept, shapes
         for tensor, buffer in zip(temporaries, kept, strict=True):
             if tensor.name not in self.written:
                 buffer.fill(0)
@@ -306,11 +306,13 @@ class Prepared:
         call: Callable[[Sequence[int]], None] = at(self.sizes, count)
         if not self.temporaries:
             return call
-        kernel, shapes = self.kernel, self.temporaries
+        kernel, shapes, mine = self.kernel, self.temporaries, threading.local()
 
         def with_scratch(addresses: Sequence[int]) -> None:
             scratch = kernel._temporaries(shapes, poison=False)
-            call([*addresses, *map(address, scratch)])
+            if getattr(mine, "scratch", None) is not scratch:  # new buffers: new addresses
+                mine.scratch, mine.addresses = scratch, [address(b) for b in scratch]
+            call([*addresses, *mine.addresses])
 
         return with_scratch
 

@@ -9,14 +9,17 @@ CUDA tensors, a fake implementation, an autograd formula): the registrations
 `torch.library.custom_op` makes, without the checks it wraps every call in (a dozen
 microseconds a call, a small kernel's time).
 
-Where the backward takes values the forward computed by a reduction (`save="auto"`,
-`tcpy.autodiff.derive`: a layer norm's mean and variance, a linear layer's product
-before its activation) rather than recompute them, `f` is a composite operator
-(PyTorch's `CompositeImplicitAutograd`): with a gradient asked for, it calls
+A def with a backward is a composite operator (PyTorch's `CompositeImplicitAutograd`):
+without a gradient asked for, it calls `tcpy::f_<digest>_forward`, the plain kernel;
+with one, where the backward takes values the forward computed by a reduction
+(`save="auto"`, `tcpy.autodiff.derive`: a layer norm's mean and variance, a linear
+layer's product before its activation) rather than recompute them,
 `tcpy::f_<digest>_saving`, whose kernel also returns those values and whose autograd
-formula hands them to the backward; without, `tcpy::f_<digest>_forward`, the plain
-kernel. Both compute the outputs by the same statements; their kernels may be fused
-differently, so the outputs may differ in their last bits between the two modes.
+formula hands them to the backward, else `tcpy::f_<digest>_forward` again, which
+carries the formula. The saving and the plain kernels compute the outputs by the same
+statements; they may be fused differently, so the outputs may differ in their last
+bits between the two modes. Eager calls that nothing traces skip the dispatcher's
+second pass and `torch.library`'s autograd layers (`_direct`).
 
 Decisions: a 0-d input (`float eps`) is a 0-d tensor in the operator's schema, like
 every input, so that it may require a gradient; outputs are new contiguous tensors;
@@ -51,7 +54,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.symbolic import Sym
 from tcpy.runtime.host_pool import MIN_BYTES as POOL_BYTES
-from tcpy.runtime.host_pool import POOL
+from tcpy.torch.outputs import POOL
 from tcpy.types import ScalarType
 
 NAMESPACE = "tcpy"
@@ -237,26 +240,23 @@ class _Ready:
         return _Ready(call, tuple(makers))
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        outs = tuple(make() for make in self.outputs)
-        self.call([*(t.data_ptr() for t in tensors), *(o.data_ptr() for o in outs)])
+        outs = tuple([make() for make in self.outputs])
+        self.call([t.data_ptr() for t in tensors] + [o.data_ptr() for o in outs])
         return outs
 
 
 def _maker(shape: tuple[int, ...], zero: bool, scalar: ScalarType) -> Callable[[], torch.Tensor]:
     """What makes a new output of `shape` and type `scalar` for a ready call: zeroed
-    where the kernel does not write it whole; else, from `POOL_BYTES` up, a block of the
-    host pool, as the engine's outputs are (a fresh `torch.empty` that large is fresh
-    pages, a fault a page at the kernel's first write: a layer norm's backward ran 3x
-    slower so); else `torch.empty`."""
+    where the kernel does not write it whole; else from the tensor pool
+    (`tcpy.torch.outputs`: a block already mapped from a megabyte up; a fresh one is
+    fresh pages, a fault a page at the kernel's first write: a layer norm's backward
+    ran 3x slower so)."""
     dtype = torch_dtype(scalar)
     if zero:
         return lambda: torch.zeros(shape, dtype=dtype)
     if math.prod(shape) * scalar.dtype.itemsize < POOL_BYTES:
         return lambda: torch.empty(shape, dtype=dtype)
-    if scalar is ScalarType.BFLOAT16:
-        return lambda: from_numpy_torch(POOL.empty(shape, scalar.dtype))
-    np_dtype = scalar.dtype
-    return lambda: torch.from_numpy(POOL.empty(shape, np_dtype))
+    return lambda: POOL.empty(shape, dtype)
 
 
 def _operator(
@@ -270,7 +270,7 @@ def _operator(
     known = _REGISTERED.get(qualified)
     if known is not None:
         return known
-    if isinstance(grad, _Gradient) and grad.saving is not None:
+    if isinstance(grad, _Gradient):
         op = _composite(qualified, cdef, kernels, grad)
     else:
         op = _kernel_operator(qualified, name, cdef, kernels)
@@ -279,12 +279,7 @@ def _operator(
                 f"{name} has no backward: it was defined with backward=None, or a hand-written "
                 f"backward source without a def {name}_grad"
             )
-        if isinstance(grad, TCGradientError):  # raised when a gradient is asked for
-            _no_gradient(qualified, grad)
-        else:
-            grad_op = _backward_operator(f"{qualified}_grad", grad.backward, kernels)
-            setup, formula = _autograd(cdef, cdef, grad.backward, grad_op, kernels)
-            torch.library.register_autograd(qualified, formula, setup_context=setup, lib=_LIBRARY)
+        _no_gradient(qualified, grad)  # raised when a gradient is asked for
     _REGISTERED[qualified] = op
     return op
 
@@ -316,26 +311,27 @@ def _kernel_operator(
 
 
 def _composite(qualified: str, cdef: CheckedDef, kernels: _Kernels, grad: _Gradient) -> Any:
-    """Def `cdef` as a composite operator (see the module): `<qualified>_saving` where
-    a gradient is asked for, `<qualified>_forward` where none is."""
-    assert grad.saving is not None
+    """Def `cdef` as a composite operator (see the module): `<qualified>_forward`
+    where no gradient is asked for; where one is, `<qualified>_saving` where the
+    backward takes values from the forward, else `<qualified>_forward` again (it
+    carries the autograd formula)."""
     n = len(cdef.outputs)
     plain = _kernel_operator(f"{qualified}_forward", cdef.name, cdef, kernels)
-    saving = _kernel_operator(
-        f"{qualified}_saving", grad.saving.name, grad.saving, kernels, backward=True
-    )
+    saving, run = plain, cdef
+    if grad.saving is not None:
+        run = grad.saving
+        saving = _kernel_operator(f"{qualified}_saving", run.name, run, kernels, backward=True)
     grad_op = _backward_operator(f"{qualified}_grad", grad.backward, kernels)
-    setup, formula = _autograd(cdef, grad.saving, grad.backward, grad_op, kernels)
-    torch.library.register_autograd(
-        f"{qualified}_saving", formula, setup_context=setup, lib=_LIBRARY
-    )
+    setup, formula = _autograd(cdef, run, grad.backward, grad_op, kernels)
+    torch.library.register_autograd(saving, formula, setup_context=setup, lib=_LIBRARY)
 
-    direct = _direct(grad.saving.name, kernels, setup, formula)
+    direct = _direct(run.name, grad.saving is not None, kernels, setup, formula)
 
     def composite(*args: torch.Tensor) -> Any:
         traced = _traced(args, grad_mode=False)
         if torch.is_grad_enabled() and any(a.requires_grad for a in args):
             out = saving(*args) if traced else direct.apply(*args)
+            out = out if isinstance(out, tuple) else (out,)
             return out[0] if n == 1 else tuple(out[:n])
         if traced:
             return plain(*args)
@@ -438,43 +434,56 @@ def _autograd(
     outputs = [t.name for t in cdef.outputs]
     returned = [t.name for t in run.outputs]  # `outputs`, then the saved values
     read = [n for n in returned if n in {t.name for t in bdef.inputs}]
-    params = [t.name for t in bdef.inputs]
+    kept = [returned.index(n) for n in read]
+    # each parameter of the backward: a saved tensor's index, or -1 - k for the
+    # gradient of output k
+    where = [
+        [*names, *read].index(p)
+        if p in names or p in read
+        else -1 - outputs.index(p.removeprefix("d_"))
+        for p in (t.name for t in bdef.inputs)
+    ]
     results = [t.name.removeprefix("d_") for t in bdef.outputs]
+    # each input's gradient: the backward's result k, or None
+    answers = [results.index(n) if n in results else None for n in names]
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *(outs[returned.index(n)] for n in read))
+        ctx.save_for_backward(*inputs, *(outs[k] for k in kept))
         ctx.mark_non_differentiable(
             *(o for k, o in enumerate(outs) if k >= len(outputs) or not o.is_floating_point())
         )
+        ctx.set_materialize_grads(False)  # no zeros made for the saved values' gradients
         ctx.shapes = [(o.shape, o.dtype) for o in outs[: len(outputs)]]
 
     def formula(ctx: Any, *grads: Any) -> Any:
         saved = ctx.saved_tensors
-        values = dict(zip(names, saved[: len(names)], strict=True))
-        values |= dict(zip(read, saved[len(names) :], strict=True))
-        for n, g, (shape, dtype) in zip(outputs, grads, ctx.shapes, strict=False):
-            values[f"d_{n}"] = (
-                g if g is not None else torch.zeros(shape, dtype=dtype, device=saved[0].device)
-            )
-        args = [values[p] for p in params]
+        args = [saved[w] if w >= 0 else grads[-1 - w] for w in where]
+        for j, w in enumerate(where):
+            if args[j] is None:  # an output nothing read
+                shape, dtype = ctx.shapes[-1 - w]
+                args[j] = torch.zeros(shape, dtype=dtype, device=saved[0].device)
         if _traced(args):
             out = grad_op(*args)
         else:
             out = kernels.run(bdef.name, args, True)
             out = out[0] if len(out) == 1 else out
         out = out if isinstance(out, tuple) else (out,)
-        got = dict(zip(results, out, strict=True))
-        answer = tuple(got.get(n) for n in names)
+        answer = tuple(None if k is None else out[k] for k in answers)
         return answer[0] if len(answer) == 1 else answer
 
     return setup, formula
 
 
 def _direct(
-    name: str, kernels: _Kernels, setup: Callable[..., None], formula: Callable[..., Any]
+    name: str,
+    backward: bool,
+    kernels: _Kernels,
+    setup: Callable[..., None],
+    formula: Callable[..., Any],
 ) -> type[torch.autograd.Function]:
-    """The saving forward `name` and its backward as a `torch.autograd.Function` that
+    """The forward `name` (a def of the backward source if `backward`: a saving
+    forward) and its backward as a `torch.autograd.Function` that
     runs their kernels directly, for eager calls that nothing traces: the autograd
     layers `torch.library` wraps an operator in, and the second dispatch to the
     saving operator, cost a small layer's forward and backward some 20 us of Python
@@ -484,7 +493,7 @@ def _direct(
     class Direct(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: torch.Tensor) -> Any:
-            out = kernels.run(name, args, True, kernels.options)
+            out = kernels.run(name, args, backward, kernels.options)
             setup(ctx, args, out)
             return out
 
