@@ -1,0 +1,51 @@
+"""The CPU's tile sizes chosen from the loop extents (`tcpy.mapping.cpu.tiles`)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tcpy import knobs
+from tcpy.mapping.cpu.strategy import cpu_defaults
+from tcpy.parser import check_source
+from tcpy.pipeline import lower_to_c
+
+from differential import engines
+
+COLUMN_SUMS = """def colsum(float(N, D) X, float(N) s) -> (Y) {
+    Y(d) +=! X(n, d) * s(n)
+}"""
+
+
+def _vector_tile(cores: int, n: int, d: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(knobs, "cores", lambda: cores)
+    cdef = check_source(COLUMN_SUMS)["colsum"]
+    source = lower_to_c(cdef, {"N": n, "D": d}, cpu_defaults(cdef)).source
+    steps = re.findall(rf"c0 <= {d - 1}; c0 \+= (\d+)\)", source)
+    assert len(steps) == 1, source
+    return int(steps[0])
+
+
+@pytest.mark.parametrize(
+    ("cores", "d", "tile"),
+    [(2, 1024, 256), (2, 768, 128), (4, 768, 64), (2, 512, 256), (2, 200, 64)],
+)
+def test_columns_that_the_threads_share_are_cut_into_tiles_that_keep_every_core_busy(
+    cores: int, d: int, tile: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column sum's columns are its only parallel loop: 768 of them in 3 tiles of 256
+    would leave one of 2 cores idle a third of the time; halved until the tiles share
+    out evenly (at least 64 wide)."""
+    assert _vector_tile(cores, 512, d, monkeypatch) == tile
+
+
+def test_column_sums_in_shared_tiles_compute_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 768)).astype(np.float32)
+    s = rng.standard_normal(64).astype(np.float32)
+    want = (x * s[:, None]).sum(axis=0)
+    engine, reference = engines("cpu", COLUMN_SUMS)
+    np.testing.assert_allclose(reference.colsum(x, s), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(engine.colsum(x, s), want, rtol=1e-4, atol=1e-4)
