@@ -47,7 +47,9 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
     reduction) by OUTER_TILE; short loops and outer parallel loops stay whole (batch
     dimensions become the parallel tile loops), but a contraction's short reductions
     (a window, a few channels) and rows run whole inside its register block, loaded
-    and stored once per channel tile (conv2d 1.3x faster, a grouped one 2.3x)."""
+    and stored once per channel tile (conv2d 1.3x faster, a grouped one 2.3x); a
+    vector loop whose tiles are the only parallel loop is cut so that they keep the
+    cores busy (`_shared_vector_tile`)."""
     n = node.band_n_member()
     if not node.band_get_permutable():
         return node
