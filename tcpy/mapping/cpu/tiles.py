@@ -88,7 +88,8 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
     for k in range(n):
         extent = extents[k]
         if short[k]:
-            if contraction and extent is not None and (not coincident[k] or k == row):
+            inside = contraction or not coincident[vector]  # a register block's loops
+            if inside and extent is not None and (not coincident[k] or k == row):
                 sizes[k] = extent
             continue
         if k == vector:
