@@ -113,13 +113,16 @@ def test_integer_division_by_a_constant_is_cs_own_and_vectorised() -> None:
 
 def test_a_read_under_a_condition_in_bounds_over_its_ranges_is_not_checked() -> None:
     """A read under `?:` is checked element by element where its subscripts may leave
-    the tensor (`A(i - 1)` at `i = 0`: the condition is what keeps it in); one whose
+    the tensor (`B(i - 1)` at `i = 0`: the condition is what keeps it in); one whose
     subscripts stay in the tensor over the statement's ranges, at the sizes the kernel
     is built for, reads as an unconditional one does (a max pool's backward reads
-    `d_O(n, c, h, w)` under its comparison: with the check, the loop stayed scalar)."""
+    `d_O(n, c, h, w)` under its comparison: with the check, the loop stayed scalar),
+    and so does one that a comparison of its own subscript in the condition keeps in
+    (`i > 0` for `A(i - 1)`: a padded copy's reads, with the check a scalar loop)."""
     source = """
     def f(float(N) A, float(N) B) -> (O) {
-        O(i) = A(i) > 0 ? B(i) / A(i) : (i > 0 ? A(i - 1) : 0) where i in 0:N
+        O(i) = A(i) > 0 ? B(i) / A(i) : (i > 0 ? A(i - 1) : 0) + (2 * i > 0 ? B(i - 1) : 0)
+            where i in 0:N
     }"""
     e, ref = tcpy.ExecutionEngine("cpu"), tcpy.ExecutionEngine("reference")
     e.define(source)
@@ -130,7 +133,8 @@ def test_a_read_under_a_condition_in_bounds_over_its_ranges_is_not_checked() -> 
     code = e.compile("f", a, b).source
     (line,) = [ln for ln in code.splitlines() if ln.strip().startswith("t_O[")]
     assert "t_B[(int64_t)(c1)]" in line and "t_A[(int64_t)(c1)]" in line, line
-    assert line.count("tc_index(") == 1 and "tc_index((((int32_t)(c1)) - 1)" in line, line
+    assert line.count("tc_index(") == 1 and "t_B[(int64_t)(tc_index((((int32_t)(c1)) - 1)" in line
+    assert "t_A[(int64_t)(((c1) - 1))]" in line, line
 
 
 @pytest.fixture
@@ -179,3 +183,15 @@ def test_a_vector_width_that_is_not_one_is_refused(vector_width) -> None:  # typ
     vector_width("384")
     with pytest.raises(tcpy.TCError, match="128, 256 or 512"):
         cpu.vector_bytes()
+
+
+def test_a_condition_that_leaves_a_read_outside_its_tensor_keeps_the_check() -> None:
+    """`i >= 0` bounds `A(i + 1)` from below only: at `i = N - 1` the read leaves `A`,
+    and the kernel says so, as the reference does, rather than read past the end."""
+    source = "def f(float(N) A) -> (O) { O(i) = i >= 0 ? A(i + 1) : 0 where i in 0:N }"
+    a = np.arange(8, dtype=np.float32)
+    for target in ("cpu", "reference"):
+        engine = tcpy.ExecutionEngine(target)
+        engine.define(source)
+        with pytest.raises(tcpy.TCError, match="outside"):
+            engine.f(a)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -28,7 +28,7 @@ from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.parser.linear import linear_form
 from tcpy.parser.printer import expr_text
-from tcpy.parser.ranges import guarded_accesses, stays_within
+from tcpy.parser.ranges import guarded_accesses, known_conditions, stays_within
 from tcpy.parser.symbolic import FloorDiv, MaxOf, MinOf, Sym
 from tcpy.types import ScalarType, promote
 
@@ -361,6 +361,7 @@ class _Context:
         self.depth = 0  # the reads open around the one being printed (gathers)
         accesses = list(guarded_accesses(st.rhs))
         self.unproved = {id(a) for a, guarded in accesses if guarded}
+        self.known = known_conditions(st.rhs)  # what holds where a guarded access is read
         texts = Counter(expr_text(a) for a, guarded in accesses if not guarded)
         self.repeated = {t for t, n in texts.items() if n > 1} if printer.hoist_loads else set()
         self.loaded: dict[str, str] = {}  # access text -> the local holding its value
@@ -462,12 +463,15 @@ class _Context:
         self.depth -= 1
         return [text for text, _ in texts]
 
-    def place(self, tensor: str, k: int, arg: ast.Expr, proven: bool) -> tuple[str, bool]:
+    def place(
+        self, tensor: str, k: int, arg: ast.Expr, proven: bool, known: Sequence[ast.Expr] = ()
+    ) -> tuple[str, bool]:
         """Subscript `k` of an access of `tensor`, and whether it is checked on the data:
-        `proven` says range inference proved it in bounds where it is affine."""
+        `proven` says range inference proved it in bounds where it is affine; `known`
+        holds where the access is read."""
         if not proven and self.depth == 1:  # read under a condition: proven at any rate?
             extent = self.p.cdef.tensor(tensor).shape[k]
-            proven = stays_within(arg, self.st.ranges, extent, self.p.sizes)
+            proven = stays_within(arg, self.st.ranges, extent, self.p.sizes, known)
         proven = proven and linear_form(arg) is not None
         # an affine subscript proven in bounds is computed in 64 bits, from the
         # loop values as they are: `(int32_t)` casts inside it (TC's type for an
@@ -494,7 +498,8 @@ class _Context:
         first_inner = len(self.reads)
         self.depth += 1
         for k, arg in enumerate(e.args):
-            text, check = self.place(e.tensor, k, arg, id(e) not in self.unproved)
+            known = self.known.get(id(e), ())
+            text, check = self.place(e.tensor, k, arg, id(e) not in self.unproved, known)
             checked = checked or check
             subscripts.append(text)
         self.depth -= 1

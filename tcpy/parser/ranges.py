@@ -223,11 +223,15 @@ def stays_within(
     ranges: Sequence[IndexRange],
     extent: Sym,
     sizes: Mapping[str, int] | None = None,
+    known: Sequence[ast.Expr] = (),
 ) -> bool:
     """Whether the affine subscript `arg` lies in `0:extent` over the whole of `ranges`
     (each index it uses): at `sizes` where given (a kernel built for them), else for
     every size. A read under a condition whose subscripts do is in bounds wherever
-    the condition lets it be read."""
+    the condition lets it be read. At `sizes`, the comparisons in `known` (true where
+    the read is made: the condition it is read under) bound `arg` too, where one
+    compares `arg` itself, up to a constant (`k - 2 >= 0 && k - 2 < H - 2 ? d_O(k - 2)
+    : 0`, a padded copy)."""
     span = affine_span(arg, ranges)
     if span is None:
         return False
@@ -235,9 +239,73 @@ def stays_within(
     if sizes is None:
         return provably_le(Sym(), lo) is True and provably_le(hi, extent) is True
     try:
-        return lo.evaluate(sizes) >= 0 and hi.evaluate(sizes) <= extent.evaluate(sizes)
+        low, high = lo.evaluate(sizes), hi.evaluate(sizes)
+        for bound_low, bound_high in (_bounds(arg, c, sizes) for c in known):
+            low = low if bound_low is None else max(low, bound_low)
+            high = high if bound_high is None else min(high, bound_high)
+        return low >= 0 and high <= extent.evaluate(sizes)
     except KeyError:
         return False
+
+
+def _bounds(
+    arg: ast.Expr, comparison: ast.Expr, sizes: Mapping[str, int]
+) -> tuple[int | None, int | None]:
+    """The bounds `lo:hi` (hi exclusive; None: none) a true `comparison` gives the
+    affine `arg`, where it compares `arg` plus a constant with another constant."""
+    if not isinstance(comparison, ast.Binary) or comparison.op not in _BOUNDING:
+        return None, None
+    form, lhs, rhs = linear_form(arg), linear_form(comparison.lhs), linear_form(comparison.rhs)
+    if form is None or lhs is None or rhs is None:
+        return None, None
+    diff = lhs + rhs.scale(-1)  # diff op 0
+    op = comparison.op
+    if diff.coeffs == form.scale(-1).coeffs:  # -arg + c op 0: arg flip(op) c
+        diff, op = diff.scale(-1), _FLIPPED[op]
+    if diff.coeffs != form.coeffs:
+        return None, None
+    c = (diff.rest - form.rest).evaluate(sizes)  # arg + c op 0
+    return {
+        ast.BinaryOp.GE: (-c, None),
+        ast.BinaryOp.GT: (-c + 1, None),
+        ast.BinaryOp.LE: (None, -c + 1),
+        ast.BinaryOp.LT: (None, -c),
+    }[op]
+
+
+_BOUNDING = (ast.BinaryOp.GE, ast.BinaryOp.GT, ast.BinaryOp.LE, ast.BinaryOp.LT)
+_FLIPPED = {
+    ast.BinaryOp.GE: ast.BinaryOp.LE,
+    ast.BinaryOp.GT: ast.BinaryOp.LT,
+    ast.BinaryOp.LE: ast.BinaryOp.GE,
+    ast.BinaryOp.LT: ast.BinaryOp.GT,
+}
+
+
+def known_conditions(e: ast.Expr) -> dict[int, tuple[ast.Expr, ...]]:
+    """For each access of `e` (by `id`) read under a condition, the conjuncts known
+    true where C evaluates it: the test of each `?:` whose first branch holds it, the
+    left operand of each `&&` whose right one does (split at their own `&&`s)."""
+    found: dict[int, tuple[ast.Expr, ...]] = {}
+    stack: list[tuple[ast.Expr, tuple[ast.Expr, ...]]] = [(e, ())]
+    while stack:
+        node, known = stack.pop()
+        if isinstance(node, ast.Access) and known:
+            found[id(node)] = known
+        match node:
+            case ast.Ternary(cond=c, then=t, orelse=o):
+                stack += [(c, known), (t, (*known, *_conjuncts(c))), (o, known)]
+            case ast.Binary(op=ast.BinaryOp.AND, lhs=a, rhs=b):
+                stack += [(a, known), (b, (*known, *_conjuncts(a)))]
+            case _:
+                stack += [(c, known) for c in ast.children(node)]
+    return found
+
+
+def _conjuncts(e: ast.Expr) -> tuple[ast.Expr, ...]:
+    if isinstance(e, ast.Binary) and e.op is ast.BinaryOp.AND:
+        return (*_conjuncts(e.lhs), *_conjuncts(e.rhs))
+    return (e,)
 
 
 def guarded_accesses(e: ast.Expr) -> Iterator[tuple[ast.Access, bool]]:

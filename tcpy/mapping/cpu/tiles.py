@@ -85,19 +85,14 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
         if _sharing(node, scop, vector, best) > 0:
             tiled_rows = [best]
     reductions = _reduction_tiles(extents, coincident, short, vector)
-    for k in range(n):
-        extent = extents[k]
+    for k, extent in enumerate(extents):
         if short[k]:
             inside = contraction or not coincident[vector]  # a register block's loops
             if inside and extent is not None and (not coincident[k] or k == row):
                 sizes[k] = extent
             continue
         if k == vector:
-            size = CONTRACTION_VECTOR_TILE if contraction else VECTOR_TILE
-            size = size if coincident[vector] else DOT_VECTOR_TILE
-            if n > 1 and coincident[vector] and not rows and not contraction:
-                size = _shared_vector_tile(extent, size)  # its tiles are the threads' work
-            sizes[k] = fit(k, size if n > 1 else 16 * VECTOR_TILE)
+            sizes[k] = fit(k, _vector_tile(extent, n, contraction, coincident[vector], rows))
         elif not coincident[k] and contraction:
             sizes[k] = reductions[k]
         elif not coincident[k]:
@@ -180,6 +175,21 @@ def _rows_tile(extent: int | None) -> int:
         return CONTRACTION_ROWS_TILE
     share = -(-extent // max(2, knobs.cores()))
     return max(OUTER_TILE, min(CONTRACTION_ROWS_TILE, -(-share // 8) * 8))
+
+
+def _vector_tile(
+    extent: int | None, members: int, contraction: bool, parallel: bool, rows: list[int]
+) -> int:
+    """The vector loop's tile in a band of `members`: a contraction's, a parallel
+    loop's (shared by the threads where no other parallel loop `rows` is), or a
+    reduction's (DOT_VECTOR_TILE); a band of one loop, long runs."""
+    if members == 1:
+        return 16 * VECTOR_TILE
+    if not parallel:
+        return DOT_VECTOR_TILE
+    if contraction:
+        return CONTRACTION_VECTOR_TILE
+    return VECTOR_TILE if rows else _shared_vector_tile(extent, VECTOR_TILE)
 
 
 def _shared_vector_tile(extent: int | None, size: int) -> int:
