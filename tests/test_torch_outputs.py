@@ -60,3 +60,18 @@ def test_idle_blocks_past_the_limit_are_freed() -> None:
     del c
     pool.clear()
     assert pool.idle_bytes() == 0
+
+
+def test_a_block_first_made_in_inference_mode_serves_training_after() -> None:
+    """The block's own tensor is an ordinary one even when the first output of its
+    shape is asked for under `torch.inference_mode()`: a later output takes part in
+    autograd."""
+    pool = TensorPool()
+    with torch.inference_mode():
+        first = pool.empty(BIG, torch.float32)
+    del first
+    later = pool.empty(BIG, torch.float32).fill_(1)
+    assert not later.is_inference()
+    weight = torch.ones(BIG, requires_grad=True)
+    (later * weight).sum().backward()
+    assert torch.equal(weight.grad, later)

@@ -65,7 +65,8 @@ class TensorPool:
                     if self._calls % TRIM_EVERY == 0:
                         self._trim()
                     return base.detach()
-            base = torch.empty(shape, dtype=dtype)
+            with torch.inference_mode(False):  # a block made in inference mode serves all
+                base = torch.empty(shape, dtype=dtype)
             storage = base.untyped_storage()._cdata
             blocks.append((base, storage, _holders(storage)))
             self._trim()
