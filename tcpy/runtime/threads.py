@@ -85,15 +85,24 @@ class Trials:
 
     def choose(self, free: int, cores: int) -> int:
         self._calls += 1
-        tried = {c: self._seconds.setdefault(c, deque(maxlen=self.TRIALS)) for c in (free, cores)}
-        untried = [c for c, seconds in tried.items() if len(seconds) < self.TRIALS]
-        best = min(tried, key=lambda c: sorted(tried[c])[len(tried[c]) // 2] if tried[c] else 0)
-        if untried:
-            best = untried[0]
-        elif self._calls % self.RETRY == 0:
-            best = free if best == cores else cores
+        few, many = self._times(free), self._times(cores)
+        if len(few) < self.TRIALS:
+            best = free
+        elif len(many) < self.TRIALS:
+            best = cores
+        else:  # the faster by the median (the free cores on a tie), or the other to retry
+            faster = sorted(few)[self.TRIALS // 2] <= sorted(many)[self.TRIALS // 2]
+            best = free if faster else cores
+            if self._calls % self.RETRY == 0:
+                best = free if best == cores else cores
         self.chosen = best
         return best
+
+    def _times(self, count: int) -> deque[float]:
+        times = self._seconds.get(count)
+        if times is None:
+            times = self._seconds[count] = deque(maxlen=self.TRIALS)
+        return times
 
     def record(self, seconds: float) -> None:
         if self.chosen is not None:
