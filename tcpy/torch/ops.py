@@ -435,6 +435,8 @@ def _autograd(
     returned = [t.name for t in run.outputs]  # `outputs`, then the saved values
     read = [n for n in returned if n in {t.name for t in bdef.inputs}]
     kept = [returned.index(n) for n in read]
+    # the outputs with no gradient: the saved values, and those of integer types
+    fixed = [k for k, t in enumerate(run.outputs) if k >= len(outputs) or not t.scalar.is_float]
     # each parameter of the backward: a saved tensor's index, or -1 - k for the
     # gradient of output k
     where = [
@@ -449,10 +451,9 @@ def _autograd(
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *(outs[k] for k in kept))
-        ctx.mark_non_differentiable(
-            *(o for k, o in enumerate(outs) if k >= len(outputs) or not o.is_floating_point())
-        )
+        ctx.save_for_backward(*inputs, *[outs[k] for k in kept])
+        if fixed:
+            ctx.mark_non_differentiable(*[outs[k] for k in fixed])
         ctx.set_materialize_grads(False)  # no zeros made for the saved values' gradients
         ctx.shapes = [(o.shape, o.dtype) for o in outs[: len(outputs)]]
 
