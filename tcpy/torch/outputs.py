@@ -20,12 +20,11 @@ together, so a later one only starts its count where the earlier one left it.
 
 from __future__ import annotations
 
-import math
 import threading
 
 import torch
 
-from tcpy.runtime.host_pool import IDLE_BYTES, MIN_BYTES
+from tcpy.runtime.host_pool import IDLE_BYTES
 
 TRIM_EVERY = 256
 
@@ -53,10 +52,9 @@ class TensorPool:
         self._calls = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised contiguous tensor of `shape` and `dtype`: over a pooled
-        block when it takes `MIN_BYTES` or more, else from `torch.empty`."""
-        if math.prod(shape) * dtype.itemsize < MIN_BYTES:
-            return torch.empty(shape, dtype=dtype)
+        """An uninitialised contiguous tensor of `shape` and `dtype` over a pooled
+        block (whether an output is worth a block, `MIN_BYTES` or more, is its
+        caller's to say: `tcpy.torch.ops._maker` decides once per signature)."""
         with self.lock:
             self._calls += 1
             blocks = self.blocks.setdefault((shape, dtype), [])
