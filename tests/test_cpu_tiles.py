@@ -23,22 +23,35 @@ def _vector_tile(cores: int, n: int, d: int, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(knobs, "cores", lambda: cores)
     cdef = check_source(COLUMN_SUMS)["colsum"]
     source = lower_to_c(cdef, {"N": n, "D": d}, cpu_defaults(cdef)).source
-    steps = re.findall(rf"c0 <= {d - 1}; c0 \+= (\d+)\)", source)
+    nest = source[source.rindex("* s(n) */") :]  # the reduction's, not its initialisation's
+    steps = re.findall(rf"c0 <= {d - 1}; c0 \+= (\d+)\)", nest)
     assert len(steps) == 1, source
     return int(steps[0])
 
 
 @pytest.mark.parametrize(
     ("cores", "d", "tile"),
-    [(2, 1024, 256), (2, 768, 128), (4, 768, 64), (2, 512, 256), (2, 200, 64)],
+    [(2, 1024, 512), (2, 768, 384), (4, 768, 192), (2, 200, 112), (3, 100, 48)],
 )
-def test_columns_that_the_threads_share_are_cut_into_tiles_that_keep_every_core_busy(
+def test_a_column_sums_columns_are_one_tile_per_core(
     cores: int, d: int, tile: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A column sum's columns are its only parallel loop: 768 of them in 3 tiles of 256
-    would leave one of 2 cores idle a third of the time; halved until the tiles share
-    out evenly (at least 64 wide)."""
+    """A column sum's columns are its only parallel loop: each core's share is one
+    tile (a multiple of 16), so that each row's slice is one long run (768 columns in
+    3 tiles of 256 would also leave one of 2 cores idle a third of the time)."""
     assert _vector_tile(cores, 512, d, monkeypatch) == tile
+
+
+@pytest.mark.parametrize(
+    ("cores", "d", "tile"), [(2, 20000, 2048), (2, 16384, 4096), (4, 40000, 2048)]
+)
+def test_wide_column_shares_are_cut_into_tiles_that_keep_every_core_busy(
+    cores: int, d: int, tile: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 4096 columns a core's share is cut (its slice of the outputs stays in L1),
+    halved until the tiles share out evenly: 20000 columns in 5 tiles of 4096 would
+    leave one of 2 cores idle a fifth of the time."""
+    assert _vector_tile(cores, 64, d, monkeypatch) == tile
 
 
 def test_column_sums_in_shared_tiles_compute_the_reference() -> None:

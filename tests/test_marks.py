@@ -15,6 +15,7 @@ EVERY_KIND = [
     marks.Collapse(1),
     marks.Simd(3),
     marks.RegisterBlock((4, 16)),
+    marks.Jam(4),
     marks.Pack(("A", "W", "V"), (("W", 1), ("V", 2))),
     marks.Shared(("A", "B")),
     marks.Scratch(("T",)),

@@ -15,7 +15,8 @@ that only reduces into one element keeps its accumulator in a local (register
 promotion) under `#pragma omp simd reduction`, which reassociates the reduction as TC
 allows. Under a `register_tile:RxV` mark (`tcpy.mapping.cpu.registers`) the block of
 outputs lives in a local array `tc_reg[R][V]` across the reduction loops
-(`tcpy.codegen.register_block`). The TC
+(`tcpy.codegen.register_block`); under a `jam:R` mark, a vector loop of outputs each
+reduced in a register over R steps of a reduction (`tcpy.codegen.jam`). The TC
 statements computed by each top-level loop nest are printed as comments above it.
 
 A kernel with parallel loops runs its nests in one `#pragma omp parallel` region
@@ -35,13 +36,14 @@ from tcpy.codegen import vector_math as own_math
 from tcpy.codegen.ast_build import Ast
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
 from tcpy.codegen.exprs import sym_expr
+from tcpy.codegen.jam import print_jam
 from tcpy.codegen.loops import loop_count_declarations
 from tcpy.codegen.pack import ALIGN, ARENA, MINE, arena_bytes, print_pack
 from tcpy.codegen.printer import Printer, buffer_order, def_text
 from tcpy.codegen.region import has_parallel_loop, print_region
 from tcpy.codegen.register_block import print_register_block
 from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
-from tcpy.mapping.marks import Mark, Parallel, RegisterBlock, Scratch, Simd
+from tcpy.mapping.marks import Jam, Mark, Parallel, RegisterBlock, Scratch, Simd
 from tcpy.mapping.options import MappingOptions
 from tcpy.naming import extent_name, size_name, tensor_name
 from tcpy.parser import ast as tc
@@ -66,9 +68,10 @@ class CPrinter(Printer):
         boxes = self.ast.packed(node)
         if boxes:
             print_pack(self, boxes, inner, depth, marks, copy_in=not isinstance(mark, Scratch))
-        elif not isinstance(mark, RegisterBlock) or not print_register_block(
-            self, inner, depth, marks, list(mark.sizes)
-        ):
+        elif isinstance(mark, RegisterBlock):
+            if not print_register_block(self, inner, depth, marks, list(mark.sizes)):
+                super().mark(mark, node, depth, marks)
+        elif not isinstance(mark, Jam) or not print_jam(self, inner, depth, marks, mark.size):
             super().mark(mark, node, depth, marks)
 
     def pragmas(

@@ -37,6 +37,7 @@ from tcpy.parser import ast as tc
 from tcpy.parser.checked import CheckedDef, CheckedStatement
 from tcpy.poly.isl_helpers import ast_children
 from tcpy.poly.scop import Kind, Scop
+from tcpy.types import ScalarType
 
 _OPENMP_REDUCTION = {
     tc.Reduction.SUM: "+",
@@ -220,16 +221,24 @@ class Printer:
         """The declarations of the locals `reads` are loaded into, each guarded by
         the loop's first test, so that a loop that runs no iteration reads nothing it
         would not have read."""
-        tensors = {tensor_name(t.name): t for t in self.scop.cdef.tensors}
-        tensors |= {c.buffer: self.scop.cdef.tensor(t) for t, c in self.bodies.copies.items()}
         first = loop.first()
         declarations = []
         for read, local in reads:
-            ctype = self.dialect.ctype(tensors[read.array].scalar)
+            ctype = self.dialect.ctype(self.read_type(read))
             zero = self.dialect.zero.format(ctype=ctype)
             value = read.text if first is None else f"({first}) ? {read.text} : {zero}"
             declarations.append(f"const {ctype} {local} = {value};")
         return declarations
+
+    def read_type(self, read: Read) -> ScalarType:
+        """The scalar type of the tensor (or copy of one) that `read` loads from."""
+        for info in self.scop.cdef.tensors:
+            if tensor_name(info.name) == read.array:
+                return info.scalar
+        for name, copy in self.bodies.copies.items():
+            if copy.buffer == read.array:
+                return self.scop.cdef.tensor(name).scalar
+        raise InternalError(f"a read of {read.array}, which is no tensor or copy")
 
     def accumulator(self, body: isl.AstNode, loop: Header) -> Instance | None:
         """The statement of a loop that only reduces into one element (the loop's

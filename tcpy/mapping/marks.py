@@ -12,6 +12,8 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 - `Collapse(d)`, `omp_collapse@d`: a loop shared out with the one outside it;
 - `Simd(d)`, `omp_simd@d`: a vector loop;
 - `RegisterBlock(sizes)`, `register_tile:4x16`: a block of outputs in registers;
+- `Jam(size)`, `jam:4`: a vector loop of outputs, each reduced over `size` steps of a
+  reduction loop inside it;
 - `Pack(tensors, transposed)`, `pack:A,W^T`: operand tiles in a thread's buffers
   (`W^T2`: W's last two dimensions first).
 
@@ -116,6 +118,18 @@ class RegisterBlock:
     @property
     def name(self) -> str:
         return f"register_tile:{'x'.join(map(str, self.sizes))}"
+
+
+@dataclass(frozen=True, slots=True)
+class Jam:
+    """A vector loop of distinct outputs, each reduced in a register over the `size`
+    steps of the reduction loop just inside it (`tcpy.mapping.cpu.registers.jam`)."""
+
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"jam:{self.size}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +271,7 @@ class LaneZero:
 
 
 Mark = (
-    Parallel | Collapse | Simd | RegisterBlock | Pack | Shared | Scratch | ThreadRegisters
+    Parallel | Collapse | Simd | RegisterBlock | Jam | Pack | Shared | Scratch | ThreadRegisters
     | MatrixTile | Private | Lanes | Atomic | Rows | LaneZero
 )  # fmt: skip
 Copy = Pack | Shared | Scratch
@@ -280,6 +294,8 @@ def parse(name: str) -> Mark:
     match kind:
         case "register_tile" if rest:
             return RegisterBlock(tuple(int(s) for s in rest.split("x")))
+        case "jam" if rest.isdigit():
+            return Jam(int(rest))
         case "thread_registers" if rest.isdigit():
             return ThreadRegisters(int(rest))
         case "pack" if tensors:

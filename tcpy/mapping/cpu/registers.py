@@ -53,6 +53,7 @@ MAX_BLOCK = 256
 """Elements of a register block at most (16 x 16 floats: 32 AVX2 vectors, twice the
 registers; the automatic sizes stay within it)."""
 DEFAULT_VECTOR_BYTES = 16
+JAM = 4  # steps of a reduction per output load and store (`jam`)
 BLOCKED_REDUCTIONS = (ast.Reduction.SUM, ast.Reduction.PROD)
 """Reductions kept in a block; min and max keep their scalar accumulator, which also
 tracks NaN across vector lanes."""
@@ -69,7 +70,7 @@ def register_block(
     at the band's position."""
     plan = _plan(node, scop, options, vector_bytes)
     if plan is None:
-        return node
+        return node if options.register_tile else jam(node, scop)
     parallel, reductions, sizes = plan
     node = permute_band(node, parallel + reductions)
     order = parallel + reductions
@@ -135,6 +136,69 @@ def _plan(
     if not coincident[inner] and (inner not in sizes or len(sizes) < 2):
         return None
     return (parallel, reductions, sizes) if sizes else None
+
+
+def jam(node: isl.ScheduleNode, scop: Scop) -> isl.ScheduleNode:
+    """The band of one reduction whose innermost member is a parallel vector loop and
+    that no register block takes (no rows share its operands: `y(j) +=! A(i,j) * t(i)`,
+    a column sum), its innermost reduction member tiled by JAM and the tile's steps run
+    inside the vector loop, under a `jam:R` mark:
+
+        band (..., i_o, j)          ->      band (..., i_o)
+                                              mark jam:4
+                                                band (j)
+                                                  band (i_r)     4 steps
+
+    so that each output of the vector loop is loaded and stored once per JAM steps
+    instead of at each (`tcpy.codegen.jam`); each output still takes the steps in
+    their order. Reordering and tiling a permutable band respects every dependence.
+    Returns the node at the band's position, unchanged where the band is not one."""
+    member = _jam_member(node, scop)
+    if member is None:
+        return node
+    n = node.band_n_member()
+    node = permute_band(node, [k for k in range(n) if k not in (member, n - 1)] + [member, n - 1])
+    extent = member_extent(node, n - 2)
+    size = JAM if extent is None else min(JAM, extent)
+    node = tile_band(node, (*[1] * (n - 2), size, 1)).band_split(n - 1)
+    vector = marks.insert(node.child(0), marks.Jam(size))
+    return vector.parent().parent()
+
+
+def _jam_member(node: isl.ScheduleNode, scop: Scop) -> int | None:
+    """The member `jam` runs inside the vector loop: the innermost reduction member of
+    two steps or more, where the band is one reduction statement's (one that does not
+    read its own output), its innermost member parallel; None where there is none."""
+    n = node.band_n_member()
+    if n < 2 or not node.band_get_permutable():
+        return None
+    names = statement_names(node.get_domain())
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    stmt = scop.statement(name)
+    source = stmt.source(scop.cdef)
+    if (
+        stmt.kind is not Kind.COMPUTE
+        or source.op.reduction is None
+        or source.scatter
+        or _reads(source.rhs, source.tensor)
+        or not node.band_member_get_coincident(n - 1)
+    ):
+        return None
+    positions = [member_variables(node, k).get(name) for k in range(n)]
+    if positions[-1] is None or any(
+        p is None and member_extent(node, k) != 1 for k, p in enumerate(positions)
+    ):
+        return None  # a member that combines indices (skewed)
+    for k in reversed(range(n - 1)):
+        position, extent = positions[k], member_extent(node, k)
+        if node.band_member_get_coincident(k) or position is None:
+            continue
+        if stmt.dims[position] in source.indices or (extent is not None and extent < 2):
+            return None
+        return k
+    return None
 
 
 def _within_budget(sizes: dict[int, int], inner: int) -> dict[int, int]:
