@@ -164,7 +164,8 @@ def test_a_partial_tile_of_steps_takes_a_path_of_its_own() -> None:
         ("def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }", False),
         # no reduction
         ("def f(float(M,N) A) -> (y) { y(m,n) = A(m,n) * 2 }", False),
-        # reads its own output: not one reduction of its inputs
+        # two reductions of the columns fused (`fuse_rows`): the columns loop outside,
+        # each statement's reduction alone in its innermost band
         ("def f(float(M,N) A) -> (y) { y(n) +=! A(m,n) \n z(n) +=! y(n) * A(m,n) }", False),
     ],
 )

@@ -164,7 +164,8 @@ def _print_block(
     adding the identity (masked loads): indexed only by constants, the block stays
     in registers (a weight gradient's block, indexed by a variable lane bound, lived
     in memory: 6x slower; with the full tiles on a path of their own, or the partial
-    tile's update under an `if`, it lived in memory too: 1.55 against 1.2-1.3 ms)."""
+    tile's update under an `if`, it lived in memory too: 1.55 against 1.2-1.3 ms); a
+    reduction loop of PEELED_STEPS steps or more is peeled instead (`_peeled`)."""
     parts, sizes = plan.parts, plan.sizes
     levels = [(pragmas, h.text) for pragmas, h in zip(plan.unrolled, block, strict=True)]
     index = "".join(_offset(h) for h in block)
@@ -240,10 +241,10 @@ def _peeled(
     loop: Header,
 ) -> None:
     """The innermost reduction `loop`, whose steps bound the lanes (`split`), in two
-    runs of one iterator: its steps while their tiles of lanes run whole, unguarded,
-    then the rest, each lane guarded. Where the test does not hold for a prefix of the
-    steps, the second run takes them all. A row dot product at 2100 (131 tiles of 16
-    and one of 4), with every step's lanes guarded: 211-250 us; peeled: 150-158."""
+    runs of one iterator: its first steps, as long as their tiles of lanes are whole,
+    unguarded; then the rest, each lane guarded (correct whatever steps the first run
+    took). A row dot product at 2100 (131 tiles of 16 and one of 4), with every step's
+    lanes guarded: 211-250 us; peeled: 150-158."""
     pragmas = plan.reductions[-1][0]
     step = f"{loop.iterator}++" if loop.inc == "1" else f"{loop.iterator} += {loop.inc}"
     p.emit(depth, "{")

@@ -278,6 +278,12 @@ class MappingOptions:
     rows (`tcpy.mapping.rows`): `cpu`, over blocks of rows, their temporaries in a
     thread's buffers; `cuda`, as a row kernel, a warp per row, the temporaries in
     shared memory (`tcpy.mapping.gpu.rows`)."""
+    fuse_epilogues: bool = dataclasses.field(
+        default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *_BOOLS)
+    )
+    """`cpu`: run the point-wise statements that follow a contraction over its outputs
+    (a bias, an activation, a residual) in the contraction's tiles, right after each
+    tile's reduction, and its initialisation just before (`tcpy.mapping.cpu.epilogues`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The
@@ -500,7 +506,7 @@ def _validate(o: MappingOptions) -> None:
                  "use_shared_memory", "use_private_memory", "unroll_copy_shared",
                  "use_readonly_cache", "reduce_across_threads", "split_reductions",
                  "use_tensor_cores",
-                 "parallel", "vectorize", "fuse_rows"):  # fmt: skip
+                 "parallel", "vectorize", "fuse_rows", "fuse_epilogues"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")
     for name in ("tile", "map_to_blocks", "map_to_threads", "interchange", "register_tile",

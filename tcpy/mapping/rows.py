@@ -96,8 +96,8 @@ def fuse_rows(
     # the nests in program order (isl may have hoisted initialisations ahead): a row's
     # statements are then consecutive
     found = sorted(
-        ((c, _statements(c, scop)) for c in schedule_children(sequence)),
-        key=lambda pair: _first(pair[1]),
+        ((c, statements_of(c, scop)) for c in schedule_children(sequence)),
+        key=lambda pair: program_position(pair[1]),
     )
     children, nests = [c for c, _ in found], [n for _, n in found]
     runs = _runs(nests, scop, deps, tiled, accept)
@@ -107,12 +107,12 @@ def fuse_rows(
     return fused if respects(fused, deps.validity) else schedule
 
 
-def _first(statements: list[PolyStatement]) -> tuple[int, bool]:
+def program_position(statements: list[PolyStatement]) -> tuple[int, bool]:
     """Where the first of `statements` comes in program order."""
     return min((s.index, s.kind is not Kind.INIT) for s in statements)
 
 
-def _statements(child: isl.ScheduleNode, scop: Scop) -> list[PolyStatement]:
+def statements_of(child: isl.ScheduleNode, scop: Scop) -> list[PolyStatement]:
     names = statement_names(child.filter_get_filter())
     return sorted((scop.statement(n) for n in names), key=lambda s: s.name)
 
@@ -137,7 +137,7 @@ def _runs(
             if (
                 _whole(statements, scop)
                 and _reduces_rows(statements, rows, scop)
-                and (accept is None or accept(_in_order(statements), rows))
+                and (accept is None or accept(in_order(statements), rows))
             ):
                 block = _block(statements, rows, scop) if tiled else None
                 found = _Run(start, stop, rows, block)
@@ -165,8 +165,8 @@ def _shared_rows(statements: list[PolyStatement], scop: Scop, deps: Dependences)
     most = min(_row_rank(s, scop) for s in statements)
     for k in range(most, 0, -1):
         if (
-            _same_rows(statements, k)
-            and _within_rows(statements, k, deps)
+            same_rows(statements, k)
+            and within_rows(statements, k, deps)
             and _shared_operands_fit(statements, k, scop)
         ):
             return k
@@ -186,12 +186,12 @@ def _rows_of(s: PolyStatement, k: int, name: str = "R") -> isl.Map:
     return projection.set_tuple_name(isl.dim_type.out, name)
 
 
-def _same_rows(statements: list[PolyStatement], k: int) -> bool:
+def same_rows(statements: list[PolyStatement], k: int) -> bool:
     sets = [_rows_of(s, k).range() for s in statements]
     return all(s.is_equal(sets[0]) for s in sets[1:])
 
 
-def _within_rows(statements: list[PolyStatement], k: int, deps: Dependences) -> bool:
+def within_rows(statements: list[PolyStatement], k: int, deps: Dependences) -> bool:
     """Whether every dependence among `statements` joins two instances of one row."""
     rows = isl.UnionMap.empty(deps.all.get_space())
     domain = isl.UnionSet.empty(deps.all.get_space().domain())
@@ -317,18 +317,18 @@ def _rebuild(
         leaf = node.child(k).child(0)
         if isinstance(part, _Run):
             statements = [s for nest in nests[part.start : part.stop] for s in nest]
-            node = _fused(leaf, _in_order(statements), part, deps.all).parent().parent()
+            node = _fused(leaf, in_order(statements), part, deps.all).parent().parent()
         else:
-            node = _graft(part.child(0), leaf).parent().parent()
+            node = graft(part.child(0), leaf).parent().parent()
     return node.get_schedule()
 
 
-def _in_order(statements: list[PolyStatement]) -> list[PolyStatement]:
+def in_order(statements: list[PolyStatement]) -> list[PolyStatement]:
     """Program order: by position in the definition, an initialisation first."""
     return sorted(statements, key=lambda s: (s.index, s.kind is not Kind.INIT))
 
 
-def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode:
+def graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode:
     """The subtree at `source` copied at `leaf` (bands, marks, sequences and sets, the
     nodes isl's scheduler makes); returns the node at `leaf`'s position."""
     kind = source.get_type()
@@ -339,10 +339,10 @@ def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode
         node = node.band_set_permutable(source.band_get_permutable())
         for m in range(source.band_n_member()):
             node = node.band_member_set_coincident(m, source.band_member_get_coincident(m))
-        return _graft(source.child(0), node.child(0)).parent()
+        return graft(source.child(0), node.child(0)).parent()
     if kind == isl.schedule_node_type.mark:
         node = leaf.insert_mark(source.mark_get_id())
-        return _graft(source.child(0), node.child(0)).parent()
+        return graft(source.child(0), node.child(0)).parent()
     if kind in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         filters = isl.UnionSetList.alloc(leaf.get_ctx(), source.n_children())
         for c in schedule_children(source):
@@ -352,7 +352,7 @@ def _graft(source: isl.ScheduleNode, leaf: isl.ScheduleNode) -> isl.ScheduleNode
         )
         node = insert(filters)
         for i in range(source.n_children()):
-            node = _graft(source.child(i).child(0), node.child(i).child(0)).parent().parent()
+            node = graft(source.child(i).child(0), node.child(i).child(0)).parent().parent()
         return node
     # isl's scheduler makes no context, guard, extension or expansion node
     raise InternalError(f"row fusion met a {kind} node in isl's schedule")
@@ -365,11 +365,11 @@ def _fused(
     bands below it (see the module docstring); returns the node at `leaf`'s position."""
     ctx = leaf.get_ctx()
     outer = run.rows - 1 if run.block is not None else run.rows
-    blocks = [_band(statements, functools.partial(_dim, d=d)) for d in range(outer)]
+    blocks = [member_over(statements, functools.partial(index_of, d=d)) for d in range(outer)]
     if run.block is not None:
         block = run.block
-        blocks.append(_band(statements, lambda s: _tile(s, run.rows - 1, block)))
-    node = leaf.insert_partial_schedule(_joined(blocks))
+        blocks.append(member_over(statements, lambda s: block_start(s, run.rows - 1, block)))
+    node = leaf.insert_partial_schedule(joined(blocks))
     node = node.band_set_permutable(int(run.block is None))
     for m in range(run.rows):
         node = node.band_member_set_coincident(m, 1)
@@ -378,19 +378,19 @@ def _fused(
         filters = filters.add(isl.UnionSet.from_set(s.domain))
     node = node.child(0).insert_sequence(filters)
     for i, s in enumerate(statements):
-        inner = [_point(s, run.rows - 1, run.block)] if run.block is not None else []
-        inner += [_dim(s, d) for d in range(run.rows, len(s.dims))]
+        inner = [within_block(s, run.rows - 1, run.block)] if run.block is not None else []
+        inner += [index_of(s, d) for d in range(run.rows, len(s.dims))]
         if not inner:
             continue  # a statement of the row alone
-        band = node.child(i).child(0).insert_partial_schedule(_joined([_single(a) for a in inner]))
+        band = node.child(i).child(0).insert_partial_schedule(joined([single(a) for a in inner]))
         band = band.band_set_permutable(1)
-        for m, flag in enumerate(_coincident(band, deps)):
+        for m, flag in enumerate(coincident_members(band, deps)):
             band = band.band_member_set_coincident(m, int(flag))
         node = band.parent().parent()
     return node.parent()
 
 
-def _coincident(band: isl.ScheduleNode, deps: isl.UnionMap) -> list[bool]:
+def coincident_members(band: isl.ScheduleNode, deps: isl.UnionMap) -> list[bool]:
     """For each member of `band`, whether no dependence among the instances below it
     joins two instances in the same iteration of the loops outside the member at
     different values of it."""
@@ -413,24 +413,24 @@ def _zero_at(step: isl.Set, d: int) -> bool:
     return outer.is_subset(outer.copy().fix_val(isl.dim_type.set, d, 0))
 
 
-def _dim(s: PolyStatement, d: int) -> isl.PwAff:
+def index_of(s: PolyStatement, d: int) -> isl.PwAff:
     """Index `d` of statement `s`, on its domain."""
     space = isl.LocalSpace.from_space(s.domain.get_space())
     return isl.PwAff.var_on_domain(space, isl.dim_type.set, d).intersect_domain(s.domain)
 
 
-def _tile(s: PolyStatement, d: int, block: int) -> isl.PwAff:
+def block_start(s: PolyStatement, d: int, block: int) -> isl.PwAff:
     """The first row of index `d`'s block of `block` rows."""
-    v = _dim(s, d)
+    v = index_of(s, d)
     return v.sub(v.mod_val(isl.Val.int_from_si(s.domain.get_ctx(), block)))
 
 
-def _point(s: PolyStatement, d: int, block: int) -> isl.PwAff:
+def within_block(s: PolyStatement, d: int, block: int) -> isl.PwAff:
     """The row of index `d` within its block of `block` rows."""
-    return _dim(s, d).mod_val(isl.Val.int_from_si(s.domain.get_ctx(), block))
+    return index_of(s, d).mod_val(isl.Val.int_from_si(s.domain.get_ctx(), block))
 
 
-def _band(
+def member_over(
     statements: list[PolyStatement], member: Callable[[PolyStatement], isl.PwAff]
 ) -> isl.MultiUnionPwAff:
     """A band member over `statements`: `member` of each."""
@@ -440,11 +440,11 @@ def _band(
     return isl.MultiUnionPwAff.from_union_pw_aff(upa)
 
 
-def _single(pa: isl.PwAff) -> isl.MultiUnionPwAff:
+def single(pa: isl.PwAff) -> isl.MultiUnionPwAff:
     return isl.MultiUnionPwAff.from_union_pw_aff(isl.UnionPwAff.from_pw_aff(pa))
 
 
-def _joined(members: list[isl.MultiUnionPwAff]) -> isl.MultiUnionPwAff:
+def joined(members: list[isl.MultiUnionPwAff]) -> isl.MultiUnionPwAff:
     out = members[0]
     for m in members[1:]:
         out = out.flat_range_product(m)

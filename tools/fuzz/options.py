@@ -101,6 +101,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "parallel": _flag,
     "vectorize": _flag,
     "fuse_rows": lambda rng: rng.random() < 0.8,  # mostly on: the rewrite is what is tested
+    "fuse_epilogues": lambda rng: rng.random() < 0.8,  # mostly on, as fuse_rows
     "threads": lambda rng: rng.randint(0, 4),
 }
 

@@ -59,12 +59,15 @@ def pack_operands(
     scop: Scop,
     options: MappingOptions,
     transposed: Turns = EMPTY,
+    tiled: frozenset[str] = frozenset(),
 ) -> isl.Schedule:
     """The schedule with a `pack:` mark (see the module docstring) above the point
     loops of every nest with tiles worth copying: with `options.pack_operands` None,
     the tensors whose boxes are reused and strided; True, every tensor that can be
     copied; False, none. The tensors in `transposed` (`transposed_operands`) are
-    always copied where they can be, with their innermost dimensions first (`W^T`)."""
+    always copied where they can be, with their innermost dimensions first (`W^T`).
+    In a fused nest, a statement of `tiled` (a contraction with its own tiles under
+    the nest's, `tcpy.mapping.cpu.epilogues`) gets its copies above its point loops."""
     if options.pack_operands is False:
         return schedule
 
@@ -83,7 +86,11 @@ def pack_operands(
             written = {st.tensor for st in statements_below(band, scop)}
             for i in range(point.n_children()):
                 branch = point.child(i).child(0)
-                if is_band(branch):
+                own = statement_names(point.child(i).filter_get_filter()) <= tiled
+                if own and is_band(branch) and has_band_below(branch):
+                    inner = _copy_site(branch.child(0), scop, options, transposed, written)
+                    point = inner.parent().parent().parent()
+                elif is_band(branch):
                     branch = _copy_site(branch, scop, options, transposed, written)
                     point = branch.parent().parent()
             return point.parent()

@@ -1,8 +1,10 @@
 """CPU mapping: tiling, interchange for unit stride, OpenMP parallel and simd marks.
 
 `map_to_cpu(schedule, scop, options)` expects a valid schedule of `scop` and returns
-one that is still valid: the outermost bands tiled as `options.tile` says (or, when it
-is empty, with sizes chosen from the loop extents), the point
+one that is still valid: runs of nests fused over their rows (`tcpy.mapping.rows`), the
+outermost bands tiled as `options.tile` says (or, when it is empty, with sizes chosen
+from the loop extents, a contraction's point-wise epilogues first fused into its tiles,
+`tcpy.mapping.cpu.epilogues`), the point
 loops of fused statements distributed when intra-tile fusion is `Min`, each innermost
 permutable band reordered so that the loop walking the innermost array dimension is
 innermost (or as `options.interchange` says), the outermost parallel loop of each nest
@@ -20,6 +22,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.mapping import marks
+from tcpy.mapping.cpu.epilogues import fuse_epilogues
 from tcpy.mapping.cpu.loops import mark_parallel, mark_simd, split_row_reductions
 from tcpy.mapping.cpu.packing import (
     channel_vectors,
@@ -78,9 +81,12 @@ def _map(
     transposed: Turns,
     vectors: Vectors,
 ) -> isl.Schedule:
+    tiled: frozenset[str] = frozenset()  # contractions tiled inside a fused run
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:
+        if options.fuse_epilogues:
+            schedule, tiled = fuse_epilogues(schedule, scop, deps, transposed)
         schedule = map_outermost_bands(schedule, lambda b: auto_tile(b, scop, transposed))
     if options.intra_tile_schedule_fusion is Fusion.MIN:
         # Distributing point loops reorders statements inside a tile; a dependence from
@@ -101,7 +107,7 @@ def _map(
     if options.parallel:
         schedule = mark_parallel(schedule.get_root()).get_schedule()
     # after the parallel marks: a copy goes only where no worksharing loop is below it
-    return pack_operands(schedule, scop, options, transposed)
+    return pack_operands(schedule, scop, options, transposed, tiled)
 
 
 def _copied_transposed(schedule: isl.Schedule) -> set[str]:

@@ -53,13 +53,22 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
     whose tiles are the only parallel loop is cut so that they keep the cores busy:
     one tile per core's share of a column reduction's (`_column_tile`), else
     `_shared_vector_tile`."""
+    sizes = tile_sizes(node, scop, transposed)
+    return node if sizes is None else tile_band(node, sizes)
+
+
+def tile_sizes(
+    node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY
+) -> tuple[int, ...] | None:
+    """The tile size of each member of band `node` that `auto_tile` chooses (0: not
+    tiled); None where it leaves the band as it is."""
     n = node.band_n_member()
     if not node.band_get_permutable():
-        return node
+        return None
     if n == 1 and has_band_below(node):
         # a fused row nest's rows (softmax's n), left whole: a tile of unknown rows
         # (a size-generic kernel) would give every row to the first tile, one thread
-        return node
+        return None
     extents = [member_extent(node, k) for k in range(n)]
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     vector = vector_member(node, scop, transposed)
@@ -97,7 +106,7 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
             sizes[k] = fit(k, REDUCTION_TILE)
         elif k in tiled_rows:
             sizes[k] = fit(k, _rows_tile(extent) if contraction else OUTER_TILE)
-    return tile_band(node, tuple(sizes))
+    return tuple(sizes)
 
 
 def _one_sum(node: isl.ScheduleNode, scop: Scop) -> bool:
