@@ -222,3 +222,45 @@ def test_cuda_target_without_gpu_says_so() -> None:
     assert "__global__ void" in compiled.source
     with pytest.raises(tcpy.TCLaunchError, match="no CUDA GPU could be used"):
         e.mm(A, B)
+
+
+# --- what a call's shapes decide, worked out once ----------------------------------------
+
+
+def test_shapes_checked_once_still_refuse_bad_calls_at_every_call() -> None:
+    """The sizes and checks a call's shapes decide are kept per definition and shapes:
+    good shapes bind as before, and shapes that break a check raise at every call,
+    before and after good ones."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(
+        "def shift(float(N) A, float(M) B) -> (C) { C(i) = A(i + 2) + B(i) where i in 0:M }"
+    )
+    a, b = np.arange(6, dtype=np.float32), np.ones(4, np.float32)
+    for _ in range(2):
+        np.testing.assert_array_equal(engine.shift(a, b), a[2:] + 1)
+        with pytest.raises(TCRangeError):
+            engine.shift(a[:5], b)  # A(i + 2) reaches 5, outside 0:5
+        with pytest.raises(TCInputError):
+            engine.shift(a.reshape(2, 3), b)
+
+
+def test_two_definitions_with_equal_shapes_bind_their_own_sizes() -> None:
+    from tcpy.binding import bind
+
+    one = tcpy.ExecutionEngine("cpu")
+    one.define("def f(float(N) A) -> (B) { B(i) = A(i) }")
+    two = tcpy.ExecutionEngine("cpu")
+    two.define("def f(float(M) A) -> (B) { B(i) = A(i) * 2 }")
+    a = np.ones(5, np.float32)
+    for _ in range(2):
+        assert dict(bind(one.checked("f"), [a]).sizes) == {"N": 5}
+        assert dict(bind(two.checked("f"), [a]).sizes) == {"M": 5}
+
+
+def test_numpy_scalars_bind_as_zero_dimensional_arrays() -> None:
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define("def scale(float(N) A, float s) -> (B) { B(i) = A(i) * s }")
+    a = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(engine.scale(a, np.float32(2)), a * 2)
+    with pytest.raises(TCInputError, match="must be float32, but the array is float64"):
+        engine.scale(a, np.float64(2))
