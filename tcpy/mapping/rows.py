@@ -90,21 +90,31 @@ def fuse_rows(
     module docstring), in blocks of rows (`tiled`, the CPU) or over the rows alone
     (the GPU), each run also accepted by `accept`; unchanged where there is none, or
     where the fused schedule would not respect the dependences."""
-    sequence = schedule.get_root().child(0)
-    if sequence.get_type() != isl.schedule_node_type.sequence:
+    in_program_order = nests_in_order(schedule, scop)
+    if in_program_order is None:
         return schedule
-    # the nests in program order (isl may have hoisted initialisations ahead): a row's
-    # statements are then consecutive
-    found = sorted(
-        ((c, statements_of(c, scop)) for c in schedule_children(sequence)),
-        key=lambda pair: program_position(pair[1]),
-    )
-    children, nests = [c for c, _ in found], [n for _, n in found]
+    children, nests = in_program_order
     runs = _runs(nests, scop, deps, tiled, accept)
     if not runs:
         return schedule
     fused = _rebuild(schedule, children, nests, runs, scop, deps)
     return fused if respects(fused, deps.validity) else schedule
+
+
+def nests_in_order(
+    schedule: isl.Schedule, scop: Scop
+) -> tuple[list[isl.ScheduleNode], list[list[PolyStatement]]] | None:
+    """The children of the schedule's top-level sequence and their statements, in
+    program order (isl may have hoisted initialisations ahead: a row's statements are
+    then consecutive); None where the root's child is no sequence."""
+    sequence = schedule.get_root().child(0)
+    if sequence.get_type() != isl.schedule_node_type.sequence:
+        return None
+    found = sorted(
+        ((c, statements_of(c, scop)) for c in schedule_children(sequence)),
+        key=lambda pair: program_position(pair[1]),
+    )
+    return [c for c, _ in found], [n for _, n in found]
 
 
 def program_position(statements: list[PolyStatement]) -> tuple[int, bool]:
@@ -295,31 +305,42 @@ def _rebuild(
 ) -> isl.Schedule:
     """A schedule of the same domain: the nests `children` in their order, the runs
     fused, every other nest as it was."""
-    starts = {run.start: run for run in runs}
-    parts: list[isl.ScheduleNode | _Run] = []  # a nest kept, or a run fused
+
+    def builder(run: _Run) -> Callable[[isl.ScheduleNode], isl.ScheduleNode]:
+        statements = in_order([s for nest in nests[run.start : run.stop] for s in nest])
+        return lambda leaf: _fused(leaf, statements, run, deps.all)
+
+    return rebuild_runs(schedule, children, {r.start: (r.stop, builder(r)) for r in runs})
+
+
+Build = Callable[[isl.ScheduleNode], isl.ScheduleNode]
+"""What builds a fused run at a leaf of the new tree, returning the node at its place."""
+
+
+def rebuild_runs(
+    schedule: isl.Schedule, children: list[isl.ScheduleNode], runs: dict[int, tuple[int, Build]]
+) -> isl.Schedule:
+    """A schedule of the same domain: the top-level nests `children` in their order,
+    each run (by its first nest: the nest after its last, and what builds it) one child
+    of the sequence, every other nest as it was."""
+    parts: list[tuple[list[isl.ScheduleNode], Build | None]] = []  # nests, and a run's build
     k = 0
     while k < len(children):
-        run = starts.get(k)
-        parts.append(children[k] if run is None else run)
-        k = k + 1 if run is None else run.stop
-    filters = isl.UnionSetList.alloc(scop.ctx, len(parts))
-    for part in parts:
-        if isinstance(part, _Run):
-            joined = children[part.start].filter_get_filter()
-            for c in children[part.start + 1 : part.stop]:
-                joined = joined.union(c.filter_get_filter())
-            filters = filters.add(joined)
-        else:
-            filters = filters.add(part.filter_get_filter())
+        stop, build = runs.get(k, (k + 1, None))
+        parts.append((children[k:stop], build))
+        k = stop
+    filters = isl.UnionSetList.alloc(schedule.get_ctx(), len(parts))
+    for nests, _ in parts:
+        joined_filter = nests[0].filter_get_filter()
+        for c in nests[1:]:
+            joined_filter = joined_filter.union(c.filter_get_filter())
+        filters = filters.add(joined_filter)
     root = isl.Schedule.from_domain(schedule.get_domain()).get_root().child(0)
     node = root.insert_sequence(filters)
-    for k, part in enumerate(parts):
-        leaf = node.child(k).child(0)
-        if isinstance(part, _Run):
-            statements = [s for nest in nests[part.start : part.stop] for s in nest]
-            node = _fused(leaf, in_order(statements), part, deps.all).parent().parent()
-        else:
-            node = graft(part.child(0), leaf).parent().parent()
+    for i, (nests, build) in enumerate(parts):
+        leaf = node.child(i).child(0)
+        node = (graft(nests[0].child(0), leaf) if build is None else build(leaf)).parent()
+        node = node.parent()
     return node.get_schedule()
 
 

@@ -34,6 +34,7 @@ import islpy as isl
 from tcpy.mapping.cpu.tiles import auto_tile, tile_sizes
 from tcpy.mapping.marks import EMPTY, Turns
 from tcpy.mapping.rows import (
+    Build,
     block_start,
     coincident_members,
     graft,
@@ -41,15 +42,14 @@ from tcpy.mapping.rows import (
     index_of,
     joined,
     member_over,
-    program_position,
+    nests_in_order,
+    rebuild_runs,
     same_rows,
     single,
-    statements_of,
     within_block,
     within_rows,
 )
 from tcpy.poly.dependences import Dependences, respects
-from tcpy.poly.isl_helpers import schedule_children
 from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, PolyStatement, Scop
 
@@ -61,14 +61,10 @@ def fuse_epilogues(
     contractions tiled inside a fused run (by statement name: their copies go above
     their point loops, `tcpy.mapping.cpu.packing.pack_operands`); unchanged where there
     is none, or where the fused schedule would not respect the dependences."""
-    sequence = schedule.get_root().child(0)
-    if sequence.get_type() != isl.schedule_node_type.sequence:
+    in_program_order = nests_in_order(schedule, scop)
+    if in_program_order is None:
         return schedule, frozenset()
-    found = sorted(
-        ((c, statements_of(c, scop)) for c in schedule_children(sequence)),
-        key=lambda pair: program_position(pair[1]),
-    )
-    children, nests = [c for c, _ in found], [n for _, n in found]
+    children, nests = in_program_order
     runs = _runs(children, nests, scop, deps, transposed)
     if not runs:
         return schedule, frozenset()
@@ -169,31 +165,11 @@ def _rebuild(
     transposed: Turns,
 ) -> isl.Schedule:
     """A schedule of the same domain: the nests in their order, each run fused."""
-    starts = {run[0]: run for run in runs}
-    parts: list[isl.ScheduleNode | _Run] = []
-    k = 0
-    while k < len(children):
-        run = starts.get(k)
-        parts.append(children[k] if run is None else run)
-        k = k + 1 if run is None else run[1]
-    filters = isl.UnionSetList.alloc(scop.ctx, len(parts))
-    for part in parts:
-        if isinstance(part, tuple):
-            joined_filter = children[part[0]].filter_get_filter()
-            for c in children[part[0] + 1 : part[1]]:
-                joined_filter = joined_filter.union(c.filter_get_filter())
-            filters = filters.add(joined_filter)
-        else:
-            filters = filters.add(part.filter_get_filter())
-    root = isl.Schedule.from_domain(schedule.get_domain()).get_root().child(0)
-    node = root.insert_sequence(filters)
-    for i, part in enumerate(parts):
-        leaf = node.child(i).child(0)
-        if isinstance(part, tuple):
-            node = _fused(leaf, children, nests, part, scop, deps, transposed).parent().parent()
-        else:
-            node = graft(part.child(0), leaf).parent().parent()
-    return node.get_schedule()
+
+    def builder(run: _Run) -> Build:
+        return lambda leaf: _fused(leaf, children, nests, run, scop, deps, transposed)
+
+    return rebuild_runs(schedule, children, {r[0]: (r[1], builder(r)) for r in runs})
 
 
 def _fused(

@@ -42,7 +42,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser import ast
 from tcpy.poly.isl_helpers import statement_names
 from tcpy.poly.schedule import member_extent, member_variables
-from tcpy.poly.scop import Kind, Scop
+from tcpy.poly.scop import Kind, PolyStatement, Scop
 from tcpy.poly.transforms import permute_band, tile_band
 
 ROWS = 4
@@ -89,16 +89,10 @@ def _plan(
 ) -> tuple[list[int], list[int], dict[int, int]] | None:
     """The parallel members, the reduction members and the block size of each blocked
     member; None when the band is not blocked."""
-    n = node.band_n_member()
-    if n < 2 or not node.band_get_permutable():
+    stmt = _one_statement(node, scop)
+    if stmt is None:
         return None
-    names = statement_names(node.get_domain())
-    if len(names) != 1:
-        return None
-    name = names.pop()
-    stmt = scop.statement(name)
-    if stmt.kind is not Kind.COMPUTE:
-        return None
+    n, name = node.band_n_member(), stmt.name
     source = stmt.source(scop.cdef)
     if source.op.reduction not in BLOCKED_REDUCTIONS or _reads(source.rhs, source.tensor):
         return None
@@ -169,18 +163,13 @@ def _jam_member(node: isl.ScheduleNode, scop: Scop) -> int | None:
     """The member `jam` runs inside the vector loop: the innermost reduction member of
     two steps or more, where the band is one reduction statement's (one that does not
     read its own output), its innermost member parallel; None where there is none."""
-    n = node.band_n_member()
-    if n < 2 or not node.band_get_permutable():
+    stmt = _one_statement(node, scop)
+    if stmt is None:
         return None
-    names = statement_names(node.get_domain())
-    if len(names) != 1:
-        return None
-    name = names.pop()
-    stmt = scop.statement(name)
+    n, name = node.band_n_member(), stmt.name
     source = stmt.source(scop.cdef)
     if (
-        stmt.kind is not Kind.COMPUTE
-        or source.op.reduction is None
+        source.op.reduction is None
         or source.scatter
         or _reads(source.rhs, source.tensor)
         or not node.band_member_get_coincident(n - 1)
@@ -199,6 +188,18 @@ def _jam_member(node: isl.ScheduleNode, scop: Scop) -> int | None:
             return None
         return k
     return None
+
+
+def _one_statement(node: isl.ScheduleNode, scop: Scop) -> PolyStatement | None:
+    """The statement of a permutable band of two members or more that runs one
+    statement, a computation (not an initialisation); else None."""
+    if node.band_n_member() < 2 or not node.band_get_permutable():
+        return None
+    names = statement_names(node.get_domain())
+    if len(names) != 1:
+        return None
+    stmt = scop.statement(names.pop())
+    return stmt if stmt.kind is Kind.COMPUTE else None
 
 
 def _within_budget(sizes: dict[int, int], inner: int) -> dict[int, int]:
