@@ -28,6 +28,7 @@ The schedule is kept only if it respects every dependence.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import islpy as isl
 
@@ -71,12 +72,17 @@ def fuse_epilogues(
     fused = _rebuild(schedule, children, nests, runs, scop, deps, transposed)
     if not respects(fused, deps.validity):
         return schedule, frozenset()
-    return fused, frozenset(nests[run[2]][0].name for run in runs)
+    return fused, frozenset(nests[run.contraction][0].name for run in runs)
 
 
-_Run = tuple[int, int, int, tuple[int, ...]]
-"""A run: its first and last nests (`start`, `stop` exclusive), the contraction's nest,
-and the tile size of each output dimension."""
+class _Run(NamedTuple):
+    """A run: its first nest, the nest after its last, the contraction's nest, and the
+    tile size of each output dimension (0: left whole)."""
+
+    start: int
+    stop: int
+    contraction: int
+    tiles: tuple[int, ...]
 
 
 def _runs(
@@ -91,7 +97,7 @@ def _runs(
     runs: list[_Run] = []
     for k, nest in enumerate(nests):
         tiles = _contraction_tiles(children[k], nest, scop, transposed)
-        if tiles is None or (runs and k < runs[-1][1]):
+        if tiles is None or (runs and k < runs[-1].stop):
             continue
         contraction = nest[0]
         start = k - 1 if k and _is_init_of(nests[k - 1], contraction) else k
@@ -103,7 +109,7 @@ def _runs(
                 break
             stop += 1
         if stop > k + 1:
-            runs.append((start, stop, k, tiles))
+            runs.append(_Run(start, stop, k, tiles))
     return runs
 
 
@@ -169,7 +175,7 @@ def _rebuild(
     def builder(run: _Run) -> Build:
         return lambda leaf: _fused(leaf, children, nests, run, scop, deps, transposed)
 
-    return rebuild_runs(schedule, children, {r[0]: (r[1], builder(r)) for r in runs})
+    return rebuild_runs(schedule, children, {r.start: (r.stop, builder(r)) for r in runs})
 
 
 def _fused(
