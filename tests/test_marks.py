@@ -17,6 +17,7 @@ EVERY_KIND = [
     marks.RegisterBlock((4, 16)),
     marks.Jam(4),
     marks.Pack(("A", "W", "V"), (("W", 1), ("V", 2))),
+    marks.Pack(("I", "W"), (("W", 1),), (("I", 2),)),
     marks.Shared(("A", "B")),
     marks.Scratch(("T",)),
     marks.ThreadRegisters(16),

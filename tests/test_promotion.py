@@ -335,3 +335,83 @@ def test_a_copy_with_the_innermost_dimension_first_is_right(tile: tuple[int, ...
     for pack in (None, False):
         options = MappingOptions.cpu().replace(tile=tile, pack_operands=pack)
         np.testing.assert_allclose(cpu.run("f", *inputs, options=options), want, rtol=1e-5)
+
+
+# --- copies held in phases ----------------------------------------------------------------
+
+STRIDED_CONV = """def f(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {
+    O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * K(f,c,kh,kw)
+}"""
+CONV_SIZES = {"N": 2, "C": 16, "H": 33, "W": 65, "F": 16, "KH": 3, "KW": 3}
+
+
+def _phased(marks: list[str]) -> set[str]:
+    return {t for m in marks for t in m.split(":")[1].split(",") if "%" in t}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (STRIDED_CONV, {"I%2"}),
+        (STRIDED_CONV.replace("2*", "3*"), {"I%3"}),
+        (STRIDED_CONV.replace("2*", ""), set()),  # unit stride: the copy stays as it is
+        # the rows are strided, the vector loop's reads are not
+        (STRIDED_CONV.replace("2*w", "w"), set()),
+        # shifted by one: the phase a read starts in is the shift's
+        (STRIDED_CONV.replace("2*w+kw", "2*w+kw+1"), {"I%2"}),
+        # every read at even positions: a slice of its box, copied in neither form
+        (STRIDED_CONV.replace("2*w+kw", "2*w+2*kw"), set()),
+        # two strides along the vector loop: no layout serves both
+        (
+            STRIDED_CONV.replace("* K(f,c,kh,kw)", "* K(f,c,kh,kw) * I(n,c,h+kh,w+kw)"),
+            set(),
+        ),
+    ],
+)
+def test_which_copies_are_held_in_phases(source: str, expected: set[str]) -> None:
+    """A copy whose vector loop reads its rows at one stride of 2 or more holds each
+    row's phases one after the other; other copies are as they were. (Rows of outputs
+    of 64 or more: shorter ragged ones run the channels as the vector loop instead,
+    `channel_vectors`.)"""
+    sizes = {**CONV_SIZES, "H": 40, "W": 200}
+    assert _phased(_pack_marks(source, sizes)) == expected
+
+
+@pytest.mark.parametrize(
+    ("edit", "sizes"),
+    [
+        ({}, CONV_SIZES),
+        ({}, {**CONV_SIZES, "W": 66, "H": 21}),  # rows of an even length: phases of 33
+        ({"2*": "3*"}, {**CONV_SIZES, "W": 195, "KW": 4}),  # a window wider than the stride
+        ({"2*w+kw": "2*w+kw+1"}, {**CONV_SIZES, "W": 66}),  # shifted by one
+        ({}, {**CONV_SIZES, "N": 1, "C": 3, "W": 200, "F": 32}),  # rows split into tiles
+    ],
+    ids=["odd", "even", "stride3", "shifted", "tiled"],
+)
+def test_a_copy_held_in_phases_gives_the_reference(
+    edit: dict[str, str], sizes: dict[str, int]
+) -> None:
+    """Strided convolutions whose input is copied in phases (odd and even rows, phases
+    of unequal length, windows wider than the stride, a constant shift, rows longer
+    than one tile) give the reference's result, with and without the copies."""
+    source = STRIDED_CONV
+    for old, new in edit.items():
+        source = source.replace(old, new)
+    assert _phased(_pack_marks(source, sizes))
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=len(edit))
+    want = reference.run("f", *inputs)
+    for pack in (None, False):
+        got = cpu.run("f", *inputs, options=MappingOptions.cpu().replace(pack_operands=pack))
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_phased_copy_reads_unit_stride_in_the_vector_loop() -> None:
+    """The printed kernel fills each phase from the tensor's every other element and
+    reads it with the vector loop's iterator alone, without a factor: the load is a
+    vector's, not a gather's (the stride-2 read ran 2x slower)."""
+    source = _lower(STRIDED_CONV, CONV_SIZES).source
+    assert "tc_p < 2" in source
+    (load,) = re.findall(r"tc_pack0\[[^;]*tc_floord[^;]*\]\s*\*", source)
+    vector = re.findall(r"#pragma omp simd\n\s*for \(int64_t (c\d+) = ", source)[-1]
+    assert f"+ ({vector})" in load and f"2 * ({vector})" not in load

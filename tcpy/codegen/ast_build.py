@@ -34,6 +34,13 @@ class PackedBox:
     offsets: tuple[isl.AstExpr, ...]  # the box's first element, one per dimension
     sizes: tuple[int, ...]
     turns: int = 0  # how many of the tensor's innermost dimensions the copy holds first
+    phases: int = 1  # in how many phases the copy holds the innermost dimension
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The extents of the copy: the box's, the innermost rounded up to whole phases."""
+        *outer, last = self.sizes
+        return (*outer, -(-last // self.phases) * self.phases)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -97,8 +104,10 @@ def build_ast(
             b = None if found is None else box(found, tensor)
             if b is not None:
                 offsets = tuple(build.expr_from_pw_aff(o) for o in b.offsets)
-                turns = mark.turns(tensor) if isinstance(mark, marks.Pack) else 0
-                boxes.append(PackedBox(tensor, offsets, b.sizes, turns=turns))
+                pack = mark if isinstance(mark, marks.Pack) else marks.Pack(())
+                boxes.append(
+                    PackedBox(tensor, offsets, b.sizes, pack.turns(tensor), pack.phases(tensor))
+                )
         key = f"P{len(packs)}"
         packs[key] = tuple(boxes)
         return node.set_annotation(isl.Id(key, context=ctx))

@@ -179,10 +179,14 @@ class LocalCopy:
     sizes: tuple[int, ...]  # the buffer's extents, per dimension of the tensor
     turns: int = 0  # how many of the tile's innermost dimensions the buffer holds first
     base: str = ""  # where the tile starts in the buffer (a stage of a ring), in C
+    phases: int = 1  # the innermost dimension held in phases (`marks.Pack.phased`)
 
-    def index(self, d: Dialect, subscripts: list[str]) -> str:
-        """The buffer's offset of the tensor's element at `subscripts`."""
+    def index(self, d: Dialect, subscripts: list[str], held: str | None = None) -> str:
+        """The buffer's offset of the tensor's element at `subscripts`; `held`, where the
+        buffer holds the innermost one (`phased`), if not at its position in the tile."""
         local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
+        if held is not None:
+            local[-1] = held
         extents = [str(n) for n in self.sizes]
         if self.turns:
             local = innermost_first(local, self.turns)
@@ -506,7 +510,8 @@ class _Context:
         copy = self.p.copies.get(e.tensor)
         if copy is not None and not checked:
             # proven in the tensor and in the tile, so in what was copied
-            form, array, index = "copy_load", copy.buffer, copy.index(self.d, subscripts)
+            held = self.phased(e.args[-1], copy) if copy.phases > 1 else None
+            form, array, index = "copy_load", copy.buffer, copy.index(self.d, subscripts, held)
         else:
             readonly = e.tensor in self.p.readonly and not info.scalar.is_bool  # no __ldg for bool
             form = "readonly_load" if readonly else "load"
@@ -533,6 +538,28 @@ class _Context:
             self.loaded[text] = name = f"tc_v{len(self.loaded)}"
             self.prelude.append(f"const {self.d.ctype(info.scalar.compute)} {name} = {value};")
         return self.loaded[text]
+
+    def phased(self, arg: ast.Expr, copy: LocalCopy) -> str:
+        """Where a buffer held in phases (`LocalCopy.phases`) holds the element at the
+        innermost subscript `arg`, an affine form: its phase's start, then its step in
+        the phase. The terms whose coefficients are multiples of the phases (the vector
+        loop's, by the mapping's choice) move it along its phase, one step for each
+        multiple; the rest, a value the vector loop does not change, pick the phase."""
+        form = linear_form(arg)
+        if form is None:
+            raise InternalError(f"a phased copy read at a subscript not affine: {arg}")
+        phases = copy.phases
+
+        def term(n: str, c: int) -> str:
+            return f"({self.indices[n]})" if c == 1 else f"{c} * ({self.indices[n]})"
+
+        steps = [term(n, c // phases) for n, c in form.coeffs if c % phases == 0]
+        rest = [term(n, c) for n, c in form.coeffs if c % phases != 0]
+        constant = [] if form.rest == Sym() else [f"({sym_expr(form.rest)})"]
+        rest_text = " + ".join([*rest, *constant, f"-{copy.offsets[-1]}"])
+        start = f"tc_floord({rest_text}, {phases})"
+        phase = f"({rest_text} - {phases} * {start})"
+        return " + ".join([f"{phase} * {copy.sizes[-1] // phases}", start, *steps])
 
     def _uses(self, e: ast.Access) -> frozenset[str]:
         """The isl ids the values of the indices in `e`'s subscripts use."""

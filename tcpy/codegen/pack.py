@@ -57,7 +57,7 @@ def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
     """Where each box's buffer starts in the thread's part of the arena, then the end."""
     starts = [0]
     for b in boxes:
-        size = math.prod(b.sizes) * cdef.tensor(b.tensor).scalar.dtype.itemsize
+        size = math.prod(b.held) * cdef.tensor(b.tensor).scalar.dtype.itemsize
         starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
     return starts
 
@@ -85,7 +85,7 @@ def print_pack(
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
-        copy = LocalCopy(buffer, offsets, b.sizes, turns=b.turns)
+        copy = LocalCopy(buffer, offsets, b.held, turns=b.turns, phases=b.phases)
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
         if copy_in:
@@ -117,6 +117,9 @@ def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
     if copy.turns:
         _transposing_copy(p, depth, copy, local, assignment)
         return
+    if copy.phases > 1:
+        _phased_copy(p, depth, copy, tensor)
+        return
     for d, i in enumerate(local):
         if d == n - 1 and p.options.vectorize:
             p.emit(depth + d, "#pragma omp simd")
@@ -124,6 +127,36 @@ def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
         p.open_loop(depth + d, f"for (int64_t {bounds}; {i}++) {{")
     p.emit(depth + n, assignment)
     for d in reversed(range(n)):
+        p.emit(depth + d, "}")
+
+
+def _phased_copy(p: Printer, depth: int, copy: LocalCopy, tensor: str) -> None:
+    """The loops filling a buffer whose rows are held in phases (`LocalCopy.phases`):
+    for each phase, the row's elements at that phase, read at the stride of the phases
+    and written unit-stride."""
+    n, phases = len(copy.sizes), copy.phases
+    local = [f"tc_i{d}" for d in range(n - 1)]
+    for d, i in enumerate(local):
+        p.open_loop(
+            depth + d, f"for (int64_t {i} = {copy.buffer}_l{d}; {i} < {copy.buffer}_u{d}; {i}++) {{"
+        )
+    inner = depth + n - 1
+    last = n - 1
+    p.open_loop(inner, f"for (int64_t tc_p = 0; tc_p < {phases}; tc_p++) {{")
+    # the first and last step of the phase inside the copied part (its bounds are >= 0)
+    first = f"({copy.buffer}_l{last} + {phases - 1} - tc_p) / {phases}"
+    end = f"({copy.buffer}_u{last} + {phases - 1} - tc_p) / {phases}"
+    if p.options.vectorize:
+        p.emit(inner + 1, "#pragma omp simd")
+    p.open_loop(inner + 1, f"for (int64_t tc_q = {first}; tc_q < {end}; tc_q++) {{")
+    held = [*local, f"tc_p * {copy.sizes[-1] // phases} + tc_q"]
+    within = flat_index(p.dialect, held, [str(s) for s in copy.sizes])
+    source = [
+        f"{o} + {i}" for o, i in zip(copy.offsets, [*local, f"tc_q * {phases} + tc_p"], strict=True)
+    ]
+    read = flat_index(p.dialect, source, [extent_name(tensor, d) for d in range(n)])
+    p.emit(inner + 2, f"{copy.buffer}[{within}] = {tensor_name(tensor)}[{read}];")
+    for d in reversed(range(n + 1)):
         p.emit(depth + d, "}")
 
 

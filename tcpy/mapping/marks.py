@@ -14,8 +14,9 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 - `RegisterBlock(sizes)`, `register_tile:4x16`: a block of outputs in registers;
 - `Jam(size)`, `jam:4`: a vector loop of outputs, each reduced over `size` steps of a
   reduction loop inside it;
-- `Pack(tensors, transposed)`, `pack:A,W^T`: operand tiles in a thread's buffers
-  (`W^T2`: W's last two dimensions first).
+- `Pack(tensors, transposed, phased)`, `pack:A,W^T`: operand tiles in a thread's buffers
+  (`W^T2`: W's last two dimensions first; `I%2`: I's innermost dimension held as its
+  even elements, then its odd ones).
 
 GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
@@ -59,6 +60,7 @@ Vectors = Mapping[int, str]
 by the statement's position in the definition (`tcpy.mapping.cpu.packing.channel_vectors`)."""
 NO_VECTORS: Vectors = MappingProxyType({})
 TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first (`^T2`: two)
+PHASED = "%"  # `pack:I%2`: I's copy holds its innermost dimension in 2 phases (`Pack.phased`)
 
 T = TypeVar("T")
 
@@ -136,19 +138,29 @@ class Jam:
 class Pack:
     """Tiles of these tensors copied into a thread's local buffers here (CPU);
     `transposed`, those copied with their innermost dimensions first, with how many
-    (`innermost_first`)."""
+    (`innermost_first`); `phased`, those whose innermost dimension is held in phases,
+    with how many: with 2, the elements at even positions of the tile's rows, then
+    those at odd ones (a stride-2 convolution's vector loop then reads each phase
+    unit-stride)."""
 
     tensors: tuple[str, ...]
     transposed: tuple[tuple[str, int], ...] = ()
+    phased: tuple[tuple[str, int], ...] = ()
 
     def turns(self, tensor: str) -> int:
         """How many innermost dimensions of `tensor`'s copy come first (0: none)."""
         return dict(self.transposed).get(tensor, 0)
 
+    def phases(self, tensor: str) -> int:
+        """In how many phases `tensor`'s copy holds its innermost dimension (1: as is)."""
+        return dict(self.phased).get(tensor, 1)
+
     @property
     def name(self) -> str:
         def shown(t: str) -> str:
-            turns = self.turns(t)
+            turns, phases = self.turns(t), self.phases(t)
+            if phases > 1:
+                return f"{t}{PHASED}{phases}"
             return t if not turns else t + TRANSPOSED + (str(turns) if turns > 1 else "")
 
         return f"pack:{','.join(shown(t) for t in self.tensors)}"
@@ -299,10 +311,12 @@ def parse(name: str) -> Mark:
         case "thread_registers" if rest.isdigit():
             return ThreadRegisters(int(rest))
         case "pack" if tensors:
-            split = [t.partition(TRANSPOSED) for t in tensors]
+            phased = [t.partition(PHASED) for t in tensors]
+            split = [name.partition(TRANSPOSED) for name, _, _ in phased]
             plain = tuple(name for name, _, _ in split)
             transposed = tuple((name, int(turns or 1)) for name, mark, turns in split if mark)
-            return Pack(plain, transposed)
+            phases = tuple((name, int(n)) for name, mark, n in phased if mark)
+            return Pack(plain, transposed, phases)
         case "shared" if tensors:
             return Shared(tensors)
         case staged if staged.startswith("shared/") and staged[7:].isdigit() and tensors:

@@ -169,6 +169,14 @@ def has_mark(node: isl.ScheduleNode, kind: type[marks.Mark]) -> bool:
     return any(has_mark(c, kind) for c in schedule_children(node))
 
 
+def marks_below(node: isl.ScheduleNode, kind: type[marks.Mark]) -> list[isl.ScheduleNode]:
+    """The marks of `kind` at or below `node`, outermost first."""
+    found = [node] if isinstance(marks.of(node), kind) else []
+    for c in schedule_children(node):
+        found.extend(marks_below(c, kind))
+    return found
+
+
 def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop, outputs: bool = False) -> bool:
     """Whether a temporary lives and dies below `node`: every statement of the
     definition that touches it runs there (a reduction's initialisation too), one of
@@ -189,7 +197,7 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop, outputs: bool 
                 guarded or any(linear_form(a) is None for a in access.args)
             ):
                 return False
-    below = _statement_indices(node, scop)
+    below = statement_indices(node, scop)
     writers = [k for k, st in enumerate(cdef.statements) if st.tensor == tensor]
     readers = [
         k for k, st in enumerate(cdef.statements) if subscript_indices(st, tensor) is not None
@@ -335,10 +343,10 @@ def extent_value(scop: Scop, extent: Sym) -> int | None:
 
 def statements_below(node: isl.ScheduleNode, scop: Scop) -> list[CheckedStatement]:
     """The TC statements with instances below `node` (computed or initialised)."""
-    return [scop.cdef.statements[k] for k in _statement_indices(node, scop)]
+    return [scop.cdef.statements[k] for k in statement_indices(node, scop)]
 
 
-def _statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
+def statement_indices(node: isl.ScheduleNode, scop: Scop) -> list[int]:
     """The positions in the definition of the TC statements with instances below
     `node`, in program order."""
     names = statement_names(node.get_domain())
