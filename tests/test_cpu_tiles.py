@@ -85,3 +85,36 @@ def test_a_lane_reductions_short_reduction_runs_inside_its_register_block() -> N
     d_o = rng.standard_normal((8, 32, 30, 30)).astype(np.float32)
     engine, reference = engines("cpu", WEIGHT_GRADIENT)
     np.testing.assert_allclose(engine.dw(i, d_o), reference.dw(i, d_o), rtol=1e-4, atol=1e-3)
+
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+
+
+def _rows_tile(cores: int, m: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(knobs, "cores", lambda: cores)
+    cdef = check_source(MATMUL)["mm"]
+    source = lower_to_c(cdef, {"M": m, "K": 300, "N": 200}, cpu_defaults(cdef)).source
+    nest = source[source.rindex("* B(k,n) */") :]
+    (step,) = re.findall(rf"c0 <= {m - 1}; c0 \+= (\d+)\)", nest)
+    return int(step)
+
+
+@pytest.mark.parametrize(
+    ("cores", "m", "tile"),
+    [
+        (2, 800, 400),  # not 256 + 256 rows for one core and 256 + 32 for the other
+        (2, 600, 304),
+        (2, 2048, 512),
+        (2, 1000, 504),  # 504 and 496
+        (4, 800, 200),
+        (2, 384, 192),
+        (2, 40, 32),  # at least OUTER_TILE: a tile copies its operands again
+    ],
+)
+def test_a_contractions_rows_are_cut_into_equal_tiles_for_the_cores(
+    cores: int, m: int, tile: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contraction's rows tile: as few tiles as can be of 512 rows at most, their
+    number a multiple of the cores, of equal size (a multiple of 8): the threads take
+    equal runs of tiles, so equal rows."""
+    assert _rows_tile(cores, m, monkeypatch) == tile
