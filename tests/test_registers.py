@@ -300,3 +300,65 @@ def test_the_tuner_searches_register_blocks() -> None:
     repaired = repair(MappingOptions.cpu(), {"register_tile": (64, 64)})
     assert repaired.register_tile == (32, 32)  # the larger size halved until 1024 fit
     assert repair(MappingOptions.cpu(), {"register_tile": (4, 8)}).register_tile == (4, 8)
+
+
+EDGE_SIZES = {"M": 37, "K": 30, "N": 53}  # blocks of 8 x 32: 5 rows, 21 columns at the edges
+
+
+def test_a_block_at_the_edge_runs_whole_with_masked_loads() -> None:
+    """A block partly outside the domain, at least half inside along each loop, runs
+    under constant bounds, its loads outside the domain masked, the B row it shares
+    loaded once per step for its rows, and only its elements inside stored; a block
+    less than half inside keeps isl's bounds."""
+    source = _source(renamed(MATMUL, "f"), EDGE_SIZES)
+    paths = re.split(r"\} else (?:if \((.*)\) )?\{", source)
+    assert len(paths) >= 3, source
+    masked = paths[2]
+    assert re.search(r"tc_m0\[c\d+\] = \(\(c\d+ <= .*\) \? t_B\[", masked)
+    assert re.search(r"\? t_A\[", masked)  # the rows past the edge read nothing
+    assert re.search(r"if \(c\d+ <= .* && c\d+ <= .*\) t_C\[", masked)
+    assert "tc_min(" not in masked  # constant bounds: the block stays in registers
+    assert "tc_min(" in paths[4]  # the general path, for blocks less than half inside
+
+
+def test_an_integer_block_at_the_edge_keeps_isls_bounds() -> None:
+    """An integer division by the 0 loaded outside the domain would trap: integer
+    blocks at the edge run isl's bounds."""
+    source, _ = CONTRACTIONS["dot_rows_int"]
+    printed = _source(source.replace("A(m,k) * B(n,k)", "A(m,k) / B(n,k)"), EDGE_SIZES)
+    assert "tc_m0" not in printed and "} else if (" not in printed
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [EDGE_SIZES, {"M": 13, "K": 7, "N": 17}, {"M": 8, "K": 5, "N": 48}, {"M": 21, "K": 9, "N": 5}],
+    ids=str,
+)
+def test_masked_edge_blocks_give_the_unblocked_results_bit_for_bit(sizes: dict[str, int]) -> None:
+    """The elements of an edge block inside the domain are reduced in the order the
+    unblocked kernel reduces them: the same bits; NaN and infinities at the edge rows
+    and columns reach the outputs they should, and no other."""
+    source = renamed(MATMUL, "f")
+    cpu, reference = engines("cpu", source, quiet=True)
+    a, b = _inputs(cpu, sizes, 5)
+    a[-1, 2] = np.nan  # the last row: NaN
+    b[1, -1] = np.inf  # the last column: inf (or NaN with the NaN row)
+    got = cpu.run("f", a, b)
+    plain = cpu.run("f", a, b, options=MappingOptions.cpu().replace(register_tile=(0,)))
+    np.testing.assert_array_equal(got, plain)
+    want = reference.run("f", a, b)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert np.isnan(got[-1]).all() and np.isinf(got[:-1, -1]).all()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5)
+
+
+def test_a_read_twice_in_a_masked_block_is_loaded_once_for_its_rows() -> None:
+    source = "def f(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) * B(k,n) }"
+    printed = _source(source, EDGE_SIZES)
+    masked = re.split(r"\} else (?:if \(.*\) )?\{", printed)[1]
+    assert len(re.findall(r"tc_m0\[c\d+\] = ", masked)) == 1 and "tc_m1" not in masked
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, EDGE_SIZES, 2)
+    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
