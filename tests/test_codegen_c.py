@@ -3,6 +3,7 @@ compiled code checked against the reference, and the printer's details."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -312,3 +313,31 @@ def test_the_cpu_target_fuses_pipelines_but_not_contractions(name: str) -> None:
     engine = tcpy.ExecutionEngine("cpu")
     (entry,) = engine.define(source)
     assert engine.default_options(entry).outer_schedule_fusion is fusion
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_fmin_and_fmax_are_inline_selects_with_cs_semantics(dtype: str) -> None:
+    """C's fmin and fmax print as inline selects that GCC vectorises (libm's fmaxf is
+    a call per element: an MLP's ReLU took a third of the layer), with C's meaning: a
+    NaN operand gives the other operand, two NaNs a NaN; against the reference on
+    every pair of special and ordinary values."""
+    source = f"""def f({dtype}(N) A, {dtype}(N) B) -> (X, Y) {{
+        X(i) = fmax(A(i), B(i))
+        Y(i) = fmin(A(i), B(i))
+    }}"""
+    special = [np.nan, np.inf, -np.inf, 0.0, 1.5, -2.0, 3.0e38, -1e-40]
+    a, b = (
+        np.array(v, dtype=np.float32 if dtype == "float" else np.float64)
+        for v in zip(*[(x, y) for x in special for y in special], strict=True)
+    )
+    cpu, reference = engines("cpu", source, quiet=True)
+    compiled = cpu.compile("f", a, b)
+    code = re.sub(r"/\*.*?\*/", "", compiled.source, flags=re.S)
+    assert not re.search(r"\bf(max|min)f?\(", code)
+    assert re.search(r"\btc_fmax_float(32|64)\(", code)
+    got, want = compiled(a, b), reference.run("f", a, b)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(g[~np.isnan(w)], w[~np.isnan(w)])
+        assert np.isnan(g[np.isnan(a) & np.isnan(b)]).all()
+        assert not np.isnan(g[np.isnan(a) != np.isnan(b)]).any()

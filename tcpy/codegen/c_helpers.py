@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tcpy.codegen import vector_math
 from tcpy.codegen.dialect import C, Dialect
-from tcpy.codegen.exprs import Helpers, extremum_helper
+from tcpy.codegen.exprs import Helpers, extremum_helper, numeric_extremum_helper
 from tcpy.codegen.status import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE
 from tcpy.types import ScalarType
 
@@ -62,6 +62,22 @@ def _extrema(ty: ScalarType, d: Dialect) -> str:
         lines.append(
             f"{d.function_prefix} {ctype} {extremum_helper(smallest, ty)}({ctype} a, {ctype} b) "
             f"{{ {body} }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _numeric_extrema(ty: ScalarType, d: Dialect) -> str:
+    """C's fmin and fmax of a float type as two selects, which GCC vectorises (libm's
+    are calls): a NaN operand gives the other operand, two NaNs a NaN, and of equal
+    operands (+0 and -0) the second, as glibc's x86-64 fminf and fmaxf give."""
+    ctype = d.ctype(ty)
+    lines = []
+    for smallest in (True, False):
+        cmp = "<" if smallest else ">"
+        name = numeric_extremum_helper(smallest, ty)
+        lines.append(
+            f"{d.function_prefix} {ctype} {name}({ctype} a, {ctype} b) "
+            f"{{ {ctype} m = (a {cmp} b) ? a : b; return (b != b) ? a : m; }}"
         )
     return "\n".join(lines) + "\n"
 
@@ -176,6 +192,8 @@ def helper_source(helpers: Helpers, d: Dialect = C) -> str:
         parts.append(checked_index(d))
     parts.extend(_division(t, d) for t in sorted(helpers.divisions, key=lambda t: t.value))
     parts.extend(_extrema(t, d) for t in sorted(helpers.extrema, key=lambda t: t.value))
+    numeric = sorted(helpers.numeric_extrema, key=lambda t: t.value)
+    parts.extend(_numeric_extrema(t, d) for t in numeric)
     if d is not C:
         return "\n".join(parts)
     own = {name for name in vector_math.OWN if vector_math.c_name(name) in helpers.builtins}

@@ -164,6 +164,7 @@ class Helpers:
 
     divisions: set[ScalarType] = field(default_factory=set)  # integer types divided
     extrema: set[ScalarType] = field(default_factory=set)  # types of min/max
+    numeric_extrema: set[ScalarType] = field(default_factory=set)  # of fmin/fmax (C)
     checked_index: bool = False
     builtins: set[str] = field(default_factory=set)  # C function names used
     own: frozenset[str] = vector_math.OWN  # math functions whose float32 calls are tcpy's
@@ -408,6 +409,14 @@ class _Context:
                 if to.is_half:  # rounded to `to`, computed on in float32
                     return _convert(_convert(inner, v.ty.compute, to, self.d), to, ty, self.d)
                 return _convert(inner, v.ty.compute, ty, self.d)
+            case ast.Call(name="fmin" | "fmax" as name, args=args) if (
+                self.d.name == "c" and ty.is_float
+            ):
+                # libm's fminf and fmaxf are calls GCC does not vectorise (an MLP's
+                # ReLU, `fmax(x, 0)`, took a third of the layer's time)
+                self.p.helpers.numeric_extrema.add(ty)
+                a, b = (self.expr(a, ty) for a in args)
+                return f"{numeric_extremum_helper(name == 'fmin', ty)}({a}, {b})"
             case ast.Call(name=name, args=args):
                 fn = name + ("f" if ty is ScalarType.FLOAT32 else "")
                 if self.d.name == "c" and ty is ScalarType.FLOAT32 and name in self.p.helpers.own:
@@ -610,6 +619,11 @@ def _extremum(smallest: bool, a: str, b: str, ty: ScalarType, helpers: Helpers) 
 
 def extremum_helper(smallest: bool, ty: ScalarType) -> str:
     return f"tc_{'min' if smallest else 'max'}_{ty.value}"
+
+
+def numeric_extremum_helper(smallest: bool, ty: ScalarType) -> str:
+    """The inline helper printed for C's `fmin` or `fmax` (`c_helpers`)."""
+    return f"tc_f{'min' if smallest else 'max'}_{ty.value}"
 
 
 def _read_of(e: ast.Expr, ty: ScalarType) -> bool:
