@@ -90,6 +90,8 @@ class Compiled:
             if not dim.is_const
             for name in dim.symbols()
         }
+        # the inputs of rank 0: a NumPy scalar there is passed as a 0-d array unchecked too
+        self._scalars = tuple(k for k, info in enumerate(cdef.inputs) if not info.shape)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as what rebuilds it: the target, the def and the options, with the
@@ -124,7 +126,8 @@ class Compiled:
         """Run on `inputs` (`out` as for `ExecutionEngine.run`). With `unchecked=True`
         nothing about the inputs is checked or converted: for hot loops that pass
         C-contiguous NumPy arrays of exactly the dtypes and shapes this kernel was
-        compiled for, and `out` arrays of the
+        compiled for (NumPy scalars of the exact dtype for scalar inputs), and `out`
+        arrays of the
         outputs' shapes that share no memory with the inputs. Anything else is
         undefined: wrong results, or a crash."""
         if unchecked:
@@ -267,6 +270,11 @@ class Compiled:
         return binding
 
     def _unchecked(self, inputs: tuple[Any, ...]) -> Binding:
+        if self._scalars:  # `alpha` as `np.float32(0.5)`: a 0-d array (no buffer else)
+            inputs = tuple(
+                np.asarray(a) if k in self._scalars and isinstance(a, np.generic) else a
+                for k, a in enumerate(inputs)
+            )
         if not self._kernel.generic:
             return Binding(inputs, self._sizes)
         sizes = {name: inputs[k].shape[d] for name, (k, d) in self._size_dims.items()}

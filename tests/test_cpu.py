@@ -71,6 +71,18 @@ def test_gather_out_of_range_on_cpu() -> None:
         kernel(t, np.array([0, 3], np.int32), unchecked=True)
 
 
+def test_an_unchecked_call_takes_numpy_scalars_for_scalar_inputs() -> None:
+    """A scalar input given as a NumPy scalar of its dtype (what `np.float32(0.5)`
+    and indexing an array give) runs unchecked as it does checked."""
+    e = tcpy.ExecutionEngine("cpu")
+    e.define("def axpy(float(N) X, float(N) Y, float a) -> (Z) { Z(i) = a * X(i) + Y(i) }")
+    x, y = np.arange(5, dtype=np.float32), np.ones(5, np.float32)
+    kernel = e.compile("axpy", x, y, np.float32(2))
+    for a in (np.float32(2), np.array(2, np.float32), np.array([3, 2], np.float32)[1]):
+        np.testing.assert_array_equal(kernel(x, y, a, unchecked=True), 2 * x + 1)
+    np.testing.assert_array_equal(kernel(x, y, np.float32(-1), unchecked=True), 1 - x)
+
+
 def test_a_fault_too_large_to_explain_keeps_the_kernels_message(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
