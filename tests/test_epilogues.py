@@ -134,3 +134,24 @@ def test_the_contractions_copies_stay_inside_its_tiles() -> None:
     assert "tc_pack0[" in fused and fused.count("t_W[") == unfused.count("t_W[")
     copy, block = fused.index("tc_pack0[(("), fused.index("float tc_reg[")
     assert copy < block
+
+
+def test_a_unit_batch_between_parallel_loops_does_not_stop_their_collapse() -> None:
+    """A projection to Q, K and V of a batch of one, its bias fused: the loop of one
+    batch between the three projections and the heads is dropped, and the heads are
+    shared out with the projections (36 iterations for the cores, not 3)."""
+    source = """def f(float(B,S,D) X, float(T,H,E,D) W, float(T,H,E) bias) -> (Q) {
+        Q(t,b,h,s,e) +=! X(b,s,d) * W(t,h,e,d)
+        Q(t,b,h,s,e) = Q(t,b,h,s,e) + bias(t,h,e)
+    }"""
+    cpu, reference = engines("cpu", source, quiet=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 40, 48)).astype(np.float32)
+    w = rng.standard_normal((3, 5, 16, 48)).astype(np.float32)
+    bias = rng.standard_normal((3, 5, 16)).astype(np.float32)
+    compiled = cpu.compile("f", x, w, bias)
+    assert "tc_reg" in compiled.source  # the contraction blocked, its bias in its tiles
+    assert compiled.source.count("#pragma omp for") == 1
+    assert "#pragma omp for collapse(2)" in compiled.source
+    want = reference.run("f", x, w, bias)
+    np.testing.assert_allclose(compiled(x, w, bias), want, rtol=1e-5, atol=1e-4)
