@@ -639,3 +639,36 @@ def test_a_reduction_beside_a_conditional_initialisation_is_not_reordered() -> N
         b = rng.standard_normal((size, size)).astype(np.float32)
         acc = rng.integers(-5, 6, size=(size, size)).astype(np.int32)
         assert_same(*run_both(REINITIALISED, "f", (b, acc), "cpu", opts))
+
+
+# --- a scalar temporary's buffer -------------------------------------------------------
+
+SCALAR_SCRATCH = """
+def f(float16(3, P) Y, float16 O) -> (LUT, C) {
+    LUT(b, malloc, main) +=! (0 - 3) where b in 0:P, malloc in 0:P-1, main in 0:P-1
+    size_t max=! min(max(LUT(d, d, m), (-3.0)), 3.0)
+    size_t = O
+    C(fminf) = ((3.0 * size_t) - float16(LUT(fminf, fminf, fminf)))
+}
+"""  # fuzzer pair 5401016374 (cpu): ValueError laying out the thread's buffers
+
+
+def test_a_scalar_temporary_in_a_threads_buffer_has_a_box_of_no_extents() -> None:
+    """A scalar temporary kept in a thread's buffer (`scratch:`) has a box of rank 0:
+    its copy's extents (`PackedBox.held`, rounded up to whole phases) are none, not an
+    unpacking error."""
+    opts = options(
+        allow_skewing=True,
+        positive_orthant=False,
+        intra_tile_schedule_fusion=Fusion.MAX,
+        tile=(7, 2, 64),
+        unroll=1,
+        register_tile=(1,),
+        vectorize=False,
+        parallel=True,
+        threads=1,
+    )
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((3, 13)).astype(np.float16)
+    o = np.float16(0.75)
+    assert_same(*run_both(SCALAR_SCRATCH, "f", (y, o), "cpu", opts))

@@ -38,7 +38,10 @@ class PackedBox:
 
     @property
     def held(self) -> tuple[int, ...]:
-        """The extents of the copy: the box's, the innermost rounded up to whole phases."""
+        """The extents of the copy: the box's, the innermost rounded up to whole phases
+        (a scalar's box has none)."""
+        if self.phases == 1 or not self.sizes:
+            return self.sizes
         *outer, last = self.sizes
         return (*outer, -(-last // self.phases) * self.phases)
 
