@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tcpy import knobs
+from tcpy.mapping.cpu import tiles
 from tcpy.mapping.cpu.strategy import cpu_defaults
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
@@ -118,3 +119,37 @@ def test_a_contractions_rows_are_cut_into_equal_tiles_for_the_cores(
     number a multiple of the cores, of equal size (a multiple of 8): the threads take
     equal runs of tiles, so equal rows."""
     assert _rows_tile(cores, m, monkeypatch) == tile
+
+
+def _balance_tile_by_tile(
+    rows: int, rows_tile: int, columns: int | None, columns_tile: int, cores: int, outer: int
+) -> float:
+    heights = [min(rows_tile, rows - r) for r in range(0, rows, rows_tile)]
+    step = columns_tile if columns and columns_tile else (columns or 1)
+    widths = [min(step, columns - c) for c in range(0, columns, step)] if columns else [1]
+    work = [h * w for _ in range(outer) for h in heights for w in widths]
+    share, extra = divmod(len(work), cores)
+    loads, start = [], 0
+    for core in range(cores):
+        end = start + share + (core < extra)
+        loads.append(sum(work[start:end]))
+        start = end
+    return sum(work) / cores / max(loads)
+
+
+def test_the_balance_of_the_tiles_is_the_static_schedules() -> None:
+    """`_balance`, computed from sums, agrees with the tiles dealt out one by one in
+    OpenMP's static runs; and a contraction of a million rows and columns under a
+    million outer iterations gets its tile without dealing them out."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        case = (
+            int(rng.integers(1, 900)),
+            int(rng.choice([8, 32, 64, 200, 256, 512])),
+            None if rng.random() < 0.2 else int(rng.integers(1, 700)),
+            int(rng.choice([0, 16, 64, 128])),
+            int(rng.integers(2, 7)),
+            int(rng.integers(1, 8)),
+        )
+        assert tiles._balance(*case) == pytest.approx(_balance_tile_by_tile(*case), rel=1e-12)
+    assert tiles._rows_tile(10**6, 10**6, 128, 10**6) == 512

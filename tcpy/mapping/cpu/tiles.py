@@ -4,6 +4,7 @@ memory with unit stride runs innermost (`order_band`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import islpy as isl
@@ -41,8 +42,8 @@ DOT_VECTOR_TILE = 4096
 CONTRACTION_VECTOR_TILE = 128
 CONTRACTION_REDUCTION_TILE = 256
 CONTRACTION_ROWS_TILE = 256  # where the rows' extent is known only at the call
-# Where it is known, the rows are cut into tiles of equal size, as many as a multiple of
-# the cores, each CONTRACTION_MAX_ROWS_TILE at most (`_rows_tile`).
+# Where it is known, the rows are cut into tiles of equal size, each
+# CONTRACTION_MAX_ROWS_TILE at most, that the cores share evenly (`_rows_tile`).
 CONTRACTION_MAX_ROWS_TILE = 512
 
 
@@ -226,14 +227,16 @@ def _rows_tile(
     if extent is None:
         return CONTRACTION_ROWS_TILE
     cores = max(2, knobs.cores())
-    count = -(-extent // CONTRACTION_MAX_ROWS_TILE)
-    while True:
+    fewest = -(-extent // CONTRACTION_MAX_ROWS_TILE)
+    best: tuple[float, int] = (0.0, CONTRACTION_ROWS_TILE)
+    for count in range(fewest, fewest + 4 * cores + 1):  # a few tries: a bounded search
         share = -(-extent // count)
         size = max(OUTER_TILE, -(-share // 8) * 8)
         balance = _balance(extent, size, columns, columns_tile, cores, outer)
         if size == OUTER_TILE or balance >= 0.9:
             return size
-        count += 1
+        best = max(best, (balance, size))
+    return best[1]
 
 
 def _balance(
@@ -242,18 +245,28 @@ def _balance(
     """The average core's work over the busiest's, where `outer` times the tiles of
     `rows` by `rows_tile` times those of `columns` by `columns_tile` (one tile where
     either is unknown or 0) are shared among `cores` in runs of consecutive tiles, as
-    OpenMP's static schedule shares a collapsed loop."""
+    OpenMP's static schedule shares a collapsed loop. Computed from the sums of the
+    tiles' heights and widths, not tile by tile (any sizes: in time linear in the
+    tiles of rows and of columns)."""
     heights = [min(rows_tile, rows - r) for r in range(0, rows, rows_tile)]
-    step = columns_tile if columns and columns_tile else columns or 1
+    step = columns_tile if columns and columns_tile else (columns or 1)
     widths = [min(step, columns - c) for c in range(0, columns, step)] if columns else [1]
-    work = [h * w for _ in range(min(outer, 64)) for h in heights for w in widths]
-    share, extra = divmod(len(work), cores)
+    above = list(itertools.accumulate(heights, initial=0))  # rows of the tiles before
+    left = list(itertools.accumulate(widths, initial=0))  # columns of the tiles before
+    period, whole = len(heights) * len(widths), above[-1] * left[-1]
+
+    def work(items: int) -> int:  # of the first `items` tiles in the collapsed order
+        rounds, rest = divmod(items, period)
+        r, c = divmod(rest, len(widths))
+        return rounds * whole + above[r] * left[-1] + (heights[r] * left[c] if c else 0)
+
+    share, extra = divmod(outer * period, cores)
     loads, start = [], 0
     for core in range(cores):
         end = start + share + (core < extra)
-        loads.append(sum(work[start:end]))
+        loads.append(work(end) - work(start))
         start = end
-    return sum(work) / cores / max(loads)
+    return outer * whole / cores / max(loads)
 
 
 def _vector_tile(
