@@ -413,7 +413,7 @@ class _Context:
                 self.d.name == "c" and ty.is_float
             ):
                 # libm's fminf and fmaxf are calls GCC does not vectorise (an MLP's
-                # ReLU, `fmax(x, 0)`, took a third of the layer's time)
+                # ReLU, `fmax(x, 0)`, took a quarter of the layer's time)
                 self.p.helpers.numeric_extrema.add(ty)
                 a, b = (self.expr(a, ty) for a in args)
                 return f"{numeric_extremum_helper(name == 'fmin', ty)}({a}, {b})"
