@@ -409,8 +409,10 @@ def generate(rng: random.Random) -> Program:
     """A random program that `program.analyze` accepts at its own sizes: a row chain
     (`row_chain`) for a `ROW_CHAIN_SHARE` of them, else statements drawn one by one."""
     # drawn from the generator's state without advancing it, so that a seed that
-    # draws no row chain gives the program it gave before row chains were drawn
-    if random.Random(hash(rng.getstate())).random() < ROW_CHAIN_SHARE:
+    # draws no row chain gives the program it gave before row chains were drawn; from
+    # the state's integers alone: the whole state holds a None, whose hash in Python
+    # 3.11 is its address, and a seed then gave another program in another process
+    if random.Random(hash(rng.getstate()[1])).random() < ROW_CHAIN_SHARE:
         while True:
             try:
                 return row_chain(rng)
