@@ -114,16 +114,17 @@ def _copy_site(
     position (the mark, if any)."""
     tensors = [t for t in candidates(point, scop) if t not in (written or set())]
     turns = {t: _site_turns(point, t, transposed, scop) for t in tensors}
+    phases = {t: 1 if turns[t] else _phases(point, t, scop) for t in tensors}
     chosen = [
         t
         for t, turned in turns.items()
-        if options.pack_operands or turned or _pays(point, t, scop, _phases(point, t, scop))
+        if options.pack_operands or turned or _pays(point, t, scop, phases[t])
     ]
     chosen = within_budget(point, chosen, scop)
     if not chosen:
         return point
     turned = tuple((t, turns[t]) for t in chosen if turns[t])
-    phased = tuple((t, n) for t in chosen if not turns[t] and (n := _phases(point, t, scop)) > 1)
+    phased = tuple((t, phases[t]) for t in chosen if phases[t] > 1)
     return marks.insert(point, marks.Pack(tuple(chosen), turned, phased)).parent()
 
 
