@@ -30,6 +30,7 @@ from tcpy.poly.analysis import Analysis, analyse
 from tcpy.poly.dependences import Dependences
 from tcpy.poly.hoist import hoist_invariant_factors
 from tcpy.poly.isl_helpers import isl_errors
+from tcpy.poly.online import online_reductions
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import verify
 from tcpy.poly.widen import widen_half_reductions
@@ -89,6 +90,7 @@ def lower_to_c(
     """`count_loops`: print a counting build (a counter per loop, `Compiled.iterations`).
     A source past `SOURCE_LIMIT` is lowered again with `plain` options."""
     cdef = hoist_invariant_factors(widen_half_reductions(cdef, extrema=False))
+    cdef = online_reductions(cdef, options.online_tile)
     return _within_limit(lambda o: _lower_to_c(cdef, sizes, o, check, count_loops), options)
 
 

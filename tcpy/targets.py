@@ -40,6 +40,7 @@ from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.parser.printer import summary
 from tcpy.poly.hoist import hoist_invariant_factors
+from tcpy.poly.online import online_reductions
 from tcpy.poly.scop import instances
 from tcpy.poly.widen import widen_half_reductions
 
@@ -112,6 +113,7 @@ class Cpu(Target):
     ) -> Kernel:
         cdef = widen_half_reductions(cdef, extrema=False)  # accumulated in float32
         cdef = hoist_invariant_factors(cdef)  # computed once, not per output
+        cdef = online_reductions(cdef, options.online_tile)  # a row's chain read once
         kernel = self._prepare(cdef, binding, options, session, count_loops=False)
         return replace(kernel, counting=_once(
             lambda: self._prepare(cdef, binding, options, session, count_loops=True)

@@ -62,6 +62,8 @@ INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 MAX_WARP_TILE = 64 * 64
 """The most outputs a warp's tile may have (128 registers of accumulators a lane)."""
 MAX_COPY_STAGES = 8
+ONLINE_TILES = (0, 256, 2048)
+"""The tiles of a row `online_tile` is searched over (0: the row's chain not online)."""
 REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_REGISTER_BLOCK = 1024
 """The most elements a register block may hold (it lives on the stack when the
@@ -284,6 +286,13 @@ class MappingOptions:
     """`cpu`: run the point-wise statements that follow a contraction over its outputs
     (a bias, an activation, a residual) in the contraction's tiles, right after each
     tile's reduction, and its initialisation just before (`tcpy.mapping.cpu.epilogues`)."""
+    online_tile: int = dataclasses.field(
+        default=0, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *ONLINE_TILES)
+    )
+    """`cpu`: where a def computes a row's maximum and sums of exponentials against it
+    (a softmax, an attention head, a log-sum-exp), read the row once, in tiles of this
+    many values, the sums rescaled as each tile raises the maximum
+    (`tcpy.poly.online`); 0: not."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The
@@ -517,11 +526,13 @@ def _validate(o: MappingOptions) -> None:
         ):
             fail(f"{name} must be a tuple of integers, not {value!r}")
     for name in ("unroll", "max_shared_memory", "shared_depth", "private_depth", "threads",
-                 "copy_stages"):  # fmt: skip
+                 "copy_stages", "online_tile"):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, int) or isinstance(value, bool):
             fail(f"{name} must be an integer, not {value!r}")
     _validate_tensor_cores(o, fail)
+    if o.online_tile < 0:
+        fail(f"online_tile must be 0 (off) or positive, not {o.online_tile}")
     if not 1 <= o.copy_stages <= MAX_COPY_STAGES:
         fail(f"copy_stages must be 1 to {MAX_COPY_STAGES}, not {o.copy_stages}")
     if any(t < 0 for t in o.tile):

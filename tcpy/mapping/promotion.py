@@ -224,10 +224,17 @@ def kernel_local(node: isl.ScheduleNode, tensor: str, scop: Scop, outputs: bool 
 
 def _rewrites_in_place(writers: list[int], scop: Scop, tensor: str) -> bool:
     """Whether every statement of `writers` after the first (positions in the
-    definition) assigns with `=` elements the first one wrote."""
+    definition) assigns with `=` elements the first one wrote (or, run together with
+    it over tiles, `tcpy.poly.online`, adds into them: an attention's scores of a tile,
+    set to 0 and then summed)."""
     if len(writers) == 1:
         return True
-    if any(scop.cdef.statements[k].op.is_reduction for k in writers[1:]):
+    cdef = scop.cdef
+    if any(
+        cdef.statements[k].op.is_reduction
+        and (cdef.group_of(k) is None or cdef.statements[k].op.initializes)
+        for k in writers[1:]
+    ):
         return False
     space = _space(scop, tensor_name(tensor))
 

@@ -141,6 +141,8 @@ def _runs(
         found: _Run | None = None
         for stop in range(start + 2, len(nests) + 1):
             statements = [s for nest in nests[start:stop] for s in nest]
+            if any(scop.cdef.group_of(s.index) is not None for s in statements):
+                break  # run together over tiles already (`tcpy.poly.online`)
             rows = _shared_rows(statements, scop, deps)
             if rows == 0:
                 break

@@ -122,6 +122,32 @@ class CheckedStatement:
 
 
 @dataclass(frozen=True, slots=True)
+class Together:
+    """Statements `start` to `stop` (exclusive) of a def that run, in the original
+    order, inside loops they share (made by a rewrite, never written: see
+    `tcpy.poly.online`): over their first `rows` indices, then over tiles of `width`
+    consecutive values of one index of each (`along`, from `lo`), the statements in
+    order inside each tile; the last of the rows in blocks of `block` (from
+    `block_lo`), each statement over the block's rows before the next. A statement
+    marked `once` runs at the first value of each tile only, its `along` index never
+    read."""
+
+    start: int
+    stop: int
+    rows: int
+    along: tuple[str, ...]  # per statement, its index the tiles cut
+    once: tuple[bool, ...]  # per statement
+    lo: Sym
+    width: int
+    block: int = 1
+    block_lo: Sym = Sym.of(0)  # noqa: RUF009 (a frozen value)
+
+    def member(self, k: int) -> int | None:
+        """The position among the shared statements of the def's statement `k`."""
+        return k - self.start if self.start <= k < self.stop else None
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedDef:
     name: str
     inputs: tuple[TensorInfo, ...]
@@ -132,6 +158,11 @@ class CheckedDef:
     span: Span
     source: str
     filename: str | None = None  # as given to `define`, for errors raised at call time
+    together: tuple[Together, ...] = ()  # statements sharing loops (`Together`)
+
+    def group_of(self, k: int) -> Together | None:
+        """The `Together` that statement `k` belongs to, if any."""
+        return next((g for g in self.together if g.member(k) is not None), None)
 
     def __repr__(self) -> str:
         def param(t: TensorInfo) -> str:

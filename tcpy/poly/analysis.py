@@ -87,6 +87,9 @@ def analyse(cdef: CheckedDef, sizes: Mapping[str, int], options: MappingOptions)
         deps = conservative_dependences(scop)
         schedule = original_order(scop, deps)
         return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), True)
+    if cdef.together:  # statements run together keep their order (`tcpy.poly.online`)
+        return Analysis(scop, deps, original_order(scop, deps), options, tuple(run.fallbacks),
+                        run.clock_forced)  # fmt: skip
     schedule, options = _schedule(scop, deps, options, run)
     return Analysis(scop, deps, schedule, options, tuple(run.fallbacks), run.clock_forced)
 

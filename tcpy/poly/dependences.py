@@ -95,7 +95,10 @@ def conservative_dependences(scop: Scop) -> Dependences:
     touches, one of them writing; a reduction's instances depend on all its earlier
     instances (an order left free, as for the exact ones, but no loop of it is then
     parallel). A plain `=` writes each element once and reads its own tensor only where
-    it writes, so it has no dependence on itself."""
+    it writes, so it has no dependence on itself. Statements run together over tiles
+    (`tcpy.poly.online`) depend on each other in the original order, both ways, within
+    a row: the rewrite makes them so that each row's touch only that row's elements
+    of what they write."""
     space = scop.writes.get_space()
     reads = [_tensors(scop.reads, s) for s in scop.statements]
     writes = [_tensors(scop.writes, s) for s in scop.statements]
@@ -103,13 +106,34 @@ def conservative_dependences(scop: Scop) -> Dependences:
     for q, later in enumerate(scop.statements):
         for p, earlier in enumerate(scop.statements[:q]):
             if writes[p] & (reads[q] | writes[q]) or reads[p] & writes[q]:
-                pair = isl.Map.from_domain_and_range(earlier.domain, later.domain)
-                across = across.union(isl.UnionMap.from_map(pair))
+                across = across.union(_before(scop, earlier, later))
     own = isl.UnionMap.empty(space)
     for s in scop.statements:
         if s.kind is Kind.COMPUTE and s.source(scop.cdef).op.is_reduction:
             own = own.union(isl.UnionMap.from_map(s.domain.lex_lt_set(s.domain)))
     return Dependences(across, isl.UnionMap.empty(space), own, own)
+
+
+def _before(scop: Scop, earlier: PolyStatement, later: PolyStatement) -> isl.UnionMap:
+    """Every pair of their instances that the original order runs one before the other:
+    all of `earlier`'s before all of `later`'s, but both ways within statements run
+    together."""
+    group = scop.cdef.group_of(earlier.index)
+    if group is None or group is not scop.cdef.group_of(later.index):
+        pair = isl.Map.from_domain_and_range(earlier.domain, later.domain)
+        return isl.UnionMap.from_map(pair)
+    one, other = (_order_of(scop, s) for s in (earlier, later))
+    forward, backward = one.lex_lt_map(other), other.lex_lt_map(one)
+    for row in range(group.rows):
+        forward = forward.equate(isl.dim_type.in_, row, isl.dim_type.out, row)
+        backward = backward.equate(isl.dim_type.in_, row, isl.dim_type.out, row)
+    return isl.UnionMap.from_map(forward).union(isl.UnionMap.from_map(backward))
+
+
+def _order_of(scop: Scop, s: PolyStatement) -> isl.Map:
+    return next(
+        m for m in union_map_maps(scop.order) if m.get_tuple_name(isl.dim_type.in_) == s.name
+    )
 
 
 def _tensors(accesses: isl.UnionMap, s: PolyStatement) -> set[str]:

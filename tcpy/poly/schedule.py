@@ -32,7 +32,7 @@ import islpy as isl
 
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.poly.dependences import Dependences
-from tcpy.poly.isl_helpers import list_items, schedule_children, union_map_maps
+from tcpy.poly.isl_helpers import list_items, schedule_children, sym_str, union_map_maps
 from tcpy.poly.scop import PolyStatement, Scop
 
 
@@ -159,26 +159,130 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
     dependence of the statement on itself changes its index, whatever the others do:
     the band is permutable, and tiling or reordering it must not make a member
     parallel that only an outer one kept in order (a scatter-add's `h` and `k` in
-    `Y(2*h + k) += ...`)."""
+    `Y(2*h + k) += ...`). Statements run together (`CheckedDef.together`) are one
+    child: a band over their rows and tiles, then each of them in order (`_together`)."""
     scop.ctx.reset_operations()
     every = deps.raw.union(deps.war).union(deps.waw)  # not coalesced: that can pass the budget
+    children = _children(scop)
     schedule = isl.Schedule.from_domain(scop.domain)
     root = schedule.get_root().child(0)
-    filters = isl.UnionSetList.alloc(scop.ctx, len(scop.statements))
-    for s in scop.statements:
-        filters = filters.add(isl.UnionSet.from_set(s.domain))
+    filters = isl.UnionSetList.alloc(scop.ctx, len(children))
+    for members in children:
+        filters = filters.add(_union(members))
     node = root.insert_sequence(filters)
-    for pos, s in enumerate(scop.statements):
+    for pos, members in enumerate(children):
         child = node.child(pos).child(0)
-        if s.dims:
-            mupa = identity_band(s)
-            child = child.insert_partial_schedule(mupa)
-            child = child.band_set_permutable(1)
-            for member in range(len(s.dims)):
-                carried = _carries(scop.ctx, every, s.name, member)
-                child = child.band_member_set_coincident(member, 0 if carried else 1)
+        if len(members) == 1 and scop.cdef.group_of(members[0].index) is None:
+            child = _own_band(scop, every, members[0], child, tuple(range(len(members[0].dims))))
+        else:
+            child = _together(scop, every, members, child)
         node = child.parent().parent()
     return node.get_schedule()
+
+
+def _children(scop: Scop) -> list[list[PolyStatement]]:
+    """The statements in source order, those run together in one list."""
+    children: list[list[PolyStatement]] = []
+    last = None
+    for s in scop.statements:
+        group = scop.cdef.group_of(s.index)
+        if group is not None and group is last:
+            children[-1].append(s)
+        else:
+            children.append([s])
+        last = group
+    return children
+
+
+def _union(statements: list[PolyStatement]) -> isl.UnionSet:
+    domain = isl.UnionSet.from_set(statements[0].domain)
+    for s in statements[1:]:
+        domain = domain.union(isl.UnionSet.from_set(s.domain))
+    return domain
+
+
+def _own_band(
+    scop: Scop, every: isl.UnionMap, s: PolyStatement, node: isl.ScheduleNode, dims: tuple[int, ...]
+) -> isl.ScheduleNode:
+    """`node` with a band over `s`'s indices at `dims` inserted (none: unchanged)."""
+    if not dims:
+        return node
+    node = node.insert_partial_schedule(identity_band(s, dims))
+    node = node.band_set_permutable(1)
+    for member, d in enumerate(dims):
+        carried = _carries(scop.ctx, every, s.name, d)
+        node = node.band_member_set_coincident(member, 0 if carried else 1)
+    return node
+
+
+def _together(
+    scop: Scop, every: isl.UnionMap, members: list[PolyStatement], node: isl.ScheduleNode
+) -> isl.ScheduleNode:
+    """`node` (the child of statements run together) with a band over their rows and
+    tiles, its rows coincident, and below it each statement in order with a band over
+    its indices but the rows (and but its tile's index where it runs once per tile);
+    the last row in blocks where the group says so, the block's rows then the first
+    member of each statement's band."""
+    group = scop.cdef.group_of(members[0].index)
+    assert group is not None
+    band = _rows_and_tiles(scop, members)
+    node = node.insert_partial_schedule(band)  # not permutable: the tiles stay inside
+    distances = _distances(every, band, members)
+    for position in range(group.rows + 1):
+        fixed = distances.is_subset(_zero_at(distances.get_space(), position))
+        node = node.band_member_set_coincident(position, 1 if fixed else 0)
+    filters = isl.UnionSetList.alloc(scop.ctx, len(members))
+    for s in members:
+        filters = filters.add(isl.UnionSet.from_set(s.domain))
+    node = node.child(0).insert_sequence(filters)
+    for pos, s in enumerate(members):
+        member = group.member(s.index)
+        assert member is not None
+        along = s.dims.index(group.along[member])
+        first = group.rows - 1 if group.block > 1 else group.rows  # a block's rows
+        dims = tuple(
+            d for d in range(first, len(s.dims)) if not (group.once[member] and d == along)
+        )
+        node = _own_band(scop, every, s, node.child(pos).child(0), dims).parent().parent()
+    return node.parent()
+
+
+def _rows_and_tiles(scop: Scop, members: list[PolyStatement]) -> isl.MultiUnionPwAff:
+    """The statements -> [their rows, the tile of their `along` index]."""
+    group = scop.cdef.group_of(members[0].index)
+    assert group is not None
+    pieces = []
+    for s in members:
+        member = group.member(s.index)
+        assert member is not None
+        names = [f"i{d}" for d in range(len(s.dims))]
+        along = names[s.dims.index(group.along[member])]
+        lo = sym_str(group.lo)
+        rows = names[: group.rows]
+        if group.block > 1:
+            rows[-1] = f"floor(({rows[-1]} - ({sym_str(group.block_lo)})) / {group.block})"
+        out = [*rows, f"floor(({along} - ({lo})) / {group.width})"]
+        pieces.append(f"{s.name}[{', '.join(names)}] -> [{', '.join(out)}]")
+    params = ", ".join(scop.isl_params)
+    text = f"[{params}] -> {{ {'; '.join(pieces)} }}"
+    return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(scop.ctx, text))
+
+
+def _distances(
+    every: isl.UnionMap, band: isl.MultiUnionPwAff, members: list[PolyStatement]
+) -> isl.Set:
+    """The differences of `band`'s values between the ends of each dependence among
+    `members`."""
+    domain = _union(members)
+    among = every.intersect_domain(domain).intersect_range(domain)
+    as_map = isl.UnionMap.from_multi_union_pw_aff(band)
+    deltas = among.apply_domain(as_map).apply_range(as_map).deltas()
+    found = deltas.extract_set(isl.Space.set_alloc(band.get_ctx(), 0, band.dim(isl.dim_type.set)))
+    return found
+
+
+def _zero_at(space: isl.Space, member: int) -> isl.Set:
+    return isl.Set.universe(space).fix_val(isl.dim_type.set, member, isl.Val.zero(space.get_ctx()))
 
 
 def identity_band(s: PolyStatement, dims: tuple[int, ...] | None = None) -> isl.MultiUnionPwAff:

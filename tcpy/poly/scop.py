@@ -9,7 +9,11 @@ subscript (a gather, `%`, an index times a size) every element along that dimens
 which over-approximates safely. A reduction reads the element it updates.
 
 The original order (statements in source order, each over its loops in index order)
-is the schedule the dependences are computed against.
+is the schedule the dependences are computed against. Statements a rewrite runs
+together (`CheckedDef.together`, `tcpy.poly.online`) are ordered inside their shared
+loops instead: over their rows, then over the tiles of their `along` index, then in
+source order; a statement that runs once per tile has only the tiles' first values in
+its domain.
 """
 
 from __future__ import annotations
@@ -87,9 +91,11 @@ def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop
         writes: list[str] = []
         for k, st in enumerate(cdef.statements):
             if st.op.initializes:
+                assert cdef.group_of(k) is None, "a statement run together has no `!`"
                 statements.append(_statement(ctx, params, f"I{k}", Kind.INIT, k, st, st.indices))
                 writes.append(_lhs_access(cdef, f"I{k}", st))
-            statements.append(_statement(ctx, params, f"S{k}", Kind.COMPUTE, k, st, st.all_indices))
+            compute = _statement(ctx, params, f"S{k}", Kind.COMPUTE, k, st, st.all_indices)
+            statements.append(_once_per_tile(cdef, compute, params))
             writes.append(_lhs_access(cdef, f"S{k}", st))
             if st.op.is_reduction:
                 reads.append(_lhs_access(cdef, f"S{k}", st))
@@ -103,9 +109,11 @@ def build_scop(cdef: CheckedDef, sizes: Mapping[str, int] | None = None) -> Scop
         for s in statements:
             domain = domain.union(isl.UnionSet.from_set(s.domain.intersect_params(context)))
         depth = max((len(s.dims) for s in statements), default=0)
+        first = _first_positions(cdef, statements)
         order = read_union_map(
-            ctx, params, "; ".join(_order(pos, s, depth) for pos, s in enumerate(statements))
-        )
+            ctx, params,
+            "; ".join(_order(pos, s, depth, cdef, first) for pos, s in enumerate(statements)),
+        )  # fmt: skip
         read_map = read_union_map(ctx, params, "; ".join(reads)).intersect_domain(domain)
         write_map = read_union_map(ctx, params, "; ".join(writes)).intersect_domain(domain)
     return Scop(
@@ -201,9 +209,48 @@ def _context_constraints(cdef: CheckedDef) -> str:
     return " and ".join(facts) or "true"
 
 
-def _order(pos: int, s: PolyStatement, depth: int) -> str:
-    dims = [index_name(d) for d in s.dims] + ["0"] * (depth - len(s.dims))
-    return f"{_tuple(s.name, s.dims)} -> [{', '.join([str(pos), *dims])}]"
+def _once_per_tile(cdef: CheckedDef, s: PolyStatement, params: tuple[str, ...]) -> PolyStatement:
+    """`s`, its domain cut to the first value of each tile where it runs once per
+    tile of the statements it runs together with."""
+    group = cdef.group_of(s.index)
+    member = None if group is None else group.member(s.index)
+    if group is None or member is None or not group.once[member]:
+        return s
+    along = index_name(group.along[member])
+    tuple_ = _tuple(s.name, s.dims)
+    first = f"{{ {tuple_} : exists e: {along} = {sym_str(group.lo)} + {group.width} * e }}"
+    tiles = isl.Set.read_from_str(s.domain.get_ctx(), f"[{', '.join(params)}] -> {first}")
+    return PolyStatement(s.name, s.kind, s.index, s.dims, s.domain.intersect(tiles))
+
+
+def _first_positions(cdef: CheckedDef, statements: list[PolyStatement]) -> dict[int, int]:
+    """The position in `statements` of the first of each group run together, by the
+    group's first statement."""
+    first: dict[int, int] = {}
+    for pos, s in enumerate(statements):
+        group = cdef.group_of(s.index)
+        if group is not None:
+            first.setdefault(group.start, pos)
+    return first
+
+
+def _order(
+    pos: int, s: PolyStatement, depth: int, cdef: CheckedDef, first: Mapping[int, int]
+) -> str:
+    """`s`'s instances -> their place in the original order: [its position, its indices]
+    or, run together with others, [the group's position, rows, tile, its position,
+    its other indices], padded to one length (`depth` indices and 3 more)."""
+    group = cdef.group_of(s.index)
+    names = [index_name(d) for d in s.dims]
+    if group is None:
+        dims = [str(pos), *names, "0", "0"]
+    else:
+        along = index_name(group.along[s.index - group.start])
+        tile = f"floor(({along} - ({sym_str(group.lo)})) / {group.width})"
+        rows, rest = names[: group.rows], names[group.rows :]
+        dims = [str(first[group.start]), *rows, tile, str(pos), *rest]
+    dims += ["0"] * (depth + 3 - len(dims))
+    return f"{_tuple(s.name, s.dims)} -> [{', '.join(dims)}]"
 
 
 def instances(cdef: CheckedDef, sizes: Mapping[str, int]) -> int:
