@@ -102,6 +102,8 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     "vectorize": _flag,
     "fuse_rows": lambda rng: rng.random() < 0.8,  # mostly on: the rewrite is what is tested
     "fuse_epilogues": lambda rng: rng.random() < 0.8,  # mostly on, as fuse_rows
+    # small tiles, so that the fuzzer's short rows run several
+    "online_tile": lambda rng: rng.choice((0, 0, 1, 2, 3, 8, 64)),
     "threads": lambda rng: rng.randint(0, 4),
 }
 
