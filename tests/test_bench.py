@@ -39,7 +39,7 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="needs NVRTC (the
 # overhead.py's --fake-gpu and --gpu)
 SCRIPTS = {
     "autodiff.py", "bert.py", "cpu.py", "emu_profile.py", "gpu.py", "gpu_variants.py", "half.py",
-    "overhead.py", "overhead_gpu.py", "ptx_stats.py", "tune.py",
+    "online.py", "overhead.py", "overhead_gpu.py", "ptx_stats.py", "tune.py",
 }  # fmt: skip
 
 
@@ -151,6 +151,18 @@ def test_half(tmp_path: Path) -> None:
     assert (row["kernel"], row["type"]) == ("gelu", "bfloat16")
     assert positive(*times(row), row["half_over_float32_speed"], result["copy_bandwidth_gbps"])
     assert row["max_error_of_largest"] < 2e-2  # a few bfloat16 ulps
+
+
+def test_online(tmp_path: Path) -> None:
+    """The online rewrite's defs at tiny sizes, each off and tiled (and PyTorch's when
+    installed), the tiled results close to the untiled ones."""
+    result = smoke(tmp_path, "online.py", "--only", "lse,attention")
+    rows = {row["def"]: row for row in result["rows"]}
+    assert set(rows) == {"lse", "attention"}
+    for row in rows.values():
+        assert positive(*times(row)) and len(times(row)) >= 2
+        errors = [v for k, v in row.items() if k.endswith("_error_of_largest")]
+        assert errors and all(0 <= e < 1e-5 for e in errors), row
 
 
 def test_bert(tmp_path: Path) -> None:
