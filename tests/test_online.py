@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tcpy
+from tcpy.codegen.c import compares_floats
 from tcpy.mapping import marks
 from tcpy.mapping.cpu import cpu_defaults
 from tcpy.mapping.options import MappingOptions
@@ -155,6 +156,13 @@ def test_the_rewrite_is_idempotent_and_off_at_zero() -> None:
     assert online_reductions(cdef, 0) is cdef
     once = online_reductions(cdef, 8)
     assert len(once.together) == 1 and online_reductions(once, 8) is once
+
+
+def test_the_rewrite_compares_no_floats() -> None:
+    """A float `==` would build the whole kernel without fused multiply-adds (an
+    attention's products ran 1.4x slower so): the rescaling is written without one."""
+    for source in (LSE, SOFTMAX, WEIGHTED, ATTENTION):
+        assert not compares_floats(online_reductions(_def(source), 8))
 
 
 def test_online_tile_must_not_be_negative() -> None:

@@ -19,19 +19,24 @@ Gimelshein's online softmax do):
     for each tile of j:                     (run together: `CheckedDef.together`)
         t(r) = -inf;  t(r) max= x(r,j)      the tile's maximum
         n(r) = max(m(r), t(r))              the new running maximum
-        c(r) = m(r) == n(r) ? 1 : exp(m(r) - n(r))     how much the sums shrink
-        b(r) = n(r) == -inf ? 0 : n(r)      the base of the tile's terms
+        b(r) = max(n(r), L)                 the base of the tile's terms (L: the
+                                            type's lowest finite value)
+        c(r) = exp(max(m(r), L) - b(r))     how much the sums shrink (1 if m = n)
         m(r) = n(r)
         e(r,j) = exp(x(r,j) - b(r))
         s(r) = s(r) * c(r);  s(r) += e(r,j)
         o(r,d) = o(r,d) * c(r);  o(r,d) += e(r,j) * v(j,d)
-    s(r) = s(r) * exp(b(r) - m(r)) ...      1 where the row has a finite maximum
+    f(r) = exp(b(r) - m(r));  s(r) = s(r) * f(r) ...   1 for a finite maximum
 
-The base `b` is 0 while every value so far is -inf, so that a masked tile adds
-`exp(-inf) = 0` rather than `exp(-inf + inf)`; the last line gives a row that is -inf
+The base `b` is the lowest finite value while every value so far is -inf, so that a
+masked tile adds `exp(-inf) = 0` rather than `exp(-inf + inf)`, and the sums shrink to
+0 when the first finite value arrives; the last line gives a row that is -inf
 throughout the NaN its original gives (`0 * exp(inf)`), and multiplies by exactly 1
-otherwise. Statements after the chain read `m` and the sums as before; a temporary
-`e` they read too is computed again after the chain, against the final maximum.
+otherwise. No float is compared with `==` (which would keep the C compiler from
+contracting the def's products and sums into fused multiply-adds:
+`tcpy.codegen.c.compares_floats`). Statements after the chain read `m` and the sums as
+before; a temporary `e` they read too is computed again after the chain, against the
+final maximum.
 
 The rule (`chains`): a `max=!` over one index `j` into `m`, then, up to the last sum,
 only statements that read `m`: sums (`+=!` over exactly `j`, same range) and
@@ -45,6 +50,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from tcpy.parser import ast
 from tcpy.parser.checked import (
@@ -381,21 +388,20 @@ def _rewrite(
     (j,) = top.reduction_indices
     rows = top.indices
     state = {}
-    for role in ("tile", "new", "shrink", "base"):
+    for role in ("tile", "new", "shrink", "base", "fix"):
         name = fresh_name(f"{top.tensor}_{role}", taken)
         temporaries.append(TensorInfo(name, Role.TEMPORARY, info.scalar, info.shape, top.span))
         state[role] = name
     ty = info.scalar
     row = _Row(top, rows, j, ty)
     m, tile, new = (row.read(n) for n in (top.tensor, state["tile"], state["new"]))
-    minus_inf, zero, one = (ast.FloatLit(v, top.span, ty) for v in (-math.inf, 0.0, 1.0))
+    minus_inf = ast.FloatLit(-math.inf, top.span, ty)
+    lowest = ast.FloatLit(-float(np.finfo(ty.dtype).max), top.span, ty)
     before = [row.assign(top.tensor, minus_inf, once=False)]
-    shrink = row.ternary(
-        row.binary(ast.BinaryOp.EQ, m, new),
-        one,
-        row.call("exp", row.binary(ast.BinaryOp.SUB, m, new)),
+    base = row.binary(ast.BinaryOp.MAX, new, lowest)  # no float `==`: FMAs stay contracted
+    shrink = row.call(
+        "exp", row.binary(ast.BinaryOp.SUB, row.binary(ast.BinaryOp.MAX, m, lowest), base)
     )
-    base = row.ternary(row.binary(ast.BinaryOp.EQ, new, minus_inf), zero, new)
     group = [
         *_per_tile(cdef, chain),
         (row.assign(state["tile"], minus_inf), j, True),
@@ -405,24 +411,9 @@ def _rewrite(
         (row.assign(state["base"], base), j, True),
         (row.assign(top.tensor, new), j, True),
     ]
-    after: list[CheckedStatement] = []
-    for q in chain.members:
-        st = cdef.statements[q]
-        own = _Row(st, st.indices[: len(rows)], _along(st, q in chain.sums, len(rows)), ty)
-        rhs = _rebased(st.rhs, top.tensor, state["base"])
-        if q in chain.sums:
-            before.append(own.assign(st.tensor, ast.FloatLit(0.0, st.span, ty), once=False,
-                                     indices=st.indices))  # fmt: skip
-            scale = own.binary(ast.BinaryOp.MUL, own.lhs(), own.read(state["shrink"]))
-            group.append((own.assign(st.tensor, scale, indices=st.indices), own.j, True))
-            group.append((_restated(st, st.tensor, ast.AssignOp.SUM, rhs), own.j, False))
-            last = own.binary(ast.BinaryOp.SUB, own.read(state["base"]), own.read(top.tensor))
-            fix = own.binary(ast.BinaryOp.MUL, own.lhs(), own.call("exp", last))
-            after.append(own.assign(st.tensor, fix, once=False, indices=st.indices))
-        else:
-            group.append((_restated(st, st.tensor, st.op, rhs), own.j, False))
-            if _read_after(cdef, st.tensor, chain.members[-1]):
-                after.append(st)
+    last = row.binary(ast.BinaryOp.SUB, row.read(state["base"]), m)
+    after = [row.assign(state["fix"], row.call("exp", last), once=False)]
+    _add_members(cdef, chain, state, before, group, after)
     made = tuple(s for s, _, _ in group)
     together = Together(
         start=start + len(before),
@@ -434,6 +425,38 @@ def _rewrite(
         width=width,
     )
     return _Made(tuple(before), made, together, tuple(after))
+
+
+def _add_members(
+    cdef: CheckedDef,
+    chain: Chain,
+    state: dict[str, str],
+    before: list[CheckedStatement],
+    group: list[tuple[CheckedStatement, str, bool]],
+    after: list[CheckedStatement],
+) -> None:
+    """The chain's sums and scaled temporaries, added to the statements before, in and
+    after the tiles: a sum set to 0, then rescaled and added to in each tile, then
+    rescaled once (`fix`); a temporary computed in each tile, and again after where
+    later statements read it."""
+    top = cdef.statements[chain.maximum]
+    rows, ty = len(top.indices), cdef.tensor(top.tensor).scalar
+    for q in chain.members:
+        st = cdef.statements[q]
+        own = _Row(st, st.indices[:rows], _along(st, q in chain.sums, rows), ty)
+        rhs = _rebased(st.rhs, top.tensor, state["base"])
+        if q in chain.sums:
+            zero = ast.FloatLit(0.0, st.span, ty)
+            before.append(own.assign(st.tensor, zero, once=False, indices=st.indices))
+            scale = own.binary(ast.BinaryOp.MUL, own.lhs(), own.read(state["shrink"]))
+            group.append((own.assign(st.tensor, scale, indices=st.indices), own.j, True))
+            group.append((_restated(st, st.tensor, ast.AssignOp.SUM, rhs), own.j, False))
+            fix = own.binary(ast.BinaryOp.MUL, own.lhs(), own.read(state["fix"]))
+            after.append(own.assign(st.tensor, fix, once=False, indices=st.indices))
+        else:
+            group.append((_restated(st, st.tensor, st.op, rhs), own.j, False))
+            if _read_after(cdef, st.tensor, chain.members[-1]):
+                after.append(st)
 
 
 def _blocked(together: Together, cdef: CheckedDef, chain: Chain, block: int) -> Together:

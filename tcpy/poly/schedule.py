@@ -31,6 +31,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcpy.mapping.options import Fusion, MappingOptions
+from tcpy.parser.checked import Together
 from tcpy.poly.dependences import Dependences
 from tcpy.poly.isl_helpers import list_items, schedule_children, sym_str, union_map_maps
 from tcpy.poly.scop import PolyStatement, Scop
@@ -243,8 +244,38 @@ def _together(
         dims = tuple(
             d for d in range(first, len(s.dims)) if not (group.once[member] and d == along)
         )
-        node = _own_band(scop, every, s, node.child(pos).child(0), dims).parent().parent()
+        child = node.child(pos).child(0)
+        if dims:
+            child = child.insert_partial_schedule(_within(scop, s, dims, group))
+            child = child.band_set_permutable(1)
+            for position, d in enumerate(dims):
+                carried = _carries(scop.ctx, every, s.name, d)
+                child = child.band_member_set_coincident(position, 0 if carried else 1)
+        node = child.parent().parent()
     return node.parent()
+
+
+def _within(
+    scop: Scop, s: PolyStatement, dims: tuple[int, ...], group: Together
+) -> isl.MultiUnionPwAff:
+    """`s` -> its indices at `dims`, the tiled one and a blocked row as their place
+    within their tile and block (loops of constant bounds, the tile's origin in the
+    subscripts, as a block of rows fused over them has)."""
+    names = [f"i{d}" for d in range(len(s.dims))]
+    member = group.member(s.index)
+    assert member is not None
+    along = s.dims.index(group.along[member])
+    out = []
+    for d in dims:
+        if d == along:
+            out.append(f"({names[d]} - ({sym_str(group.lo)})) mod {group.width}")
+        elif group.block > 1 and d == group.rows - 1:
+            out.append(f"({names[d]} - ({sym_str(group.block_lo)})) mod {group.block}")
+        else:
+            out.append(names[d])
+    params = ", ".join(scop.isl_params)
+    text = f"[{params}] -> {{ {s.name}[{', '.join(names)}] -> [{', '.join(out)}] }}"
+    return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(scop.ctx, text))
 
 
 def _rows_and_tiles(scop: Scop, members: list[PolyStatement]) -> isl.MultiUnionPwAff:
