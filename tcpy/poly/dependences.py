@@ -97,8 +97,8 @@ def conservative_dependences(scop: Scop) -> Dependences:
     parallel). A plain `=` writes each element once and reads its own tensor only where
     it writes, so it has no dependence on itself. Statements run together over tiles
     (`tcpy.poly.online`) depend on each other in the original order, both ways, within
-    a row: the rewrite makes them so that each row's touch only that row's elements
-    of what they write."""
+    a row only: the rewrite makes them so that a row's instances write only that row's
+    elements."""
     space = scop.writes.get_space()
     reads = [_tensors(scop.reads, s) for s in scop.statements]
     writes = [_tensors(scop.writes, s) for s in scop.statements]

@@ -239,17 +239,18 @@ def _order(
 ) -> str:
     """`s`'s instances -> their place in the original order: [its position, its indices]
     or, run together with others, [the group's position, rows, tile, its position,
-    its other indices], padded to one length (`depth` indices and 3 more)."""
+    its other indices], padded to one length (`depth` indices, and 2 more where some
+    statements run together)."""
     group = cdef.group_of(s.index)
     names = [index_name(d) for d in s.dims]
     if group is None:
-        dims = [str(pos), *names, "0", "0"]
+        dims = [str(pos), *names]
     else:
         along = index_name(group.along[s.index - group.start])
         tile = f"floor(({along} - ({sym_str(group.lo)})) / {group.width})"
         rows, rest = names[: group.rows], names[group.rows :]
         dims = [str(first[group.start]), *rows, tile, str(pos), *rest]
-    dims += ["0"] * (depth + 3 - len(dims))
+    dims += ["0"] * (depth + (3 if cdef.together else 1) - len(dims))
     return f"{_tuple(s.name, s.dims)} -> [{', '.join(dims)}]"
 
 
