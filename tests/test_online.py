@@ -151,6 +151,41 @@ def test_a_score_row_read_after_the_chain_stays_in_memory() -> None:
     assert chain.producers == ()
 
 
+TWO_CHAINS = """
+def two(float(R,N) X, float(R,N) Y) -> (a, b) {
+    m1(r) max=! X(r,j)
+    l1(r) +=! exp(X(r,j) - m1(r))
+    a(r) = m1(r) + log(l1(r))
+    m2(r) max=! Y(r,j)
+    l2(r) +=! exp(Y(r,j) - m2(r))
+    b(r) = m2(r) + log(l2(r))
+}"""
+# the same two, interleaved: the second chain's span overlaps the first's
+INTERLEAVED = """
+def two(float(R,N) X, float(R,N) Y) -> (a, b) {
+    m1(r) max=! X(r,j)
+    m2(r) max=! Y(r,j)
+    l1(r) +=! exp(X(r,j) - m1(r))
+    l2(r) +=! exp(Y(r,j) - m2(r))
+    a(r) = m1(r) + log(l1(r))
+    b(r) = m2(r) + log(l2(r))
+}"""
+
+
+@pytest.mark.parametrize(
+    ("source", "rewritten"), [(TWO_CHAINS, 2), (INTERLEAVED, 1)], ids=["apart", "interleaved"]
+)
+def test_several_chains_in_one_def(source: str, rewritten: int) -> None:
+    """Chains apart are each rewritten; of chains whose statements interleave, only the
+    first (each runs where its maximum was), and the results are the reference's."""
+    assert len(online_reductions(_def(source), 4).together) == rewritten
+    rng = np.random.default_rng(7)
+    x, y = (_rows(rng, (6, 19)) for _ in range(2))
+    _, got, want = run_against_reference("cpu", source, x, y, options=_options(source, 4, False))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6, equal_nan=True)
+
+
 def test_the_rewrite_is_idempotent_and_off_at_zero() -> None:
     cdef = _def(ATTENTION)
     assert online_reductions(cdef, 0) is cdef

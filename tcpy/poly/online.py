@@ -117,9 +117,15 @@ def chains(cdef: CheckedDef) -> list[Chain]:
         if cdef.together:
             break  # run together already: rewritten
         chain = _chain(cdef, k, st)
-        if chain is not None and not any(set(chain.members) & set(c.members) for c in found):
+        if chain is not None and not any(_span(chain) & _span(c) for c in found):
             found.append(chain)
     return found
+
+
+def _span(chain: Chain) -> set[int]:
+    """The positions from the chain's first statement to its last: two chains that
+    overlap there are not both rewritten (each is placed where its maximum was)."""
+    return set(range((chain.producers or (chain.maximum,))[0], chain.members[-1] + 1))
 
 
 def _chain(cdef: CheckedDef, k: int, st: CheckedStatement) -> Chain | None:
@@ -136,7 +142,7 @@ def _chain(cdef: CheckedDef, k: int, st: CheckedStatement) -> Chain | None:
             if any(_touches(later, t) for t in _written(cdef, members) | {m}):
                 break
             continue
-        summed = {cdef.statements[q].tensor for q in sums}
+        summed = {cdef.statements[p].tensor for p in sums}
         kind = (
             None if any(_reads(later, t) for t in summed) else _member(cdef, st, j, later, scaled)
         )
