@@ -23,7 +23,7 @@ from tcpy.pipeline import lower_to_c
 from tcpy.poly.dependences import compute_dependences, conservative_dependences, violations
 from tcpy.poly.online import chains, online_reductions
 from tcpy.poly.schedule import original_order
-from tcpy.poly.scop import build_scop
+from tcpy.poly.scop import build_scop, instances
 
 from differential import run_against_reference
 
@@ -300,6 +300,17 @@ def test_an_attention_tile_lives_in_thread_buffers() -> None:
     sizes = {"T": 3, "B": 1, "H": 2, "S": 96, "E": 16}
     lowered = lower_to_c(cdef, sizes, cpu_defaults(cdef).replace(online_tile=32))
     assert {"Sc", "P"} <= _scratch(lowered.schedule)
+
+
+@pytest.mark.parametrize("source", [LSE, ATTENTION], ids=["lse", "attention"])
+def test_the_work_counts_a_statement_once_per_tile(source: str) -> None:
+    """The work estimate (which picks a call's threads) counts the instances the domains
+    hold: a statement run once per tile, once per tile."""
+    cdef = online_reductions(_def(source), 4)
+    sizes = {"R": 3, "N": 10} if source == LSE else {"T": 3, "B": 1, "H": 2, "S": 10, "E": 4}
+    scop = build_scop(cdef, sizes)
+    counted = sum(s.domain.count_val().to_python() for s in scop.statements)
+    assert instances(cdef, sizes) == counted
 
 
 @pytest.mark.parametrize("deps", [compute_dependences, conservative_dependences])

@@ -259,10 +259,16 @@ def instances(cdef: CheckedDef, sizes: Mapping[str, int]) -> int:
     included): the work its iteration domains hold. Each domain is the box of its
     statement's ranges (`build_scop`), so its size is the product of their extents,
     counted so rather than by isl, whose count of a domain of five or more dimensions
-    can pass the context's operation budget."""
+    can pass the context's operation budget; a statement that runs once per tile
+    (`_once_per_tile`) counts one value of its tiled index per tile."""
     total = 0
-    for st in cdef.statements:
+    for k, st in enumerate(cdef.statements):
         extent = {r.var: max(0, r.hi.evaluate(sizes) - r.lo.evaluate(sizes)) for r in st.ranges}
+        group = cdef.group_of(k)
+        member = None if group is None else group.member(k)
+        if group is not None and member is not None and group.once[member]:
+            along = group.along[member]
+            extent[along] = -(-extent[along] // group.width)
         if st.op.initializes:
             total += math.prod(extent[v] for v in st.indices)
         total += math.prod(extent[v] for v in st.all_indices)
