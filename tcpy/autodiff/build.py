@@ -137,7 +137,7 @@ def square(a: ast.Expr) -> ast.Expr:
 
 def substitute(e: ast.Expr, values: Mapping[str, ast.Expr]) -> ast.Expr:
     """`e` with each index of `values` replaced by its value."""
-    return transform(e, lambda n: values.get(n.name) if isinstance(n, ast.Index) else None)
+    return ast.transform(e, lambda n: values.get(n.name) if isinstance(n, ast.Index) else None)
 
 
 def rename(e: ast.Expr, names: Callable[[ast.Access], str]) -> ast.Expr:
@@ -149,30 +149,7 @@ def rename(e: ast.Expr, names: Callable[[ast.Access], str]) -> ast.Expr:
             return ast.Access(names(n), args, n.span, n.ty)
         return None
 
-    return transform(e, one)
-
-
-def transform(e: ast.Expr, replace: Callable[[ast.Expr], ast.Expr | None]) -> ast.Expr:
-    """`e` rebuilt bottom-up where `replace` gives a node for a node (taken as is)."""
-    done = replace(e)
-    if done is not None:
-        return done
-    match e:
-        case ast.Access(tensor=t, args=args, span=s, ty=ty):
-            return ast.Access(t, tuple(transform(a, replace) for a in args), s, ty)
-        case ast.Call(name=n, args=args, span=s, ty=ty):
-            return ast.Call(n, tuple(transform(a, replace) for a in args), s, ty)
-        case ast.Cast(to=to, value=v, span=s, ty=ty):
-            return ast.Cast(to, transform(v, replace), s, ty)
-        case ast.Unary(op=op, operand=v, span=s, ty=ty):
-            return ast.Unary(op, transform(v, replace), s, ty)
-        case ast.Binary(op=op, lhs=a, rhs=b, span=s, ty=ty):
-            return ast.Binary(op, transform(a, replace), transform(b, replace), s, ty)
-        case ast.Ternary(cond=c, then=t, orelse=o, span=s, ty=ty):
-            return ast.Ternary(
-                transform(c, replace), transform(t, replace), transform(o, replace), s, ty
-            )
-    return e
+    return ast.transform(e, one)
 
 
 def size(s: Sym, span: Span) -> ast.Expr:
@@ -239,7 +216,7 @@ def simplified(e: ast.Expr) -> ast.Expr:
         terms = len(form.coeffs) + len(form.rest.terms) + (form.rest.const != 0)
         return linear(form, n.span) if terms < len(leaves) else None  # some cancel or fold
 
-    return transform(e, one)
+    return ast.transform(e, one)
 
 
 def reads_at(e: ast.Expr, tensor: str, indices: Sequence[str]) -> bool:

@@ -354,7 +354,9 @@ class _Backward(Writer):
             b.add(ast.Index(v, st.span), b.size(k, st.span)) if v in bounded else a
             for v, k, a in zip(names, shifts, read.args, strict=True)
         )
-        moved = b.transform(adj, lambda n: ast.Access(name, shifted, n.span) if n is read else None)
+        moved = ast.transform(
+            adj, lambda n: ast.Access(name, shifted, n.span) if n is read else None
+        )
         return b.simplified(b.substitute(moved, solved.values))
 
     def _scatter(self, v: Version, st: CheckedStatement, read: ast.Access, adj: ast.Expr) -> None:

@@ -102,7 +102,7 @@ def _renamed(rhs: ast.Expr, current: dict[str, Version]) -> ast.Expr:
             return b.num(0, n.span)
         return None
 
-    zeroed = b.transform(rhs, one)
+    zeroed = ast.transform(rhs, one)
     return b.rename(zeroed, lambda n: current[n.tensor].name if n.tensor in current else n.tensor)
 
 

@@ -335,7 +335,7 @@ def _read_back(e: ast.Expr, inlined: Mapping[str, Inlined]) -> ast.Expr:
         args = [_read_back(a, inlined) for a in n.args]
         return b.substitute(value, dict(zip(dims, args, strict=True)))
 
-    return b.transform(e, one)
+    return ast.transform(e, one)
 
 
 def _inline_target(done: list[Emitted], k: int, kept: Collection[str]) -> int | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -380,3 +380,26 @@ def walk(e: Expr) -> Iterator[Expr]:
         node = stack.pop()
         yield node
         stack.extend(reversed(children(node)))
+
+
+def transform(e: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
+    """`e` rebuilt bottom-up where `replace` gives a node for a node (taken as is)."""
+    done = replace(e)
+    if done is not None:
+        return done
+    match e:
+        case Access(tensor=t, args=args, span=s, ty=ty):
+            return Access(t, tuple(transform(a, replace) for a in args), s, ty)
+        case Call(name=n, args=args, span=s, ty=ty):
+            return Call(n, tuple(transform(a, replace) for a in args), s, ty)
+        case Cast(to=to, value=v, span=s, ty=ty):
+            return Cast(to, transform(v, replace), s, ty)
+        case Unary(op=op, operand=v, span=s, ty=ty):
+            return Unary(op, transform(v, replace), s, ty)
+        case Binary(op=op, lhs=a, rhs=b, span=s, ty=ty):
+            return Binary(op, transform(a, replace), transform(b, replace), s, ty)
+        case Ternary(cond=c, then=t, orelse=o, span=s, ty=ty):
+            return Ternary(
+                transform(c, replace), transform(t, replace), transform(o, replace), s, ty
+            )
+    return e

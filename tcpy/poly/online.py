@@ -535,23 +535,12 @@ def _read_after(cdef: CheckedDef, tensor: str, last: int) -> bool:
 
 def _rebased(e: ast.Expr, maximum: str, base: str) -> ast.Expr:
     """`e` with its reads of `maximum` reading `base` (the same subscripts)."""
-    match e:
-        case ast.Access(tensor=t) if t == maximum:
-            return replace(e, tensor=base)
-        case ast.Access(args=args):
-            return replace(e, args=tuple(_rebased(a, maximum, base) for a in args))
-        case ast.Call(args=args):
-            return replace(e, args=tuple(_rebased(a, maximum, base) for a in args))
-        case ast.Cast(value=v):
-            return replace(e, value=_rebased(v, maximum, base))
-        case ast.Unary(operand=x):
-            return replace(e, operand=_rebased(x, maximum, base))
-        case ast.Binary(lhs=a, rhs=b):
-            return replace(e, lhs=_rebased(a, maximum, base), rhs=_rebased(b, maximum, base))
-        case ast.Ternary(cond=c, then=a, orelse=b):
-            return replace(e, cond=_rebased(c, maximum, base), then=_rebased(a, maximum, base),
-                           orelse=_rebased(b, maximum, base))  # fmt: skip
-    return e
+    return ast.transform(
+        e,
+        lambda n: (
+            replace(n, tensor=base) if isinstance(n, ast.Access) and n.tensor == maximum else None
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

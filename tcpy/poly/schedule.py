@@ -34,7 +34,7 @@ from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import Together
 from tcpy.poly.dependences import Dependences
 from tcpy.poly.isl_helpers import list_items, schedule_children, sym_str, union_map_maps
-from tcpy.poly.scop import PolyStatement, Scop
+from tcpy.poly.scop import PolyStatement, Scop, block_of, tile_of
 
 
 def isl_schedule(scop: Scop, deps: Dependences, fusion: Fusion) -> isl.Schedule:
@@ -288,11 +288,10 @@ def _rows_and_tiles(scop: Scop, members: list[PolyStatement]) -> isl.MultiUnionP
         assert member is not None
         names = [f"i{d}" for d in range(len(s.dims))]
         along = names[s.dims.index(group.along[member])]
-        lo = sym_str(group.lo)
         rows = names[: group.rows]
         if group.block > 1:
-            rows[-1] = f"floor(({rows[-1]} - ({sym_str(group.block_lo)})) / {group.block})"
-        out = [*rows, f"floor(({along} - ({lo})) / {group.width})"]
+            rows[-1] = block_of(group, rows[-1])
+        out = [*rows, tile_of(group, along)]
         pieces.append(f"{s.name}[{', '.join(names)}] -> [{', '.join(out)}]")
     params = ", ".join(scop.isl_params)
     text = f"[{params}] -> {{ {'; '.join(pieces)} }}"

@@ -27,7 +27,7 @@ import islpy as isl
 
 from tcpy.naming import index_name, size_name, tensor_name
 from tcpy.parser import ast
-from tcpy.parser.checked import CheckedDef, CheckedStatement
+from tcpy.parser.checked import CheckedDef, CheckedStatement, Together
 from tcpy.parser.linear import Linear, linear_form
 from tcpy.poly.isl_helpers import (
     isl_errors,
@@ -223,6 +223,16 @@ def _once_per_tile(cdef: CheckedDef, s: PolyStatement, params: tuple[str, ...]) 
     return PolyStatement(s.name, s.kind, s.index, s.dims, s.domain.intersect(tiles))
 
 
+def tile_of(group: Together, along: str) -> str:
+    """The tile of `group` that the value of index `along` (as isl names it) is in."""
+    return f"floor(({along} - ({sym_str(group.lo)})) / {group.width})"
+
+
+def block_of(group: Together, row: str) -> str:
+    """The block of `group`'s rows that the value of its last row `row` is in."""
+    return f"floor(({row} - ({sym_str(group.block_lo)})) / {group.block})"
+
+
 def _first_positions(cdef: CheckedDef, statements: list[PolyStatement]) -> dict[int, int]:
     """The position in `statements` of the first of each group run together, by the
     group's first statement."""
@@ -247,9 +257,8 @@ def _order(
         dims = [str(pos), *names]
     else:
         along = index_name(group.along[s.index - group.start])
-        tile = f"floor(({along} - ({sym_str(group.lo)})) / {group.width})"
         rows, rest = names[: group.rows], names[group.rows :]
-        dims = [str(first[group.start]), *rows, tile, str(pos), *rest]
+        dims = [str(first[group.start]), *rows, tile_of(group, along), str(pos), *rest]
     dims += ["0"] * (depth + (3 if cdef.together else 1) - len(dims))
     return f"{_tuple(s.name, s.dims)} -> [{', '.join(dims)}]"
 
