@@ -16,6 +16,7 @@ import numpy as np
 from tcpy import knobs
 from tcpy.arrays import device_scratch, library_of, new_device_outputs
 from tcpy.binding import Binding, DeviceCall, DeviceInput, empty_at
+from tcpy.codegen.one_kernel import GRID_WORDS
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCLaunchError
 from tcpy.mapping.options import MappingOptions
@@ -391,6 +392,8 @@ class GpuKernels:
     asynchronous: bool = True
     generic: bool = False
     cache_key: str = ""
+    # the def's one kernel, launched cooperatively (`runtime.cooperative`)
+    cooperative: bool = False
     accepts_device_out: ClassVar[bool] = True
     # launch plans by the values of the sizes and the driver; what steady calls reuse,
     # by the sizes object of the engine's known call (`_steady_at`)
@@ -517,11 +520,15 @@ class GpuKernels:
             math.prod(max(d.evaluate(values), 0) for d in t.shape) * t.scalar.dtype.itemsize
             for t in tensors
         ]
+        zeroed = [t.name not in self.written for t in tensors]
+        if self.cooperative:  # the grid barrier's words, zero at each launch
+            buffers.append(GRID_WORDS * 4)
+            zeroed.append(True)
         if len(self._plans) >= 64:
             self._plans.clear()
         found = self._plans[key] = LaunchPlan(
             cdef.name, self.functions, self.launches, list(sizes), len(cdef.inputs),
-            len(cdef.outputs), buffers, [t.name not in self.written for t in tensors], drv,
+            len(cdef.outputs), buffers, zeroed, drv, self.cooperative,
         )  # fmt: skip
         return found
 

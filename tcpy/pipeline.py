@@ -17,13 +17,21 @@ from typing import TypeVar
 import islpy as isl
 
 from tcpy import knobs, log
+from tcpy.codegen import one_kernel
 from tcpy.codegen.ast_build import Ast, build_ast
 from tcpy.codegen.c import compares_floats, print_c
-from tcpy.codegen.cuda import RowsOutOfStep, SharedCopyInDivergentLoop, print_cuda
+from tcpy.codegen.cuda import (
+    OneKernelRefused,
+    RowsOutOfStep,
+    SharedCopyInDivergentLoop,
+    one_kernel_threads,
+    print_cuda,
+)
 from tcpy.mapping.cpu import map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.gpu.device import DeviceProfile
+from tcpy.mapping.gpu.kernel import Launch
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.analysis import Analysis, analyse
@@ -149,6 +157,21 @@ class LoweredCuda:
     # compares floats for equality (`codegen.c.compares_floats`), as the C target does
     exact: bool = False
 
+    @property
+    def one_kernel(self) -> bool:
+        """Whether the kernels were printed as one (`MappingOptions.one_kernel`)."""
+        return one_kernel_threads(self.mapping, self.options) > 0
+
+    @property
+    def launches(self) -> list[Launch]:
+        """The grid and block of each launch, in order: each kernel's, or the one
+        kernel's (`tcpy.codegen.one_kernel.launch`) on a block for each block of its
+        largest part."""
+        threads = one_kernel_threads(self.mapping, self.options)
+        if threads:
+            return [one_kernel.launch(self.mapping.kernels, threads)]
+        return [k.launch_dims() for k in self.mapping.kernels]
+
 
 def lower_to_cuda(
     cdef: CheckedDef,
@@ -224,11 +247,17 @@ def _lower_to_cuda(
             )
             for k in mapping.kernels
         )
-    # 6. The CUDA printer: one __global__ function per kernel.
+    # 6. The CUDA printer: one __global__ function per kernel, or one for them all.
+    fallbacks = analysis.fallbacks
     with log.stage("print"):
-        source = print_cuda(scop, mapping, list(asts), options, fixed, count_loops)
+        try:
+            source = print_cuda(scop, mapping, list(asts), options, fixed, count_loops)
+        except OneKernelRefused as refused:
+            options = options.replace(one_kernel=False)
+            source = print_cuda(scop, mapping, list(asts), options, fixed, count_loops)
+            fallbacks = (f"not one kernel: {refused}", *fallbacks)
     return LoweredCuda(
-        cdef, options, scop, mapping, asts, source, analysis.fallbacks, analysis.clock_forced,
+        cdef, options, scop, mapping, asts, source, fallbacks, analysis.clock_forced,
         exact=compares_floats(cdef),
     )  # fmt: skip
 

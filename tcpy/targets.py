@@ -210,6 +210,7 @@ class CudaEmu(Target):
         instrumented: bool,
         count_loops: bool = False,
     ) -> EmulatedKernel:
+        from tcpy.codegen import one_kernel
         from tcpy.codegen.c import buffer_order
         from tcpy.codegen.cuda import kernel_parameters
         from tcpy.pipeline import lower_to_cuda
@@ -223,13 +224,17 @@ class CudaEmu(Target):
             )
             (directory / "kernel.cu").write_text(lowered.source)
             params = kernel_parameters(lowered.scop)
+            launches = lowered.launches
+            if lowered.one_kernel:
+                params = one_kernel.parameters(params)
+                launches = [emulator.resident(launch) for launch in launches]
             launchers = "".join(
-                emulator.launcher(k.index, params, len(cdef.size_symbols), lowered.source)
-                for k in lowered.mapping.kernels
+                emulator.launcher(k, params, len(cdef.size_symbols), lowered.source)
+                for k in range(len(launches))
             )
             with log.stage("c++"):
                 emulator.build(lowered.source, launchers, directory, instrumented)
-            _write_launches(directory, lowered.mapping)
+            _write_launches(directory, launches)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> EmulatedKernel:
@@ -323,15 +328,22 @@ def _compiled(
     return replace(loaded, cache_key=key)  # type: ignore[type-var]
 
 
-def _write_launches(directory: Path, mapping: Any) -> None:
-    """The grid and block of every kernel, in launch order (`launches.json`)."""
-    dims = [[*grid, *block] for grid, block in (k.launch_dims() for k in mapping.kernels)]
+def _write_launches(directory: Path, launches: list[Launch], cooperative: bool = False) -> None:
+    """The grid and block of every launch, in order (`launches.json`); a `cooperative`
+    launch (a def's one kernel) has a seventh number, 1."""
+    dims = [[*grid, *block, *([1] if cooperative else [])] for grid, block in launches]
     (directory / "launches.json").write_text(json.dumps(dims))
 
 
 def _read_launches(directory: Path) -> list[Launch]:
     dims = json.loads((directory / "launches.json").read_text())
     return [((d[0], d[1], d[2]), (d[3], d[4], d[5])) for d in dims]
+
+
+def _read_cooperative(directory: Path) -> bool:
+    """Whether the launches of `launches.json` are a def's one kernel's."""
+    dims = json.loads((directory / "launches.json").read_text())
+    return any(d[6:] == [1] for d in dims)
 
 
 class Cuda(Target):
@@ -387,7 +399,7 @@ class Cuda(Target):
             with log.stage("nvrtc"):
                 cubin = nvrtc.compile_cubin(lowered.source, arch, exact=lowered.exact)
             (directory / "kernel.cubin").write_bytes(cubin)
-            _write_launches(directory, lowered.mapping)
+            _write_launches(directory, lowered.launches, lowered.one_kernel)
             return _write_record(directory, lowered.options, lowered.clock_forced, lowered.scop)
 
         def load(directory: Path) -> Kernel:
@@ -396,16 +408,36 @@ class Cuda(Target):
             if drv is None:
                 return NoGpu(source, built_with)
             launches = _read_launches(directory)
-            names = [f"tc_kernel_{k}" for k in range(len(launches))]
-            functions = drv.load((directory / "kernel.cubin").read_bytes(), names)
+            cubin = (directory / "kernel.cubin").read_bytes()
+            if _read_cooperative(directory):
+                functions, launches = _cooperative(drv, cubin, launches)
+            else:
+                names = [f"tc_kernel_{k}" for k in range(len(launches))]
+                functions = drv.load(cubin, names)
             return GpuKernels(
-                cdef, source, functions, launches, built_with, written, self.asynchronous
-            )
+                cdef, source, functions, launches, built_with, written, self.asynchronous,
+                cooperative=_read_cooperative(directory),
+            )  # fmt: skip
 
         return _compiled(
             self.name, cdef, binding, options, session, build,
             device=f"{profile.key()} {arch}", toolchain=nvrtc.identity(), load=load,
         )  # fmt: skip
+
+
+def _cooperative(drv: Any, cubin: bytes, launches: list[Launch]) -> tuple[list[Any], list[Launch]]:
+    """The one kernel of a def, loaded for cooperative launches on the blocks the
+    device holds at once."""
+    from tcpy.runtime import cooperative
+
+    if not drv.attribute("COOPERATIVE_LAUNCH"):
+        raise TCError(
+            "this GPU cannot launch kernels cooperatively, which the def's one kernel "
+            "needs: compile it with one_kernel=False"
+        )
+    kernel = cooperative.CooperativeKernel(cubin, "tc_kernel_0")
+    sms = drv.attribute("MULTIPROCESSOR_COUNT")
+    return [kernel], [cooperative.fit(kernel, launch, sms) for launch in launches]
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (Reference(), Cpu(), CudaEmu(), Cuda())}

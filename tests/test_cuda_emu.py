@@ -49,6 +49,7 @@ options_strategy = st.builds(
     use_private_memory=st.booleans(),
     register_tile=st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), max_size=2).map(tuple),
     vectorize=st.booleans(),
+    one_kernel=st.booleans(),
 )
 
 

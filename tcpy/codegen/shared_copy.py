@@ -67,7 +67,7 @@ def print_pipelined_loop(
     p.emit(depth + 1, "int tc_stage = 0;")
     p.open_loop(depth + 1, loop.text)
     p.emit(depth + 2, f"TC_CP_WAIT({stages - 2});")
-    p.emit(depth + 2, "__syncthreads();")
+    p.emit(depth + 2, p.barrier)
     ahead = f"{it} + {stages - 1} * ({loop.inc})"
     p.emit(depth + 2, f"tc_fill({ahead}, (tc_stage + {stages - 1}) % {stages});")
     p.emit(depth + 2, "TC_CP_COMMIT();")
@@ -79,7 +79,7 @@ def print_pipelined_loop(
     p.emit(depth + 2, f"tc_stage = tc_stage == {stages - 1} ? 0 : tc_stage + 1;")
     p.emit(depth + 1, "}")
     p.emit(depth + 1, "TC_CP_WAIT(0);")
-    p.emit(depth + 1, "__syncthreads();")
+    p.emit(depth + 1, p.barrier)
     p.emit(depth, "}")
 
 
@@ -98,8 +98,7 @@ def _rings(
         itemsize = scalar.dtype.itemsize
         padded = _padded(p, b.sizes, itemsize, skew)
         stage = _stage_elements(math.prod(padded), itemsize)
-        ctype = CUDA.ctype(scalar)
-        p.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{stages * stage}];")
+        p.declare_shared(depth, scalar, buffer, stages * stage)
         rings.append((b, buffer, padded, stage))
     return rings
 
@@ -275,19 +274,18 @@ def print_shared_copy(
     assert p.kernel is not None
     threads = max(1, p.kernel.threads)
     p.emit(depth, "{")
-    p.emit(depth + 1, "__syncthreads();")
+    p.emit(depth + 1, p.barrier)
     copies = {}
     for b, skew in tile_boxes(p, boxes, inner):
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
         padded = _padded(p, b.sizes, itemsize, skew)
-        ctype = CUDA.ctype(p.scop.cdef.tensor(b.tensor).scalar)
-        p.emit(depth + 1, f"__shared__ __align__(16) {ctype} {buffer}[{math.prod(padded)}];")
+        p.declare_shared(depth + 1, p.scop.cdef.tensor(b.tensor).scalar, buffer, math.prod(padded))
         copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
         _cooperative_copy(p, depth + 1, b, copy, threads)
         copies[b.tensor] = copy
-    p.emit(depth + 1, "__syncthreads();")
+    p.emit(depth + 1, p.barrier)
     _compute_from(p, copies, inner, depth + 1, marks)
     p.emit(depth, "}")
 

@@ -29,6 +29,7 @@ from tcpy.mapping.marks import Mark, Shared, ThreadRegisters, of_ast
 from tcpy.naming import THREAD_PARAMS, tensor_name
 from tcpy.poly.isl_helpers import list_items
 from tcpy.poly.scop import Kind
+from tcpy.types import ScalarType
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,28 @@ class ThreadPrinter(Printer):
     held: Held | None = None  # under a `private` mark: the register tile held there
     sunk: list[str] = field(default_factory=list)  # guards moved into a shared copy
     divergent: int = 0  # loops and guards on threadIdx.x around the code being printed
+    # the barrier of the kernel's threads (`tcpy.codegen.one_kernel.barrier` where the
+    # kernel is a part of one kernel), and the shared memory its code declares, bytes;
+    # `shared_pool`: the kernel's arrays are places in the one kernel's `tc_pool`
+    barrier: str = "__syncthreads();"
+    shared_bytes: int = 0
+    shared_pool: bool = False
+
+    def declare_shared(self, depth: int, scalar: ScalarType, buffer: str, count: int) -> None:
+        """Declares `buffer`, `count` elements of `scalar` in the block's shared memory,
+        aligned for 16-byte accesses: an array of its own, or the next place in the
+        one kernel's pool (`tcpy.codegen.one_kernel`), an array all the same."""
+        ctype = CUDA.ctype(scalar)
+        if not self.shared_pool:
+            self.emit(depth, f"__shared__ __align__(16) {ctype} {buffer}[{count}];")
+            self.shared_bytes += count * scalar.dtype.itemsize
+            return
+        at = -(-self.shared_bytes // 16) * 16
+        array = f"{ctype} (*)[{count}]"
+        self.emit(
+            depth, f"{ctype} (&{buffer})[{count}] = *reinterpret_cast<{array}>(tc_pool + {at});"
+        )
+        self.shared_bytes = at + count * scalar.dtype.itemsize
 
 
 def strided_loop(loop: Header, kernel: MappedKernel | None) -> Strided | None:

@@ -238,6 +238,16 @@ class MappingOptions:
         default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
     )
     """Read tensors that are only read through the read-only data cache (__ldg)."""
+    one_kernel: bool = dataclasses.field(
+        default=False, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_BOOLS)
+    )
+    """Run the def's kernels as one persistent kernel, launched cooperatively on the
+    blocks the device holds at once, a grid-wide barrier between the kernels' parts
+    (`tcpy.codegen.one_kernel`): one launch for a def of many kernels (a whole layer
+    at a small batch), the intermediate tensors still in global memory. Where the
+    kernels cannot be one (their shared memory together is past a kernel's, or a
+    kernel working in step has threads that are not whole warps), or the device
+    cannot launch cooperatively, they run as kernels of their own."""
     shared_depth: int = dataclasses.field(
         default=0, metadata=_tuned(TuningKind.CHOICE, ("cuda",), *_DEPTHS)
     )
@@ -514,7 +524,7 @@ def _validate(o: MappingOptions) -> None:
     for name in ("allow_skewing", "positive_orthant", "fix_parameters_before_scheduling",
                  "use_shared_memory", "use_private_memory", "unroll_copy_shared",
                  "use_readonly_cache", "reduce_across_threads", "split_reductions",
-                 "use_tensor_cores",
+                 "use_tensor_cores", "one_kernel",
                  "parallel", "vectorize", "fuse_rows", "fuse_epilogues"):  # fmt: skip
         if not isinstance(getattr(o, name), bool):
             fail(f"{name} must be true or false, not {getattr(o, name)!r}")

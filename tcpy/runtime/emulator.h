@@ -18,6 +18,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <omp.h>
+#include <condition_variable>
+#include <mutex>
 #include <type_traits>
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -44,6 +46,7 @@ static const int warpSize = 32;
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 /* one block at a time runs in an OS thread: its static shared memory is thread-local */
@@ -55,7 +58,7 @@ enum { TC_EMU_GLOBAL_LOAD_BYTES, TC_EMU_GLOBAL_STORE_BYTES, TC_EMU_GLOBAL_REQUES
        TC_EMU_GLOBAL_SECTORS, TC_EMU_SHARED_BYTES, TC_EMU_BANK_CONFLICTS, TC_EMU_BARRIERS,
        TC_EMU_SHUFFLES, TC_EMU_ATOMICS, TC_EMU_DISTINCT_LOAD_SECTORS,
        TC_EMU_DISTINCT_STORE_SECTORS, TC_EMU_DISTINCT_SECTORS, TC_EMU_ASYNC_COPIES,
-       TC_EMU_ASYNC_GROUPS, TC_EMU_MMAS, TC_EMU_COUNTERS };
+       TC_EMU_ASYNC_GROUPS, TC_EMU_MMAS, TC_EMU_GRID_BARRIERS, TC_EMU_COUNTERS };
 struct tc_emu_launch {
   int check, count;
   int n_buffers;
@@ -137,7 +140,7 @@ static inline void switch_context(Context &from, Context &to) { swapcontext(&fro
 #endif
 
 /* --- the state of a launch and of each OS thread ------------------------------------ */
-enum State { READY, AT_BARRIER, AT_WARP, DONE };
+enum State { READY, AT_BARRIER, AT_WARP, AT_GRID, DONE };
 enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP, LDMATRIX, MMA };
 enum Access { LOAD, STORE, ATOMIC, ASYNC };  /* ASYNC: a cp.async's destination */
 enum MmaKind { MMA_BF16, MMA_F16, MMA_TF32 };
@@ -149,6 +152,7 @@ struct Fiber {
   Context context;
   int state;
   int site;  /* of the barrier or warp operation waited at */
+  int count;  /* at a barrier: the threads it waits for (`bar.sync 1, count`), 0: all */
   int op, width;
   unsigned mask;
   long long arg;
@@ -410,7 +414,35 @@ static void syncthreads(int site) {
   Worker &w = *worker;
   if (!w.fibers) return;
   w.fiber[w.current].site = site;
+  w.fiber[w.current].count = 0;
   yield(AT_BARRIER);
+}
+
+/* `bar.sync 1, n`: a barrier of the block's first `n` threads, whole warps (a part of
+   one kernel that has fewer threads than the block, `tcpy.codegen.one_kernel`). */
+static void named_sync(unsigned n, int site) {
+  Worker &w = *worker;
+  if (launch_info->check && (n == 0 || n % 32 || (int)n > w.n || w.current >= (int)n)) {
+    char at[96], message[512];
+    where(at, sizeof at, w.current);
+    snprintf(message, sizeof message, "%s: bar.sync 1, %u by %s: the barrier's threads must be "
+             "whole warps of the block's %d, this thread among them", launch_info->kernel, n, at,
+             w.n);
+    fail_here(message);
+    return;
+  }
+  if (!w.fibers) return;
+  w.fiber[w.current].site = site;
+  w.fiber[w.current].count = (int)n;
+  yield(AT_BARRIER);
+}
+
+/* A grid-wide barrier of a cooperative launch: the block's threads all wait here, then
+   the block waits for every other block of the grid (`arrive_at_grid`). */
+static void grid_sync(int site) {
+  Worker &w = *worker;
+  w.fiber[w.current].site = site;
+  yield(AT_GRID);
 }
 
 static uint64_t warp_op(int op, int site, unsigned mask, uint64_t value, long long arg, int width) {
@@ -511,14 +543,98 @@ static bool resolve_warps(Worker &w) {
   return released;
 }
 
+/* Releases a named barrier (`named_sync`) that all its threads have reached, the
+   block's first `count`; false when none has. */
+static bool release_named(Worker &w) {
+  for (int t = 0; t < w.n; t++) {
+    int count = w.fiber[t].state == AT_BARRIER ? w.fiber[t].count : 0;
+    if (!count) continue;
+    bool all = true;
+    for (int u = 0; u < count && all; u++)
+      all = w.fiber[u].state == AT_BARRIER && w.fiber[u].count == count;
+    if (!all) continue;
+    for (int u = 0; u < count; u++) w.fiber[u].state = READY;
+    w.barrier_clock = ++w.clock;
+    w.counters[TC_EMU_BARRIERS] += 1;
+    return true;
+  }
+  return false;
+}
+
+/* --- the grid's barriers (a cooperative launch: every block runs at once, each in an
+   OS thread of its own) ------------------------------------------------------------- */
+struct GridBarrier {
+  std::mutex lock;
+  std::condition_variable passed;
+  long long blocks = 0, arrived = 0, exited = 0, passes = 0;
+};
+static GridBarrier grid;
+
+static void grid_failure(const char *what) {
+  char message[512];
+  snprintf(message, sizeof message, "%s: grid barrier divergence: %s", launch_info->kernel, what);
+  record_failure(message);
+}
+
+/* Every live thread of the block waits at a grid barrier: the block waits for the other
+   blocks. False (the block stops) where some block left the kernel instead, or the
+   launch failed. */
+static bool arrive_at_grid(Worker &w) {
+  std::unique_lock<std::mutex> hold(grid.lock);
+  if (grid.exited) {
+    grid_failure("a block left the kernel while others wait at tc_grid_sync()");
+    grid.passed.notify_all();
+    return false;
+  }
+  long long pass = grid.passes;
+  if (++grid.arrived == grid.blocks) {
+    grid.arrived = 0;
+    grid.passes++;
+    grid.passed.notify_all();
+  } else {
+    grid.passed.wait(hold, [&] { return grid.passes != pass || failed; });
+  }
+  w.counters[TC_EMU_GRID_BARRIERS] += 1;
+  return !failed;
+}
+
+/* A block of a cooperative launch left the kernel (or stopped on an error). */
+static void leave_grid() {
+  std::lock_guard<std::mutex> hold(grid.lock);
+  grid.exited++;
+  if (grid.arrived && !failed) grid_failure("a block left the kernel while others wait at tc_grid_sync()");
+  grid.passed.notify_all();
+}
+
+/* Whether every live thread waits at a grid barrier; reports threads that wait at one
+   while others wait elsewhere or have left. */
+static bool at_grid(Worker &w) {
+  int waiting = 0, live = 0;
+  for (int t = 0; t < w.n; t++) {
+    waiting += w.fiber[t].state == AT_GRID;
+    live += w.fiber[t].state != DONE;
+  }
+  if (!waiting) return false;
+  if (waiting == w.n) return true;
+  char message[160];
+  snprintf(message, sizeof message, "in block %u, %d threads wait at tc_grid_sync() while %d %s",
+           w.block.x, waiting, w.n - waiting, live == waiting ? "have left" : "wait elsewhere");
+  grid_failure(message);
+  w.aborted = true;
+  return false;
+}
+
 /* Every live thread waits at a barrier and no warp operation can complete: release
    the barrier, or report why the block cannot go on. */
 static void release_barrier(Worker &w) {
+  if (release_named(w)) return;
   int site = -1, waiting = 0, exited = 0, warp = -1;
-  bool differ = false;
+  bool differ = false, named = false;
   for (int t = 0; t < w.n; t++) {
     Fiber &f = w.fiber[t];
-    if (f.state == AT_BARRIER) {
+    if (f.state == AT_BARRIER && f.count) {
+      named = true;  /* a named barrier some of whose threads are elsewhere */
+    } else if (f.state == AT_BARRIER) {
       differ |= site >= 0 && f.site != site;
       site = f.site;
       waiting++;
@@ -539,11 +655,12 @@ static void release_barrier(Worker &w) {
     w.aborted = true;
     return;
   }
-  if (launch_info->check && (differ || exited)) {
+  if (launch_info->check && (differ || exited || named)) {
     snprintf(message, sizeof message, "%s: barrier divergence in block (%u, %u, %u): %s",
              launch_info->kernel, w.block.x, w.block.y, w.block.z,
-             differ ? "its threads wait at different __syncthreads()"
-                    : "some threads exited while others wait at __syncthreads()");
+             named    ? "some threads of a bar.sync 1, n wait elsewhere or have exited"
+             : differ ? "its threads wait at different __syncthreads()"
+                      : "some threads exited while others wait at __syncthreads()");
     record_failure(message);
     w.aborted = true;
     return;
@@ -619,15 +736,54 @@ static void run_block(Worker &w, long long b) {
     if (all_done) break;
     if (ready || resolve_warps(w)) continue;
     if (w.aborted) return;
+    if (at_grid(w)) {
+      if (!arrive_at_grid(w)) {
+        w.aborted = true;
+        return;
+      }
+      for (int t = 0; t < w.n; t++) w.fiber[t].state = READY;
+      w.barrier_clock = ++w.clock;
+      continue;
+    }
+    if (w.aborted) return;
     release_barrier(w);
     if (w.aborted) return;
   }
   if (launch_info->count) finish_requests(w);
 }
 
-/* Runs every block of a launch; `sync`: the unit uses barriers or warp operations. */
+/* A cooperative launch: each block in an OS thread of its own, its threads as fibers. */
+static int run_cooperative(long long blocks, int threads, void (*body)(void *), void *arg,
+                           tc_emu_launch *L) {
+  grid.blocks = blocks;
+  grid.arrived = grid.exited = 0;
+  #pragma omp parallel num_threads((int)blocks)
+  {
+    Worker *w = new Worker();
+    worker = w;
+    w->body = body;
+    w->arg = arg;
+    if (omp_get_num_threads() != blocks) {
+      #pragma omp single
+      record_failure("the emulator could not run every block of a cooperative launch at once");
+    } else {
+      prepare(*w, threads, true);
+      if (!failed && !w->aborted) run_block(*w, omp_get_thread_num());
+    }
+    leave_grid();
+    #pragma omp critical
+    for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] += w->counters[k];
+    worker = nullptr;
+    delete w;
+  }
+  if (L->count) close_footprints(*L);
+  return failed;
+}
+
+/* Runs every block of a launch; `sync`: the unit uses barriers or warp operations;
+   `cooperative`: its blocks wait for one another (`grid_sync`), so all run at once. */
 static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_launch *L,
-               bool sync, int sites) {
+               bool sync, int sites, bool cooperative = false) {
   launch_info = L;
   launch_sites = sites;
   failed = 0;
@@ -640,6 +796,7 @@ static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_la
   if (blocks <= 0 || threads <= 0) return 0;
   bool fibers = sync || L->count;
   if (L->count) open_footprints(*L);
+  if (cooperative) return run_cooperative(blocks, threads, body, arg, L);
   int teams = (int)smaller_of(blocks, omp_get_max_threads());
   #pragma omp parallel num_threads(teams > 0 ? teams : 1)
   {
@@ -709,6 +866,10 @@ template <class T> static inline T unbits(uint64_t u) {
 }  // namespace tc_emu
 
 #define __syncthreads() tc_emu::syncthreads(__LINE__)
+/* the barriers of one kernel (tcpy/codegen/one_kernel.py): the grid's keeps no words */
+#define TC_GRID_INSTRUCTIONS
+#define tc_bar_sync(n) tc_emu::named_sync((n), __LINE__)
+#define tc_grid_sync(words) tc_emu::grid_sync(__LINE__)
 #define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 

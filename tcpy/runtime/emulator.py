@@ -48,6 +48,7 @@ import numpy as np
 
 from tcpy import knobs
 from tcpy.codegen.c_helpers import math_helpers
+from tcpy.codegen.one_kernel import GRID_PARAMETER, GRID_WORDS
 from tcpy.errors import TCCompileError, TCEmulationError, TCLaunchError
 from tcpy.parser.builtins import BUILTINS
 from tcpy.runtime import toolchain
@@ -60,6 +61,7 @@ INSTRUMENT_FLAG = "-DTC_EMU_INSTRUMENT"
 # what makes the threads of a block wait for one another
 _SYNCHRONISING = re.compile(
     r"__syncthreads|__shfl\w*_sync|__ballot_sync|__any_sync|__all_sync|__syncwarp|TC_LDMATRIX|TC_MMA_"
+    r"|tc_grid_sync"
 )
 
 COUNTERS = (
@@ -78,9 +80,22 @@ COUNTERS = (
     "async_copies",
     "async_groups",
     "mmas",
+    "grid_barriers",
 )
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+RESIDENT_BLOCKS = 3
+"""The blocks a cooperative launch runs on here (fewer where it needs fewer): each is an
+OS thread, all at once, so that the grid's barriers are real. A one kernel is right
+on any number of blocks (`tcpy.codegen.one_kernel`); three leaves most parts' blocks
+unevenly shared, which the tests want."""
+
+
+def resident(launch: Launch) -> Launch:
+    """A cooperative `launch` on the blocks the emulator runs at once."""
+    (blocks, _, _), block = launch
+    return (min(blocks, RESIDENT_BLOCKS), 1, 1), block
 
 
 @functools.cache
@@ -111,6 +126,7 @@ def launcher(
     its name (`tc_kernel_<index>` by default)."""
     function = function or f"tc_kernel_{index}"
     synchronises = "true" if _SYNCHRONISING.search(source) else "false"
+    cooperative = parameters[-2:-1] == [GRID_PARAMETER]  # the one kernel of a def
     args = []
     for k, param in enumerate(parameters):
         ctype, _, _name = param.rpartition(" ")
@@ -118,19 +134,24 @@ def launcher(
             args.append(f"a->sizes[{k}]")
         elif k == len(parameters) - 1:  # the status pointer closes every parameter list
             args.append("a->status")
+        elif cooperative and k == len(parameters) - 2:
+            args.append("a->grid")
         else:
             pointer_type = ctype.replace("__restrict__", "").strip()
             args.append(f"({pointer_type})a->buffers[{k - n_sizes}]")
     return f"""
-struct tc_args_{index} {{ const long long *sizes; void *const *buffers; int *status; }};
+struct tc_args_{index} {{
+  const long long *sizes; void *const *buffers; int *status; unsigned grid[{GRID_WORDS}];
+}};
 static void tc_body_{index}(void *p) {{
   tc_args_{index} *a = (tc_args_{index} *)p;
   {function}({", ".join(args)});
 }}
 extern "C" int tc_launch_{index}(const long long *dims, const long long *sizes,
                                   void *const *buffers, int *status, tc_emu_launch *launch) {{
-  tc_args_{index} a = {{sizes, buffers, status}};
-  return tc_emu::run(dims, tc_body_{index}, &a, launch, {synchronises}, __COUNTER__ + 1);
+  tc_args_{index} a = {{sizes, buffers, status, {{}}}};
+  return tc_emu::run(dims, tc_body_{index}, &a, launch, {synchronises}, __COUNTER__ + 1,
+                     {"true" if cooperative else "false"});
 }}
 """
 

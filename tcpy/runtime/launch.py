@@ -53,6 +53,9 @@ class LaunchPlan:
     buffers: Sequence[int]
     zeroed: Sequence[bool]
     drv: Any
+    # the one launch of a def's one kernel, cooperative (`runtime.cooperative`); its
+    # grid barrier's words are the last temporary
+    cooperative: bool = False
     args: cuda.Arguments = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -122,7 +125,10 @@ class LaunchPlan:
                     args = self.args
                     args.patch(self.first, addresses)
                     for function, grid, block in self.work:
-                        drv.launch(function, grid, block, args, stream)
+                        if self.cooperative:
+                            function.launch(grid, block, args.address, drv.work_stream(stream))
+                        else:
+                            drv.launch(function, grid, block, args, stream)
             finally:
                 if ordered:
                     streams.leave(drv, ordered)

@@ -91,6 +91,7 @@ SAMPLERS: dict[str, Callable[[random.Random], Any]] = {
     # float32's accuracy, so it is drawn
     "input_precision": lambda rng: rng.choice(("ieee", "ieee", "tf32x3")),
     "use_readonly_cache": _flag,
+    "one_kernel": _flag,
     "use_shared_memory": _flag,
     "use_private_memory": _flag,
     "unroll_copy_shared": _flag,

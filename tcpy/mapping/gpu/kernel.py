@@ -12,6 +12,9 @@ from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.poly.isl_helpers import read_set
 from tcpy.poly.scop import Scop
 
+Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+"""A launch's grid and block, x, y, z each."""
+
 
 @dataclass(frozen=True, eq=False, slots=True)
 class MappedKernel:
@@ -36,7 +39,7 @@ class MappedKernel:
     def blocks(self) -> int:
         return math.prod(self.grid)
 
-    def launch_dims(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    def launch_dims(self) -> Launch:
         grid = (*self.grid[:2], math.prod(self.grid[2:]), 1, 1)[:3]
         block = (*self.block, 1, 1, 1)[:3]
         return (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])

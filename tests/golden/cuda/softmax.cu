@@ -109,12 +109,12 @@ extern "C" __global__ void __launch_bounds__(32) tc_kernel_0(long long tc_size0,
     }
     __syncthreads();
     {
-      __shared__ float tc_scratch1[40];
+      __shared__ __align__(16) float tc_scratch1[40];
       const int tc_scratch1_o0 = (int)blockIdx.x;
       const int tc_scratch1_o1 = 0;
-      __shared__ float tc_scratch2[1];
+      __shared__ __align__(16) float tc_scratch2[1];
       const int tc_scratch2_o0 = (int)blockIdx.x;
-      __shared__ float tc_scratch3[1];
+      __shared__ __align__(16) float tc_scratch3[1];
       const int tc_scratch3_o0 = (int)blockIdx.x;
       if (threadIdx.x == 0) {
         TC_SST(tc_scratch3, (int)(((int)blockIdx.x) - tc_scratch3_o0)) = (-1.0f / 0.0f);
