@@ -19,7 +19,10 @@ the CPU; with `--device cuda`, by CUDA events (`bench.gpu`). bfloat16 runs the d
 retyped (their reductions accumulate in float32) against PyTorch's bfloat16 ops. Each
 row records the minimum bytes a call must move (its inputs and outputs) and the rate
 that makes. On the CPU it also profiles the attention def on `cuda-emu` at a sequence
-of 20 (2 heads of 8): its launches and global bytes against its least bytes. JSON goes
+of 20 (2 heads of 8): its launches and global bytes against its least bytes; and the
+layer def at the smoke sizes with its kernels apart and as one kernel (`one_kernel`):
+the launches, the grid barriers passed, and that the outputs agree. On the GPU the
+layer is also timed as one kernel (`tcpy_one_kernel`). JSON goes
 to bench/results/bert-<date>[-tag].json; `--smoke` runs tiny sizes once (CI's check
 that the benchmark runs).
 """
@@ -252,6 +255,10 @@ def measure(  # type: ignore[no-untyped-def]
     }
     if block.name == "attention":
         contenders["sdpa"] = lambda: peers["sdpa"](*peer_inputs)
+    if device == "cuda" and block.name == "layer":  # its kernels as one, launched once
+        options = engine.default_options(block.name, *ours).replace(one_kernel=True)
+        one = engine.compile(block.name, *ours, options=options)
+        contenders["tcpy_one_kernel"] = lambda: one(*ours)
     with torch.no_grad():
         for fn in contenders.values():
             fn()
@@ -293,6 +300,32 @@ def attention_on_emulator() -> dict[str, Any]:
             "least_bytes": least, "moved_x": round(moved / least, 2)}  # fmt: skip
 
 
+def layer_on_emulator() -> dict[str, Any]:
+    """The whole layer as one def at the smoke sizes on `cuda-emu`, its kernels apart
+    and as one kernel (`one_kernel`): the launches, the grid barriers each block passed,
+    and whether the outputs agree."""
+    import torch
+
+    s = {**BERT, **SMOKE}
+    t = tensors(torch, s, batch=1)
+    block = BLOCKS[-1]
+    inputs = [np.ascontiguousarray(t[n].numpy()) for n in block.inputs]
+    engine = tcpy.ExecutionEngine("cuda-emu")
+    engine.define(_tc(LAYER, s))
+    found: dict[str, Any] = {"sizes": SMOKE}
+    outputs = []
+    for one in (False, True):
+        options = engine.default_options("layer", *inputs).replace(one_kernel=one)
+        compiled = engine.compile("layer", *inputs, options=options)
+        outputs.append(compiled(*inputs))
+        launches = compiled.profile(*inputs)
+        key = "one_kernel" if one else "apart"
+        found[f"{key}_launches"] = len(launches)
+        found[f"{key}_grid_barriers"] = sum(x["grid_barriers"] for x in launches)
+    found["same_outputs"] = bool(np.allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6))
+    return found
+
+
 def _host(result: object) -> object:
     """A result on the host: a CUDA tensor copied back, an array as it is."""
     cpu = getattr(result, "cpu", None)
@@ -328,13 +361,20 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(_line(row), flush=True)
     emulated = attention_on_emulator() if args.device == "cpu" else None
+    layer = layer_on_emulator() if args.device == "cpu" and (not only or "layer" in only) else None
     if emulated:
         print(f"attention on cuda-emu {emulated['sizes']}: {emulated['launches']} launches, "
               f"{emulated['moved_x']}x its least bytes")  # fmt: skip
+    if layer:
+        print(f"layer on cuda-emu {layer['sizes']}: {layer['apart_launches']} launches apart, "
+              f"{layer['one_kernel_launches']} as one kernel "
+              f"({layer['one_kernel_grid_barriers']} grid barriers passed), "
+              f"same outputs: {layer['same_outputs']}")  # fmt: skip
     record = {
         "date": datetime.date.today().isoformat(),
         "smoke": args.smoke,
         "attention_on_emulator": emulated,
+        "layer_on_emulator": layer,
         "sizes": s,
         "device": args.device,
         "cpu": _cpu_name(),

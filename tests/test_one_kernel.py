@@ -416,3 +416,26 @@ def test_the_gpu_plan_launches_one_kernel_cooperatively_with_zeroed_grid_words(
     assert [x[:3] for x in kernel.launches] == [(*launch, 99)] * 2  # the driver's work stream
     assert [x[3] for x in kernel.launches] == [[0] * one_kernel.GRID_WORDS] * 2
     assert drv.calls["launch"] == 0  # never an ordinary launch
+
+
+# --- on a GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["matmul rows", "layer norm", "bert layer"])
+def test_one_kernel_on_the_gpu_is_launched_cooperatively_and_right(case: str) -> None:
+    if case == "bert layer":
+        source, inputs = _bert_layer()
+        options = MappingOptions.cuda()
+    else:
+        source, inputs, extra = CASES[case]
+        options = MappingOptions.cuda().replace(**extra)
+    compiled, got, want = run_against_reference(
+        "cuda", source, *inputs, options=options.replace(one_kernel=True)
+    )
+    for g, w in zip(_outputs(got), _outputs(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+    kernels = compiled._kernel
+    assert isinstance(kernels, GpuKernels) and kernels.cooperative
+    ((blocks, _, _), _), *others = kernels.launches
+    assert not others and blocks >= 1  # on the blocks the device holds at once

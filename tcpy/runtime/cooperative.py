@@ -15,23 +15,24 @@ import functools
 from typing import Any
 
 from tcpy.errors import TCLaunchError
-from tcpy.runtime.streams import _check, _function
-
-Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+from tcpy.mapping.gpu.kernel import Launch
+from tcpy.runtime.streams import libcuda_check, libcuda_function
 
 
 @functools.cache
 def _libcuda() -> Any:
+    """The libcuda functions a cooperative kernel needs, by what they do."""
     lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
     voidp, uint, intp = ctypes.c_void_p, ctypes.c_uint, ctypes.POINTER(ctypes.c_int)
+    handle = ctypes.POINTER(voidp)
     return {
-        "load": _function(lib, "cuModuleLoadData", ctypes.POINTER(voidp), voidp),
-        "get": _function(lib, "cuModuleGetFunction", ctypes.POINTER(voidp), voidp, ctypes.c_char_p),
-        "occupancy": _function(
+        "load": libcuda_function(lib, "cuModuleLoadData", handle, voidp),
+        "get": libcuda_function(lib, "cuModuleGetFunction", handle, voidp, ctypes.c_char_p),
+        "occupancy": libcuda_function(
             lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", intp, voidp, ctypes.c_int,
             ctypes.c_size_t,
         ),
-        "launch": _function(
+        "launch": libcuda_function(
             lib, "cuLaunchCooperativeKernel", voidp, uint, uint, uint, uint, uint, uint, uint,
             voidp, voidp,
         ),
@@ -45,15 +46,17 @@ class CooperativeKernel:
         lib = _libcuda()
         self._cubin = cubin  # the driver reads the image while it loads
         module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib["load"](ctypes.byref(module), cubin), "cuModuleLoadData")
-        _check(lib["get"](ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
+        libcuda_check(lib["load"](ctypes.byref(module), cubin), "cuModuleLoadData")
+        libcuda_check(
+            lib["get"](ctypes.byref(function), module, name.encode()), "cuModuleGetFunction"
+        )
         self.module, self.function = module, function
 
     def resident_blocks(self, threads: int, multiprocessors: int) -> int:
         """The blocks of `threads` the device holds at once."""
         per = ctypes.c_int()
         occupancy = _libcuda()["occupancy"]
-        _check(occupancy(ctypes.byref(per), self.function, threads, 0), "cuOccupancy")
+        libcuda_check(occupancy(ctypes.byref(per), self.function, threads, 0), "cuOccupancy")
         return per.value * multiprocessors
 
     def launch(self, grid: Any, block: Any, arguments: int, stream: int) -> None:

@@ -138,33 +138,37 @@ class LibcudaEvents:
     def __init__(self) -> None:
         lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
         voidp, uint = ctypes.c_void_p, ctypes.c_uint
-        self._record = _function(lib, "cuEventRecord", voidp, voidp)
-        self._wait = _function(lib, "cuStreamWaitEvent", voidp, voidp, uint)
-        create = _function(lib, "cuEventCreate", ctypes.POINTER(voidp), uint)
-        self._is_capturing = _function(lib, "cuStreamIsCapturing", voidp, ctypes.POINTER(uint))
+        self._record = libcuda_function(lib, "cuEventRecord", voidp, voidp)
+        self._wait = libcuda_function(lib, "cuStreamWaitEvent", voidp, voidp, uint)
+        create = libcuda_function(lib, "cuEventCreate", ctypes.POINTER(voidp), uint)
+        self._is_capturing = libcuda_function(
+            lib, "cuStreamIsCapturing", voidp, ctypes.POINTER(uint)
+        )
         self._event = voidp()
-        _check(create(ctypes.byref(self._event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        libcuda_check(create(ctypes.byref(self._event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         self._lock = threading.Lock()
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph."""
         status = ctypes.c_uint()
-        _check(self._is_capturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
+        libcuda_check(self._is_capturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
         return status.value == _CU_STREAM_CAPTURE_STATUS_ACTIVE
 
     def order(self, after: int, before: int) -> None:
         with self._lock:
-            _check(self._record(self._event, before), "cuEventRecord")
-            _check(self._wait(after, self._event, 0), "cuStreamWaitEvent")
+            libcuda_check(self._record(self._event, before), "cuEventRecord")
+            libcuda_check(self._wait(after, self._event, 0), "cuStreamWaitEvent")
 
 
-def _function(lib: ctypes.CDLL, name: str, *argtypes: Any) -> Any:
+def libcuda_function(lib: ctypes.CDLL, name: str, *argtypes: Any) -> Any:
+    """libcuda's function `name`, taking `argtypes` and returning its `CUresult`."""
     function = getattr(lib, name)
     function.argtypes = list(argtypes)
     function.restype = ctypes.c_int
     return function
 
 
-def _check(code: int, what: str) -> None:
+def libcuda_check(code: int, what: str) -> None:
+    """Raises `TCLaunchError` where libcuda's call `what` returned a failure."""
     if code != 0:
         raise TCLaunchError(f"{what} failed: CUresult {code}")
