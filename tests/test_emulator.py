@@ -5,7 +5,8 @@ What is tested:
 
 * the checks of an instrumented build, each on a kernel with the defect and on its
   fixed version (which must run and give the right answer): barrier divergence,
-  shared-memory races (read/write, write/read, write/write), out-of-bounds loads,
+  shared-memory races (read/write, write/read, write/write), a read of shared memory
+  no thread wrote, out-of-bounds loads,
   stores, vector loads and atomics on global memory and accesses of static and dynamic
   shared memory, warp operations whose mask leaves out the caller or names a lane that
   has exited or never arrives; that the plain build, and an instrumented one launched
@@ -200,6 +201,15 @@ __device__ void race_wr(long long defect, long long n, const float *A, float *O)
   TC_ST(O, GID) = TC_SLD(tile, (TID + 63) % 64);
 }
 
+/* O[t] = A[t + 1] within a block: tile[63] is never written, and thread 62 reads it,
+   when defective */
+__device__ void unwritten(long long defect, long long n, const float *A, float *O) {
+  __shared__ float tile[64];
+  if (!defect || TID < 63) TC_SST(tile, TID) = TC_LD(A, GID);
+  __syncthreads();
+  TC_ST(O, GID) = TC_SLD(tile, (TID + 1) % 64);
+}
+
 /* O[t] = A[t + 1] within a block, shifted in place: thread 1 overwrites tile[1] that
    thread 0 has read, with no barrier between, when defective */
 __device__ void race_rw(long long defect, long long n, const float *A, float *O) {
@@ -391,6 +401,12 @@ DEFECTS = [
         128,
         lambda a: _per_block(a, lambda r: np.roll(r, 1, axis=1)),
         ("race", "tile", "a write by block", "thread (0, 0, 0) and a read by", "thread (1, 0, 0)"),
+    ),
+    Defect(
+        "unwritten",
+        128,
+        lambda a: _per_block(a, lambda r: np.roll(r, -1, axis=1)),
+        ("a read of shared tile by", "thread (62, 0, 0)", "no thread of the block has written"),
     ),
     Defect(
         "race_rw",

@@ -19,7 +19,8 @@ What is tested:
   the fallback is said;
 * the emulator's grid barrier: it orders every block's writes before every block's
   reads after it; a block that leaves the kernel while others wait, threads of a block
-  that wait at different barriers, and a named barrier that is not whole warps are
+  that wait at different barriers, a named barrier that is not whole warps, and a
+  part (or a part's next block) reading shared memory that the one before left are
   reported, never a hang;
 * the option: validated, searched by the tuner on `cuda` only, a one-kernel def on
   the GPU's launch plan: its grid barrier's words are zeroed and passed before the
@@ -307,6 +308,13 @@ def test_the_grid_barrier_orders_every_blocks_writes_before_the_reads(tmp_path: 
     np.testing.assert_array_equal(out, np.roll(np.arange(128, dtype=np.float32) * 2, -32))
 
 
+PART_READS = """
+  __shared__ float tile[64];
+  TC_SST(tile, threadIdx.x) = 1.0f;
+  {barrier};
+  TC_ST(t_out, blockIdx.x * 64 + threadIdx.x) = TC_SLD(tile, threadIdx.x);"""
+
+
 @pytest.mark.parametrize(
     ("body", "fragments"),
     [
@@ -328,6 +336,12 @@ def test_the_grid_barrier_orders_every_blocks_writes_before_the_reads(tmp_path: 
             "  if (threadIdx.x < 31) tc_bar_sync(32u);",
             ("barrier divergence", "bar.sync 1, n wait elsewhere or have exited"),
         ),
+        # a part's shared memory is new: what the part before left there is undefined
+        (
+            PART_READS.format(barrier="tc_grid_sync(tc_grid)"),
+            ("no thread of the block has written",),
+        ),
+        (PART_READS.format(barrier="tc_block_sync()"), ("no thread of the block has written",)),
     ],
     ids=[
         "block-leaves",
@@ -336,6 +350,8 @@ def test_the_grid_barrier_orders_every_blocks_writes_before_the_reads(tmp_path: 
         "not-whole-warps",
         "outsider",
         "named-missing-one",
+        "part-reads-the-last-parts-shared",
+        "block-reads-the-last-blocks-shared",
     ],
 )
 def test_a_misused_barrier_is_reported_not_hung(

@@ -531,3 +531,19 @@ def test_pointwise_statements_after_a_contraction_run_as_its_epilogue(
     for g, w in zip(as_tuple(compiled(*inputs)), as_tuple(reference.mlp(*inputs)), strict=True):
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
         assert np.abs(g64 - w64).max() <= tol * np.abs(w64).max()
+
+
+@pytest.mark.parametrize("k", [12, 20, 36])
+def test_a_float32_reduction_ending_inside_a_tile_reads_zeros_past_it(k: int) -> None:
+    """A reduction of a multiple of 4 values, not of the tile's: the operand rows are
+    copied by `float4`, and the vector past the reduction's end must be zeros whole
+    (not only its first element), which the emulator's check of shared memory read
+    before any thread wrote it sees; the results agree with the reference."""
+    source = MM.format(t="float")
+    emu, reference = _engines(source)
+    a, b = _inputs([(20, k), (k, 24)], np.float32, np.random.default_rng(k))
+    options = MappingOptions.cuda().replace(input_precision="tf32x3", copy_stages=1)
+    compiled = emu.compile("mm", a, b, options=options)
+    assert "TC_MMA_TF32(tc_d" in compiled.source and "TC_LDV(float4" in compiled.source
+    want = reference.mm(a, b)
+    assert np.abs(compiled(a, b) - want).max() <= 1e-5 * np.abs(want).max()

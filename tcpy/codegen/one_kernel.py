@@ -34,6 +34,9 @@ STATIC_SHARED = 48 * 1024
 
 GRID_INSTRUCTIONS = r"""#ifndef TC_GRID_INSTRUCTIONS
 #define TC_GRID_INSTRUCTIONS
+/* the block's barrier after each block of a part it plays (the emulator's makes the
+   block's shared memory new) */
+static __device__ __forceinline__ void tc_block_sync() { __syncthreads(); }
 /* a barrier of the first n threads of the block (whole warps), not barrier 0's */
 static __device__ __forceinline__ void tc_bar_sync(unsigned n) {
   asm volatile("bar.sync 1, %0;\n" ::"r"(n) : "memory");
@@ -177,7 +180,7 @@ def _play(part: Part, names: Sequence[str], threads: int) -> list[str]:
             f"  for (unsigned tc_block = blockIdx.x; tc_block < {blocks}u; "
             "tc_block += gridDim.x) {",
             f"    {guard}{call}",
-            "    __syncthreads();",
+            "    tc_block_sync();",
             "  }",
         ]
     call = _call(

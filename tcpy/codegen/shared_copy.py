@@ -370,9 +370,11 @@ def _copy_element(
     p.emit(depth, f"const int tc_e = tc_e0 + tc_u * {threads};")
     local, inside, index = _element(p, depth, b, copy, sizes, lanes)
     target = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
-    if storing and _zero_filled(p):
+    if storing and _zero_filled(p):  # every element of a vector outside the tensor
+        zero = _zero(p, b)
         p.emit(depth, f"if (tc_e < {math.prod(sizes)} && !({' && '.join(inside)})) {{")
-        p.emit(depth + 1, f"TC_SST({copy.buffer}, {target}) = {_zero(p, b)};")
+        for j in range(lanes):
+            p.emit(depth + 1, f"TC_SST({copy.buffer}, {target} + {j}) = {zero};")
         p.emit(depth, "}")
     p.emit(depth, f"if ({' && '.join([f'tc_e < {math.prod(sizes)}', *inside])}) {{")
     if not storing:

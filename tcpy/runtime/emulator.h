@@ -152,6 +152,7 @@ struct Fiber {
   int state;
   int site;  /* of the barrier or warp operation waited at */
   int count;  /* at a barrier: the threads it waits for (`bar.sync 1, count`), 0: all */
+  bool fresh;  /* at a barrier after which a one kernel's part plays another block */
   int op, width;
   unsigned mask;
   long long arg;
@@ -207,6 +208,12 @@ struct MatrixLane {
 };
 
 /* The shadows of a block's shared memory, by address: open addressing. */
+struct Unwritten {  /* a read of shared memory no thread had written (`note_unwritten`) */
+  uintptr_t at;
+  const char *array;
+  int thread;
+};
+
 struct ShadowTable {
   uintptr_t *keys = nullptr;
   Shadow *values = nullptr;
@@ -340,6 +347,8 @@ struct Worker {
   int warps = 0;
   AsyncQueue *queues = nullptr;  /* per thread, once one issues a cp.async */
   ShadowTable shadow;
+  Unwritten *unwritten = nullptr;  /* reads to check at the next barrier */
+  int n_unwritten = 0, unwritten_capacity = 0;
   char sink[64] __attribute__((aligned(16)));  /* where a refused access goes */
 
   ~Worker() {
@@ -353,6 +362,7 @@ struct Worker {
     if (queues)
       for (int t = 0; t < n; t++) free(queues[t].items);
     free(queues);
+    free(unwritten);
   }
 };
 static thread_local Worker *worker;
@@ -394,6 +404,7 @@ static inline void yield(int state) {
 
 /* defined with the hooks (emulator_hooks.h) and the instructions (emulator_async.h) */
 static void finish_requests(Worker &w);
+static void check_unwritten(Worker &w);
 static void order_lanes(Worker &w, int warp, const int *lanes, int n);
 static void complete_copies(Worker &w, int t, int newest);
 static bool warp_matrix(Worker &w, int first, const int *lanes, int n);
@@ -414,6 +425,18 @@ static void syncthreads(int site) {
   if (!w.fibers) return;
   w.fiber[w.current].site = site;
   w.fiber[w.current].count = 0;
+  w.fiber[w.current].fresh = false;
+  yield(AT_BARRIER);
+}
+
+/* `__syncthreads()` after a block a one kernel's part played: the block's shared memory
+   is the next block's, as new (no element of it written). */
+static void block_sync(int site) {
+  Worker &w = *worker;
+  if (!w.fibers) return;
+  w.fiber[w.current].site = site;
+  w.fiber[w.current].count = 0;
+  w.fiber[w.current].fresh = true;
   yield(AT_BARRIER);
 }
 
@@ -552,6 +575,7 @@ static bool release_named(Worker &w) {
     for (int u = 0; u < count && all; u++)
       all = w.fiber[u].state == AT_BARRIER && w.fiber[u].count == count;
     if (!all) continue;
+    check_unwritten(w);
     for (int u = 0; u < count; u++) w.fiber[u].state = READY;
     w.barrier_clock = ++w.clock;
     w.counters[TC_EMU_BARRIERS] += 1;
@@ -667,8 +691,13 @@ static void release_barrier(Worker &w) {
     w.aborted = true;
     return;
   }
-  for (int t = 0; t < w.n; t++)
+  check_unwritten(w);
+  bool fresh = false;  /* a one kernel's part begins another block: its shared memory is new */
+  for (int t = 0; t < w.n; t++) {
+    fresh |= w.fiber[t].state == AT_BARRIER && w.fiber[t].fresh;
     if (w.fiber[t].state == AT_BARRIER) w.fiber[t].state = READY;
+  }
+  if (fresh && launch_info->check) w.shadow.clear();
   w.barrier_clock = ++w.clock;
   w.counters[TC_EMU_BARRIERS] += 1;
 }
@@ -716,6 +745,7 @@ static void run_block(Worker &w, long long b) {
       w.body(w.arg);
       complete_copies(w, t, -1);
     }
+    check_unwritten(w);
     return;
   }
   for (int t = 0; t < w.n; t++) {
@@ -735,15 +765,20 @@ static void run_block(Worker &w, long long b) {
       ready |= w.fiber[t].state == READY;
       all_done &= w.fiber[t].state == DONE;
     }
-    if (all_done) break;
+    if (all_done) {
+      check_unwritten(w);
+      break;
+    }
     if (ready || resolve_warps(w)) continue;
     if (w.aborted) return;
     if (at_grid(w)) {
-      if (!arrive_at_grid(w)) {
+      check_unwritten(w);
+      if (w.aborted || !arrive_at_grid(w)) {
         w.aborted = true;
         return;
       }
       for (int t = 0; t < w.n; t++) w.fiber[t].state = READY;
+      if (launch_info->check) w.shadow.clear();  /* the next part's shared memory is new */
       w.barrier_clock = ++w.clock;
       continue;
     }
@@ -871,6 +906,7 @@ template <class T> static inline T unbits(uint64_t u) {
 /* the barriers of one kernel (tcpy/codegen/one_kernel.py): the grid's keeps no words */
 #define TC_GRID_INSTRUCTIONS
 #define tc_bar_sync(n) tc_emu::named_sync((n), __LINE__)
+#define tc_block_sync() tc_emu::block_sync(__LINE__)
 #define tc_grid_sync(words) tc_emu::grid_sync(__LINE__)
 #define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)

@@ -95,6 +95,36 @@ static void in_flight(const char *array, int copier, const char *access) {
   fail_here(message);
 }
 
+/* A read of shared memory that no thread of the block had written (since the block, or
+   the part of a one kernel, began): kept until the next barrier, since a write by
+   another thread before it is a race, reported as one; an element still unwritten
+   then was read undefined (`check_unwritten`). */
+static void note_unwritten(const char *array, uintptr_t at) {
+  Worker &w = *worker;
+  if (w.n_unwritten == w.unwritten_capacity) {
+    w.unwritten_capacity = w.unwritten_capacity ? 2 * w.unwritten_capacity : 64;
+    w.unwritten = (Unwritten *)realloc(w.unwritten, (size_t)w.unwritten_capacity * sizeof(Unwritten));
+  }
+  w.unwritten[w.n_unwritten++] = Unwritten{at, array, w.current};
+}
+
+/* At a barrier or the block's end: a read noted by `note_unwritten` of an element that
+   no thread has written since fails the launch. */
+static void check_unwritten(Worker &w) {
+  for (int k = 0; k < w.n_unwritten && !w.aborted; k++) {
+    const Unwritten &u = w.unwritten[k];
+    if (w.shadow.at(u.at).writer >= 0) continue;
+    char a[96], message[512];
+    where(a, sizeof a, u.thread);
+    snprintf(message, sizeof message,
+             "%s: a read of shared %s by %s of an element no thread of the block has written: "
+             "undefined on a GPU", launch_info->kernel, u.array, a);
+    record_failure(message);
+    w.aborted = true;
+  }
+  w.n_unwritten = 0;
+}
+
 static bool ordered(Worker &w, int first, long long at, int then) {
   if (first == then || w.barrier_clock > at) return true;
   if (first / 32 != then / 32 || !w.paired) return false;
@@ -113,6 +143,7 @@ static void check_race(const char *array, const void *address, long long bytes, 
     Shadow &s = w.shadow.at(at);
     const char *access = kind == LOAD ? "a read" : "a write";
     if (s.copier >= 0) return in_flight(array, s.copier, access);
+    if (kind == LOAD && s.writer < 0) note_unwritten(array, at);
     if (s.writer >= 0 && !ordered(w, s.writer, s.written, t))
       return race(array, s.writer, "a write", access);
     if (kind == STORE) {
