@@ -75,7 +75,7 @@ GRID_PARAMETER = "unsigned *__restrict__ tc_grid"
 @dataclass(frozen=True)
 class Part:
     """A kernel as a part of the one kernel: whether its threads work in step, and
-    the static shared memory its code declares (bytes)."""
+    the bytes of shared memory its code places in the pool."""
 
     kernel: MappedKernel
     in_step: bool
@@ -183,9 +183,7 @@ def _play(part: Part, names: Sequence[str], threads: int) -> list[str]:
             "    tc_block_sync();",
             "  }",
         ]
-    call = _call(
-        kernel, names, _unflatten("tc_i / " + f"{n}u", grid), _unflatten(f"tc_i % {n}u", block)
-    )
+    call = _call(kernel, names, _unflatten(f"tc_i / {n}u", grid), _unflatten(f"tc_i % {n}u", block))
     return [
         *lines,
         f"  for (unsigned long long tc_i = blockIdx.x * {threads}ull + tc_thread; "
@@ -196,6 +194,8 @@ def _play(part: Part, names: Sequence[str], threads: int) -> list[str]:
 
 
 def _call(kernel: MappedKernel, names: Sequence[str], block: str, thread: str) -> str:
+    """The call of `kernel`'s part on the parameters `names`, playing `block` and
+    `thread` (`dim3` expressions)."""
     return f"tc_part_{kernel.index}({', '.join([*names, block, thread])});"
 
 
