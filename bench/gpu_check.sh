@@ -6,7 +6,8 @@
 # `bench/overhead.py --gpu` (host time per call), `bench/gpu_variants.py`,
 # forward + backward
 # of `bench/autodiff.py` on CUDA tensors, `bench/bert.py --device cuda` (the BERT layer
-# per block and as one def, float32 and bfloat16), and the differential and gradient fuzzers on
+# per block and as one def, the layer also as one kernel, float32 and bfloat16), and the
+# differential and gradient fuzzers on
 # the `cuda` target (beside the pycuda tests, which need no timing). Run from the
 # repository's root.
 #
