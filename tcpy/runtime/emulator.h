@@ -789,6 +789,23 @@ static void run_block(Worker &w, long long b) {
   if (launch_info->count) finish_requests(w);
 }
 
+/* The worker of an OS thread running blocks of a launch of `body(arg)`. */
+static Worker *open_worker(void (*body)(void *), void *arg) {
+  Worker *w = new Worker();
+  worker = w;
+  w->body = body;
+  w->arg = arg;
+  return w;
+}
+
+/* Adds the worker's counters to the launch's, and deletes it. */
+static void close_worker(Worker *w, tc_emu_launch *L) {
+  #pragma omp critical
+  for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] += w->counters[k];
+  worker = nullptr;
+  delete w;
+}
+
 /* A cooperative launch: each block in an OS thread of its own, its threads as fibers. */
 static int run_cooperative(long long blocks, int threads, void (*body)(void *), void *arg,
                            tc_emu_launch *L) {
@@ -796,10 +813,7 @@ static int run_cooperative(long long blocks, int threads, void (*body)(void *), 
   grid.arrived = grid.exited = 0;
   #pragma omp parallel num_threads((int)blocks)
   {
-    Worker *w = new Worker();
-    worker = w;
-    w->body = body;
-    w->arg = arg;
+    Worker *w = open_worker(body, arg);
     if (omp_get_num_threads() != blocks) {
       #pragma omp single
       record_failure("the emulator could not run every block of a cooperative launch at once");
@@ -808,10 +822,7 @@ static int run_cooperative(long long blocks, int threads, void (*body)(void *), 
       if (!failed && !w->aborted) run_block(*w, omp_get_thread_num());
     }
     leave_grid();
-    #pragma omp critical
-    for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] += w->counters[k];
-    worker = nullptr;
-    delete w;
+    close_worker(w, L);
   }
   if (L->count) close_footprints(*L);
   return failed;
@@ -837,20 +848,14 @@ static int run(const long long *dims, void (*body)(void *), void *arg, tc_emu_la
   int teams = (int)smaller_of(blocks, omp_get_max_threads());
   #pragma omp parallel num_threads(teams > 0 ? teams : 1)
   {
-    Worker *w = new Worker();
-    worker = w;
-    w->body = body;
-    w->arg = arg;
+    Worker *w = open_worker(body, arg);
     prepare(*w, threads, fibers);
     #pragma omp for schedule(dynamic, 1)
     for (long long b = 0; b < blocks; b++) {
       if (failed || w->aborted) continue;
       run_block(*w, b);
     }
-    #pragma omp critical
-    for (int k = 0; k < TC_EMU_COUNTERS; k++) L->counters[k] += w->counters[k];
-    worker = nullptr;
-    delete w;
+    close_worker(w, L);
   }
   if (L->count) close_footprints(*L);
   return failed;
