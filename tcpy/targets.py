@@ -409,14 +409,15 @@ class Cuda(Target):
                 return NoGpu(source, built_with)
             launches = _read_launches(directory)
             cubin = (directory / "kernel.cubin").read_bytes()
-            if _read_cooperative(directory):
+            cooperative = _read_cooperative(directory)
+            if cooperative:
                 functions, launches = _cooperative(drv, cubin, launches)
             else:
                 names = [f"tc_kernel_{k}" for k in range(len(launches))]
                 functions = drv.load(cubin, names)
             return GpuKernels(
                 cdef, source, functions, launches, built_with, written, self.asynchronous,
-                cooperative=_read_cooperative(directory),
+                cooperative=cooperative,
             )  # fmt: skip
 
         return _compiled(

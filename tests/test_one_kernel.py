@@ -117,19 +117,30 @@ def _as_one(source: str, inputs: list[np.ndarray], **options: object) -> tcpy.Co
     return compiled
 
 
-def _kernels(source: str, inputs: list[np.ndarray], **options: object) -> int:
-    """The launches of the def on `cuda-emu` with `options`, not as one kernel."""
+def _apart(
+    source: str, inputs: list[np.ndarray], base: MappingOptions | None = None, **options: object
+) -> tuple[int, list[np.ndarray]]:
+    """The def on `cuda-emu` with `options` (on `base`, the `cuda` preset by default),
+    not as one kernel: its launches and outputs."""
     engine = tcpy.ExecutionEngine("cuda-emu")
     (name,) = engine.define(source)
-    given = MappingOptions.cuda().replace(one_kernel=False, **options)
-    return len(engine.compile(name, *inputs, options=given).profile(*inputs))
+    given = (base or MappingOptions.cuda()).replace(one_kernel=False, **options)
+    compiled = engine.compile(name, *inputs, options=given)
+    return len(compiled.profile(*inputs)), _outputs(compiled(*inputs))
+
+
+def _kernels(source: str, inputs: list[np.ndarray], **options: object) -> int:
+    """The launches of the def on `cuda-emu` with `options`, not as one kernel."""
+    return _apart(source, inputs, **options)[0]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_a_def_of_several_kernels_runs_as_one_launch(case: str) -> None:
     source, inputs, options = CASES[case]
     compiled = _as_one(source, inputs, **options)
-    kernels = _kernels(source, inputs, **options)
+    kernels, apart = _apart(source, inputs, **options)
+    for one, alone in zip(_outputs(compiled(*inputs)), apart, strict=True):
+        np.testing.assert_array_equal(one, alone)  # each part is its kernel's code
     (launch,) = compiled.profile(*inputs)
     if kernels == 1:  # nothing to make one of: the kernel as it was
         assert launch["grid_barriers"] == 0
@@ -187,7 +198,8 @@ def test_the_one_kernel_is_right_on_any_number_of_blocks(tmp_path: Path, blocks:
     source, inputs, options = CASES["matmul rows"]
     (cdef,) = check_source(source).values()
     sizes = {"M": 37, "K": 21, "N": 45}
-    lowered = lower_to_cuda(cdef, sizes, cuda_defaults(cdef).replace(one_kernel=True, **options))
+    base = cuda_defaults(cdef)
+    lowered = lower_to_cuda(cdef, sizes, base.replace(one_kernel=True, **options))
     params = one_kernel.parameters(kernel_parameters(lowered.scop))
     library = emulator.build(
         lowered.source, emulator.launcher(0, params, 3, lowered.source), tmp_path, True
@@ -202,10 +214,9 @@ def test_the_one_kernel_is_right_on_any_number_of_blocks(tmp_path: Path, blocks:
         np.zeros((37, 45), np.float32),
     )
     kernels([37, 21, 45], [a, b, c, s, o])
-    want = a @ b
-    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(s, want.sum(axis=1), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(o, want / want.sum(axis=1, keepdims=True), rtol=1e-3, atol=1e-4)
+    _, want = _apart(source, inputs, base, **options)  # the same code, as kernels apart
+    for got, alone in zip((c, s, o), want, strict=True):
+        np.testing.assert_array_equal(got, alone)
 
 
 # --- the source ---------------------------------------------------------------------

@@ -420,25 +420,23 @@ extern "C" __attribute__((used, visibility("hidden"))) void tc_emu_fiber_main() 
 }
 
 /* --- barriers and warp operations -------------------------------------------------- */
-static void syncthreads(int site) {
+/* The thread waits at the barrier of `site` for `count` threads (0: the block's);
+   `fresh`: after it, the block's shared memory is new (`block_sync`). */
+static void wait_at_barrier(int site, int count, bool fresh) {
   Worker &w = *worker;
   if (!w.fibers) return;
-  w.fiber[w.current].site = site;
-  w.fiber[w.current].count = 0;
-  w.fiber[w.current].fresh = false;
+  Fiber &f = w.fiber[w.current];
+  f.site = site;
+  f.count = count;
+  f.fresh = fresh;
   yield(AT_BARRIER);
 }
 
+static void syncthreads(int site) { wait_at_barrier(site, 0, false); }
+
 /* `__syncthreads()` after a block a one kernel's part played: the block's shared memory
    is the next block's, as new (no element of it written). */
-static void block_sync(int site) {
-  Worker &w = *worker;
-  if (!w.fibers) return;
-  w.fiber[w.current].site = site;
-  w.fiber[w.current].count = 0;
-  w.fiber[w.current].fresh = true;
-  yield(AT_BARRIER);
-}
+static void block_sync(int site) { wait_at_barrier(site, 0, true); }
 
 /* `bar.sync 1, n`: a barrier of the block's first `n` threads, whole warps (a part of
    one kernel that has fewer threads than the block, `tcpy.codegen.one_kernel`). */
@@ -453,10 +451,7 @@ static void named_sync(unsigned n, int site) {
     fail_here(message);
     return;
   }
-  if (!w.fibers) return;
-  w.fiber[w.current].site = site;
-  w.fiber[w.current].count = (int)n;
-  yield(AT_BARRIER);
+  wait_at_barrier(site, (int)n, false);
 }
 
 /* A grid-wide barrier of a cooperative launch: the block's threads all wait here, then
