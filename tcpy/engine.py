@@ -33,7 +33,7 @@ from tcpy.binding import (
     signature_key,
 )
 from tcpy.cache import TunedStore, tcpy_version, tuned_key
-from tcpy.compiled import Compiled, Origin, plain_signature, signature_of
+from tcpy.compiled import Compiled, Origin, plain_arrays, plain_signature, signature_of
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCInputError, TCWarning, warn
 from tcpy.kernels import Kernel
@@ -291,7 +291,7 @@ class ExecutionEngine:
         if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
             done = steady(hit[1], hit[2])
             return done if done is not None else self._checked_call(entry, inputs, options, out)
-        return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
+        return hit[0].call(Binding(plain_arrays(hit[0].cdef.inputs, hit[3]), hit[1]), inputs, out)
 
     def _checked_call(
         self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
@@ -473,7 +473,9 @@ class ExecutionEngine:
             if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
                 done = steady(hit[1], hit[2])
                 return done if done is not None else checked(name, inputs, options, out)
-            return hit[0].call(Binding(hit[3], hit[1]), inputs, out)
+            return hit[0].call(
+                Binding(plain_arrays(hit[0].cdef.inputs, hit[3]), hit[1]), inputs, out
+            )
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -60,6 +60,33 @@ def test_scalar_inputs(engine: tcpy.ExecutionEngine, alpha: object) -> None:
     np.testing.assert_array_equal(Y, [2, 2, 2])
 
 
+@pytest.mark.parametrize("alpha", [2.5, np.float32(2.5), np.array(2.5, dtype=np.float32)])
+def test_a_call_with_scalars_is_checked_once_per_signature(
+    engine: tcpy.ExecutionEngine, alpha: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python floats and NumPy scalars take the path of a signature checked before, as
+    arrays do (binding them again took 15 us of a call with two scalars); an `int`,
+    whose range is checked, and another dtype are bound again."""
+    import tcpy.compiled
+    import tcpy.engine
+
+    x = np.arange(3, dtype=np.float32)
+    compiled = engine.compile("scale", x, alpha)
+    np.testing.assert_array_equal(engine.scale(x, alpha)[0], 2.5 * x)
+    np.testing.assert_array_equal(compiled(x, alpha)[0], 2.5 * x)
+
+    def refused(*args: object) -> None:
+        raise AssertionError("bound again")
+
+    monkeypatch.setattr(tcpy.engine, "bind", refused)
+    monkeypatch.setattr(tcpy.compiled, "bind", refused)
+    for value in (alpha, type(alpha)(-1.5) if not isinstance(alpha, np.ndarray) else alpha * -0.6):
+        np.testing.assert_array_equal(engine.scale(x, value)[0], np.float32(value) * x)
+        np.testing.assert_array_equal(compiled(x, value)[0], np.float32(value) * x)
+    with pytest.raises(AssertionError, match="bound again"):
+        engine.scale(x, np.float64(2.5))  # not the signature checked: bound, and refused
+
+
 def test_non_contiguous_inputs_are_read_correctly(engine: tcpy.ExecutionEngine) -> None:
     A = rng.standard_normal((6, 3)).astype(np.float32)[::2]
     B = np.asfortranarray(rng.standard_normal((3, 4)).astype(np.float32))
