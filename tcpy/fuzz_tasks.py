@@ -41,12 +41,19 @@ def make_inputs(
     `exact`: small integers in -3..3 (in float tensors too), so that every evaluation
     order of + - * min max gives the same bits; an integer tensor used as a subscript
     gets values inside every extent it indexes. `exact-nan` also puts NaN into about a
-    tenth of the float elements. `random`: `tcpy.inputs.random_inputs`."""
+    tenth of the float elements. `smooth` (`SMOOTH`): float elements uniform in
+    (-1, 1), the others as `exact`. `random`: `tcpy.inputs.random_inputs`."""
     from tcpy.inputs import random_inputs
 
     rng = np.random.default_rng(seed)
     if kind == "random":
         return random_inputs(cdef, sizes, rng)
+    if kind == SMOOTH:
+        exact = make_inputs(cdef, sizes, seed, "exact")
+        return tuple(
+            rng.uniform(-1.0, 1.0, size=a.shape).astype(a.dtype) if a.dtype.kind == "f" else a
+            for a in exact
+        )
     if kind not in ("exact", "exact-nan"):
         raise ValueError(f"unknown input kind {kind!r}")
     bounds = _gather_bounds(cdef, sizes)
@@ -106,6 +113,36 @@ def same_outputs(got: Any, want: Any) -> str | None:
     return None
 
 
+SMOOTH = "smooth"
+"""The input kind of a pair whose values are real (the fuzzer's chains of exponentials
+against a row's maximum): its def runs in float64 (an even input seed) or float32 (an
+odd one), on inputs of `make_inputs`' `smooth` kind, and its outputs must be the
+reference's within `SMOOTH_RTOL` (`close_outputs`), not bit for bit."""
+SMOOTH_RTOL = {"float64": 1e-9, "float32": 1e-4}
+
+
+def close_outputs(got: Any, want: Any, rtol: float) -> str | None:
+    """None when `got` is `want` within relative `rtol`, and absolute `rtol` times the
+    largest finite magnitude of that output (at least 1: terms summed in another order
+    leave a residue of that scale), NaN where NaN; else what differs."""
+    got_t, want_t = _tuple(got), _tuple(want)
+    if len(got_t) != len(want_t):
+        return f"{len(got_t)} outputs, expected {len(want_t)}"
+    for k, (g, w) in enumerate(zip(got_t, want_t, strict=True)):
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return f"output {k}: {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
+        finite = np.abs(w[np.isfinite(w)])
+        scale = max(1.0, float(finite.max(initial=0.0)))
+        ok = np.isclose(g, w, rtol=rtol, atol=rtol * scale, equal_nan=True)
+        if not ok.all():
+            where = tuple(int(i) for i in np.argwhere(~ok)[0])
+            return (
+                f"output {k} differs at {int((~ok).sum())} of {w.size} elements beyond "
+                f"{rtol:g}; first at {where}: {g[where]!r}, expected {w[where]!r}"
+            )
+    return None
+
+
 def check_against_reference(
     source: str,
     entry: str,
@@ -117,13 +154,18 @@ def check_against_reference(
 ) -> dict[str, float]:
     """Compile `entry` of `source` for `target` with `options` (a `to_dict()`; None for
     the target's default), run it and the reference on the same inputs, and raise
-    `WrongResult` if they differ; on `COUNTED_TARGETS`, run it again in a counting
-    build and raise `Runaway` if its loops ran far more than the work of the def.
-    Returns `{"compile_seconds": ...}`."""
+    `WrongResult` if they differ (bit for bit; within a tolerance for `SMOOTH` inputs);
+    on `COUNTED_TARGETS`, run it again in a counting build and raise `Runaway` if its
+    loops ran far more than the work of the def. Returns `{"compile_seconds": ...}`."""
     import warnings
 
     import tcpy
+    from tcpy.parser.parse import retyped
+    from tcpy.types import ScalarType
 
+    if inputs == SMOOTH:
+        float_type = ("float64", "float32")[input_seed % 2]
+        source = retyped(source, ScalarType.from_name(float_type))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = tcpy.ExecutionEngine("reference")
@@ -141,7 +183,10 @@ def check_against_reference(
         seconds = time.perf_counter() - start
         phase(RUN)
         got = kernel(*args)
-        difference = same_outputs(got, want)
+        if inputs == SMOOTH:
+            difference = close_outputs(got, want, SMOOTH_RTOL[float_type])
+        else:
+            difference = same_outputs(got, want)
         if difference is not None:
             raise WrongResult(difference)
         if target in COUNTED_TARGETS:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tcpy
@@ -195,6 +196,57 @@ def test_analysis_rejects_overflow() -> None:
     assert analyze(program).bounds["O"] == 27 * 600_000
     with pytest.raises(Invalid):
         analyze(dataclasses.replace(program, sizes={"N": 2, "K": 700_000}))
+
+
+def test_chains_of_exponentials_are_what_the_online_rewrite_takes() -> None:
+    """`online_chain` draws chains the online rewrite over tiles takes (most of them)
+    and near misses it must refuse (some), every one accepted by the front end."""
+    from tcpy.poly.online import online_reductions
+    from tools.fuzz.generate import online_chain
+
+    engine = tcpy.ExecutionEngine("reference")
+    taken = kept = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        while True:
+            try:
+                program = online_chain(rng)
+                break
+            except Invalid:
+                continue
+        assert program.smooth
+        engine.define(program.render())
+        rewritten = online_reductions(engine.checked(program.name), 3)
+        taken, kept = taken + bool(rewritten.together), kept + (not rewritten.together)
+    assert taken >= 45 and kept >= 2, (taken, kept)
+
+
+def test_smooth_outputs_are_compared_within_a_tolerance() -> None:
+    """A pair of real values (`SMOOTH`) passes with the residue of another order of
+    summation, fails past the tolerance, and needs NaN where the reference has it."""
+    from tcpy.fuzz_tasks import close_outputs
+
+    want = np.array([1.0, -3e3, 0.0, np.nan])
+    assert close_outputs(want * (1 + 1e-12), want, 1e-9) is None
+    assert (
+        close_outputs(want + np.array([0, 0, 1e-7, 0]), want, 1e-9) is None
+    )  # at the output's scale
+    assert "differs at 1 of 4" in (
+        close_outputs(want + np.array([0, 0, 1e-5, 0]), want, 1e-9) or ""
+    )
+    assert close_outputs(np.nan_to_num(want), want, 1e-9) is not None
+    assert close_outputs(want.astype(np.float32), want, 1e-9) is not None
+
+
+def test_fuzz_online_chains(tmp_path: Path) -> None:
+    """Chains of exponentials on `cpu`, most with the online rewrite over tiles on
+    (`online_tile`), within the tolerance of `SMOOTH` pairs."""
+    summary = fuzz("cpu", 16, seed=4, jobs=min(2, os.cpu_count() or 1), timeout=120,
+                   out=tmp_path, shrink_seconds=0, log=None, online=True)  # fmt: skip
+    assert summary.pairs == 16 and not summary.rejects, summary.line()
+    assert not summary.failures, "\n".join(
+        [summary.line()] + [p.read_text() for p in summary.saved]
+    )
 
 
 def test_mutator_keeps_the_front_end_honest(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
     python -m tools.fuzz --target cpu --n 10000            # (program, options) pairs
     python -m tools.fuzz --target cpu --gradient --n 2000  # backwards against finite differences
+    python -m tools.fuzz --target cpu --online --n 500     # chains of exponentials only
     python -m tools.fuzz --mutate --n 20000                # mutated sources, front end only
     python -m tools.fuzz replay fuzz-failures/X.json       # re-run one failure in-process
     python -m tools.fuzz shrink fuzz-failures/X.json       # write X.min.json beside it
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         summary = fuzz(a.target, a.n, a.seed, a.jobs, a.timeout, a.out, a.shrink_seconds,
                        run_timeout=a.run_timeout, gradient=a.gradient,
-                       float_type=a.float_type)  # fmt: skip
+                       float_type=a.float_type, online=a.online)  # fmt: skip
     for path in summary.saved:
         print(f"saved {path}")
     print(summary.line())
@@ -64,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--float-type", choices=("float", "float16", "bfloat16", "half"),
                    help="the programs' float type (default: float32 for half of them, "
                    "float16 or bfloat16 for the others; half: float16 or bfloat16)")  # fmt: skip
+    p.add_argument("--online", action="store_true",
+                   help="every program a chain of exponentials against a row's maximum, "
+                   "as the online rewrite over tiles of a row takes (by default a tenth "
+                   "of them)")  # fmt: skip
     p.add_argument("--mutate", action="store_true", help="mutated sources, front end only")
     p.add_argument("--gradient", action="store_true",
                    help="derive each program's backward, compile it for the target and check "

@@ -16,6 +16,9 @@ the generated code (`and`, `nan`, `INFINITY`, `ceild`, `tc_status`, ...). A quar
 of the programs are row chains (`row_chain`): a row's elements, a reduction of each
 row, statements over the elements reading it, another reduction, a product with an
 operand the rows share, as attention and log-sum-exp are, which row fusion rewrites.
+A tenth are chains of exponentials against a row's maximum (`online_chain`), which the
+online rewrite over tiles of a row takes: their values are real, and such a pair is
+compared with the reference within a tolerance (`Program.smooth`).
 """
 
 from __future__ import annotations
@@ -405,17 +408,113 @@ def row_chain(rng: random.Random) -> Program:
     return program
 
 
-def generate(rng: random.Random) -> Program:
+# --- chains of exponentials against a row's maximum ------------------------------------
+
+ONLINE_CHAIN_SHARE = 0.1
+"""The share of programs drawn as chains of exponentials (`online_chain`)."""
+
+
+def online_chain(rng: random.Random) -> Program:
+    """A chain that the online rewrite over tiles of a row (`tcpy.poly.online`) takes,
+    or a near miss it must refuse: a row's elements (an input, or a contraction with an
+    operand the rows share), maybe scaled and masked in place; their maximum over the
+    row; exponentials of the elements less it, maybe times an operand of the row's
+    positions; sums of those alone, times the elements, or in a product with an
+    operand the rows share; then what a softmax, a log-sum-exp or an attention makes
+    of them. The near misses read the maximum outside an exponential, square the
+    exponential, or leave a sum without its `!`. Values are real (`Program.smooth`):
+    such a pair is checked against the reference within a tolerance."""
+    names = Names(rng)
+    size = {k: names.fresh("size") for k in ("row", "outer", "col", "red", "out")}
+    sizes = {size[k]: rng.choice(SIZES) for k in size}
+    two = rng.random() < 0.4
+    rows = [names.fresh("index") for _ in range(2 if two else 1)]
+    j, k, e = names.fresh("index"), names.fresh("index"), names.fresh("index")
+    row_dims = [size["outer"], size["row"]] if two else [size["row"]]
+    inputs: list[Decl] = []
+    stmts: list[Stmt] = []
+
+    def tensor(dims: list[str]) -> str:
+        decl = Decl(names.fresh("tensor"), FLOAT, tuple(dims))
+        inputs.append(decl)
+        return decl.name
+
+    def at(name: str, *vs: str) -> Read:
+        return Read(name, tuple(Lin(((v, 1),)) for v in vs))
+
+    def write(op: str, indices: tuple[str, ...], rhs: Expr) -> str:
+        name = names.fresh("tensor")
+        stmts.append(Stmt(name, indices, op, rhs))
+        return name
+
+    row, elem = tuple(rows), (*rows, j)
+    if rng.random() < 0.6:  # a contraction inside the rows: an attention's scores
+        q, keys = tensor([*row_dims, size["red"]]), tensor([size["col"], size["red"]])
+        scores = write("+=!", elem, Bin("*", at(q, *rows, k), at(keys, j, k)))
+    else:
+        scores = write("=", elem, at(tensor([*row_dims, size["col"]]), *rows, j))
+    if rng.random() < 0.4:  # scaled in place
+        stmts.append(Stmt(scores, elem, "=", Bin("*", at(scores, *elem), Num(2, FLOAT))))
+    if rng.random() < 0.4:  # masked in place
+        mask = tensor([size["col"]])
+        stmts.append(Stmt(scores, elem, "=", Bin("+", at(scores, *elem), at(mask, j))))
+    top = write("max=!", row, at(scores, *elem))
+    power: Expr = Call("exp", (Bin("-", at(scores, *elem), at(top, *rows)),))
+    miss = rng.random() < 0.15  # a shape the rule must refuse
+    if miss:
+        power = rng.choice((
+            Bin("+", power, at(top, *rows)),  # the maximum read outside the exponential
+            Bin("*", power, power),  # a square of it
+        ))  # fmt: skip
+    elif rng.random() < 0.3:  # times an operand of the row's positions
+        power = Bin("*", power, at(tensor([size["col"]]), j))
+    weights = write("=", elem, power)
+    sum_op = "+=" if miss and rng.random() < 0.3 else "+=!"
+    if sum_op == "+=":  # a sum without `!` starts from its own zeros
+        total = names.fresh("tensor")
+        stmts.append(Stmt(total, row, "=", Num(0, FLOAT)))
+        stmts.append(Stmt(total, row, "+=", at(weights, *elem)))
+    else:
+        total = write("+=!", row, at(weights, *elem))
+    outputs: list[str] = []
+    kind = rng.choice(("attention", "softmax", "logsumexp", "mean"))
+    if kind == "attention":  # a product with an operand the rows share
+        values = tensor([size["col"], size["out"]])
+        acc = write("+=!", (*rows, e), Bin("*", at(weights, *elem), at(values, j, e)))
+        outputs.append(write("=", (*rows, e), Bin("/", at(acc, *rows, e), at(total, *rows))))
+    elif kind == "softmax":  # the exponentials read again after the chain
+        outputs.append(write("=", elem, Bin("/", at(weights, *elem), at(total, *rows))))
+    elif kind == "logsumexp":
+        log = Call("log", (at(total, *rows),))
+        outputs.append(write("=", row, Bin("+", at(top, *rows), log)))
+    else:  # a softmax-weighted mean of the elements
+        acc = write("+=!", row, Bin("*", at(weights, *elem), at(scores, *elem)))
+        outputs.append(write("=", row, Bin("/", at(acc, *rows), at(total, *rows))))
+    outputs += [t for t in (top, total) if rng.random() < 0.2]
+    used = {x for d in inputs for x in d.dims}
+    program = Program("f", tuple(inputs), tuple(outputs), tuple(stmts),
+                      {n: v for n, v in sizes.items() if n in used}, smooth=True)  # fmt: skip
+    analyze(program)
+    return program
+
+
+def generate(rng: random.Random, online: bool = False) -> Program:
     """A random program that `program.analyze` accepts at its own sizes: a row chain
-    (`row_chain`) for a `ROW_CHAIN_SHARE` of them, else statements drawn one by one."""
+    (`row_chain`) for a `ROW_CHAIN_SHARE` of them, a chain of exponentials
+    (`online_chain`) for an `ONLINE_CHAIN_SHARE` (all of them with `online`), else
+    statements drawn one by one."""
     # drawn from the generator's state without advancing it, so that a seed that
-    # draws no row chain gives the program it gave before row chains were drawn; from
+    # draws no chain gives the program it gave before chains were drawn; from
     # the state's integers alone: the whole state holds a None, whose hash in Python
     # 3.11 is its address, and a seed then gave another program in another process
-    if random.Random(hash(rng.getstate()[1])).random() < ROW_CHAIN_SHARE:
+    draw = random.Random(hash(rng.getstate()[1])).random()
+    chain = row_chain if draw < ROW_CHAIN_SHARE else None
+    if online or ROW_CHAIN_SHARE <= draw < ROW_CHAIN_SHARE + ONLINE_CHAIN_SHARE:
+        chain = online_chain
+    if chain is not None:
         while True:
             try:
-                return row_chain(rng)
+                return chain(rng)
             except Invalid:
                 continue
     while True:

@@ -9,6 +9,8 @@ of + - * min max (any tiling, fusion, vectorisation, reduction order) gives the 
 bits, so outputs can be compared with exact equality. A program's float tensors may
 be half-precision (`Program.float_type`): its values are computed in float32 all the
 same and rounded, deterministically, where they are stored, so the equality holds.
+The exception is a `smooth` program (the generator's chains of exponentials): its
+values are real and unbounded, and it is compared within a tolerance instead.
 
 The range analysis mirrors the range inference of docs/language.md on concrete numbers: where
 clauses first, then rounds in which each unsolved variable takes the intersection of the
@@ -158,6 +160,9 @@ class Program:
     sizes: dict[str, int] = field(default_factory=dict)
     nan: bool = False  # inputs may hold NaN (so no float -> int casts are generated)
     float_type: str = FLOAT  # one of FLOAT_TYPES
+    # real values (exponentials, logarithms, quotients), unbounded: checked against the
+    # reference within a tolerance (`tcpy.fuzz_tasks.SMOOTH`), not bit for bit
+    smooth: bool = False
 
     def render(self) -> str:
         params = ", ".join(_render_decl(d) for d in self.inputs)
@@ -305,6 +310,9 @@ def _statement(p: Program, s: Stmt, info: Info) -> None:
         info.shapes[s.tensor] = tuple(ranges[v][1] for v in s.indices)
     elif info.types[s.tensor] == INT and ty == FLOAT:
         raise Invalid("a float value stored into an int32 tensor")
+    if p.smooth:  # real values: compared within a tolerance, no bound kept
+        info.bounds.setdefault(s.tensor, 0)
+        return
     b = bound(s.rhs, env, info.bounds)
     length = math.prod(hi - lo for v, (lo, hi) in ranges.items() if v not in s.indices)
     old = 0 if (new or s.op.endswith("!")) else info.bounds[s.tensor]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tcpy.fuzz_tasks import GRADIENT, define_only, replay_task
+from tcpy.fuzz_tasks import GRADIENT, SMOOTH, define_only, replay_task
 from tcpy.sandbox import Failure, Outcome, Replay, Sandbox, run_tasks
 from tools.fuzz.generate import generate
 from tools.fuzz.mutate import mutate, seed_sources, token_soup
@@ -49,16 +49,26 @@ def pair_seed(seed: int, i: int) -> int:
 
 
 def make_pair(
-    seed: int, target: str, gradient: bool = False, float_type: str | None = None
+    seed: int,
+    target: str,
+    gradient: bool = False,
+    float_type: str | None = None,
+    online: bool = False,
 ) -> Replay:
     """The (program, options) pair of a generator seed, as a not-yet-failed replay;
     with `gradient`, a pair whose backward is checked (`fuzz_tasks.check_gradient`);
     `float_type`: the program's float type (`program.FLOAT_TYPES`, or "half" for one of
-    the two half types) instead of the generator's draw."""
+    the two half types) instead of the generator's draw; `online`: the program a chain
+    of exponentials (`generate.online_chain`)."""
     rng = random.Random(seed)
-    program = _typed(generate(rng), seed, float_type)
+    program = _typed(generate(rng, online), seed, float_type)
     options = sample_options(rng)
-    inputs = GRADIENT if gradient else "exact-nan" if program.nan else "exact"
+    inputs = (
+        GRADIENT if gradient
+        else SMOOTH if program.smooth
+        else "exact-nan" if program.nan
+        else "exact"
+    )  # fmt: skip
     return Replay(
         source=program.render(),
         entry=program.name,
@@ -68,7 +78,7 @@ def make_pair(
         target=target,
         failure="",
         inputs=inputs,
-        meta={"generator_seed": seed, "float_type": float_type},
+        meta={"generator_seed": seed, "float_type": float_type, "online": online},
     )
 
 
@@ -145,14 +155,16 @@ def fuzz(
     run_timeout: float = RUN_TIMEOUT,
     gradient: bool = False,
     float_type: str | None = None,
+    online: bool = False,
 ) -> Summary:
     """Run `n` pairs on `target`; save and shrink the failures under `out`. A failure
     is saved as soon as it is found, so a run that is stopped keeps what it found;
     shrinking waits for the end. A pair has `timeout` seconds to compile and
     `run_timeout` to run its kernel after that. `gradient`: check the backwards of the
-    programs instead (`fuzz_tasks.check_gradient`)."""
+    programs instead (`fuzz_tasks.check_gradient`); `online`: every program a chain of
+    exponentials."""
     summary = Summary()
-    pairs = [make_pair(pair_seed(seed, i), target, gradient, float_type) for i in range(n)]
+    pairs = [make_pair(pair_seed(seed, i), target, gradient, float_type, online) for i in range(n)]
     start, last = time.monotonic(), time.monotonic()
     failed: list[Path] = []
     with private_cache():
@@ -229,11 +241,14 @@ def _shrink(original: Replay, fails: Any, seconds: float) -> Replay:
     seed = original.meta.get("generator_seed")
     gradient = original.inputs == GRADIENT
     float_type = original.meta.get("float_type")
+    online = bool(original.meta.get("online", False))
     rebuilt = (
-        make_pair(seed, original.target, gradient, float_type) if isinstance(seed, int) else None
+        make_pair(seed, original.target, gradient, float_type, online)
+        if isinstance(seed, int)
+        else None
     )
     if rebuilt is not None and rebuilt.source == original.source:
-        program = _typed(generate(random.Random(seed)), seed, float_type)
+        program = _typed(generate(random.Random(seed), online), seed, float_type)
 
         def as_replay(c: Case) -> Replay:
             return dataclasses.replace(original, source=c.program.render(),
