@@ -184,7 +184,7 @@ def lower_to_cuda(
     """`device`: the GPU's profile (default: `tcpy.mapping.gpu.device.default_profile()`);
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
     source past `SOURCE_LIMIT` is lowered again with `cuda_plain` options."""
-    cdef = widen_half_reductions(cdef)
+    cdef = online_reductions(widen_half_reductions(cdef), options.online_tile)
 
     def lower(o: MappingOptions) -> LoweredCuda:
         return _within_limit(

@@ -193,6 +193,7 @@ class CudaEmu(Target):
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
         cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
+        cdef = online_reductions(cdef, options.online_tile)  # a row's chain read once
         check = knobs.emu_check() if self.check is None else self.check
         kernel = self._prepare(cdef, binding, options, session, instrumented=check)
         counting = _once(lambda: self._prepare(cdef, binding, options, session, False, True))
@@ -383,6 +384,7 @@ class Cuda(Target):
         self, cdef: CheckedDef, binding: Binding, options: MappingOptions, session: Session
     ) -> Kernel:
         cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
+        cdef = online_reductions(cdef, options.online_tile)  # a row's chain read once
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime import nvrtc

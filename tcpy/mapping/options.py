@@ -62,8 +62,9 @@ INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 MAX_WARP_TILE = 64 * 64
 """The most outputs a warp's tile may have (128 registers of accumulators a lane)."""
 MAX_COPY_STAGES = 8
-ONLINE_TILES = (0, 256, 2048)
-"""The tiles of a row `online_tile` is searched over (0: the row's chain not online)."""
+ONLINE_TILES = (0, 64, 256, 2048)
+"""The tiles of a row `online_tile` is searched over (0: the row's chain not online;
+64: a GPU block's tile, its keys and values in shared memory)."""
 REGISTER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_REGISTER_BLOCK = 1024
 """The most elements a register block may hold (it lives on the stack when the
@@ -297,12 +298,14 @@ class MappingOptions:
     (a bias, an activation, a residual) in the contraction's tiles, right after each
     tile's reduction, and its initialisation just before (`tcpy.mapping.cpu.epilogues`)."""
     online_tile: int = dataclasses.field(
-        default=0, metadata=_tuned(TuningKind.CHOICE, ("cpu",), *ONLINE_TILES)
+        default=0, metadata=_tuned(TuningKind.CHOICE, ("cpu", "cuda"), *ONLINE_TILES)
     )
-    """`cpu`: where a def computes a row's maximum and sums of exponentials against it
-    (a softmax, an attention head, a log-sum-exp), read the row once, in tiles of this
+    """Where a def computes a row's maximum and sums of exponentials against it (a
+    softmax, an attention head, a log-sum-exp), read the row once, in tiles of this
     many values, the sums rescaled as each tile raises the maximum
-    (`tcpy.poly.online`); 0: not."""
+    (`tcpy.poly.online`); 0: not. On `cuda`, such a chain with its first and last
+    statements is one kernel, a warp a row, a tile at a time in shared memory
+    (`tcpy.mapping.gpu.online`)."""
     threads: int = 0
     """The threads a `cpu` kernel runs on (0: chosen at each call, from
     `TCPY_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores; see `tcpy.knobs`). The

@@ -154,17 +154,21 @@ def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
     return found
 
 
-def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
+def original_order(scop: Scop, deps: Dependences, rows_first: bool = False) -> isl.Schedule:
     """Statements in source order, each with one band over its own indices in their
     original order (lhs indices, then reductions). A member is coincident when no
     dependence of the statement on itself changes its index, whatever the others do:
     the band is permutable, and tiling or reordering it must not make a member
     parallel that only an outer one kept in order (a scatter-add's `h` and `k` in
     `Y(2*h + k) += ...`). Statements run together (`CheckedDef.together`) are one
-    child: a band over their rows and tiles, then each of them in order (`_together`)."""
+    child: a band over their rows and tiles, then each of them in order (`_together`);
+    with `rows_first` (the GPU's row kernels over tiles), a band over their rows alone,
+    taking in the statements of each row just before and after them (`_rows_first`)."""
     scop.ctx.reset_operations()
     every = deps.raw.union(deps.war).union(deps.waw)  # not coalesced: that can pass the budget
     children = _children(scop)
+    if rows_first:
+        children = _absorbed(scop, every, children)
     schedule = isl.Schedule.from_domain(scop.domain)
     root = schedule.get_root().child(0)
     filters = isl.UnionSetList.alloc(scop.ctx, len(children))
@@ -175,10 +179,148 @@ def original_order(scop: Scop, deps: Dependences) -> isl.Schedule:
         child = node.child(pos).child(0)
         if len(members) == 1 and scop.cdef.group_of(members[0].index) is None:
             child = _own_band(scop, every, members[0], child, tuple(range(len(members[0].dims))))
+        elif rows_first and _rows_apart(scop, every, members, _group_rows(scop, members)):
+            child = _rows_first(scop, every, members, child)
         else:
             child = _together(scop, every, members, child)
         node = child.parent().parent()
     return node.get_schedule()
+
+
+def _absorbed(
+    scop: Scop, every: isl.UnionMap, children: list[list[PolyStatement]]
+) -> list[list[PolyStatement]]:
+    """`children` with each group run together joined by the statements alone just
+    before and after it that run over its rows (a chain's initialisations, its last
+    statements), as long as no dependence among them all crosses rows."""
+    out = list(children)
+    for group in scop.cdef.together:
+        g = next(k for k, c in enumerate(out) if scop.cdef.group_of(c[0].index) is group)
+        lo, hi = g, g + 1
+        while lo > 0 and _over_rows(scop, out[lo - 1], group.rows):
+            lo -= 1
+        while hi < len(out) and _over_rows(scop, out[hi], group.rows):
+            hi += 1
+        while (lo, hi) != (g, g + 1):
+            joined = [s for c in out[lo:hi] for s in c]
+            if _rows_apart(scop, every, joined, group.rows):
+                break
+            lo, hi = (lo + 1, hi) if lo < g else (lo, hi - 1)  # the farthest let go first
+        out[lo:hi] = [[s for c in out[lo:hi] for s in c]]
+    return out
+
+
+def _group_rows(scop: Scop, members: list[PolyStatement]) -> int:
+    """The rows of the group among `members`."""
+    return next(g.rows for s in members if (g := scop.cdef.group_of(s.index)) is not None)
+
+
+def _over_rows(scop: Scop, child: list[PolyStatement], rows: int) -> bool:
+    """Whether `child` is one statement alone with at least `rows` indices."""
+    return (
+        len(child) == 1
+        and scop.cdef.group_of(child[0].index) is None
+        and (len(child[0].dims) >= rows)
+    )
+
+
+def _rows_apart(
+    scop: Scop, every: isl.UnionMap, statements: list[PolyStatement], rows: int
+) -> bool:
+    """Whether no dependence among `statements` joins instances of different rows
+    (their first `rows` indices)."""
+    found = _distances(every, _leading(scop, statements, rows), statements)
+    zero = isl.Set.universe(found.get_space())
+    for k in range(rows):
+        zero = zero.fix_val(isl.dim_type.set, k, isl.Val.zero(scop.ctx))
+    return found.is_subset(zero)
+
+
+def _rows_first(
+    scop: Scop, every: isl.UnionMap, members: list[PolyStatement], node: isl.ScheduleNode
+) -> isl.ScheduleNode:
+    """`node` (the child of a group run together with the statements it took in,
+    `_absorbed`) with a band over their rows (coincident: no dependence crosses them),
+    then in order: each statement taken in over its other indices, and the group, a
+    band over its tiles, then each of its statements over its indices but the rows
+    (and but its tile's index where it runs once per tile), the tiled index as its
+    place in its tile."""
+    group = next(g for s in members if (g := scop.cdef.group_of(s.index)) is not None)
+    rows = group.rows
+    node = node.insert_partial_schedule(_leading(scop, members, rows))
+    node = node.band_set_permutable(1)
+    for k in range(rows):
+        node = node.band_member_set_coincident(k, 1)
+    parts = [[s] for s in members if group.member(s.index) is None]
+    inside = [s for s in members if group.member(s.index) is not None]
+    parts.insert(sum(s.index < group.start for s in members), inside)
+    filters = isl.UnionSetList.alloc(scop.ctx, len(parts))
+    for part in parts:
+        filters = filters.add(_union(part))
+    node = node.child(0).insert_sequence(filters)
+    for pos, part in enumerate(parts):
+        child = node.child(pos).child(0)
+        if part is inside:
+            child = _tiles(scop, every, inside, child, group)
+        else:
+            child = _own_band(scop, every, part[0], child, tuple(range(rows, len(part[0].dims))))
+        node = child.parent().parent()
+    return node.parent()
+
+
+def _leading(scop: Scop, statements: list[PolyStatement], rows: int) -> isl.MultiUnionPwAff:
+    """The statements -> their first `rows` indices."""
+    pieces = []
+    for s in statements:
+        names = [f"i{d}" for d in range(len(s.dims))]
+        pieces.append(f"{s.name}[{', '.join(names)}] -> [{', '.join(names[:rows])}]")
+    return _from_pieces(scop, pieces)
+
+
+def _from_pieces(scop: Scop, pieces: list[str]) -> isl.MultiUnionPwAff:
+    """The partial schedule of maps `pieces` (`S[i0, ..] -> [..]`, one per statement)."""
+    params = ", ".join(scop.isl_params)
+    text = f"[{params}] -> {{ {'; '.join(pieces)} }}"
+    return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(scop.ctx, text))
+
+
+def _tiles(
+    scop: Scop,
+    every: isl.UnionMap,
+    inside: list[PolyStatement],
+    node: isl.ScheduleNode,
+    group: Together,
+) -> isl.ScheduleNode:
+    """`node` (below the rows, the group's child) with a band over the group's tiles,
+    then each of its statements in order over its indices but the rows."""
+    pieces = []
+    for s in inside:
+        k = group.member(s.index)
+        assert k is not None
+        names = [f"i{d}" for d in range(len(s.dims))]
+        along = names[s.dims.index(group.along[k])]
+        pieces.append(f"{s.name}[{', '.join(names)}] -> [{tile_of(group, along)}]")
+    # in order: a tile's sums feed the next
+    node = node.insert_partial_schedule(_from_pieces(scop, pieces))
+    filters = isl.UnionSetList.alloc(scop.ctx, len(inside))
+    for s in inside:
+        filters = filters.add(isl.UnionSet.from_set(s.domain))
+    node = node.child(0).insert_sequence(filters)
+    for pos, s in enumerate(inside):
+        k = group.member(s.index)
+        assert k is not None
+        cut = s.dims.index(group.along[k])
+        dims = tuple(d for d in range(group.rows, len(s.dims))
+                     if not (group.once[k] and d == cut))  # fmt: skip
+        child = node.child(pos).child(0)
+        if dims:
+            child = child.insert_partial_schedule(_within(scop, s, dims, group))
+            child = child.band_set_permutable(1)
+            for position, d in enumerate(dims):
+                carried = _carries(scop.ctx, every, s.name, d)
+                child = child.band_member_set_coincident(position, 0 if carried else 1)
+        node = child.parent().parent()
+    return node.parent()
 
 
 def _children(scop: Scop) -> list[list[PolyStatement]]:

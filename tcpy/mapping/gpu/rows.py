@@ -92,6 +92,9 @@ class Rows(NamedTuple):
     copied: tuple[str, ...]
     scratch: tuple[str, ...]
     member: int  # the row band's member whose consecutive rows a block runs
+    # a row kernel over tiles (`tcpy.mapping.gpu.online`): what the block copies and
+    # keeps in shared memory across its tiles (the others: for each tile)
+    across: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,7 @@ def map_rows(
 
     tiles = _along(member, n)
     given = chosen is not None
-    strided = _strided(node.child(0), statements, scop)
+    strided = strided_by_lanes(node.child(0), statements, scop)
     chosen = chosen or _rows(node, scop, options, device, fill, tiles, member, strided)
     coalesced = strided <= {*chosen.copied, *chosen.scratch}
     if not coalesced and not given:  # the outputs the lanes write across memory, stored
@@ -174,14 +177,14 @@ def map_rows(
         coalesced = strided <= {*chosen.copied, *chosen.scratch}
     if not coalesced:
         return None
-    rows, copied, scratch, _ = chosen
+    rows, copied, scratch = chosen.rows, chosen.copied, chosen.scratch
     node = node.band_tile(multi_val(node.band_get_space(), tiles(rows)))
     grid = grid_sizes(options, [member_extent(node, m, at) for m in members])
     if not bind:
         return (node, tuple(grid), (WARP, rows)), chosen
     node = bind_members(node, members, grid, BLOCK_PARAMS)
     point = bind_members(node.child(0), [member], [rows], THREAD_PARAMS[1:2])
-    sequence = _bind_lanes(marks.insert(point.child(0), marks.Rows()), statements)
+    sequence = bind_lanes(marks.insert(point.child(0), marks.Rows()), statements)
     point = sequence.ancestor(3)  # above the mark and the rows' band: the thread filter
     stored = tuple(t for t in scratch if scop.cdef.tensor(t).role is not Role.TEMPORARY)
     for mark in (marks.Scratch(tuple(scratch), stored), marks.Shared(tuple(copied))):
@@ -206,7 +209,7 @@ def _rows(
     blocks) down to `_fewest_rows`, and while the block's shared memory would not
     fit; with the operands it copies and the temporaries (and outputs: `every_output`,
     `shared.row_tensors`) it keeps there. `strided`: the tensors the lanes walk across
-    memory (`_strided`), the only operands of 2-byte elements worth a copy."""
+    memory (`strided_by_lanes`), the only operands of 2-byte elements worth a copy."""
     threads = options.map_to_threads
     members = list(reversed(range(node.band_n_member())))  # by grid dimension
     extents = [member_extent(node, m) for m in members]
@@ -308,6 +311,8 @@ def row_statements(band: isl.ScheduleNode, scop: Scop) -> list[RowStatement] | N
     a single statement (`tcpy.mapping.gpu` maps its lanes)."""
     n = band.band_n_member()
     names = statement_names(band.get_domain())
+    if any(scop.cdef.group_of(scop.statement(name).index) for name in names):
+        return None  # run together over tiles, in an order of their own (`online`)
     rows: dict[str, list[int]] = {name: [] for name in names}
     for k in range(n):
         if member_extent(band, k) == 1:
@@ -353,7 +358,9 @@ def _lane_extent(r: RowStatement) -> int:
     return domain.dim_max_val(d).to_python() - domain.dim_min_val(d).to_python() + 1
 
 
-def _strided(sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop) -> set[str]:
+def strided_by_lanes(
+    sequence: isl.ScheduleNode, statements: list[RowStatement], scop: Scop
+) -> set[str]:
     """The tensors some statement's lanes walk across rows of memory (the index on the
     lanes is member `lane` of the band below `sequence`'s child): the row kernel is
     coalesced only where the block keeps them in shared memory (a copy reads the
@@ -420,17 +427,26 @@ def _rebuild(band: isl.ScheduleNode, statements: list[RowStatement]) -> isl.Sche
         filters = filters.add(domain.intersect(isl.UnionSet.from_set(r.statement.domain)))
     node = band.child(0).cut().insert_sequence(filters)
     for pos, r in enumerate(statements):
-        child = node.child(pos).child(0)
-        if r.inner:
-            child = child.insert_partial_schedule(identity_band(r.statement, r.inner))
-            child = child.band_set_permutable(1)
-            for k in range(len(r.inner)):
-                child = child.band_member_set_coincident(k, int(not r.lanes and k <= r.lane))
-        node = child.parent().parent()
+        node = statement_band(node.child(pos).child(0), r).parent().parent()
     return node.parent()
 
 
-def _bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:
+def statement_band(
+    node: isl.ScheduleNode, r: RowStatement, band: isl.MultiUnionPwAff | None = None
+) -> isl.ScheduleNode:
+    """Row statement `r`'s band over its inner indices (or `band`, over functions of
+    them) inserted at `node` (the leaf below its filter; none without inner indices);
+    returns the node at `node`'s position."""
+    if not r.inner:
+        return node
+    node = node.insert_partial_schedule(band or identity_band(r.statement, r.inner))
+    node = node.band_set_permutable(1)
+    for k in range(len(r.inner)):
+        node = node.band_member_set_coincident(k, int(not r.lanes and k <= r.lane))
+    return node
+
+
+def bind_lanes(node: isl.ScheduleNode, statements: list[RowStatement]) -> isl.ScheduleNode:
     """Below the rows' mark (`node` is its sequence): each statement's last inner index
     on the lanes, a lane reduction marked; lane 0 for a statement without one.
     Returns the sequence."""

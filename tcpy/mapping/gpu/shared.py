@@ -111,6 +111,7 @@ def row_tensors(
     budget: int,
     strided: Collection[str] = (),
     every_output: bool = False,
+    exclude: Collection[str] = (),
 ) -> tuple[list[str], list[str], bool]:
     """At the block of a row kernel (`tcpy.mapping.gpu.rows`, above its thread filter):
     the operands to copy into shared memory (read by several statements below, or
@@ -122,13 +123,15 @@ def row_tensors(
     by a row is not copied (its copy moves 2 bytes a lane, no faster than the second
     read it saves: a bfloat16 softmax's rows ran 1.3x slower copied), only one the
     block's rows share (an attention's values) or the lanes would read across memory
-    (among `strided`: its keys)."""
+    (among `strided`: its keys). Tensors in `exclude` (kept elsewhere) are not wanted."""
     operands = [
-        t for t in candidates(node, scop, min_rank=1) if _row_copied(node, t, scop, strided)
+        t
+        for t in candidates(node, scop, min_rank=1)
+        if t not in exclude and _row_copied(node, t, scop, strided)
     ]
     local = [t for t in scop.cdef.tensors if kernel_local(node, t.name, scop)]
     local += [t for t in scop.cdef.tensors if written_by_block(node, t.name, scop, every_output)]
-    wanted = operands + [t.name for t in local]
+    wanted = operands + [t.name for t in local if t.name not in exclude]
     accesses = scop.reads.union(scop.writes)
     chosen = within_budget(node, wanted, scop, budget, accesses)
     complete = len(chosen) == len(wanted)

@@ -61,6 +61,7 @@ from tcpy.mapping.gpu.bind import bind_members, grid_sizes
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, shared_budget
 from tcpy.mapping.gpu.kernel import GpuMapping, MappedKernel
 from tcpy.mapping.gpu.matrix import absorb_epilogues, map_matrix_band, matrix_plan
+from tcpy.mapping.gpu.online import map_online_rows
 from tcpy.mapping.gpu.placement import (
     copy_into_shared,
     copy_stages,
@@ -88,7 +89,7 @@ from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS, size_name
 from tcpy.parser.checked import CheckedDef, contraction
 from tcpy.poly.dependences import Dependences
 from tcpy.poly.isl_helpers import read_set, schedule_children, statement_names
-from tcpy.poly.schedule import member_extent
+from tcpy.poly.schedule import member_extent, original_order
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band, permute_band, tile_leading_members
 
@@ -165,6 +166,8 @@ def map_to_gpu(
     # the bands tiled, as `verify` checks them, each band's choices kept; then the same
     # tiles bound to blocks and threads, from the choices made once
     choices: list[Choice] = []
+    if scop.cdef.together and deps is not None:  # a group's rows outermost (`online`)
+        schedule = original_order(scop, deps, rows_first=True)
     if options.fuse_rows and deps is not None:
         fused = fuse_rows(schedule, scop, deps, tiled=False, accept=row_fusable(scop, options))
         root = fused.get_root().child(0)
@@ -282,7 +285,9 @@ def map_band(
     what it chose; with `given`, the choices made before, not tried again."""
     # 1. rows
     fill = FILL_WAVES * device.sms
-    rows = map_rows(node, scop, options, device, fill, bind, at, given and given.rows)
+    rows = map_online_rows(node, scop, options, device, fill, bind, at, given and given.rows)
+    if rows is None:
+        rows = map_rows(node, scop, options, device, fill, bind, at, given and given.rows)
     if rows is not None:
         mapped_rows, chosen = rows
         return Mapped(*mapped_rows, 1), Choice(rows=chosen)
