@@ -82,7 +82,6 @@ def map_online_rows(
     scop: Scop,
     options: MappingOptions,
     device: DeviceProfile,
-    fill: int,
     bind: bool,
     at: isl.Set | None = None,
     chosen: Rows | None = None,
@@ -194,11 +193,11 @@ def _choose(
     def blocks(rows: int) -> int:
         return count_blocks(extents, [1] * (group.rows - 1) + [rows], list(range(group.rows)))
 
-    while len(threads) != 2 and rows > FEWEST_ROWS and blocks(rows) < device.sms:
+    while len(threads) != 2 and rows // 2 >= FEWEST_ROWS and blocks(rows) < device.sms:
         rows //= 2  # more blocks, each reading every tile of what its rows share
     while True:
-        found = _fit(band, scop, options, device, group, parts, rows)
-        if found is None or found.across != ((), ()) or len(threads) == 2 or rows == 1:
+        found, complete = _fit(band, scop, options, device, group, parts, rows)
+        if found is None or complete or len(threads) == 2 or rows == 1:
             return found
         rows //= 2
 
@@ -211,11 +210,11 @@ def _fit(
     group: Together,
     parts: list[Part],
     rows: int,
-) -> Rows | None:
+) -> tuple[Rows | None, bool]:
     """What blocks of `rows` rows keep in shared memory: for a tile, the operands the
     lanes would read across memory and all else that fits the budget; across the
-    tiles, what fits the rest. None where the lanes would read across memory from
-    global memory; `across` empty where a tile's wants do not all fit."""
+    tiles, what fits the rest (nothing where a tile's wants do not all fit); and
+    whether they do. None where the lanes would read across global memory."""
     budget = shared_budget(options, device)
     top = _rebuild(band, scop, group, parts, rows)
     sequence = top.child(0)
@@ -229,12 +228,12 @@ def _fit(
     steady = _steady(scop, group, parts)  # copied once for all the tiles, if at all
     copied, scratch, complete = row_tensors(at_tile, scop, budget, strided, exclude=steady)
     if not strided <= {*copied, *scratch}:
-        return None
+        return None, False
     used = _bytes(at_tile, scop, copied, scratch)
     kept = (*copied, *scratch)
     across = row_tensors(sequence, scop, budget - used, (), exclude=kept)
     held = (tuple(across[0]), tuple(across[1])) if complete else ((), ())
-    return Rows(rows, tuple(copied), tuple(scratch), group.rows - 1, held)
+    return Rows(rows, tuple(copied), tuple(scratch), group.rows - 1, held), complete
 
 
 def _steady(scop: Scop, group: Together, parts: list[Part]) -> set[str]:

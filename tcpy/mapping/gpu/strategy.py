@@ -285,7 +285,7 @@ def map_band(
     what it chose; with `given`, the choices made before, not tried again."""
     # 1. rows
     fill = FILL_WAVES * device.sms
-    rows = map_online_rows(node, scop, options, device, fill, bind, at, given and given.rows)
+    rows = map_online_rows(node, scop, options, device, bind, at, given and given.rows)
     if rows is None:
         rows = map_rows(node, scop, options, device, fill, bind, at, given and given.rows)
     if rows is not None:
