@@ -316,7 +316,8 @@ def measure(  # type: ignore[no-untyped-def]
 def attention_on_emulator() -> dict[str, Any]:
     """The attention def at a size where one block's rows cover the sequence (20, 2
     heads of 8) on `cuda-emu`: its launches and the global bytes they load and store,
-    against the bytes of its inputs and outputs (the GPU's row fusion target: 1.3x)."""
+    against the bytes of its inputs and outputs (the GPU's row fusion target: 1.3x);
+    and the same from split inputs online over tiles of keys (`online_tile`)."""
     s = {"S": 20, "H": 2, "E": 8}
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((3, 1, s["H"], s["S"], s["E"]), dtype=np.float32)
@@ -327,8 +328,16 @@ def attention_on_emulator() -> dict[str, Any]:
     launches = compiled.profile(qkv, mask)
     moved = sum(x["global_load_bytes"] + x["global_store_bytes"] for x in launches)
     least = qkv.nbytes + mask.nbytes + math.prod((1, s["H"], s["S"], s["E"])) * 4
+    # the same from split inputs, online over tiles of 8 keys (three tiles a row)
+    engine.define(_tc(ATTENTION_SPLIT, {**BERT, **s}))
+    parts = (*(np.ascontiguousarray(qkv[k]) for k in range(3)), mask)
+    options = engine.default_options("attention_split", *parts).replace(online_tile=8)
+    online = engine.compile("attention_split", *parts, options=options).profile(*parts)
+    online_moved = sum(x["global_load_bytes"] + x["global_store_bytes"] for x in online)
     return {"sizes": s, "launches": len(launches), "global_bytes": moved,
-            "least_bytes": least, "moved_x": round(moved / least, 2)}  # fmt: skip
+            "least_bytes": least, "moved_x": round(moved / least, 2),
+            "online_tile": 8, "online_launches": len(online),
+            "online_moved_x": round(online_moved / least, 2)}  # fmt: skip
 
 
 def layer_on_emulator() -> dict[str, Any]:
@@ -395,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     layer = layer_on_emulator() if args.device == "cpu" and (not only or "layer" in only) else None
     if emulated:
         print(f"attention on cuda-emu {emulated['sizes']}: {emulated['launches']} launches, "
-              f"{emulated['moved_x']}x its least bytes")  # fmt: skip
+              f"{emulated['moved_x']}x its least bytes; split and online over tiles of "
+              f"{emulated['online_tile']}: {emulated['online_launches']} launches, "
+              f"{emulated['online_moved_x']}x")  # fmt: skip
     if layer:
         print(f"layer on cuda-emu {layer['sizes']}: {layer['apart_launches']} launches apart, "
               f"{layer['one_kernel_launches']} as one kernel "
