@@ -214,7 +214,9 @@ def _fit(
     """What blocks of `rows` rows keep in shared memory: for a tile, the operands the
     lanes would read across memory and all else that fits the budget; across the
     tiles, what fits the rest (nothing where a tile's wants do not all fit); and
-    whether they do. None where the lanes would read across global memory."""
+    whether all of both fit (else fewer rows are tried: an attention's queries read
+    from global memory at every tile cost more than its keys read by more blocks).
+    None where the lanes would read across global memory."""
     budget = shared_budget(options, device)
     top = _rebuild(band, scop, group, parts, rows)
     sequence = top.child(0)
@@ -233,7 +235,7 @@ def _fit(
     kept = (*copied, *scratch)
     across = row_tensors(sequence, scop, budget - used, (), exclude=kept)
     held = (tuple(across[0]), tuple(across[1])) if complete else ((), ())
-    return Rows(rows, tuple(copied), tuple(scratch), group.rows - 1, held), complete
+    return Rows(rows, tuple(copied), tuple(scratch), group.rows - 1, held), (complete and across[2])
 
 
 def _steady(scop: Scop, group: Together, parts: list[Part]) -> set[str]:
