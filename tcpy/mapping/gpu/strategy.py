@@ -8,7 +8,9 @@ filters and marks, the same schedule tiled but not bound (what `verify` checks),
 `MappedKernel` per nest. `map_band` maps the outermost band of a nest in these steps:
 
 1. rows: a nest fused over rows (a softmax under `Max` fusion) runs as a row kernel,
-   one warp per row (`rows.map_rows`);
+   one warp per row (`rows.map_rows`); a group run together over tiles of its rows
+   (the online rewrite's, its rows first: `original_order(rows_first=True)`) as a
+   row kernel over tiles (`online.map_online_rows`);
 2. parallelism: the band's coincident members all go on the grid, the one that walks
    memory with unit stride on x, the next on y, the others folded into z; a reduction
    member that reads with unit stride where no parallel member does is spread over
