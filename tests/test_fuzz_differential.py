@@ -238,12 +238,14 @@ def test_smooth_outputs_are_compared_within_a_tolerance() -> None:
     assert close_outputs(want.astype(np.float32), want, 1e-9) is not None
 
 
-def test_fuzz_online_chains(tmp_path: Path) -> None:
-    """Chains of exponentials on `cpu`, most with the online rewrite over tiles on
-    (`online_tile`), within the tolerance of `SMOOTH` pairs."""
-    summary = fuzz("cpu", 16, seed=4, jobs=min(2, os.cpu_count() or 1), timeout=120,
+@pytest.mark.parametrize(("target", "n"), [("cpu", 16), ("cuda-emu", 8)])
+def test_fuzz_online_chains(target: str, n: int, tmp_path: Path) -> None:
+    """Chains of exponentials, most with the online rewrite over tiles on
+    (`online_tile`: on `cuda-emu` a row kernel over tiles), within the tolerance of
+    `SMOOTH` pairs."""
+    summary = fuzz(target, n, seed=4, jobs=min(2, os.cpu_count() or 1), timeout=120,
                    out=tmp_path, shrink_seconds=0, log=None, online=True)  # fmt: skip
-    assert summary.pairs == 16 and not summary.rejects, summary.line()
+    assert summary.pairs == n and not summary.rejects, summary.line()
     assert not summary.failures, "\n".join(
         [summary.line()] + [p.read_text() for p in summary.saved]
     )
