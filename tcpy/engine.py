@@ -291,7 +291,7 @@ class ExecutionEngine:
         if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
             done = steady(hit[1], hit[2])
             return done if done is not None else self._checked_call(entry, inputs, options, out)
-        return hit[0].call(Binding(plain_arrays(hit[0].cdef.inputs, hit[3]), hit[1]), inputs, out)
+        return hit[0].call(Binding(plain_arrays(hit[0].input_dtypes, hit[3]), hit[1]), inputs, out)
 
     def _checked_call(
         self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
@@ -474,7 +474,7 @@ class ExecutionEngine:
                 done = steady(hit[1], hit[2])
                 return done if done is not None else checked(name, inputs, options, out)
             return hit[0].call(
-                Binding(plain_arrays(hit[0].cdef.inputs, hit[3]), hit[1]), inputs, out
+                Binding(plain_arrays(hit[0].input_dtypes, hit[3]), hit[1]), inputs, out
             )
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
