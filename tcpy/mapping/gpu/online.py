@@ -182,9 +182,9 @@ def _choose(
     parts: list[Part],
 ) -> Rows | None:
     """The rows a block runs (the options', else the group's block or `ROWS`, halved
-    while the grid would leave multiprocessors idle, to `FEWEST_ROWS`, or a tile's
-    shared memory would not fit), what a tile and the block across its tiles copy and keep
-    in shared memory; None where the lanes would still read across global memory."""
+    while the grid would leave multiprocessors idle, to `FEWEST_ROWS`, then while what
+    a tile or the block across its tiles keeps in shared memory would not fit), with
+    what those keep; None where the lanes would read across global memory."""
     threads = options.map_to_threads
     extents = [member_extent(band, m) for m in range(group.rows)]
     wanted = threads[1] if len(threads) == 2 else group.block if group.block > 1 else ROWS
