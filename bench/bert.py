@@ -22,8 +22,8 @@ that makes. On the CPU it also profiles the attention def on `cuda-emu` at a seq
 of 20 (2 heads of 8): its launches and global bytes against its least bytes; and the
 layer def at the smoke sizes with its kernels apart and as one kernel (`one_kernel`):
 the launches, the grid barriers passed, and that the outputs agree. On the GPU the
-layer is also timed as one kernel (`tcpy_one_kernel`), and the attention with its
-queries, keys and values split, online over tiles of 32 keys (`tcpy_online`). JSON goes
+layer is also timed as one kernel (`tcpy_one_kernel`), and the attention online over
+tiles of 32 keys (`tcpy_online`). JSON goes
 to bench/results/bert-<date>[-tag].json; `--smoke` runs tiny sizes once (CI's check
 that the benchmark runs).
 """
@@ -73,23 +73,8 @@ def attention(float(T,B,H,S,E) QKV, float(B,S) M) -> (A) {
     A(b,h,i,e) = A(b,h,i,e) / sm(b,h,i)
 }
 """
-# the attention with its queries, keys and values as separate inputs: on the GPU, timed
-# online over tiles of keys (`online_tile`: one kernel, a tile of scores in shared
-# memory), which the one input's layout does not allow yet (`tcpy.mapping.gpu.online`)
-ATTENTION_SPLIT = """
-def attention_split(float(B,H,S,E) Q, float(B,H,S,E) K, float(B,H,S,E) V, float(B,S) M)
-    -> (A) {
-    Sc(b,h,i,j) +=! Q(b,h,i,e) * K(b,h,j,e)
-    Sc(b,h,i,j) = Sc(b,h,i,j) * SCALE + M(b,j)
-    mx(b,h,i) max=! Sc(b,h,i,j)
-    P(b,h,i,j) = exp(Sc(b,h,i,j) - mx(b,h,i))
-    sm(b,h,i) +=! P(b,h,i,j)
-    A(b,h,i,e) +=! P(b,h,i,j) * V(b,h,j,e)
-    A(b,h,i,e) = A(b,h,i,e) / sm(b,h,i)
-}
-"""
 ONLINE_TILE = 32  # a tile's keys, values, scores and probabilities, and the block's
-# queries and output, in 48 KB at 16 rows a block (BERT-base's heads of 64)
+# queries and output, in 41 KB of shared memory at 32 rows a block (heads of 64)
 OUTPUT = """
 def output(float(B,H,S,E) A, float(D,H,E) Wo, float(D) bo, float(B,S,D) X,
            float(D) g1, float(D) be1) -> (L1) {
@@ -274,18 +259,15 @@ def measure(  # type: ignore[no-untyped-def]
     if block.name == "attention":
         contenders["sdpa"] = lambda: peers["sdpa"](*peer_inputs)
     errors: dict[str, float] = {}
-    if device == "cuda" and block.name == "attention":  # online, from split inputs
-        split = _tc(ATTENTION_SPLIT, s)
-        engine.define(split if ty is ScalarType.FLOAT32 else retyped(split, ty))
-        parts = [ours[0][k].contiguous() for k in range(3)] + [ours[1]]
-        options = engine.default_options("attention_split", *parts)
-        online = engine.compile(
-            "attention_split", *parts, options=options.replace(online_tile=ONLINE_TILE)
-        )
-        contenders["tcpy_online"] = lambda: online(*parts)
+    if device == "cuda" and block.name == "attention":  # online over tiles of keys
+        options = engine.default_options(block.name, *ours)
+        online = engine.compile(block.name, *ours, options=options.replace(online_tile=ONLINE_TILE))
+        contenders["tcpy_online"] = lambda: online(*ours)
         with torch.no_grad():
-            split_got = np.asarray(_host(online(*parts)), dtype=np.float64)
-        errors["online"] = float((torch.as_tensor(split_got) - want).abs().max() / want.abs().max())
+            online_got = np.asarray(_host(online(*ours)), dtype=np.float64)
+        errors["online"] = float(
+            (torch.as_tensor(online_got) - want).abs().max() / want.abs().max()
+        )
     if device == "cuda" and block.name == "layer":  # its kernels as one, launched once
         options = engine.default_options(block.name, *ours).replace(one_kernel=True)
         one = engine.compile(block.name, *ours, options=options)
@@ -318,7 +300,7 @@ def attention_on_emulator() -> dict[str, Any]:
     """The attention def at a size where one block's rows cover the sequence (20, 2
     heads of 8) on `cuda-emu`: its launches and the global bytes they load and store,
     against the bytes of its inputs and outputs (the GPU's row fusion target: 1.3x);
-    and the same from split inputs online over tiles of keys (`online_tile`)."""
+    and the same online over tiles of keys (`online_tile`)."""
     s = {"S": 20, "H": 2, "E": 8}
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((3, 1, s["H"], s["S"], s["E"]), dtype=np.float32)
@@ -329,11 +311,9 @@ def attention_on_emulator() -> dict[str, Any]:
     launches = compiled.profile(qkv, mask)
     moved = sum(x["global_load_bytes"] + x["global_store_bytes"] for x in launches)
     least = qkv.nbytes + mask.nbytes + math.prod((1, s["H"], s["S"], s["E"])) * 4
-    # the same from split inputs, online over tiles of 8 keys (three tiles a row)
-    engine.define(_tc(ATTENTION_SPLIT, {**BERT, **s}))
-    parts = (*(np.ascontiguousarray(qkv[k]) for k in range(3)), mask)
-    options = engine.default_options("attention_split", *parts).replace(online_tile=8)
-    online = engine.compile("attention_split", *parts, options=options).profile(*parts)
+    # the same online over tiles of 8 keys (three tiles a row)
+    options = engine.default_options("attention", qkv, mask).replace(online_tile=8)
+    online = engine.compile("attention", qkv, mask, options=options).profile(qkv, mask)
     online_moved = sum(x["global_load_bytes"] + x["global_store_bytes"] for x in online)
     return {"sizes": s, "launches": len(launches), "global_bytes": moved,
             "least_bytes": least, "moved_x": round(moved / least, 2),
@@ -405,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     layer = layer_on_emulator() if args.device == "cpu" and (not only or "layer" in only) else None
     if emulated:
         print(f"attention on cuda-emu {emulated['sizes']}: {emulated['launches']} launches, "
-              f"{emulated['moved_x']}x its least bytes; split and online over tiles of "
+              f"{emulated['moved_x']}x its least bytes; online over tiles of "
               f"{emulated['online_tile']}: {emulated['online_launches']} launches, "
               f"{emulated['online_moved_x']}x")  # fmt: skip
     if layer:

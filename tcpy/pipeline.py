@@ -40,6 +40,7 @@ from tcpy.poly.hoist import hoist_invariant_factors
 from tcpy.poly.isl_helpers import isl_errors
 from tcpy.poly.online import online_reductions
 from tcpy.poly.scop import Scop
+from tcpy.poly.slices import sliced_operands
 from tcpy.poly.transforms import verify
 from tcpy.poly.widen import widen_half_reductions
 from tcpy.runtime import cpu as runtime
@@ -185,6 +186,7 @@ def lower_to_cuda(
     `count_loops`: print a counting build, for the emulator (`Compiled.iterations`). A
     source past `SOURCE_LIMIT` is lowered again with `cuda_plain` options."""
     cdef = online_reductions(widen_half_reductions(cdef), options.online_tile)
+    cdef = sliced_operands(cdef)  # an online chain's operands read apart, apart
 
     def lower(o: MappingOptions) -> LoweredCuda:
         return _within_limit(

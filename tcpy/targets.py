@@ -42,6 +42,7 @@ from tcpy.parser.printer import summary
 from tcpy.poly.hoist import hoist_invariant_factors
 from tcpy.poly.online import online_reductions
 from tcpy.poly.scop import instances
+from tcpy.poly.slices import sliced_operands
 from tcpy.poly.widen import widen_half_reductions
 
 if TYPE_CHECKING:
@@ -194,6 +195,7 @@ class CudaEmu(Target):
     ) -> Kernel:
         cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
         cdef = online_reductions(cdef, options.online_tile)  # a row's chain read once
+        cdef = sliced_operands(cdef)  # its operands read apart, apart (GPU rows over tiles)
         check = knobs.emu_check() if self.check is None else self.check
         kernel = self._prepare(cdef, binding, options, session, instrumented=check)
         counting = _once(lambda: self._prepare(cdef, binding, options, session, False, True))
@@ -385,6 +387,7 @@ class Cuda(Target):
     ) -> Kernel:
         cdef = widen_half_reductions(cdef)  # the kernels accumulate in float32
         cdef = online_reductions(cdef, options.online_tile)  # a row's chain read once
+        cdef = sliced_operands(cdef)  # its operands read apart, apart (GPU rows over tiles)
         from tcpy.pipeline import lower_to_cuda
         from tcpy.runtime import cuda as runtime
         from tcpy.runtime import nvrtc

@@ -74,16 +74,46 @@ def test_attention_runs_as_one_kernel_without_its_scores_in_memory(tile: int) ->
 @pytest.mark.parametrize("source", [ATTENTION, ATTENTION_VARIANT], ids=["attention", "variant"])
 def test_attention_from_one_input_of_queries_keys_and_values(source: str, tile: int) -> None:
     """The bench's layout (and the heads after the sequence, written otherwise): the
-    box of a tile's keys and values and of the block's queries in one tensor varies
-    with both, so it is no copy, and the nest is mapped as any other; still right."""
+    queries, keys and values are copied apart first (`tcpy.poly.slices`), three
+    launches, then the chain is one kernel that never loads a score."""
     rng = np.random.default_rng(tile)
     shape = (3, 2, 21, 2, 8) if "qkv" in source else (3, 2, 2, 21, 8)
     qkv = rng.standard_normal(shape).astype(np.float32)
     mask = _mask(rng, 2, 21)
-    _, got, want = run_against_reference(
+    compiled, got, want = run_against_reference(
         "cuda-emu", source, qkv, mask, options=_options(source, tile)
     )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    assert len(compiled.profile(qkv, mask)) == 4
+    scores = "t_Sc" if "Sc(" in source else "t_scores"
+    assert f"TC_LD({scores}," not in compiled.source
+    assert f"TC_ST({scores}," not in compiled.source
+
+
+def test_slices_are_copied_first_and_only_of_what_the_def_does_not_write() -> None:
+    from tcpy.poly.online import online_reductions
+    from tcpy.poly.slices import sliced_operands
+
+    (cdef,) = check_source(ATTENTION).values()
+    rewritten = online_reductions(cdef, 8)
+    sliced = sliced_operands(rewritten)
+    assert [st.tensor for st in sliced.statements[:3]] == ["QKV_0", "QKV_1", "QKV_2"]
+    (group,) = sliced.together
+    assert (group.start, group.stop) == (rewritten.together[0].start + 3,
+                                          rewritten.together[0].stop + 3)  # fmt: skip
+    members = sliced.statements[group.start : group.stop]
+    read = {a.tensor for st in members for a in tcpy.parser.ast.walk(st.rhs)
+            if isinstance(a, tcpy.parser.ast.Access)}  # fmt: skip
+    assert "QKV" not in read and {"QKV_0", "QKV_1", "QKV_2"} <= read
+    assert sliced_operands(cdef) is cdef  # nothing run together: nothing sliced
+    # a tensor the def computes is not sliced (its copies would be stale)
+    source = ATTENTION.replace("(float(T,B,H,S,E) QKV,", "(float(T,B,H,S,E) X,").replace(
+        "{\n", "{\n    QKV(t,b,h,s,e) = X(t,b,h,s,e)\n", 1
+    )
+    (computed,) = check_source(source).values()
+    kept = online_reductions(computed, 8)
+    assert kept.together  # the chain is rewritten, its QKV read apart but computed
+    assert sliced_operands(kept) is kept
 
 
 def _rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
