@@ -307,19 +307,8 @@ def _tiles(
         filters = filters.add(isl.UnionSet.from_set(s.domain))
     node = node.child(0).insert_sequence(filters)
     for pos, s in enumerate(inside):
-        k = group.member(s.index)
-        assert k is not None
-        cut = s.dims.index(group.along[k])
-        dims = tuple(d for d in range(group.rows, len(s.dims))
-                     if not (group.once[k] and d == cut))  # fmt: skip
-        child = node.child(pos).child(0)
-        if dims:
-            child = child.insert_partial_schedule(_within(scop, s, dims, group))
-            child = child.band_set_permutable(1)
-            for position, d in enumerate(dims):
-                carried = _carries(scop.ctx, every, s.name, d)
-                child = child.band_member_set_coincident(position, 0 if carried else 1)
-        node = child.parent().parent()
+        node = _member_band(scop, every, s, group, group.rows, node.child(pos).child(0))
+        node = node.parent().parent()
     return node.parent()
 
 
@@ -378,23 +367,35 @@ def _together(
     for s in members:
         filters = filters.add(isl.UnionSet.from_set(s.domain))
     node = node.child(0).insert_sequence(filters)
+    first = group.rows - 1 if group.block > 1 else group.rows  # a block's rows
     for pos, s in enumerate(members):
-        member = group.member(s.index)
-        assert member is not None
-        along = s.dims.index(group.along[member])
-        first = group.rows - 1 if group.block > 1 else group.rows  # a block's rows
-        dims = tuple(
-            d for d in range(first, len(s.dims)) if not (group.once[member] and d == along)
-        )
-        child = node.child(pos).child(0)
-        if dims:
-            child = child.insert_partial_schedule(_within(scop, s, dims, group))
-            child = child.band_set_permutable(1)
-            for position, d in enumerate(dims):
-                carried = _carries(scop.ctx, every, s.name, d)
-                child = child.band_member_set_coincident(position, 0 if carried else 1)
-        node = child.parent().parent()
+        node = _member_band(scop, every, s, group, first, node.child(pos).child(0))
+        node = node.parent().parent()
     return node.parent()
+
+
+def _member_band(
+    scop: Scop,
+    every: isl.UnionMap,
+    s: PolyStatement,
+    group: Together,
+    first: int,
+    node: isl.ScheduleNode,
+) -> isl.ScheduleNode:
+    """`node` (the leaf of group member `s`) with a band over its indices from `first`
+    on, but its tile's index where it runs once per tile, each as its place within its
+    tile and block (`_within`); returns the node at `node`'s position."""
+    member = group.member(s.index)
+    assert member is not None
+    along = s.dims.index(group.along[member])
+    dims = tuple(d for d in range(first, len(s.dims)) if not (group.once[member] and d == along))
+    if dims:
+        node = node.insert_partial_schedule(_within(scop, s, dims, group))
+        node = node.band_set_permutable(1)
+        for position, d in enumerate(dims):
+            carried = _carries(scop.ctx, every, s.name, d)
+            node = node.band_member_set_coincident(position, 0 if carried else 1)
+    return node
 
 
 def _within(

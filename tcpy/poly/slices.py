@@ -21,7 +21,7 @@ from tcpy.parser import ast
 from tcpy.parser.checked import CheckedDef, CheckedStatement, IndexRange, Role, TensorInfo
 from tcpy.parser.printer import expr_text
 from tcpy.parser.symbolic import Sym
-from tcpy.poly.widen import fresh_name
+from tcpy.poly.widen import assignment, fresh_name
 from tcpy.types import ScalarType
 
 
@@ -101,17 +101,7 @@ def _copy(
     rhs = ast.Access(info.name, tuple(subscripts), span, info.scalar)
     extents = info.shape[:dim] + info.shape[dim + 1 :]
     ranges = tuple(IndexRange(v, Sym.of(0), e) for v, e in zip(indices, extents, strict=True))
-    return CheckedStatement(
-        tensor=name,
-        indices=indices,
-        reduction_indices=(),
-        op=ast.AssignOp.ASSIGN,
-        rhs=rhs,
-        ranges=ranges,
-        checks=(),
-        span=span,
-        text=f"{name}({', '.join(indices)}) = {expr_text(rhs)}",
-    )
+    return assignment(at, name, ranges, rhs, expr_text(rhs))
 
 
 def _reading(

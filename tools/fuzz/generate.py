@@ -24,6 +24,7 @@ compared with the reference within a tolerance (`Program.smooth`).
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from tcpy.parser.builtins import BUILTINS
 from tools.fuzz.program import (
@@ -331,6 +332,44 @@ class _Rhs:
 
 # --- row chains --------------------------------------------------------------------------
 
+
+class _Chain:
+    """What a chain over shared rows draws first (`row_chain`, `online_chain`), in this
+    order: its names, sizes, one or two row indices, and the indices along a row (`j`),
+    of a contraction (`k`) and of an operand the rows share (`e`); then the inputs and
+    statements it adds."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.names = Names(rng)
+        self.size = {k: self.names.fresh("size") for k in ("row", "outer", "col", "red", "out")}
+        self.sizes = {self.size[k]: rng.choice(SIZES) for k in self.size}
+        two = rng.random() < 0.4
+        self.rows = [self.names.fresh("index") for _ in range(2 if two else 1)]
+        self.j, self.k, self.e = (self.names.fresh("index") for _ in range(3))
+        self.row_dims = [self.size["outer"], self.size["row"]] if two else [self.size["row"]]
+        self.inputs: list[Decl] = []
+        self.stmts: list[Stmt] = []
+
+    def tensor(self, dims: list[str]) -> str:
+        """A new float input of extents `dims`."""
+        decl = Decl(self.names.fresh("tensor"), FLOAT, tuple(dims))
+        self.inputs.append(decl)
+        return decl.name
+
+    @staticmethod
+    def at(name: str, *vs: str) -> Read:
+        return Read(name, tuple(Lin(((v, 1),)) for v in vs))
+
+    def program(self, outputs: list[str], **kinds: Any) -> Program:
+        """The chain as a program of `outputs`, the sizes its inputs use; analysed."""
+        used = {x for d in self.inputs for x in d.dims}
+        sizes = {n: v for n, v in self.sizes.items() if n in used}
+        program = Program("f", tuple(self.inputs), tuple(outputs), tuple(self.stmts), sizes,
+                          **kinds)  # fmt: skip
+        analyze(program)
+        return program
+
+
 ROW_CHAIN_SHARE = 0.25
 """The share of programs drawn as row chains (`row_chain`)."""
 
@@ -344,23 +383,10 @@ def row_chain(rng: random.Random) -> Program:
     or a statement over the elements, maybe rewritten in place. Which of each, the
     reductions' operators, the number of row indices, the order of the operands and
     the sizes are drawn; values stay exact (inputs of at most 3, clamped sums)."""
-    names = Names(rng)
-    size = {k: names.fresh("size") for k in ("row", "outer", "col", "red", "out")}
-    sizes = {size[k]: rng.choice(SIZES) for k in size}
-    two = rng.random() < 0.4
-    rows = [names.fresh("index") for _ in range(2 if two else 1)]
-    j, k, e = names.fresh("index"), names.fresh("index"), names.fresh("index")
-    row_dims = [size["outer"], size["row"]] if two else [size["row"]]
-    inputs: list[Decl] = []
-    stmts: list[Stmt] = []
-
-    def tensor(dims: list[str]) -> str:
-        decl = Decl(names.fresh("tensor"), FLOAT, tuple(dims))
-        inputs.append(decl)
-        return decl.name
-
-    def at(name: str, *vs: str) -> Read:
-        return Read(name, tuple(Lin(((v, 1),)) for v in vs))
+    c = _Chain(rng)
+    names, size, rows, row_dims = c.names, c.size, c.rows, c.row_dims
+    j, k, e = c.j, c.k, c.e
+    stmts, tensor, at = c.stmts, c.tensor, c.at
 
     def clamp(x: Expr, c: int) -> Expr:
         return Call("min", (Call("max", (x, Num(-c, FLOAT))), Num(c, FLOAT)))
@@ -400,12 +426,8 @@ def row_chain(rng: random.Random) -> Program:
         own, row = clamp(at(out, *last), 10000), clamp(at(second, *rows), 10000)
         stmts.append(Stmt(out, last, "=", Bin(rng.choice("+-"), own, row)))
     outputs = [out] + [t for t in (first, second, centred) if rng.random() < 0.2]
-    used = {x for d in inputs for x in d.dims}
     float_type = rng.choices(FLOAT_TYPES, weights=(2, 1, 1))[0]
-    program = Program("f", tuple(inputs), tuple(outputs), tuple(stmts),
-                      {n: v for n, v in sizes.items() if n in used}, False, float_type)  # fmt: skip
-    analyze(program)
-    return program
+    return c.program(outputs, float_type=float_type)
 
 
 # --- chains of exponentials against a row's maximum ------------------------------------
@@ -424,23 +446,10 @@ def online_chain(rng: random.Random) -> Program:
     of them. The near misses read the maximum outside an exponential, square the
     exponential, or leave a sum without its `!`. Values are real (`Program.smooth`):
     such a pair is checked against the reference within a tolerance."""
-    names = Names(rng)
-    size = {k: names.fresh("size") for k in ("row", "outer", "col", "red", "out")}
-    sizes = {size[k]: rng.choice(SIZES) for k in size}
-    two = rng.random() < 0.4
-    rows = [names.fresh("index") for _ in range(2 if two else 1)]
-    j, k, e = names.fresh("index"), names.fresh("index"), names.fresh("index")
-    row_dims = [size["outer"], size["row"]] if two else [size["row"]]
-    inputs: list[Decl] = []
-    stmts: list[Stmt] = []
-
-    def tensor(dims: list[str]) -> str:
-        decl = Decl(names.fresh("tensor"), FLOAT, tuple(dims))
-        inputs.append(decl)
-        return decl.name
-
-    def at(name: str, *vs: str) -> Read:
-        return Read(name, tuple(Lin(((v, 1),)) for v in vs))
+    c = _Chain(rng)
+    names, size, rows, row_dims = c.names, c.size, c.rows, c.row_dims
+    j, k, e = c.j, c.k, c.e
+    stmts, tensor, at = c.stmts, c.tensor, c.at
 
     def write(op: str, indices: tuple[str, ...], rhs: Expr) -> str:
         name = names.fresh("tensor")
@@ -491,11 +500,7 @@ def online_chain(rng: random.Random) -> Program:
         acc = write("+=!", row, Bin("*", at(weights, *elem), at(scores, *elem)))
         outputs.append(write("=", row, Bin("/", at(acc, *rows), at(total, *rows))))
     outputs += [t for t in (top, total) if rng.random() < 0.2]
-    used = {x for d in inputs for x in d.dims}
-    program = Program("f", tuple(inputs), tuple(outputs), tuple(stmts),
-                      {n: v for n, v in sizes.items() if n in used}, smooth=True)  # fmt: skip
-    analyze(program)
-    return program
+    return c.program(outputs, smooth=True)
 
 
 def generate(rng: random.Random, online: bool = False) -> Program:

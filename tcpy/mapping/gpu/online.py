@@ -46,6 +46,7 @@ from tcpy.mapping.gpu.rows import (
     Rows,
     RowStatement,
     bind_lanes,
+    lanes_share_rows,
     loops,
     row_statement,
     statement_band,
@@ -140,10 +141,7 @@ def _parts(
     """The group whose rows band `band` runs first (`original_order(rows_first=True)`)
     and its parts, each statement as a row kernel's, when the options let the lanes
     share a row and the lanes can run every statement; else None."""
-    threads = options.map_to_threads
-    if not options.reduce_across_threads or options.tile or not is_band(band):
-        return None
-    if threads and (threads[0] != WARP or len(threads) > 2):
+    if not lanes_share_rows(options) or not is_band(band):
         return None
     group = next((g for name in statement_names(band.get_domain())
                   if (g := scop.cdef.group_of(scop.statement(name).index))), None)  # fmt: skip

@@ -118,18 +118,24 @@ def row_fusable(scop: Scop, options: MappingOptions) -> Callable[[list[PolyState
     """Whether a row kernel can run statements fused over their first `k` indices
     (`tcpy.mapping.rows.fuse_rows`): the options let the lanes share a row, and each
     statement is one the lanes can run (`row_statement`)."""
-    threads = options.map_to_threads
 
     def accept(statements: list[PolyStatement], k: int) -> bool:
-        if not options.reduce_across_threads or options.tile:
-            return False
-        if (threads and (threads[0] != WARP or len(threads) > 2)) or k > len(BLOCK_PARAMS):
+        if not lanes_share_rows(options) or k > len(BLOCK_PARAMS):
             return False
         return all(
             row_statement(s, loops(s, range(k, len(s.dims))), scop) is not None for s in statements
         )
 
     return accept
+
+
+def lanes_share_rows(options: MappingOptions) -> bool:
+    """Whether the options let a warp's lanes share a row: reductions across threads,
+    tiles left to the mapping, and a block whose x is a warp, if given."""
+    threads = options.map_to_threads
+    if not options.reduce_across_threads or options.tile:
+        return False
+    return not threads or (threads[0] == WARP and len(threads) <= 2)
 
 
 def map_rows(
@@ -148,10 +154,7 @@ def map_rows(
     block runs and the tensors it keeps in shared memory, as chosen before (else they
     are chosen here). Returns the node at the band's position, the grid and the
     block, with what was chosen; None when the nest is no row kernel."""
-    threads = options.map_to_threads
-    if not options.reduce_across_threads or options.tile:
-        return None
-    if threads and (threads[0] != WARP or len(threads) > 2):
+    if not lanes_share_rows(options):
         return None
     n = next((k for k in range(node.band_n_member()) if not node.band_member_get_coincident(k)),
              node.band_n_member())  # fmt: skip
