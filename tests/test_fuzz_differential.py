@@ -218,7 +218,7 @@ def test_chains_of_exponentials_are_what_the_online_rewrite_takes() -> None:
         engine.define(program.render())
         rewritten = online_reductions(engine.checked(program.name), 3)
         taken, kept = taken + bool(rewritten.together), kept + (not rewritten.together)
-    assert taken >= 45 and kept >= 2, (taken, kept)
+    assert (taken, kept) == (53, 7)  # at these seeds; both kinds drawn
 
 
 def test_smooth_outputs_are_compared_within_a_tolerance() -> None:

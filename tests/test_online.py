@@ -218,6 +218,21 @@ def _rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
+def chain_case(name: str, rng: np.random.Generator) -> tuple[str, tuple[np.ndarray, ...]]:
+    """A chain that is not attention, by `name`, and its inputs: rows of 37 values with
+    the rows of `_rows` (-inf throughout, first tiles -inf, +inf, NaN)."""
+    x = _rows(rng, (6, 37))
+    return {
+        "lse": (LSE, (x,)),
+        "softmax": (SOFTMAX, (x,)),
+        "weighted": (WEIGHTED, (x, rng.standard_normal((6, 37)).astype(np.float32))),
+        "cross_entropy": (
+            CROSS_ENTROPY,
+            (np.nan_to_num(x, nan=1.0, posinf=3.0), rng.integers(0, 37, 6).astype(np.int32)),
+        ),
+    }[name]
+
+
 def _options(source: str, tile: int, fixed: bool) -> MappingOptions:
     return cpu_defaults(_def(source)).replace(
         online_tile=tile, fix_parameters_before_scheduling=fixed
@@ -228,17 +243,7 @@ def _options(source: str, tile: int, fixed: bool) -> MappingOptions:
 @pytest.mark.parametrize("fixed", [False, True], ids=["generic", "fixed"])
 @pytest.mark.parametrize("name", ["lse", "softmax", "weighted", "cross_entropy"])
 def test_rows_against_the_reference(name: str, tile: int, fixed: bool) -> None:
-    rng = np.random.default_rng(tile)
-    x = _rows(rng, (6, 37))
-    source, inputs = {
-        "lse": (LSE, (x,)),
-        "softmax": (SOFTMAX, (x,)),
-        "weighted": (WEIGHTED, (x, rng.standard_normal((6, 37)).astype(np.float32))),
-        "cross_entropy": (
-            CROSS_ENTROPY,
-            (np.nan_to_num(x, nan=1.0, posinf=3.0), rng.integers(0, 37, 6).astype(np.int32)),
-        ),
-    }[name]
+    source, inputs = chain_case(name, np.random.default_rng(tile))
     compiled, got, want = run_against_reference(
         "cpu", source, *inputs, options=_options(source, tile, fixed)
     )

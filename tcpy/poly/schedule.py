@@ -274,10 +274,10 @@ def _leading(scop: Scop, statements: list[PolyStatement], rows: int) -> isl.Mult
     for s in statements:
         names = [f"i{d}" for d in range(len(s.dims))]
         pieces.append(f"{s.name}[{', '.join(names)}] -> [{', '.join(names[:rows])}]")
-    return _from_pieces(scop, pieces)
+    return partial_schedule(scop, pieces)
 
 
-def _from_pieces(scop: Scop, pieces: list[str]) -> isl.MultiUnionPwAff:
+def partial_schedule(scop: Scop, pieces: list[str]) -> isl.MultiUnionPwAff:
     """The partial schedule of maps `pieces` (`S[i0, ..] -> [..]`, one per statement)."""
     params = ", ".join(scop.isl_params)
     text = f"[{params}] -> {{ {'; '.join(pieces)} }}"
@@ -293,15 +293,8 @@ def _tiles(
 ) -> isl.ScheduleNode:
     """`node` (below the rows, the group's child) with a band over the group's tiles,
     then each of its statements in order over its indices but the rows."""
-    pieces = []
-    for s in inside:
-        k = group.member(s.index)
-        assert k is not None
-        names = [f"i{d}" for d in range(len(s.dims))]
-        along = names[s.dims.index(group.along[k])]
-        pieces.append(f"{s.name}[{', '.join(names)}] -> [{tile_of(group, along)}]")
     # in order: a tile's sums feed the next
-    node = node.insert_partial_schedule(_from_pieces(scop, pieces))
+    node = node.insert_partial_schedule(group_tiles(scop, group, inside))
     filters = isl.UnionSetList.alloc(scop.ctx, len(inside))
     for s in inside:
         filters = filters.add(isl.UnionSet.from_set(s.domain))
@@ -384,13 +377,13 @@ def _member_band(
 ) -> isl.ScheduleNode:
     """`node` (the leaf of group member `s`) with a band over its indices from `first`
     on, but its tile's index where it runs once per tile, each as its place within its
-    tile and block (`_within`); returns the node at `node`'s position."""
+    tile and block (`within_tile`); returns the node at `node`'s position."""
     member = group.member(s.index)
     assert member is not None
     along = s.dims.index(group.along[member])
     dims = tuple(d for d in range(first, len(s.dims)) if not (group.once[member] and d == along))
     if dims:
-        node = node.insert_partial_schedule(_within(scop, s, dims, group))
+        node = node.insert_partial_schedule(within_tile(scop, s, dims, group))
         node = node.band_set_permutable(1)
         for position, d in enumerate(dims):
             carried = _carries(scop.ctx, every, s.name, d)
@@ -398,7 +391,21 @@ def _member_band(
     return node
 
 
-def _within(
+def group_tiles(
+    scop: Scop, group: Together, statements: list[PolyStatement]
+) -> isl.MultiUnionPwAff:
+    """Group members `statements` -> [the tile of their index the tiles cut]."""
+    pieces = []
+    for s in statements:
+        k = group.member(s.index)
+        assert k is not None
+        names = [f"i{d}" for d in range(len(s.dims))]
+        along = names[s.dims.index(group.along[k])]
+        pieces.append(f"{s.name}[{', '.join(names)}] -> [{tile_of(group, along)}]")
+    return partial_schedule(scop, pieces)
+
+
+def within_tile(
     scop: Scop, s: PolyStatement, dims: tuple[int, ...], group: Together
 ) -> isl.MultiUnionPwAff:
     """`s` -> its indices at `dims`, the tiled one and a blocked row as their place
@@ -416,9 +423,7 @@ def _within(
             out.append(f"({names[d]} - ({sym_str(group.block_lo)})) mod {group.block}")
         else:
             out.append(names[d])
-    params = ", ".join(scop.isl_params)
-    text = f"[{params}] -> {{ {s.name}[{', '.join(names)}] -> [{', '.join(out)}] }}"
-    return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(scop.ctx, text))
+    return partial_schedule(scop, [f"{s.name}[{', '.join(names)}] -> [{', '.join(out)}]"])
 
 
 def _rows_and_tiles(scop: Scop, members: list[PolyStatement]) -> isl.MultiUnionPwAff:

@@ -59,8 +59,8 @@ from tcpy.naming import BLOCK_PARAMS, THREAD_PARAMS
 from tcpy.parser import ast
 from tcpy.parser.checked import Role, Together
 from tcpy.poly.isl_helpers import schedule_children, statement_names, sym_str
-from tcpy.poly.schedule import member_extent
-from tcpy.poly.scop import Scop, tile_of
+from tcpy.poly.schedule import group_tiles, member_extent, partial_schedule, within_tile
+from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band
 
 FEWEST_ROWS = 4
@@ -288,11 +288,13 @@ def _rebuild(
             inner = inner.add(isl.UnionSet.from_set(r.statement.domain))
         child = child.insert_sequence(inner)
         for k, r in enumerate(part.statements):
-            within = _within_tile(scop, group, r) if part.tiled else None
+            tiled = part.tiled and r.inner  # the cut index as its place in its tile
+            within = within_tile(scop, r.statement, r.inner, group) if tiled else None
             child = statement_band(child.child(k).child(0), r, within).parent().parent()
         child = _parallel(child.insert_partial_schedule(_place(scop, group, part, rows)))
         if part.tiled:  # the tiles in order: a tile's sums feed the next
-            child = child.insert_partial_schedule(_tile(scop, group, part))
+            statements = [r.statement for r in part.statements]
+            child = child.insert_partial_schedule(group_tiles(scop, group, statements))
         node = child.parent().parent()
     return _parallel(node.insert_partial_schedule(_blocks(scop, group, parts, rows)))
 
@@ -317,12 +319,6 @@ def _row(group: Together, names: list[str]) -> str:
     return f"({names[group.rows - 1]} - ({sym_str(group.block_lo)}))"
 
 
-def _schedule(scop: Scop, pieces: list[str]) -> isl.MultiUnionPwAff:
-    params = ", ".join(scop.isl_params)
-    text = f"[{params}] -> {{ {'; '.join(pieces)} }}"
-    return isl.MultiUnionPwAff.from_union_map(isl.UnionMap.read_from_str(scop.ctx, text))
-
-
 def _blocks(scop: Scop, group: Together, parts: list[Part], rows: int) -> isl.MultiUnionPwAff:
     """Every statement -> [its rows, the last in blocks of `rows`]."""
     pieces = []
@@ -332,7 +328,7 @@ def _blocks(scop: Scop, group: Together, parts: list[Part], rows: int) -> isl.Mu
             names = [f"i{d}" for d in range(len(s.dims))]
             out = [*names[: group.rows - 1], f"floor({_row(group, names)} / {rows})"]
             pieces.append(f"{s.name}[{', '.join(names)}] -> [{', '.join(out)}]")
-    return _schedule(scop, pieces)
+    return partial_schedule(scop, pieces)
 
 
 def _place(scop: Scop, group: Together, part: Part, rows: int) -> isl.MultiUnionPwAff:
@@ -342,34 +338,4 @@ def _place(scop: Scop, group: Together, part: Part, rows: int) -> isl.MultiUnion
         s = r.statement
         names = [f"i{d}" for d in range(len(s.dims))]
         pieces.append(f"{s.name}[{', '.join(names)}] -> [{_row(group, names)} mod {rows}]")
-    return _schedule(scop, pieces)
-
-
-def _tile(scop: Scop, group: Together, part: Part) -> isl.MultiUnionPwAff:
-    """The group's statements -> [the tile of their index the tiles cut]."""
-    pieces = []
-    for r in part.statements:
-        s = r.statement
-        k = group.member(s.index)
-        assert k is not None
-        names = [f"i{d}" for d in range(len(s.dims))]
-        along = names[s.dims.index(group.along[k])]
-        pieces.append(f"{s.name}[{', '.join(names)}] -> [{tile_of(group, along)}]")
-    return _schedule(scop, pieces)
-
-
-def _within_tile(scop: Scop, group: Together, r: RowStatement) -> isl.MultiUnionPwAff | None:
-    """Row statement `r`'s indices below the rows, the one the tiles cut as its place in
-    its tile (so that the lanes take a tile's first values); None without indices."""
-    if not r.inner:
-        return None
-    s = r.statement
-    k = group.member(s.index)
-    assert k is not None
-    along = s.dims.index(group.along[k])
-    names = [f"i{d}" for d in range(len(s.dims))]
-    out = [
-        f"({names[d]} - ({sym_str(group.lo)})) mod {group.width}" if d == along else names[d]
-        for d in r.inner
-    ]
-    return _schedule(scop, [f"{s.name}[{', '.join(names)}] -> [{', '.join(out)}]"])
+    return partial_schedule(scop, pieces)
