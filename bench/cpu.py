@@ -58,6 +58,7 @@ from bench.suite import SUITE, Kernel, matmul_sweep, smoke_sized, smoke_tag, tor
 from bench.users import USERS, smoke_user
 from tcpy.binding import bind
 from tcpy.runtime import cpu as runtime
+from tcpy.runtime.cpu import address
 
 ROUNDS = 4
 GAP_S = 0.3
@@ -184,15 +185,18 @@ def alternating_blocks(
 
 
 def kernel_alone(compiled: tcpy.Compiled, inputs: tuple[np.ndarray, ...]) -> Callable[[], None]:
-    """tcpy's compiled code on buffers allocated once: the call without binding the
-    inputs or allocating the outputs (what a call with `out=` costs, less the checks)."""
+    """tcpy's compiled code on buffers allocated once, called by their addresses (as
+    `kernels.Steady` calls it): the call without checking the inputs or allocating
+    the outputs."""
     binding = bind(compiled.cdef, inputs)
     kernel = compiled._kernel  # a HostKernel: the cpu target's
-    sizes, buffers, outputs = kernel._buffers(binding, kernel._shapes_at(binding))
+    sizes, buffers, _ = kernel._buffers(binding, kernel._shapes_at(binding))
+    call = kernel.run.at(sizes, len(buffers))
+    addresses = [address(b) for b in buffers]
 
-    # `buffers` holds the outputs' addresses only: the default keeps the arrays alive
-    def run(_keep: object = outputs) -> None:
-        kernel.run(sizes, buffers)
+    # `addresses` are the buffers' only: the default keeps the arrays alive
+    def run(_keep: object = buffers) -> None:
+        call(addresses)
 
     return run
 

@@ -33,7 +33,7 @@ from tcpy.binding import (
 )
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCInputError
-from tcpy.kernels import Iterations, Kernel, Prepared
+from tcpy.kernels import Iterations, Kernel, Prepared, Steady
 from tcpy.parser import CheckedDef
 from tcpy.reference import interpreter
 from tcpy.runtime.status import KernelFault
@@ -78,8 +78,12 @@ class Compiled:
         )
         self._signature = signature
         self._sizes = sizes
-        # the shapes and dtypes of NumPy inputs a call was checked at (fixed sizes only)
-        self._plain: tuple[Any, ...] | None = None
+        # the shapes and dtypes of NumPy inputs calls were checked at (fixed sizes only:
+        # several where scalars came as Python floats and as NumPy scalars), and the
+        # host kernel's calls on such inputs made ready (`HostKernel.steady`)
+        self._plain: set[tuple[Any, ...]] = set()
+        self._steady: Steady | None = None
+        self._steady_tried = False
         # the `device_signature` key of GPU inputs a call was checked at, and its sizes
         self._device: tuple[tuple[Any, ...], Mapping[str, int]] | None = None
         # where an unchecked call of a generic kernel reads each size: (input, dim)
@@ -135,6 +139,8 @@ class Compiled:
         if unchecked:
             binding = self._unchecked(inputs)
             return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
+        if out is None and self._plain and plain_signature(inputs) in self._plain:
+            return self.plain_call(inputs, self._sizes)  # the signature checked before
         steady = self.device_call
         if out is None and self._device is not None and steady is not None:
             call = device_signature(inputs) if plain_signature(inputs) is None else None
@@ -202,6 +208,28 @@ class Compiled:
         specs = [(binding.shape_of(t), t.scalar.dtype) for t in self.cdef.outputs]
         return new_device_outputs(kind, inputs, specs)
 
+    def plain_call(self, inputs: tuple[Any, ...], sizes: Mapping[str, int]) -> Any:
+        """Run on NumPy inputs of a plain signature (`plain_signature`) that a call
+        checked before, at that call's `sizes`; the outputs new NumPy arrays. A
+        fixed-size host kernel runs by its `Steady` (made at the first such call),
+        others through a binding."""
+        steady = self._steady
+        if steady is None and not self._steady_tried and not self._kernel.generic:
+            make = getattr(self._kernel, "steady", None)
+            if make is not None:
+                binding = Binding(plain_arrays(self.input_dtypes, inputs), sizes)
+                steady = self._steady = make(binding)
+            self._steady_tried = True
+        if steady is None:
+            return self.call(Binding(plain_arrays(self.input_dtypes, inputs), sizes), inputs, None)
+        try:
+            return _single(steady(inputs), None)
+        except KernelFault as e:
+            binding = Binding(plain_arrays(self.input_dtypes, inputs), sizes)
+            raise self.cdef.located(explained(self.cdef, binding, e)) from None
+        except TCError as e:
+            raise self.cdef.located(e) from None
+
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the
         outputs as NumPy arrays (or device arrays)."""
@@ -251,7 +279,7 @@ class Compiled:
 
     def _bind(self, inputs: tuple[Any, ...]) -> Binding:
         plain = plain_signature(inputs)
-        if plain is not None and plain == self._plain:  # checked at these shapes before
+        if plain is not None and plain in self._plain:  # checked at these shapes before
             return Binding(plain_arrays(self.input_dtypes, inputs), self._sizes)
         try:
             binding = bind(self.cdef, inputs)
@@ -263,8 +291,9 @@ class Compiled:
                 f"this kernel of {self.cdef.name} was compiled for other input {what} or "
                 "dtypes; compile it again (or call the engine) for these"
             )
-        if not self._kernel.generic:
-            self._plain = plain
+        fixed = not self._kernel.generic
+        if fixed and plain is not None and len(self._plain) < PLAIN_SIGNATURES:
+            self._plain.add(plain)
         if plain is None and not binding.empty and self.device_call is not None:
             call = device_signature(inputs)
             if call is not None:
@@ -281,6 +310,11 @@ class Compiled:
             return Binding(inputs, self._sizes)
         sizes = {name: inputs[k].shape[d] for name, (k, d) in self._size_dims.items()}
         return Binding(inputs, sizes)
+
+
+PLAIN_SIGNATURES = 8
+"""The plain signatures a fixed-size kernel remembers as checked (they differ only in
+how scalars come: Python floats or NumPy scalars)."""
 
 
 def plain_signature(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -287,11 +287,27 @@ class ExecutionEngine:
         hit = self._known_call(entry, inputs, options, out)
         if hit is None:
             return self._checked_call(entry, inputs, options, out)
-        steady = hit[0].device_call
-        if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
-            done = steady(hit[1], hit[2])
+        return self._known_run(hit, entry, inputs, options, out)
+
+    def _known_run(
+        self,
+        hit: tuple[Compiled, Mapping[str, int], DeviceCall | None, tuple[Any, ...]],
+        entry: str,
+        inputs: tuple[Any, ...],
+        options: OptionsArg,
+        out: Any,
+    ) -> Any:
+        """A call `_known_call` found checked before, run: GPU arrays by the steady
+        path, NumPy inputs by `Compiled.plain_call`, others through a binding."""
+        compiled, sizes, call, arrays = hit
+        steady = compiled.device_call
+        if call is not None and steady is not None:  # GPU arrays: the steady path
+            done = steady(sizes, call)
             return done if done is not None else self._checked_call(entry, inputs, options, out)
-        return hit[0].call(Binding(plain_arrays(hit[0].input_dtypes, hit[3]), hit[1]), inputs, out)
+        if out is None and arrays is inputs:  # NumPy arrays and scalars
+            return compiled.plain_call(inputs, sizes)
+        binding = Binding(plain_arrays(compiled.input_dtypes, arrays), sizes)
+        return compiled.call(binding, inputs, out)
 
     def _checked_call(
         self, entry: str, inputs: tuple[Any, ...], options: OptionsArg, out: Any
@@ -462,20 +478,14 @@ class ExecutionEngine:
         """`engine.<name>`: a function with the def's signature and a docstring."""
         cdef = self._defs[name]
 
-        known, checked = self._known_call, self._checked_call
+        known, checked, run = self._known_call, self._checked_call, self._known_run
 
         def call(*inputs: Any, options: OptionsArg = None, out: Any = None) -> Any:
             # `run`, inlined: this is the path of every call in a user's loop
             hit = known(name, inputs, options, out)
             if hit is None:
                 return checked(name, inputs, options, out)
-            steady = hit[0].device_call
-            if hit[2] is not None and steady is not None:  # GPU arrays: the steady path
-                done = steady(hit[1], hit[2])
-                return done if done is not None else checked(name, inputs, options, out)
-            return hit[0].call(
-                Binding(plain_arrays(hit[0].input_dtypes, hit[3]), hit[1]), inputs, out
-            )
+            return run(hit, name, inputs, options, out)
 
         kinds = inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.KEYWORD_ONLY
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -207,3 +207,66 @@ def test_a_condition_that_leaves_a_read_outside_its_tensor_keeps_the_check() -> 
         engine.define(source)
         with pytest.raises(tcpy.TCError, match="outside"):
             engine.f(a)
+
+
+STEADY = """
+def f(float(M,K) A, float(K) x, float alpha, int32(M) I) -> (y, s) {
+    t(m) +=! A(m,k) * x(k)
+    y(m) = alpha * t(m) + A(I(m), 0)
+    s(m) += t(m)
+}
+"""
+
+
+def test_a_signature_checked_once_runs_by_its_buffers_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the first call at a signature, calls on NumPy inputs of it run the compiled
+    code by the buffers' addresses (`kernels.Steady`), through the engine and a
+    compiled kernel alike: new values in the same arrays, new arrays and new scalars
+    are read at each call, a temporary and an output the kernel does not write whole
+    (`s`, accumulated from zero) start as they should, and the outputs are new
+    arrays every time."""
+    from tcpy.kernels import HostKernel
+
+    engine, reference = engines("cpu", STEADY, quiet=True)
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((33, 70)).astype(np.float32)
+    x = rng.standard_normal(70).astype(np.float32)
+    index = rng.integers(0, 33, 33).astype(np.int32)
+    compiled = engine.compile("f", A, x, 0.5, index)
+    first = engine.f(A, x, 0.5, index)
+    for alpha in (0.5, np.float32(0.5)):  # each kind of scalar: a signature, checked once
+        engine.f(A, x, alpha, index), compiled(A, x, alpha, index)
+
+    def bound(*args: object) -> None:
+        raise AssertionError("a call went through a binding")
+
+    monkeypatch.setattr(HostKernel, "__call__", bound)
+    for alpha in (1.5, np.float32(-2.0), 0.25):
+        A[3] = rng.standard_normal(70)  # new values in the same array
+        x = rng.standard_normal(70).astype(np.float32)  # a new array
+        want = reference.f(A, x, alpha, index)
+        for got in (engine.f(A, x, alpha, index), compiled(A, x, alpha, index)):
+            for g, w, old in zip(got, want, first, strict=True):
+                assert g is not old
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fault_on_the_steady_path_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index array read out of range at a call of a signature checked before: the
+    kernel's fault is explained as at a checked call (the statement, the index, the
+    iteration), through the engine and a compiled kernel alike."""
+    from tcpy.kernels import HostKernel
+
+    engine, _ = engines("cpu", STEADY, quiet=True)
+    A, x = np.ones((4, 6), np.float32), np.ones(6, np.float32)
+    compiled = engine.compile("f", A, x, 1.0, np.zeros(4, np.int32))
+    engine.f(A, x, 1.0, np.zeros(4, np.int32))
+    compiled(A, x, 1.0, np.zeros(4, np.int32))
+    monkeypatch.setattr(HostKernel, "__call__", None)  # the steady path only
+    for call in (engine.f, compiled):
+        with pytest.raises(tcpy.TCInputError) as err:
+            call(A, x, 1.0, np.array([0, 1, 4, 2], np.int32))
+        assert "A is read at index 4 of its dimension 0, outside 0:4, at m=2" in str(err.value)
+        assert err.value.line == 4
