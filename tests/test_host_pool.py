@@ -43,8 +43,28 @@ def test_small_arrays_and_the_idle_limit() -> None:
     del small
     assert pool.idle_bytes == 0
     a, b = (pool.empty((MIN_BYTES,), np.dtype(np.uint8)) for _ in range(2))
+    kept = b.ctypes.data
     del a, b
-    assert pool.idle_bytes == MIN_BYTES  # the second block was past the limit: freed
+    assert pool.idle_bytes == MIN_BYTES  # the second block made room: the first freed
+    assert pool.empty((MIN_BYTES,), np.dtype(np.uint8)).ctypes.data == kept
+    huge = pool.empty((2 * MIN_BYTES,), np.dtype(np.uint8))
+    del huge
+    assert pool.idle_bytes == MIN_BYTES and len(pool.idle) == 1  # larger than the limit
+
+
+def test_a_pool_full_of_idle_blocks_makes_room_for_the_next_size() -> None:
+    """The blocks idle longest are freed for a block given back: one large call's
+    output, never asked for again, does not keep later outputs out of the pool."""
+    pool = HostPool(idle_limit=4 * MIN_BYTES)
+    one_off = pool.empty((3 * MIN_BYTES,), np.dtype(np.uint8))
+    del one_off
+    assert pool.idle_bytes == 3 * MIN_BYTES
+    first = pool.empty((2 * MIN_BYTES,), np.dtype(np.uint8))
+    address = first.ctypes.data
+    del first  # makes room: the one-off block goes
+    assert pool.idle_bytes == 2 * MIN_BYTES and len(pool.by_size[3 * MIN_BYTES]) == 0
+    again = pool.empty((2 * MIN_BYTES,), np.dtype(np.uint8))
+    assert again.ctypes.data == address
 
 
 def test_outputs_of_calls_reuse_their_pages_and_are_right(

@@ -7,13 +7,18 @@ kernel's time on 64 MB. So an output of `MIN_BYTES` or more that the kernel writ
 whole is carved from a block this pool keeps: when the last array over the block goes
 (the caller's output and every view of it), the block comes back (`_Owner.__del__`)
 and the next call of that size writes into pages already mapped. At most
-`IDLE_BYTES` wait in the pool; beyond, a block given back is freed.
+`IDLE_BYTES` wait in the pool; a block given back past that limit makes room by
+freeing the blocks idle longest (a block larger than the limit is freed itself): a
+pool kept full by one large call's block, never taken again, had every later output
+of 64 MB allocated afresh (an element-wise difference 9.8 ms a call against 7.6 for
+its kernel).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -27,7 +32,9 @@ class HostPool:
 
     def __init__(self, idle_limit: int = IDLE_BYTES) -> None:
         self.idle_limit = idle_limit
-        self.idle: dict[int, list[tuple[np.ndarray, int]]] = {}  # blocks and addresses
+        # the idle blocks by address, the longest idle first, and their addresses by size
+        self.idle: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.by_size: dict[int, list[int]] = {}
         self.idle_bytes = 0
         self.lock = threading.Lock()
 
@@ -46,9 +53,11 @@ class HostPool:
             return np.empty(shape, dtype)
         size = self.rounded(nbytes)
         with self.lock:
-            blocks = self.idle.get(size)
-            taken = blocks.pop() if blocks else None
-            if taken is not None:
+            addresses = self.by_size.get(size)
+            taken = None
+            if addresses:  # the block given back last: its pages the likeliest cached
+                address = addresses.pop()
+                taken = self.idle.pop(address), address
                 self.idle_bytes -= size
         if taken is None:
             fresh = np.empty(size, np.uint8)
@@ -60,16 +69,24 @@ class HostPool:
         return raw.view(dtype).reshape(shape)  # bfloat16: a type NumPy describes otherwise
 
     def give_back(self, block: np.ndarray, address: int) -> None:
-        """`block` (at `address`) idle again (kept while the pool holds under its
-        limit)."""
+        """`block` (at `address`) idle again, the blocks idle longest freed while the
+        pool would hold more than its limit (`block` itself if it is larger)."""
+        size = block.nbytes
+        if size > self.idle_limit:
+            return
         with self.lock:
-            if self.idle_bytes + block.nbytes <= self.idle_limit:
-                self.idle.setdefault(block.nbytes, []).append((block, address))
-                self.idle_bytes += block.nbytes
+            while self.idle_bytes + size > self.idle_limit:
+                oldest, freed = self.idle.popitem(last=False)
+                self.by_size[freed.nbytes].remove(oldest)
+                self.idle_bytes -= freed.nbytes
+            self.idle[address] = block
+            self.by_size.setdefault(size, []).append(address)
+            self.idle_bytes += size
 
     def clear(self) -> None:
         with self.lock:
             self.idle.clear()
+            self.by_size.clear()
             self.idle_bytes = 0
 
 
