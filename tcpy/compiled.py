@@ -137,8 +137,11 @@ class Compiled:
         outputs' shapes that share no memory with the inputs. Anything else is
         undefined: wrong results, or a crash."""
         if unchecked:
-            binding = self._unchecked(inputs)
-            return _single(self._kernel(binding, out if out is None else _tuple(out)), out)
+            dests = out if out is None else _tuple(out)
+            host = self._steady_made(lambda: self._unchecked(inputs))
+            if host is not None:
+                return _single(host(inputs, dests), out)
+            return _single(self._kernel(self._unchecked(inputs), dests), out)
         if out is None and self._plain and plain_signature(inputs) in self._plain:
             return self.plain_call(inputs, self._sizes)  # the signature checked before
         steady = self.device_call
@@ -213,13 +216,7 @@ class Compiled:
         checked before, at that call's `sizes`; the outputs new NumPy arrays. A
         fixed-size host kernel runs by its `Steady` (made at the first such call),
         others through a binding."""
-        steady = self._steady
-        if steady is None and not self._steady_tried and not self._kernel.generic:
-            make = getattr(self._kernel, "steady", None)
-            if make is not None:
-                binding = Binding(plain_arrays(self.input_dtypes, inputs), sizes)
-                steady = self._steady = make(binding)
-            self._steady_tried = True
+        steady = self._steady_made(lambda: Binding(plain_arrays(self.input_dtypes, inputs), sizes))
         if steady is None:
             return self.call(Binding(plain_arrays(self.input_dtypes, inputs), sizes), inputs, None)
         try:
@@ -229,6 +226,16 @@ class Compiled:
             raise self.cdef.located(explained(self.cdef, binding, e)) from None
         except TCError as e:
             raise self.cdef.located(e) from None
+
+    def _steady_made(self, binding: Callable[[], Binding]) -> Steady | None:
+        """The kernel's `Steady` calls, made at the first call that asks (from the
+        `binding` of its inputs); None for a kernel without them or a generic one."""
+        if not self._steady_tried:
+            make = getattr(self._kernel, "steady", None)
+            if make is not None and not self._kernel.generic:
+                self._steady = make(binding())
+            self._steady_tried = True
+        return self._steady
 
     def run(self, binding: Binding) -> Any:
         """Run on inputs already bound (and checked) for this kernel's signature; the

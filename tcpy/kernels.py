@@ -354,12 +354,16 @@ class Steady:
         self._any_scalar = any(d is not None for d in self._scalars)
         self._held = threading.local()
 
-    def __call__(self, inputs: Sequence[Any]) -> tuple[np.ndarray, ...]:
+    def __call__(self, inputs: Sequence[Any], out: Outputs = None) -> tuple[np.ndarray, ...]:
+        """The outputs of a call on `inputs`: new arrays, or `out`'s (of the outputs'
+        shapes and dtypes, C-contiguous, apart from the inputs: not checked)."""
         kernel = self._kernel
-        if knobs.poison_buffers():
+        poison = knobs.poison_buffers()
+        if out is not None or poison:
+            dests = out or (None,) * len(self._infos)
             outputs = tuple(
-                kernel._output(t, shape, None, True)
-                for t, (shape, _, _) in zip(self._infos, self._outputs, strict=True)
+                kernel._output(t, shape, d, poison)
+                for t, (shape, _, _), d in zip(self._infos, self._outputs, dests, strict=True)
             )
         else:
             outputs = tuple(
@@ -372,8 +376,7 @@ class Steady:
         else:
             addresses = [*map(address, inputs), *map(address, outputs)]
         if self._temporaries:
-            scratch = kernel._temporaries(self._temporaries, knobs.poison_buffers())
-            addresses += map(address, scratch)
+            addresses += map(address, kernel._temporaries(self._temporaries, poison))
         self._call(addresses)
         return outputs
 

@@ -270,3 +270,28 @@ def test_a_fault_on_the_steady_path_is_explained(monkeypatch: pytest.MonkeyPatch
             call(A, x, 1.0, np.array([0, 1, 4, 2], np.int32))
         assert "A is read at index 4 of its dimension 0, outside 0:4, at m=2" in str(err.value)
         assert err.value.line == 4
+
+
+def test_unchecked_calls_run_by_the_buffers_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`unchecked=True` on a fixed-size kernel takes the steady path too, into new
+    outputs or into `out=` arrays, an output the kernel does not write whole (`s`)
+    zeroed first whatever the array held."""
+    from tcpy.kernels import HostKernel
+
+    engine, reference = engines("cpu", STEADY, quiet=True)
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((9, 20)).astype(np.float32)
+    x = rng.standard_normal(20).astype(np.float32)
+    index = rng.integers(0, 9, 9).astype(np.int32)
+    alpha = np.float32(0.75)
+    compiled = engine.compile("f", A, x, alpha, index)
+    want = reference.f(A, x, alpha, index)
+    monkeypatch.setattr(HostKernel, "__call__", None)  # the steady path only
+    outs = (np.full(9, np.nan, np.float32), np.full(9, 7.0, np.float32))
+    for got in (
+        compiled(A, x, alpha, index, unchecked=True),
+        compiled(A, x, alpha, index, out=outs, unchecked=True),
+    ):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], want[1], rtol=1e-5, atol=1e-5)
