@@ -53,11 +53,13 @@ from tcpy.errors import TCError, TCGradientError
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser import CheckedDef, check_source
 from tcpy.parser.symbolic import Sym
-from tcpy.runtime.host_pool import MIN_BYTES as POOL_BYTES
 from tcpy.torch.outputs import POOL
 from tcpy.types import ScalarType
 
 NAMESPACE = "tcpy"
+
+POOL_BYTES = 1 << 20
+"""Outputs of this many bytes or more come from the tensor pool (`_maker`)."""
 
 _REGISTERED: dict[str, Any] = {}  # by qualified name: the operators defined so far
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # their registrations, kept alive
