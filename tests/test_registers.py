@@ -372,3 +372,34 @@ def test_a_read_twice_in_a_masked_block_is_loaded_once_for_its_rows() -> None:
     cpu, reference = engines("cpu", source, quiet=True)
     inputs = _inputs(cpu, EDGE_SIZES, 2)
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
+
+
+ROWS_OF_SEVEN = """
+def f(bfloat16(N, S) O, bfloat16(L, S) tmp, bfloat16(L, Q) A) -> (C, V) {
+    T(j, w) +=! min(max((O(j, b) * tmp(w, b)), (-9.0)), 9.0)
+    V(j) min=! min(max(T(j, w), (-100.0)), 100.0)
+    X(j, w) = min(max((T(j, w) - V(j)), (-50.0)), 50.0)
+    C(j, kh) +=! (min(max(X(j, w), (-9.0)), 9.0) * A(w, kh))
+}
+"""
+
+
+def test_a_block_whose_rows_of_lanes_are_short_is_declared_with_rows_of_a_power_of_two() -> None:
+    """`T` reduces rows of 7 in lanes, a block of 2 x 3 outputs (`tc_reg[2][3][7]` as
+    the loops see it). Declared so, GCC 12.2 at -O3 unrolled the block's loops and got
+    some sums wrong (a case of the fuzzer's); each row is declared 8 long, its last
+    element unused, and the results are the reference's."""
+    import ml_dtypes
+
+    options = MappingOptions.cpu().replace(
+        tile=(15,), unroll=2, interchange=(0,), pack_operands=True, parallel=False, threads=1
+    )
+    rng = np.random.default_rng(0)
+    inputs = [
+        rng.integers(-3, 4, size=shape).astype(ml_dtypes.bfloat16)
+        for shape in ((8, 7), (3, 7), (3, 4))
+    ]
+    cpu, reference = engines("cpu", ROWS_OF_SEVEN)
+    assert "float tc_reg[2][3][8];" in cpu.compile("f", *inputs, options=options).source
+    for got, want in zip(cpu.f(*inputs, options=options), reference.f(*inputs), strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

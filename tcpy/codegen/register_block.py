@@ -247,8 +247,12 @@ def _print_block(
     index = "".join(_offset(h) for h in block)
     arrays = ["tc_reg"]
     p.emit(depth, "{")
+    # each row of the block a power of two long: GCC 12.2 at -O3 miscomputed a block of
+    # rows of 7 lanes whose rows it unrolled (`tc_reg[2][3][7]`, a bfloat16 contraction
+    # from the fuzzer) and got it right with rows of 8; the extra elements are not used
+    declared = [*sizes[:-1], 1 << (sizes[-1] - 1).bit_length()]
     for array in arrays:
-        p.emit(depth + 1, f"{parts.compute} {array}{''.join(f'[{n}]' for n in sizes)};")
+        p.emit(depth + 1, f"{parts.compute} {array}{''.join(f'[{n}]' for n in declared)};")
     if lane is None:
         element = f"tc_reg{index}"
         test = mask.test if mask else ""
