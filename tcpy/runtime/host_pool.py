@@ -12,7 +12,8 @@ over the block goes (the caller's output and every view of it), the block comes 
 (`_Owner.__del__`) and the next call of that size writes into pages already mapped.
 Pooling smaller outputs too (from 1 MB) kept glibc from learning, and NumPy's own
 temporaries were then mapped afresh at each of its calls: NumPy's convolution right
-after tcpy's ran 1.4-2.4x its quiet time, 0.5-1.1x with glibc left to learn.
+after tcpy's ran 1.4-3.4x its quiet time in six runs of seven, 0.5-1.1x with glibc
+left to learn.
 
 At most `IDLE_BYTES` wait in the pool; a block given back past that limit makes room
 by freeing the blocks idle longest (a block larger than the limit is freed itself): a
