@@ -186,7 +186,7 @@ def alternating_blocks(
 
 def kernel_alone(compiled: tcpy.Compiled, inputs: tuple[np.ndarray, ...]) -> Callable[[], None]:
     """tcpy's compiled code on buffers allocated once, called by their addresses (as
-    `kernels.Steady` calls it): the call without checking the inputs or allocating
+    `host_kernels.Steady` calls it): the call without checking the inputs or allocating
     the outputs."""
     binding = bind(compiled.cdef, inputs)
     kernel = compiled._kernel  # a HostKernel: the cpu target's

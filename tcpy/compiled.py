@@ -33,7 +33,8 @@ from tcpy.binding import (
 )
 from tcpy.empty import EmptyCall
 from tcpy.errors import TCError, TCInputError
-from tcpy.kernels import Iterations, Kernel, Prepared, Steady
+from tcpy.host_kernels import Prepared, Steady
+from tcpy.kernels import Iterations, Kernel
 from tcpy.parser import CheckedDef
 from tcpy.reference import interpreter
 from tcpy.runtime.status import KernelFault
@@ -259,7 +260,7 @@ class Compiled:
 
     def prepared(self, *inputs: Any) -> Prepared | None:
         """This kernel's call on inputs of these shapes and dtypes, checked once and
-        made ready (`kernels.Prepared`): for a caller that allocates the outputs and
+        made ready (`host_kernels.Prepared`): for a caller that allocates the outputs and
         calls again and again at one signature. None where there is none to make: a
         kernel that does not run on the host, or an empty call."""
         binding = self._bind(inputs)

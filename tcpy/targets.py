@@ -26,15 +26,8 @@ from tcpy import cache, knobs, log
 from tcpy.binding import Binding
 from tcpy.cache import DiskCache, cache_key, enforce_cap
 from tcpy.errors import TCError
-from tcpy.kernels import (
-    EmulatedKernel,
-    GpuKernels,
-    HostKernel,
-    Kernel,
-    Launch,
-    NoGpu,
-    ReferenceKernel,
-)
+from tcpy.host_kernels import EmulatedKernel, HostKernel
+from tcpy.kernels import GpuKernels, Kernel, Launch, NoGpu, ReferenceKernel
 from tcpy.mapping.gpu.device import DeviceProfile, default_profile, named
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef

@@ -222,12 +222,12 @@ def test_a_signature_checked_once_runs_by_its_buffers_addresses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After the first call at a signature, calls on NumPy inputs of it run the compiled
-    code by the buffers' addresses (`kernels.Steady`), through the engine and a
+    code by the buffers' addresses (`host_kernels.Steady`), through the engine and a
     compiled kernel alike: new values in the same arrays, new arrays and new scalars
     are read at each call, a temporary and an output the kernel does not write whole
     (`s`, accumulated from zero) start as they should, and the outputs are new
     arrays every time."""
-    from tcpy.kernels import HostKernel
+    from tcpy.host_kernels import HostKernel
 
     engine, reference = engines("cpu", STEADY, quiet=True)
     rng = np.random.default_rng(5)
@@ -257,7 +257,7 @@ def test_a_fault_on_the_steady_path_is_explained(monkeypatch: pytest.MonkeyPatch
     """An index array read out of range at a call of a signature checked before: the
     kernel's fault is explained as at a checked call (the statement, the index, the
     iteration), through the engine and a compiled kernel alike."""
-    from tcpy.kernels import HostKernel
+    from tcpy.host_kernels import HostKernel
 
     engine, _ = engines("cpu", STEADY, quiet=True)
     A, x = np.ones((4, 6), np.float32), np.ones(6, np.float32)
@@ -276,7 +276,7 @@ def test_unchecked_calls_run_by_the_buffers_addresses(monkeypatch: pytest.Monkey
     """`unchecked=True` on a fixed-size kernel takes the steady path too, into new
     outputs or into `out=` arrays, an output the kernel does not write whole (`s`)
     zeroed first whatever the array held."""
-    from tcpy.kernels import HostKernel
+    from tcpy.host_kernels import HostKernel
 
     engine, reference = engines("cpu", STEADY, quiet=True)
     rng = np.random.default_rng(6)

@@ -332,7 +332,20 @@ def _own_band(
     """`node` with a band over `s`'s indices at `dims` inserted (none: unchanged)."""
     if not dims:
         return node
-    node = node.insert_partial_schedule(identity_band(s, dims))
+    return _permutable_band(scop, every, s, node, identity_band(s, dims), dims)
+
+
+def _permutable_band(
+    scop: Scop,
+    every: isl.UnionMap,
+    s: PolyStatement,
+    node: isl.ScheduleNode,
+    band: isl.MultiUnionPwAff,
+    dims: tuple[int, ...],
+) -> isl.ScheduleNode:
+    """`node` with `band` (over `s`'s indices at `dims`) inserted, permutable, each
+    member coincident unless a dependence of `every` is carried along its index."""
+    node = node.insert_partial_schedule(band)
     node = node.band_set_permutable(1)
     for member, d in enumerate(dims):
         carried = _carries(scop.ctx, every, s.name, d)
@@ -383,11 +396,7 @@ def _member_band(
     along = s.dims.index(group.along[member])
     dims = tuple(d for d in range(first, len(s.dims)) if not (group.once[member] and d == along))
     if dims:
-        node = node.insert_partial_schedule(within_tile(scop, s, dims, group))
-        node = node.band_set_permutable(1)
-        for position, d in enumerate(dims):
-            carried = _carries(scop.ctx, every, s.name, d)
-            node = node.band_member_set_coincident(position, 0 if carried else 1)
+        node = _permutable_band(scop, every, s, node, within_tile(scop, s, dims, group), dims)
     return node
 
 
