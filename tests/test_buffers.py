@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tcpy
-from tcpy import kernels
+from tcpy import host_kernels
 from tcpy.parser import check_source
 from tcpy.poly.coverage import written_before_read
 from tcpy.poly.scop import build_scop
@@ -54,9 +54,9 @@ def test_a_buffer_that_is_not_written_whole_starts_at_zero(target: str) -> None:
 
 
 def test_poisoned_buffers_are_nan_or_minus_one() -> None:
-    assert np.isnan(kernels._poisoned((2, 3), np.dtype(np.float32))).all()
-    assert (kernels._poisoned((4,), np.dtype(np.int32)) == -1).all()
-    assert kernels._poisoned((0, 3), np.dtype(np.float64)).shape == (0, 3)
+    assert np.isnan(host_kernels._poisoned((2, 3), np.dtype(np.float32))).all()
+    assert (host_kernels._poisoned((4,), np.dtype(np.int32)) == -1).all()
+    assert host_kernels._poisoned((0, 3), np.dtype(np.float64)).shape == (0, 3)
 
 
 SOFTMAX = """
