@@ -8,11 +8,12 @@ suite, how fast it gets there, and how it compares with random search.
 For each kernel: a tuning session from the default options (budget: `--generations`
 and `--max-time` seconds), then the default and the tuned kernels timed side by side in
 alternating blocks (medians; the tuner's own timings are only used to choose), with
-NumPy in the same run. Reported: default and tuned times, the speedup, the ratio to
-NumPy, the tuning wall time, the trials, and when the session first came within 10%
-of its final best (from its history). Then, for the `--versus` kernels, the genetic
-search and random search at the same trial budget over `--seeds` seeds (the median
-best time of each). JSON and convergence plots go to `bench/results/`.
+NumPy and, where installed, PyTorch's eager call in the same run. Reported: default
+and tuned times, the speedup, the ratios to NumPy and to the faster peer, the tuning
+wall time, the trials, and when the session first came within 10% of its final best
+(from its history). Then, for the `--versus` kernels, the genetic search and random
+search at the same trial budget over `--seeds` seeds (the median best time of each).
+JSON and convergence plots go to `bench/results/`.
 
 `--smoke` checks that the benchmark still runs: the kernels at `bench.suite.smoke_sized`
 sizes, a session of one generation of four, one seed against random search, each
@@ -40,8 +41,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.cpu import SMOKE_BLOCKS, Blocks, _cpu_name, _geomean, _outputs, alternating_blocks
-from bench.suite import SUITE, Kernel, smoke_sized, smoke_tag
+from bench.cpu import (
+    SMOKE_BLOCKS,
+    Blocks,
+    _cpu_name,
+    _geomean,
+    _outputs,
+    _torch,
+    alternating_blocks,
+)
+from bench.suite import SUITE, Kernel, smoke_sized, smoke_tag, torch_peer
 
 SMOKE_CONFIG: dict[str, Any] = {
     "generations": 1, "population": 4, "elites": 1, "max_time_s": 30.0, "runs": 1, "workers": 1,
@@ -50,7 +59,7 @@ SMOKE_CONFIG: dict[str, Any] = {
 
 
 def tune_one(
-    kernel: Kernel, config: tcpy.TunerConfig, blocks: Blocks, plot: Path
+    kernel: Kernel, config: tcpy.TunerConfig, blocks: Blocks, plot: Path, torch: Any
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     inputs = kernel.inputs(rng, kernel.sizes)
@@ -71,7 +80,12 @@ def tune_one(
         "tuned": lambda: tuned(*inputs),
         "numpy": lambda: kernel.numpy(*inputs),
     }
+    if torch is not None:
+        tensors = [torch.from_numpy(x) if isinstance(x, np.ndarray) else float(x) for x in inputs]
+        peer = torch_peer(torch, kernel)
+        contenders["torch"] = lambda: peer(*tensors)
     ms = alternating_blocks(contenders, blocks)
+    best = min(ms[p] for p in ("numpy", "torch") if p in ms)
     result.plot(plot)
     return {
         "kernel": kernel.name,
@@ -79,10 +93,13 @@ def tune_one(
         "default_ms": round(ms["default"], 4),
         "tuned_ms": round(ms["tuned"], 4),
         "numpy_ms": round(ms["numpy"], 4),
+        "torch_ms": round(ms["torch"], 4) if "torch" in ms else None,
         "speedup": round(ms["default"] / ms["tuned"], 3),
         "tuner_speedup": round(result.speedup, 3),  # the session's own side-by-side times
         "tuned_vs_numpy": round(ms["numpy"] / ms["tuned"], 3),
         "default_vs_numpy": round(ms["numpy"] / ms["default"], 3),
+        "tuned_vs_best": round(best / ms["tuned"], 3),
+        "default_vs_best": round(best / ms["default"], 3),
         "tuning_wall_s": round(result.wall_s, 1),
         "trials": result.trials,
         "failures": result.failures,
@@ -177,26 +194,26 @@ def main(argv: list[str] | None = None) -> int:
         generations=args.generations, population=args.population, max_time_s=args.max_time,
         runs=5, workers=2, timeout_s=60, patience=3,
     )  # fmt: skip
-    # `--reps` runs a block, however short: the blocks these results were measured with
-    blocks, seeds = Blocks(least=args.reps, block_s=0.0), args.seeds
+    blocks, seeds = Blocks(least=args.reps), args.seeds
     if args.smoke:
         config = tcpy.TunerConfig(**{**_fields(config), **SMOKE_CONFIG})
         blocks, seeds = SMOKE_BLOCKS, 1
     suite = tuple(map(smoke_sized, SUITE)) if args.smoke else SUITE
     tag = smoke_tag(args.tag, args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, torch = [], _torch()
     for kernel in suite:
         if wanted and kernel.name not in wanted:
             continue
         start = time.monotonic()
         suffix = "".join(f"-{t}" for t in (args.tag, "smoke" if args.smoke else "") if t)
         plot = args.out / f"tune-{kernel.name}{suffix}.png"  # a tagged run keeps the others
-        row = tune_one(kernel, config, blocks, plot)
+        row = tune_one(kernel, config, blocks, plot, torch)
         rows.append(row)
         print(
             f"{row['kernel']:18} default {row['default_ms']:9.3f} ms  tuned {row['tuned_ms']:9.3f}"
-            f" ms  x{row['speedup']:5.2f}  vs numpy {row['tuned_vs_numpy']:6.2f}"
+            f" ms  x{row['speedup']:5.2f}  vs best peer {row['default_vs_best']:6.2f}"
+            f" -> {row['tuned_vs_best']:6.2f}"
             f"  {row['trials']:3d} trials  {row['tuning_wall_s']:6.1f} s tuning"
             f"  90% at {row['seconds_to_90pct']} s  ({time.monotonic() - start:.0f} s)",
             flush=True,
@@ -206,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "geomean_speedup": _geomean([r["speedup"] for r in rows]),
         "min_speedup": min((r["speedup"] for r in rows), default=None),
+        "geomean_default_vs_best": _geomean([r["default_vs_best"] for r in rows]),
+        "geomean_tuned_vs_best": _geomean([r["tuned_vs_best"] for r in rows]),
         "ga_beats_random": [v["ga_median_ms"] <= v["random_median_ms"] for v in versus],
     }
     print(json.dumps(summary))
@@ -216,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "machine": {"processor": _cpu_name(), "cores": os.cpu_count()},
         "config": {k: v for k, v in _fields(config).items() if k != "executor"},
-        "runs": {"rounds": blocks.rounds, "least_per_block": blocks.least},
+        "runs": {
+            "rounds": blocks.rounds,
+            "least_per_block": blocks.least,
+            "block_s": blocks.block_s,
+        },
         "kernels": rows,
         "ga_vs_random": versus,
         "summary": summary,

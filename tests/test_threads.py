@@ -276,6 +276,45 @@ def test_the_threads_of_a_team_are_known() -> None:
     assert len(threads._TEAMS.threads() & alive) >= 3
 
 
+def _placed(count: int) -> list[set[int]]:
+    """The cores each other thread of the calling thread's team may run on after a
+    call on `count` threads."""
+    engine = tcpy.ExecutionEngine("cpu")
+    engine.define(MATMUL)
+    a = np.ones((64, 64), np.float32)
+    engine.mm(a, a, options=MappingOptions.cpu().replace(threads=count))
+    others = threads._TEAMS.team() - {threading.get_native_id()}
+    assert len(others) == count - 1
+    return [os.sched_getaffinity(t) for t in others]
+
+
+@pytest.mark.skipif(
+    knobs.cores() < 2 or not threads._TEAMS.placing, reason="one core, or no affinity calls"
+)
+def test_a_team_with_a_core_for_each_thread_gets_one_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Woken at each call, a sleeping thread may be put on its waker's core and stay,
+    the two taking turns: a team with a core for each thread puts each other thread
+    on a core of its own, none on the caller's; a team larger than the cores lets
+    them run anywhere again, and an environment that binds OpenMP's threads itself
+    is left to do so."""
+    for name in threads._BINDING:
+        monkeypatch.delenv(name, raising=False)
+    cores, allowed = knobs.cores(), os.sched_getaffinity(0)
+    core = threads._core_function()
+    assert core is not None
+    before = core()
+    placed = _placed(cores)
+    assert all(len(p) == 1 for p in placed)
+    assert len(set.union(*placed)) == cores - 1 and set.union(*placed) < allowed
+    if core() == before:  # the caller did not move: its core is the one left free
+        assert before not in set.union(*placed)
+    assert all(p == allowed for p in _placed(cores + 1))
+    monkeypatch.setenv("OMP_PROC_BIND", "false")
+    assert all(p == allowed for p in _placed(cores))
+
+
 _SPINNING = """
 import os, sys, time
 import numpy as np

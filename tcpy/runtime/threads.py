@@ -8,6 +8,9 @@ while after their calls) and leaves their cores to them, or, where a kernel at i
 sizes ran faster on all cores in that state, takes them all (`threads_now`, `Trials`).
 Its own threads wait for the next call by spinning for a short while only
 (`SPIN_COUNT`), then sleep, so that the next library's call finds its cores free.
+Woken at the next call, a sleeping thread may be put on the core of the thread that
+woke it and stay there, the two taking turns while another core idles; so a team that
+has a core for each of its threads gets one each (`Teams.place`).
 
 Results do not depend on the thread count: the parallel loops share out whole
 iterations, each computing the same outputs the same way on any thread, and no
@@ -58,13 +61,15 @@ def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None =
     if trials is not None:
         trials.chosen = None
     if given is not None:
-        return given
-    if work is not None and work < SERIAL_WORK:
+        count = given
+    elif work is not None and work < SERIAL_WORK:
         return 1
-    count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
-    if trials is not None and count < _LOAD.cores:
-        count = trials.choose(count, _LOAD.cores)
+    else:
+        count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
+        if trials is not None and count < _LOAD.cores:
+            count = trials.choose(count, _LOAD.cores)
     _TEAMS.know(count)
+    _TEAMS.place(count)
     return count
 
 
@@ -201,12 +206,16 @@ class Teams:
     extra ones end); a region of the same libgomp that records its threads' ids
     (`tc_team`, built once per process) finds them, again whenever a caller's team
     changes size or one of its threads ended. `known` is False where that region
-    could not be built: every thread of this process then counts as tcpy's."""
+    could not be built: every thread of this process then counts as tcpy's.
+
+    A team with a core for each of its threads gets one each (`place`)."""
 
     def __init__(self) -> None:
         self._teams: dict[int, tuple[int, frozenset[int]]] = {}  # caller -> size, ids
+        self._placed: dict[int, int | None] = {}  # caller -> the core placed around
         self._lock = threading.Lock()
         self.known = True
+        self.placing = hasattr(os, "sched_setaffinity") and _core_function() is not None
 
     def know(self, count: int) -> None:
         """Record the team of `count` threads the calling thread is about to run."""
@@ -221,6 +230,44 @@ class Teams:
         got = team(count, ids)
         with self._lock:
             self._teams[caller] = (count, frozenset(int(i) for i in ids[:got] if i))
+            self._placed.pop(caller, None)  # its threads are where they were: not known
+
+    def place(self, count: int) -> None:
+        """Where the calling thread's team of `count` threads has a core for each
+        (the cores the caller may run on), put each of its other threads on a core
+        of its own, none on the caller's (which stays free to move); where it has
+        not, let them run on any of the caller's cores. Nothing is done when the
+        team and the caller's core are as at the last call, nor where the
+        environment binds OpenMP's threads itself (`OMP_PROC_BIND`, `OMP_PLACES`,
+        `GOMP_CPU_AFFINITY`)."""
+        if not self.placing or any(v in os.environ for v in _BINDING):
+            return
+        caller = threading.get_native_id()
+        with self._lock:
+            size, ids = self._teams.get(caller, (1, frozenset()))
+        if size != count:  # one thread, or a team not known
+            return
+        allowed = os.sched_getaffinity(0)
+        core = _core_function()
+        around = core() if core is not None and count == len(allowed) else None
+        if caller in self._placed and self._placed[caller] == around:
+            return
+        others = sorted(ids - {caller})
+        cores = sorted(allowed - {around}) if around is not None else []
+        try:
+            for k, tid in enumerate(others):
+                os.sched_setaffinity(tid, {cores[k]} if cores else allowed)
+        except OSError:  # a thread ended (its team is recorded again), or not allowed
+            with self._lock:
+                self._teams.pop(caller, None)
+            return
+        self._placed[caller] = around
+
+    def team(self) -> frozenset[int]:
+        """The threads of the calling thread's team, itself among them (empty: none
+        recorded)."""
+        with self._lock:
+            return self._teams.get(threading.get_native_id(), (1, frozenset()))[1]
 
     def threads(self) -> set[int]:
         with self._lock:
@@ -233,6 +280,23 @@ class Teams:
             for caller, (_, ids) in list(self._teams.items()):
                 if not ids <= alive:
                     del self._teams[caller]
+
+
+_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+"""Variables with which the environment binds OpenMP's threads to cores itself."""
+
+
+@functools.cache
+def _core_function() -> Callable[[], int] | None:
+    """The C library's `sched_getcpu` (the core the calling thread runs on), or None
+    where there is none."""
+    try:
+        fn = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+    return fn
 
 
 _TEAMS = Teams()
