@@ -21,7 +21,9 @@ PolyBench's linear algebra, BERT layer blocks, element-wise kernels) instead of 
 suite. `--interleaved` also times each kernel in a loop that alternates one tcpy call
 and one call of its NumPy peer, as code mixing the two libraries does: tcpy's call
 right after NumPy's and NumPy's right after tcpy's, against their quiet times, and
-tcpy's at each thread count (the best thread count in that state).
+tcpy's at each thread count (the best thread count in that state); and each library's
+calls made one at a time after a pause (`SPORADIC_S`), as a program that does other
+work between its calls makes them, against their quiet times.
 `--loaded` runs one single-threaded busy process at normal priority beside everything,
 as another user of the machine would. `--smoke` checks that the benchmark still runs:
 the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
@@ -291,13 +293,37 @@ def interleaved(kernel: Kernel, blocks: Blocks, quiet: dict) -> dict:  # type: i
         tcpy_ms[str(count) if count else "chosen"] = round(ours, 4)
         numpy_ms = round(theirs, 4) if count == 0 else numpy_ms
     best = min(v for k, v in tcpy_ms.items() if k != "chosen")
+    compiled = engine.compile(kernel.entry, *inputs, options=options)
+    alone = {
+        "tcpy": sporadic(functools.partial(compiled, *inputs), blocks),
+        "numpy": sporadic(lambda: kernel.numpy(*inputs), blocks),
+    }
     return {
         "tcpy_after_numpy_ms": tcpy_ms,
         "numpy_after_tcpy_ms": numpy_ms,
         "tcpy_over_quiet": round(tcpy_ms["chosen"] / quiet["tcpy_ms"], 3),
         "tcpy_over_best_count": round(tcpy_ms["chosen"] / best, 3),
         "numpy_over_quiet": round(numpy_ms / quiet["numpy_ms"], 3),
+        "tcpy_sporadic_ms": round(alone["tcpy"], 4),
+        "numpy_sporadic_ms": round(alone["numpy"], 4),
+        "tcpy_sporadic_over_quiet": round(alone["tcpy"] / quiet["tcpy_ms"], 3),
+        "numpy_sporadic_over_quiet": round(alone["numpy"] / quiet["numpy_ms"], 3),
     }
+
+
+SPORADIC_S = 0.1
+"""The pause before each call timed on its own (`sporadic`): longer than OpenBLAS's
+threads spin after a call, shorter than a step of most programs."""
+
+
+def sporadic(call: Callable[[], object], blocks: Blocks) -> float:
+    """The median milliseconds of `call` made `5 * blocks.rounds` times, each after a
+    pause (`SPORADIC_S`, or the blocks' own where shorter)."""
+    times = []
+    for _ in range(5 * blocks.rounds):
+        time.sleep(min(SPORADIC_S, blocks.pause_s))
+        times.append(_seconds(call))
+    return statistics.median(times) * 1e3
 
 
 def _alternating(
@@ -319,7 +345,13 @@ def _alternating(
 def _interleaved_summary(rows: list[dict]) -> dict[str, float | None]:  # type: ignore[type-arg]
     """The geometric means and the worst of each interleaved ratio."""
     out: dict[str, float | None] = {}
-    for key in ("tcpy_over_quiet", "tcpy_over_best_count", "numpy_over_quiet"):
+    for key in (
+        "tcpy_over_quiet",
+        "tcpy_over_best_count",
+        "numpy_over_quiet",
+        "tcpy_sporadic_over_quiet",
+        "numpy_sporadic_over_quiet",
+    ):
         values = [r["interleaved"][key] for r in rows]
         out[f"interleaved_{key}_geomean"] = _geomean(values)
         out[f"interleaved_{key}_worst"] = max(values, default=None)
@@ -491,7 +523,9 @@ def _interleaved_line(row: dict) -> str:  # type: ignore[type-arg]
     return (
         f"{row['kernel']:18} interleaved: tcpy {i['tcpy_after_numpy_ms']['chosen']:8.3f} ms"
         f" (x{i['tcpy_over_quiet']:.2f} quiet, x{i['tcpy_over_best_count']:.2f} best count)"
-        f"  numpy {i['numpy_after_tcpy_ms']:8.3f} ms (x{i['numpy_over_quiet']:.2f} quiet)"
+        f"  numpy {i['numpy_after_tcpy_ms']:8.3f} ms (x{i['numpy_over_quiet']:.2f} quiet);"
+        f" one at a time: tcpy x{i['tcpy_sporadic_over_quiet']:.2f},"
+        f" numpy x{i['numpy_sporadic_over_quiet']:.2f} quiet"
     )
 
 

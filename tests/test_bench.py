@@ -117,7 +117,7 @@ def test_cpu(tmp_path: Path, bench: Any) -> None:
 
 def test_cpu_users_interleaved(tmp_path: Path) -> None:
     """Kernels of bench/users.py, each also timed right after a NumPy call (and NumPy's
-    right after tcpy's), at every thread count."""
+    right after tcpy's), at every thread count, and each library's calls one at a time."""
     result = smoke(tmp_path, "cpu.py", "--users", "--interleaved", "--only", "gemm,mvt")
     assert [row["kernel"] for row in result["kernels"]] == ["mvt", "gemm"]  # users.py's order
     for row in result["kernels"]:
@@ -127,6 +127,7 @@ def test_cpu_users_interleaved(tmp_path: Path) -> None:
         assert set(mixed["tcpy_after_numpy_ms"]) == counts
         assert positive(*mixed["tcpy_after_numpy_ms"].values(), mixed["numpy_after_tcpy_ms"])
         assert positive(mixed["tcpy_over_quiet"], mixed["numpy_over_quiet"])
+        assert positive(mixed["tcpy_sporadic_ms"], mixed["numpy_sporadic_over_quiet"])
     assert positive(result["summary"]["interleaved_numpy_over_quiet_worst"])
 
 

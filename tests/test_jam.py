@@ -179,3 +179,60 @@ def test_a_short_reduction_is_jammed_whole() -> None:
     """A window of 3 along the reduction: its three steps in one jam."""
     found = _jam_marks(JAMMED["window"], {"C": 8, "W": 64, "K": 3})
     assert found == [marks.Jam(3)]
+
+
+BAG = "def f(float(E,N) T, int32(B,L) I) -> (y) { y(b,n) +=! T(I(b,l), n) }"
+WEIGHTED_BAG = "def f(float(E,N) T, int32(B,L) I) -> (y) { y(b,n) +=! T(I(b,l), n) * I(b,l) }"
+
+
+def _bag(sizes: tuple[int, int, int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    e, n, b, length = sizes
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((e, n)).astype(np.float32)
+    return table, rng.integers(0, e, (b, length)).astype(np.int32)
+
+
+def test_a_gathers_index_is_checked_as_it_is_loaded() -> None:
+    """An embedding bag, `y(b,n) +=! T(I(b,l), n)`, jammed: each index is checked
+    against T's rows as it is loaded into the local array before the vector loop, and
+    the loop reads T's rows at the checked indices as they are (checked inside the
+    loop, GCC did not vectorise it: 3.7x slower at 10000 x 64, 256 bags of 50)."""
+    cpu, _ = engines("cpu", BAG, quiet=True)
+    text = cpu.compile("f", *_bag((100, 64, 8, 10), 0)).source
+    lines = [ln.strip() for ln in text.splitlines()]
+    fills = [ln for ln in lines if re.match(r"tc_h\d+\[c\d+\] = tc_index\(t_I\[", ln)]
+    assert fills, text
+    local = fills[0].split("[")[0]
+    assert f"int64_t {local}[4];" in lines
+    updates = [ln for ln in lines if ln.startswith("tc_acc = tc_acc + t_T[")]
+    assert updates and all("tc_index" not in u and f"{local}[" in u for u in updates), updates
+
+
+@pytest.mark.parametrize("sizes", [(100, 64, 8, 10), (7, 5, 3, 3), (50, 33, 4, 1), (9, 130, 2, 4)])
+def test_embedding_bags_compute_the_reference(sizes: tuple[int, int, int, int]) -> None:
+    """Bags of whole and partial tiles of steps, fixed-size and size-generic, with an
+    index also used as a value (which keeps its own type: no checked local for it)."""
+    for source in (BAG, WEIGHTED_BAG):
+        cpu, reference = engines("cpu", source, quiet=True)
+        inputs = _bag(sizes, sum(sizes))
+        want = reference.f(*inputs)
+        for options in (MappingOptions.cpu(), GENERIC):
+            got = cpu.f(*inputs, options=options)
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
+    text = cpu.compile("f", *inputs).source
+    assert "int64_t tc_h" not in text
+
+
+@pytest.mark.parametrize(
+    ("b", "step", "bad"), [(0, 0, 100), (7, 9, -1), (3, 8, 100), (5, 4, 1 << 20)]
+)
+def test_a_gathered_index_out_of_range_is_reported_where_it_is(b: int, step: int, bad: int) -> None:
+    """An index out of T's rows, in a whole tile of steps or in the last partial one
+    (10 steps: 4, 4, 2), is an input error naming the element and the bag."""
+    cpu, _ = engines("cpu", BAG, quiet=True)
+    table, index = _bag((100, 64, 8, 10), 1)
+    index[b, step] = bad
+    with pytest.raises(
+        tcpy.TCInputError, match=rf"index {bad} of its dimension 0.* b={b}, .*l={step}"
+    ):
+        cpu.f(table, index)

@@ -203,8 +203,9 @@ class Read:
     block and thread parameters), whether a run-time check guards its subscripts
     (`tc_index`) or its subscripts compute more than an affine form (`plain` False),
     whether it lies in another read's subscripts (`nested`: a gather's index) or has
-    reads in its own (`gathers`), and whether the body reads it into a local first
-    (`hoisted`, `BodyPrinter.hoist_loads`)."""
+    reads in its own (`gathers`), whether the body reads it into a local first
+    (`hoisted`, `BodyPrinter.hoist_loads`), and the extent it is checked against
+    where it is, whole, a subscript checked on the data (`bound`)."""
 
     text: str
     form: str  # "load", "readonly_load" or "copy_load"
@@ -217,6 +218,27 @@ class Read:
     gathers: bool
     hoisted: bool = False
     within: int | None = None  # the position in `StatementParts.reads` of the read around it
+    bound: str | None = None  # `tc_index(<this read>, bound, tc_status)` is a subscript
+
+
+class CheckedLocal(str):
+    """A substitute for a read (`BodyPrinter.parts`) that is a subscript checked on
+    the data (`Read.bound`): a local holding its value already checked
+    (`checked_load`), which the subscript then uses as it is."""
+
+
+def checked_load(read: Read) -> str:
+    """The value of `read`, a subscript checked on the data, with its check: the
+    value a `CheckedLocal` holds."""
+    return f"tc_index({read.text}, {read.bound}, tc_status)"
+
+
+def local_for(read: Read, reads: Sequence[Read], name: str) -> str:
+    """The local `name` that `read` is loaded into before a loop: a `CheckedLocal`
+    where every load of its element among `reads` is, whole, a subscript checked
+    against one extent (its value used elsewhere keeps its own type)."""
+    same = [r.bound for r in reads if r.text == read.text]
+    return CheckedLocal(name) if read.bound is not None and set(same) == {read.bound} else name
 
 
 @dataclass
@@ -500,8 +522,13 @@ class _Context:
             text = self.value(arg)
         if proven:
             return text, False
+        bound = extent_name(tensor, k)
         self.p.helpers.checked_index = True
-        return f"tc_index({text}, {extent_name(tensor, k)}, tc_status)", True
+        if isinstance(arg, ast.Access):  # a gather's index: the last read printed
+            self.reads[-1] = dataclasses.replace(self.reads[-1], bound=bound)
+            if isinstance(self.substitute.get(self.reads[-1].text), CheckedLocal):
+                return text, True
+        return f"tc_index({text}, {bound}, tc_status)", True
 
     def access(self, e: ast.Access, widened: bool = True) -> str:
         """The value of the read `e` in its compute type (`widened`), else as stored."""

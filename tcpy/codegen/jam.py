@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import islpy as isl
 
-from tcpy.codegen.exprs import Read, StatementParts
+from tcpy.codegen.exprs import CheckedLocal, Read, StatementParts, local_for
 from tcpy.codegen.loops import FOR, Header, loop_depth
 from tcpy.codegen.printer import Instance, Printer
 from tcpy.codegen.register_block import full_tile
@@ -39,7 +39,7 @@ def print_jam(
     plain = p.bodies.parts(found.source, found.values, ids=found.ids())
     scalars, arrays = _invariant(p, plain, vector, step)
     substitute = {r.text: local for r, local in scalars}
-    substitute |= {r.text: f"{local}{_offset(step)}" for r, local in arrays}
+    substitute |= {r.text: _element(local, step) for r, local in arrays}
     parts = p.bodies.parts(found.source, found.values, substitute=substitute)
     p.emit(depth, "{")
     for line in p.hoisted(scalars, vector):
@@ -100,7 +100,8 @@ def _invariant(
 ) -> tuple[list[tuple[Read, str]], list[tuple[Read, str]]]:
     """The reads the vector loop does not move, each with the local it is loaded into:
     those the reduction loop does not move either (a scalar), and those it does (an
-    array along it). A read checked at run time (`tc_index`) stays in place."""
+    array along it). A read checked at run time (`tc_index`) stays in place; a
+    gather's index is checked as it is loaded (`CheckedLocal`)."""
     scalars: dict[str, tuple[Read, str]] = {}
     arrays: dict[str, tuple[Read, str]] = {}
     for r in parts.reads:
@@ -108,7 +109,7 @@ def _invariant(
             continue
         chosen = arrays if step.id in r.ids else scalars
         if r.text not in chosen:
-            chosen[r.text] = (r, f"tc_h{p.locals}")
+            chosen[r.text] = (r, local_for(r, parts.reads, f"tc_h{p.locals}"))
             p.locals += 1
     return list(scalars.values()), list(arrays.values())
 
@@ -126,14 +127,14 @@ def _fill(
     if not arrays:
         return
     for read, local in arrays:
-        p.emit(depth, f"{p.dialect.ctype(p.read_type(read))} {local}[{size}];")
+        p.emit(depth, f"{p.local_type(read, local)} {local}[{size}];")
     first = vector.first()
     inside = depth if first is None else depth + 1
     if first is not None:
         p.emit(depth, f"if ({first}) {{")
     p.open_loop(inside, step.text)
     for read, local in arrays:
-        p.emit(inside + 1, f"{local}{_offset(step)} = {read.text};")
+        p.emit(inside + 1, f"{_element(local, step)} = {p.local_value(read, local)};")
     p.emit(inside, "}")
     if first is not None:
         p.emit(depth, "}")
@@ -153,6 +154,13 @@ def _reduce(
     p.emit(depth + 1, "}")
     p.emit(depth + 1, f"{parts.target} = {parts.store('tc_acc')};")
     p.emit(depth, "}")
+
+
+def _element(local: str, step: Header) -> str:
+    """The element of the local array `local` at the reduction loop's position (a
+    `CheckedLocal`'s is one too)."""
+    element = f"{local}{_offset(step)}"
+    return CheckedLocal(element) if isinstance(local, CheckedLocal) else element
 
 
 def _offset(step: Header) -> str:

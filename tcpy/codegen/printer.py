@@ -18,7 +18,17 @@ import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, UserStatement
 from tcpy.codegen.dialect import C, Dialect
-from tcpy.codegen.exprs import BodyPrinter, Helpers, Read, StatementParts, expr_ids, isl_expr
+from tcpy.codegen.exprs import (
+    BodyPrinter,
+    CheckedLocal,
+    Helpers,
+    Read,
+    StatementParts,
+    checked_load,
+    expr_ids,
+    isl_expr,
+    local_for,
+)
 from tcpy.codegen.loops import (
     COUNT_LOOP,
     FOR,
@@ -197,7 +207,8 @@ class Printer:
         before the loop (`hoisted`): a fused nest reading `maxVal[i]` beside the
         `expDist[i][j]` it computes then vectorises. A read whose subscripts are
         checked at run time (`tc_index`: an access proven only under a condition, a
-        `?:` guard or a gather) stays in place, as the loop may not evaluate it."""
+        `?:` guard or a gather) stays in place, as the loop may not evaluate it; a
+        gather's index loaded before the loop is checked there (`CheckedLocal`)."""
         written: set[str] = set()
         reads: list[Read] = []
         for node, _ in walk(body):
@@ -213,7 +224,7 @@ class Printer:
         for r in reads:
             if r.array in written or loop.id in r.ids or r.checked or r.text in chosen:
                 continue
-            chosen[r.text] = (r, f"tc_h{self.locals}")
+            chosen[r.text] = (r, local_for(r, reads, f"tc_h{self.locals}"))
             self.locals += 1
         return list(chosen.values())
 
@@ -224,11 +235,22 @@ class Printer:
         first = loop.first()
         declarations = []
         for read, local in reads:
-            ctype = self.dialect.ctype(self.read_type(read))
+            ctype, value = self.local_type(read, local), self.local_value(read, local)
             zero = self.dialect.zero.format(ctype=ctype)
-            value = read.text if first is None else f"({first}) ? {read.text} : {zero}"
+            value = value if first is None else f"({first}) ? {value} : {zero}"
             declarations.append(f"const {ctype} {local} = {value};")
         return declarations
+
+    def local_type(self, read: Read, local: str) -> str:
+        """The C type of the local `read` is loaded into: a checked index's is 64-bit."""
+        checked = isinstance(local, CheckedLocal)
+        return self.dialect.ctype(ScalarType.INT64 if checked else self.read_type(read))
+
+    @staticmethod
+    def local_value(read: Read, local: str) -> str:
+        """What the local `read` is loaded into holds: its value, checked where the
+        local is a `CheckedLocal`."""
+        return checked_load(read) if isinstance(local, CheckedLocal) else read.text
 
     def read_type(self, read: Read) -> ScalarType:
         """The scalar type of the tensor (or copy of one) that `read` loads from."""
