@@ -124,6 +124,66 @@ def test_invariant_reads_are_hoisted_out_of_innermost_loops() -> None:
     assert "tc_h0" in lines[load + 3] and f"{buffer}[" not in lines[load + 3]
 
 
+# found by the fuzzer (seed 5901017964): the second statement runs under a test of the
+# loop around the innermost one (`if (c2 <= 2 && c4 == 0)`)
+GUARDED_GATHER = """def f(int32(L, L) T, int32(L, M) static) -> (Z) {
+    Z(ceild, false, c) *=! min(max((T(ceild, ceild) - static(false, 0)), (-1.0)), 1.0)
+        where false in 0:L-1, c in 0:M-1
+    Z(s, kw, fmaxf) = min((static(kw, s) - static(static(fmaxf, kw), s)), T(2*kw + 2, fmaxf))
+}"""
+GUARDED_GATHER_OPTIONS = {
+    "outer_schedule_fusion": "Max",
+    "intra_tile_schedule_fusion": "Max",
+    "allow_skewing": True,
+    "positive_orthant": True,
+    "fix_parameters_before_scheduling": True,
+    "tile": [2, 3, 1, 64],
+    "unroll": 3,
+    "interchange": [3, 1, 2, 0],
+    "register_tile": [],
+    "pack_operands": True,
+    "map_to_blocks": [64, 64, 16],
+    "map_to_threads": [32, 3],
+    "reduce_across_threads": True,
+    "split_reductions": True,
+    "use_shared_memory": True,
+    "use_private_memory": True,
+    "unroll_copy_shared": False,
+    "max_shared_memory": 0,
+    "copy_stages": 1,
+    "use_tensor_cores": True,
+    "warp_tile": [16, 32],
+    "input_precision": "tf32x3",
+    "use_readonly_cache": True,
+    "one_kernel": False,
+    "shared_depth": 2,
+    "private_depth": 2,
+    "parallel": False,
+    "vectorize": True,
+    "fuse_rows": True,
+    "fuse_epilogues": False,
+    "online_tile": 0,
+    "threads": 1,
+}
+
+
+def test_reads_of_a_statement_under_a_test_stay_under_it() -> None:
+    """A statement that a test inside an innermost loop guards reads nothing before the
+    loop: its gather's index, checked before the loop, was checked where the statement
+    never runs (a fault on valid inputs), and its other reads were loaded outside the
+    rows the test keeps them to."""
+    engine, reference = engines("cpu", GUARDED_GATHER)
+    options = MappingOptions.from_dict(GUARDED_GATHER_OPTIONS)
+    rng = np.random.default_rng(1)
+    t = rng.integers(-3, 4, (3, 3)).astype(np.int32)
+    static = rng.integers(0, 3, (3, 6)).astype(np.int32)
+    got = engine.run("f", t, static, options=options)
+    np.testing.assert_array_equal(got, reference.run("f", t, static))
+    text = engine.compile("f", t, static, options=options)._kernel.source
+    hoisted = [ln for ln in text.splitlines() if re.match(r"\s*const \w+ tc_h\d+ = ", ln)]
+    assert hoisted and not any("t_static[" in ln for ln in hoisted), hoisted
+
+
 def test_temporaries_of_a_row_live_in_the_threads_buffers() -> None:
     """A fused softmax keeps maxVal, expDist and expSum in a buffer of each row: the
     temporaries are never read or written in memory."""

@@ -35,7 +35,7 @@ from tcpy.codegen import halves
 from tcpy.codegen import vector_math as own_math
 from tcpy.codegen.ast_build import Ast
 from tcpy.codegen.c_helpers import helper_source, vector_math_declarations
-from tcpy.codegen.exprs import sym_expr
+from tcpy.codegen.isl_exprs import sym_expr
 from tcpy.codegen.jam import print_jam
 from tcpy.codegen.loops import loop_count_declarations
 from tcpy.codegen.pack import ALIGN, ARENA, MINE, arena_bytes, print_pack

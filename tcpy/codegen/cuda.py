@@ -27,13 +27,8 @@ from tcpy.codegen import halves, instructions, one_kernel
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.c_helpers import helper_source
 from tcpy.codegen.dialect import CUDA, CUDA_NARROW, Dialect
-from tcpy.codegen.exprs import (
-    BodyPrinter,
-    Helpers,
-    LocalCopy,
-    isl_expr,
-    sym_expr,
-)
+from tcpy.codegen.exprs import BodyPrinter, Helpers, LocalCopy
+from tcpy.codegen.isl_exprs import isl_expr, sym_expr
 from tcpy.codegen.loops import FOR, Header, loop_count_declarations, walk
 from tcpy.codegen.matrix_tile import (
     HeldMatrix,

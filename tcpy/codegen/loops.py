@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import islpy as isl
 
-from tcpy.codegen.exprs import expr_args, expr_id, expr_ids, expr_int, isl_expr
+from tcpy.codegen.isl_exprs import expr_args, expr_id, expr_ids, expr_int, isl_expr
 from tcpy.mapping import marks
 from tcpy.poly.isl_helpers import ast_children
 

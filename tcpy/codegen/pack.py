@@ -18,7 +18,8 @@ import math
 import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, PackedBox
-from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
+from tcpy.codegen.exprs import LocalCopy, flat_index
+from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.printer import Printer
 from tcpy.mapping.marks import Mark, innermost_first
 from tcpy.naming import extent_name, tensor_name

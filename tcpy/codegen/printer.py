@@ -11,7 +11,7 @@ printed as comments above it. `CPrinter` (`tcpy.codegen.c`) and `CudaPrinter`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -25,10 +25,9 @@ from tcpy.codegen.exprs import (
     Read,
     StatementParts,
     checked_load,
-    expr_ids,
-    isl_expr,
     local_for,
 )
+from tcpy.codegen.isl_exprs import expr_ids, isl_expr
 from tcpy.codegen.loops import (
     COUNT_LOOP,
     FOR,
@@ -37,7 +36,6 @@ from tcpy.codegen.loops import (
     contains_for,
     loop_depth,
     user_statements,
-    walk,
 )
 from tcpy.errors import InternalError
 from tcpy.mapping.marks import Collapse, Mark, loop_marks, of_ast
@@ -86,6 +84,25 @@ class Instance:
     def same(self, other: Instance) -> bool:
         """Whether `other` is the same statement at the same index values."""
         return self.source is other.source and self.values == other.values
+
+
+def _statements(node: isl.AstNode, guarded: bool = False) -> Iterator[tuple[isl.AstNode, bool]]:
+    """The statements (user nodes) below `node`, in order, each with whether a test
+    below `node` guards it (`guarded`: one above does)."""
+    kind = node.get_type()
+    if kind == isl.ast_node_type.user:
+        yield node, guarded
+    elif kind == FOR:
+        yield from _statements(node.for_get_body(), guarded)
+    elif kind == IF:
+        yield from _statements(node.if_get_then_node(), True)
+        if node.if_has_else_node():
+            yield from _statements(node.if_get_else_node(), True)
+    elif kind == isl.ast_node_type.block:
+        for child in ast_children(node):
+            yield from _statements(child, guarded)
+    elif kind == isl.ast_node_type.mark:
+        yield from _statements(node.mark_get_node(), guarded)
 
 
 @dataclass
@@ -207,25 +224,28 @@ class Printer:
         before the loop (`hoisted`): a fused nest reading `maxVal[i]` beside the
         `expDist[i][j]` it computes then vectorises. A read whose subscripts are
         checked at run time (`tc_index`: an access proven only under a condition, a
-        `?:` guard or a gather) stays in place, as the loop may not evaluate it; a
-        gather's index loaded before the loop is checked there (`CheckedLocal`)."""
+        `?:` guard or a gather) stays in place, as the loop may not evaluate it, and so
+        does every read of a statement that a test inside the loop guards; a gather's
+        index loaded before the loop is checked there (`CheckedLocal`)."""
         written: set[str] = set()
         reads: list[Read] = []
-        for node, _ in walk(body):
-            if node.get_type() != isl.ast_node_type.user:
-                continue
+        always: set[int] = set()  # the positions in `reads` of those of unguarded statements
+        for node, guarded in _statements(body):
             user = self.ast.user(node)
             instance = self.instance(user)
             init = self.scop.statement(user.statement).kind is Kind.INIT
             parts = self.bodies.parts(instance.source, instance.values, init, instance.ids())
             written.add(parts.array)
+            if not guarded:
+                always.update(range(len(reads), len(reads) + len(parts.reads)))
             reads += parts.reads
         chosen: dict[str, tuple[Read, str]] = {}
-        for r in reads:
-            if r.array in written or loop.id in r.ids or r.checked or r.text in chosen:
+        for k, r in enumerate(reads):
+            if k not in always or r.array in written or loop.id in r.ids or r.checked:
                 continue
-            chosen[r.text] = (r, local_for(r, reads, f"tc_h{self.locals}"))
-            self.locals += 1
+            if r.text not in chosen:
+                chosen[r.text] = (r, local_for(r, reads, f"tc_h{self.locals}"))
+                self.locals += 1
         return list(chosen.values())
 
     def hoisted(self, reads: list[tuple[Read, str]], loop: Header) -> list[str]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcpy.codegen.exprs import isl_expr
+from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.loops import FOR, IF, loop_depth, user_statements, walk
 from tcpy.codegen.printer import Printer
 from tcpy.mapping.marks import Mark, Parallel, loop_marks, of_ast

@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import islpy as isl
 
-from tcpy.codegen.exprs import StatementParts, expr_args, expr_ids, expr_int, isl_expr
+from tcpy.codegen.exprs import StatementParts
+from tcpy.codegen.isl_exprs import expr_args, expr_ids, expr_int, isl_expr
 from tcpy.codegen.loops import FOR, Header, loop_depth
 from tcpy.codegen.printer import Instance, Printer
 from tcpy.mapping.marks import Mark, loop_marks, of_ast

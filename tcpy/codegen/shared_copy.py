@@ -15,7 +15,8 @@ import islpy as isl
 
 from tcpy.codegen.ast_build import PackedBox
 from tcpy.codegen.dialect import CUDA
-from tcpy.codegen.exprs import LocalCopy, flat_index, isl_expr
+from tcpy.codegen.exprs import LocalCopy, flat_index
+from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.loops import Header, walk
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter

@@ -13,15 +13,8 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tcpy.codegen.dialect import CUDA
-from tcpy.codegen.exprs import (
-    Read,
-    StatementParts,
-    expr_args,
-    expr_id,
-    expr_ids,
-    expr_int,
-    sum_terms,
-)
+from tcpy.codegen.exprs import Read, StatementParts
+from tcpy.codegen.isl_exprs import expr_args, expr_id, expr_ids, expr_int, sum_terms
 from tcpy.codegen.loops import FOR, IF, Header
 from tcpy.codegen.printer import Instance, Printer
 from tcpy.mapping.gpu import MappedKernel

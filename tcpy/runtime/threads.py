@@ -257,9 +257,12 @@ class Teams:
         try:
             for k, tid in enumerate(others):
                 os.sched_setaffinity(tid, {cores[k]} if cores else allowed)
-        except OSError:  # a thread ended (its team is recorded again), or not allowed
+        except ProcessLookupError:  # a thread ended: its team is recorded again
             with self._lock:
                 self._teams.pop(caller, None)
+            return
+        except OSError:  # not allowed here: threads go where the system puts them
+            self.placing = False
             return
         self._placed[caller] = around
 
