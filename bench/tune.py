@@ -83,6 +83,8 @@ def tune_one(
     if torch is not None:
         tensors = [torch.from_numpy(x) if isinstance(x, np.ndarray) else float(x) for x in inputs]
         peer = torch_peer(torch, kernel)
+        for g, w in zip(_outputs(peer(*tensors)), want, strict=True):  # checked as tcpy is
+            np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3 * float(np.max(np.abs(w))))
         contenders["torch"] = lambda: peer(*tensors)
     ms = alternating_blocks(contenders, blocks)
     best = min(ms[p] for p in ("numpy", "torch") if p in ms)
