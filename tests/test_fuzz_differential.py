@@ -386,6 +386,23 @@ def test_the_gradient_check_catches_a_wrong_backward(monkeypatch: pytest.MonkeyP
         check_gradient(source, "f", {"N": 7}, 11, None, "cpu")
 
 
+def test_a_gradient_near_a_pole_matches_the_extrapolated_differences() -> None:
+    """`U / sum(U)` with signed weights whose sum is near zero (the gradient fuzzer's
+    pair of seed 5905017720): the backward's -3.0228680e9 is right, and neither step's
+    central difference is (-3.0295e9, -3.02293e9: the truncation error of order h^2);
+    the two extrapolated to a step of 0 agree with it to 5e-8."""
+    from tcpy.fuzz_tasks import check_gradient
+
+    source = """def f(float(Q, R, P) O, float(P) Y) -> (acc, A) {
+        V(n, r, kh) = O(n, r, kh)
+        C(n, r) max=! V(n, r, kh)
+        U(n, r, kh) = (exp((V(n, r, kh) - C(n, r))) * Y(kh))
+        A(n, r) +=! U(n, r, kh)
+        acc(n, r, kh) = (U(n, r, kh) / A(n, r))
+    }"""
+    check_gradient(source, "f", {"R": 13, "Q": 31, "P": 32}, 5905017720, None, "cpu")
+
+
 def test_a_gathered_read_in_a_backward_stays_inside_the_solved_ranges() -> None:
     """`U(Z(m, m, m), m)` with `m` narrower than U's dimension: the adjoint's guard
     read `Z(m, m, m)` before checking `m`'s range, out of Z (the gradient fuzzer's
