@@ -224,7 +224,12 @@ def check_against_reference(
             rtol = SMOOTH_RTOL[float_type]
             difference = close_outputs(got, want, rtol)
             if difference is not None:  # ill-conditioned? the float64 def says
-                difference = conditioned_outputs(got, want, _exact(given, entry, args), rtol)
+                try:
+                    exact = _exact(given, entry, args)
+                except TCError:  # kept as the float32 comparison found it
+                    exact = None
+                if exact is not None:
+                    difference = conditioned_outputs(got, want, exact, rtol)
         elif inputs == SMOOTH:
             difference = close_outputs(got, want, SMOOTH_RTOL[float_type])
         else:
