@@ -302,14 +302,10 @@ def test_a_team_with_a_core_for_each_thread_gets_one_each(
     for name in threads._BINDING:
         monkeypatch.delenv(name, raising=False)
     cores, allowed = knobs.cores(), os.sched_getaffinity(0)
-    core = threads._core_function()
-    assert core is not None
-    before = core()
     placed = _placed(cores)
     assert all(len(p) == 1 for p in placed)
-    assert len(set.union(*placed)) == cores - 1 and set.union(*placed) < allowed
-    if core() == before:  # the caller did not move: its core is the one left free
-        assert before not in set.union(*placed)
+    around = threads._TEAMS._placed[threading.get_native_id()]  # the caller's core then
+    assert around in allowed and set.union(*placed) == allowed - {around}
     assert all(p == allowed for p in _placed(cores + 1))
     monkeypatch.setenv("OMP_PROC_BIND", "false")
     assert all(p == allowed for p in _placed(cores))

@@ -228,20 +228,19 @@ class Printer:
         does every read of a statement that a test inside the loop guards; a gather's
         index loaded before the loop is checked there (`CheckedLocal`)."""
         written: set[str] = set()
-        reads: list[Read] = []
-        always: set[int] = set()  # the positions in `reads` of those of unguarded statements
+        reads: list[Read] = []  # every statement's
+        always: list[Read] = []  # those of the statements no test guards
         for node, guarded in _statements(body):
             user = self.ast.user(node)
             instance = self.instance(user)
             init = self.scop.statement(user.statement).kind is Kind.INIT
             parts = self.bodies.parts(instance.source, instance.values, init, instance.ids())
             written.add(parts.array)
-            if not guarded:
-                always.update(range(len(reads), len(reads) + len(parts.reads)))
             reads += parts.reads
+            always += [] if guarded else parts.reads
         chosen: dict[str, tuple[Read, str]] = {}
-        for k, r in enumerate(reads):
-            if k not in always or r.array in written or loop.id in r.ids or r.checked:
+        for r in always:
+            if r.array in written or loop.id in r.ids or r.checked:
                 continue
             if r.text not in chosen:
                 chosen[r.text] = (r, local_for(r, reads, f"tc_h{self.locals}"))
