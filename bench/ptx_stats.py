@@ -51,9 +51,11 @@ _COUNTED = {
     "commit_groups": r"^\s*cp\.async\.commit_group",
     "waits": r"^\s*cp\.async\.wait_group",
     "ld_shared": r"^\s*ld\.shared",
+    "ld_shared_vector": r"^\s*ld\.shared\.v[24]",
     "st_shared": r"^\s*st\.shared",
     "ld_global": r"^\s*ld\.global",
     "barriers": r"^\s*bar\.sync|^\s*barrier\.sync",
+    "fma": r"^\s*fma\.rn\.f32",
     "mma": r"^\s*mma\.sync",
     "ldmatrix": r"^\s*ldmatrix",
 }

@@ -96,6 +96,44 @@ def test_a_threads_outputs_in_registers_match_the_reference(
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+MLP = """def f(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
+    O(b, n) +=! I(b, k) * W(n, k)
+    O(b, n) = fmax(O(b, n) + bias(n), 0)
+}"""
+
+STEPPED = {  # def, input shapes, options changed on the CUDA defaults, vectors of A's copy
+    "8x4": (THREAD_TILES["matmul"], ((128, 64), (64, 256)), {"register_tile": (8, 4)}, "float4"),
+    "4x1": (THREAD_TILES["matmul"], ((64, 128), (128, 64)), {"register_tile": (4, 1)}, "float4"),
+    "3 stages": (THREAD_TILES["matmul"], ((96, 96), (96, 64)), {"copy_stages": 3}, "float4"),
+    "integers": (THREAD_TILES["integers"], ((64, 32), (32, 128)), {}, "int4"),
+    "batched": (THREAD_TILES["batched"], ((2, 64, 32), (2, 32, 64)), {}, "float4"),
+    "mlp": (MLP, ((256, 256), (512, 256), (512,)), {"reduce_across_threads": False}, "float4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEPPED))
+def test_a_threads_steps_of_k_read_as_vectors_match_the_reference(name: str) -> None:
+    """A thread tile takes 4 steps of k at a time (`ThreadRegisters.steps`), reading
+    each of its rows of A (and of W, rows along k) at those 4 steps as one vector from
+    the copy, whose rows hold an odd number of whole vectors; an operand whose values
+    along k are not adjacent (B's column, at 4x1) is read element by element: right
+    under the emulator's race and bounds checks, and with no bank conflict."""
+    source, shapes, changes, vector = STEPPED[name]
+    rng = np.random.default_rng(len(name))
+    if name == "integers":
+        inputs = [rng.integers(-50, 50, s).astype(np.int32) for s in shapes]
+    else:
+        inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    emu, reference = engines("cuda-emu", source)
+    compiled = emu.compile("f", *inputs, options=MappingOptions.cuda().replace(**changes))
+    text = compiled._kernel.source
+    assert "for (int tc_k = 0; tc_k <= " in text and "tc_k += 4) {" in text
+    assert f"TC_SLDV({vector}, tc_shared0, tc_a)" in text
+    got, want = compiled(*inputs), reference.run("f", *inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert sum(launch["bank_conflicts"] for launch in compiled.profile(*inputs)) == 0
+
+
 def test_gather_out_of_range_on_cuda_emu() -> None:
     e = tcpy.ExecutionEngine("cuda-emu")
     e.define(GATHER)

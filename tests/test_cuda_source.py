@@ -125,14 +125,16 @@ def test_every_parallel_loop_is_on_the_grid_folded_beyond_two() -> None:
 def test_shared_memory_tiles_of_a_matmul() -> None:
     """32x8 threads compute a 32x32 tile of C, 4 outputs each; A's 32x64 and B's
     64x32 tiles are copied once per 64 values of k, between two barriers, and read
-    from shared memory (rows of 64 padded to 65); synchronously, with one stage."""
+    from shared memory; synchronously, with one stage. B's rows of 32, whose columns
+    the threads walk, are padded to 33; A's rows of 64, which each thread reads 4
+    values of k at a time as one float4, to 68 (whole vectors, an odd number of them)."""
     source, entry, _ = GOLDENS["matmul"]
     options = MappingOptions.cuda().replace(copy_stages=1)
     lowered = _lower(source, entry, {"M": 128, "K": 256, "N": 96}, options)
     update = lowered.mapping.kernels[1]
     assert (update.grid, update.block) == ((3, 4), (32, 8))
     text = lowered.source.split("tc_kernel_1")[1]
-    assert "__shared__ __align__(16) float tc_shared0[2080];" in text  # A: 32 x (64 + 1)
+    assert "__shared__ __align__(16) float tc_shared0[2176];" in text  # A: 32 x (64 + 4)
     assert "__shared__ __align__(16) float tc_shared1[2112];" in text  # B: 64 x (32 + 1)
     assert text.count("__syncthreads();") == 2
     assert "TC_LD(t_A" not in text.split("__syncthreads();")[2]  # reads after the copy
@@ -179,16 +181,17 @@ def test_the_mapping_decides_a_threads_register_tile_on_its_mark(
     register_tile: tuple[int, ...], outputs: int
 ) -> None:
     """The outputs a thread keeps in registers are decided by the mapping and marked on
-    its point loops (`thread_registers:<outputs>`, the tile's outputs over the 32x8
-    block's threads); codegen prints a register array of that many. Without
-    use_private_memory there is no mark, and no register array."""
+    its point loops (`thread_registers:<outputs>x<steps>`, the tile's outputs over the
+    32x8 block's threads, and the steps of k it takes at a time: 4, k's tile being 64);
+    codegen prints a register array of that many. Without use_private_memory there is
+    no mark, and no register array."""
     source, entry, _ = GOLDENS["matmul"]
     sizes = {"M": 128, "K": 256, "N": 128}
     options = MappingOptions.cuda().replace(register_tile=register_tile)
     lowered = _lower(source, entry, sizes, options)
     tree = str(lowered.mapping.schedule)
     assert tree.count("thread_registers:") == 1
-    assert f'"thread_registers:{outputs}"' in tree
+    assert f'"thread_registers:{outputs}x4"' in tree
     assert f"float tc_acc[{outputs}];" in lowered.source
     plain = _lower(source, entry, sizes, options.replace(use_private_memory=False))
     assert "thread_registers" not in str(plain.mapping.schedule)
@@ -211,21 +214,60 @@ def test_the_default_thread_tile_is_larger_where_the_grid_still_fills_the_device
 @needs_nvrtc
 def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
     """In NVRTC's PTX, a 32x32 tile's shared loads per FMA go from 2 (each output
-    loads both operands) to 1.25 (4 rows of A, one value of B shared by them) and, with
-    a thread tile of 8x2, to 0.5625: 8 values of A and B's two adjacent values, one
-    float2, per 16 FMAs."""
+    loads both operands) to 0.5 (4 steps of k at a time: each of the thread's 4 rows
+    of A read as one float4, one value of B per step, per 16 FMAs); with a thread
+    tile of 8x2 to 0.1875 (8 float4s of A, B's two adjacent values as a float2 at
+    each step, per 64 FMAs) and of 8x4 (the default at these sizes) to 0.09375
+    (8 float4s of A and 4 of B per 128 FMAs). A step at a time (`vectorize` off, which
+    also drops B's float2), the 8x2 tile takes 0.625 (8 values of A and 2 of B per
+    16 FMAs)."""
     source, entry, _ = GOLDENS["matmul"]
     sizes = {"M": 1024, "K": 1024, "N": 1024}
     ratios = []
-    for private, register_tile in [(False, ()), (True, ()), (True, (8, 2))]:
+    cases = [(False, (), True), (True, (), True), (True, (8, 2), True), (True, (8, 4), True),
+             (True, (8, 2), False)]  # fmt: skip
+    for private, register_tile, vectorize in cases:
         options = MappingOptions.cuda().replace(
-            use_private_memory=private, register_tile=register_tile
+            use_private_memory=private, register_tile=register_tile, vectorize=vectorize
         )
         ptx = nvrtc.compile_ptx(_lower(source, entry, sizes, options).source, "compute_90")
         update = ptx.split(".entry tc_kernel_1")[1]
         ratios.append(update.count("ld.shared.") / update.count("fma.rn.f32"))
-    assert update.count("ld.shared.v2.f32") == 1
-    assert ratios == [2.0, 1.25, 0.5625]
+        if register_tile == (8, 4):
+            assert update.count("ld.shared.") == update.count("ld.shared.v4.f32") == 12
+    assert ratios == [2.0, 0.5, 0.1875, 0.09375, 0.625]
+
+
+TRANSPOSED = "def mtt(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }"
+BOTH_ALONG_K = "def abt(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+
+
+@pytest.mark.parametrize(
+    ("source", "entry", "k", "changes", "mark", "stepped"),
+    [
+        (GOLDENS["matmul"][0], "matmul", 256, {}, "4x4", ("A",)),
+        (BOTH_ALONG_K, "abt", 256, {"reduce_across_threads": False}, "4x4", ("A", "B")),
+        (TRANSPOSED, "mtt", 256, {}, "4x4", ("B",)),
+        (GOLDENS["matmul"][0], "matmul", 256, {"vectorize": False}, "4", ()),
+        (GOLDENS["matmul"][0], "matmul", 96, {"tile": (32, 32, 6)}, "4x2", ("A",)),
+        (GOLDENS["matmul"][0], "matmul", 36, {}, "4x4", ("A",)),  # k's tile of 64 past K
+        (GOLDENS["matmul"][0], "matmul", 100, {}, "4", ()),  # tiles of 64 do not divide K
+        (GOLDENS["matmul"][0], "matmul", 90, {}, "4", ()),  # K, under the tile, is no 4 or 2
+    ],
+)
+def test_the_mapping_decides_the_steps_of_k_a_thread_takes_at_a_time(
+    source: str, entry: str, k: int, changes: dict[str, object], mark: str, stepped: tuple
+) -> None:
+    """With `vectorize`, a thread tile takes 4 (or 2) steps of its innermost reduction
+    loop at a time where the loop's bounds are constant (the tile divides the extent, or
+    is the extent) and some operand is read along it in its last subscript: the mark
+    says how many (`thread_registers:<outputs>x<steps>`) and the kernel which operands
+    (`MappedKernel.stepped`), whose copies' rows hold whole vectors."""
+    options = MappingOptions.cuda().replace(**changes)
+    lowered = _lower(source, entry, {"M": 128, "K": k, "N": 128}, options)
+    assert f'"thread_registers:{mark}"' in str(lowered.mapping.schedule)
+    assert lowered.mapping.kernels[1].stepped == stepped
+    assert ("for (int tc_k = " in lowered.source) == bool(stepped)
 
 
 def test_shared_memory_tiles_with_a_three_dimensional_block() -> None:
@@ -345,17 +387,18 @@ def test_a_matmuls_tiles_are_copied_into_a_ring_while_the_tile_before_is_compute
     rings of that many buffers, filled by cp.async `stages - 1` tiles ahead: one
     commit group per tile, a wait for the oldest, one barrier per tile (and one after
     the loop), and the compute reads the stage of its tile. Tiles of 32 along m, n
-    and k: stages of 32 x 33 floats, 4 of each fit."""
+    and k: stages of 32 x 36 floats for A (rows read 4 values of k at a time, as
+    whole float4s) and 32 x 33 for B, 4 of each fit."""
     source, entry, _ = GOLDENS["matmul"]
     options = MappingOptions.cuda().replace(copy_stages=stages, tile=(32, 32, 32))
     text = _tile_loop(_lower(source, entry, {"M": 128, "K": 256, "N": 96}, options).source)
-    assert f"float tc_shared0[{stages * 1056}];" in text
+    assert f"float tc_shared0[{stages * 1152}];" in text
     assert f"float tc_shared1[{stages * 1056}];" in text
     assert text.count("TC_CP_COMMIT();") == stages  # the prologue's, the loop's
     assert f"TC_CP_WAIT({stages - 2});" in text
     assert text.count("__syncthreads();") == 2
-    assert "TC_CP_ASYNC(tc_shared0, tc_s * 1056 + " in text
-    assert "TC_SLD(tc_shared0, tc_stage * 1056 + " in text
+    assert "TC_CP_ASYNC(tc_shared0, tc_s * 1152 + " in text
+    assert "TC_SLDV(float4, tc_shared0, tc_a)" in text and "tc_a = tc_stage * 1152 + " in text
     loop = text.split("TC_CP_WAIT(")[1]
     assert "TC_LD(t_A" not in loop and "TC_LD(t_B" not in loop  # reads from the ring only
 
@@ -365,14 +408,15 @@ def test_the_reduction_tile_shrinks_for_the_ring_then_the_ring_for_the_budget() 
     halves to 32 (8 KB a stage: 4 fit 40 KB); in 12 KB not even a tile of 16 holds 4
     (4 KB a stage), so the largest tile with a ring of 2 or more, 16 with 2; in 6 KB
     one buffer of a tile of 16, copied synchronously. 2 stages asked, the first tile
-    holding them: 64 in the default 48 KB. A's rows (32 of them) padded by one word
-    whatever their length: 33, 17 and 65."""
+    holding them: 64 in the default 48 KB. A's rows (32 of them), which the threads
+    read 4 values of k at a time, take an odd number of whole float4s: 36, 20 and 68
+    (the budget still holds them)."""
     source, entry, _ = GOLDENS["matmul"]
     cases = (
-        (4, 40 * 1024, 7, "[4224]", 4),  # stages asked, budget, last tile, A's ring, commits
-        (4, 12 * 1024, 15, "[1088]", 2),
-        (4, 6 * 1024, 15, "[544]", 0),
-        (2, 0, 3, "[4160]", 2),
+        (4, 40 * 1024, 7, "[4608]", 4),  # stages asked, budget, last tile, A's ring, commits
+        (4, 12 * 1024, 15, "[1280]", 2),
+        (4, 6 * 1024, 15, "[640]", 0),
+        (2, 0, 3, "[4352]", 2),
     )
     for asked, budget, last, declared, commits in cases:
         options = MappingOptions.cuda().replace(copy_stages=asked, max_shared_memory=budget)

@@ -277,11 +277,17 @@ def test_shared_depth_copies_the_operands_above_the_tiles_of_k() -> None:
     assert barriers == {(0, 0): 3, (2, 0): 2, (2, 20000): 4}
 
 
-def test_lanes_walking_a_column_of_a_ring_of_short_rows_meet_no_bank_conflict() -> None:
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_lanes_walking_a_column_of_a_ring_of_short_rows_meet_no_bank_conflict(
+    vectorize: bool,
+) -> None:
     """`C = A * B^T` with tiles of 16 values of k in a ring of 2: the lanes walk n, a
     column of B's tile, whose rows of 16 floats unpadded would put a warp in 2 banks
-    (16 wavefronts a read: 368,640 conflicts here); padded to 17, the reads meet none,
-    and the fills (4 bytes a lane, a warp's over two rows) one a warp request."""
+    (16 wavefronts a read: 368,640 conflicts here). A step of k at a time (`vectorize`
+    off), rows padded to 17: the reads meet none, and the fills (4 bytes a lane, a
+    warp's over two rows) one a warp request. 4 steps at a time, each lane reading
+    its row's 4 values as one float4: rows of 20 (5 whole vectors), neither the reads
+    nor the fills (16 bytes a lane now) meet any."""
     engine = tcpy.ExecutionEngine("cuda-emu", emu_check=True)
     engine.define("""def mmt(float(M,K) A, float(N,K) B) -> (C) {
         C(m,n) +=! A(m,k) * B(n,k)
@@ -289,15 +295,19 @@ def test_lanes_walking_a_column_of_a_ring_of_short_rows_meet_no_bank_conflict() 
     rng = np.random.default_rng(4)
     a, b = (rng.standard_normal((n, 256)).astype(np.float32) for n in (128, 96))
     options = MappingOptions.cuda().replace(
-        copy_stages=4, max_shared_memory=12 * 1024, reduce_across_threads=False
-    )
+        copy_stages=4, max_shared_memory=12 * 1024, reduce_across_threads=False,
+        vectorize=vectorize,
+    )  # fmt: skip
     kernel = engine.compile("mmt", a, b, options=options)
     assert "for (int c2 = 0; c2 <= 15; c2++)" in kernel.source  # tiles of 16
-    assert "TC_CP_ASYNC(tc_shared1, tc_s * 544 + ((int)(tc_i0) * 17 + (tc_i1))" in kernel.source
+    row = 20 if vectorize else 17
+    fill = f"TC_CP_ASYNC(tc_shared1, tc_s * {32 * row} + ((int)(tc_i0) * {row} + (tc_i1))"
+    assert fill in kernel.source
+    assert ("TC_SLDV(float4, tc_shared1, tc_a)" in kernel.source) is vectorize
     np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
     update = kernel.profile(a, b)[1]
     assert update["async_copies"] > 0
-    assert update["bank_conflicts"] == update["async_copies"] // 32  # the fills' alone
+    assert update["bank_conflicts"] == (0 if vectorize else update["async_copies"] // 32)
 
 
 def test_a_contraction_over_heads_and_their_values_copies_both_operands() -> None:

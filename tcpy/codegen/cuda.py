@@ -173,7 +173,7 @@ class CudaPrinter(ThreadPrinter):
             )
         self.divergent += "threadIdx.x" in header
         tile = next((m for m in reversed(marks) if isinstance(m, ThreadRegisters)), None)
-        jam = find_thread_tile(self, node, tile.outputs) if tile is not None else None
+        jam = find_thread_tile(self, node, tile.outputs, tile.steps) if tile else None
         held = self.held
         if jam is not None and held is not None and held.tile is None and may_hold(held, jam):
             held.tile = jam

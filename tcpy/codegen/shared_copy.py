@@ -20,6 +20,7 @@ from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.loops import Header, walk
 from tcpy.codegen.matrix_tile import matrix_below
 from tcpy.codegen.thread_tile import ThreadPrinter
+from tcpy.mapping.gpu.device import STATIC_SHARED
 from tcpy.mapping.gpu.matrix import kernel_contraction, operand_layout
 from tcpy.mapping.marks import Mark, Rows, Shared, of_ast
 from tcpy.naming import extent_name, tensor_name
@@ -91,13 +92,14 @@ def _rings(
     rows' skew, `tile_boxes`); returns each box, its buffer, the extents of a stage's
     tile and a stage's elements."""
     assert p.kernel is not None
+    stepped = _stepped_rows_fit(p, boxes, stages)
     rings = []
     for b, skew in boxes:
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         scalar = p.scop.cdef.tensor(b.tensor).scalar
         itemsize = scalar.dtype.itemsize
-        padded = _padded(p, b.sizes, itemsize, skew)
+        padded = _padded(p, b.sizes, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
         stage = _stage_elements(math.prod(padded), itemsize)
         p.declare_shared(depth, scalar, buffer, stages * stage)
         rings.append((b, buffer, padded, stage))
@@ -277,11 +279,13 @@ def print_shared_copy(
     p.emit(depth, "{")
     p.emit(depth + 1, p.barrier)
     copies = {}
-    for b, skew in tile_boxes(p, boxes, inner):
+    found = tile_boxes(p, boxes, inner)
+    stepped = _stepped_rows_fit(p, found, 1)
+    for b, skew in found:
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = _padded(p, b.sizes, itemsize, skew)
+        padded = _padded(p, b.sizes, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
         p.declare_shared(depth + 1, p.scop.cdef.tensor(b.tensor).scalar, buffer, math.prod(padded))
         copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
         _cooperative_copy(p, depth + 1, b, copy, threads)
@@ -428,7 +432,7 @@ def _element(
 
 
 def _padded(
-    p: ThreadPrinter, sizes: tuple[int, ...], itemsize: int, skew: int | None
+    p: ThreadPrinter, sizes: tuple[int, ...], itemsize: int, skew: int | None, stepped: bool
 ) -> tuple[int, ...]:
     """The extents of a buffer holding a box of `sizes`: its rows lengthened
     (`row_length`), the rows along the last dimension, or for a tensor-core operand
@@ -438,21 +442,55 @@ def _padded(
     last = len(sizes) - 1
     if skew is not None:
         last = max((d for d, n in enumerate(sizes) if n > 1), default=last)
-    row = row_length(p, sizes[last], itemsize, skew)
+    row = row_length(p, sizes[last], itemsize, skew, stepped)
     return (*sizes[:last], row, *sizes[last + 1 :])
 
 
-def row_length(p: ThreadPrinter, elements: int, itemsize: int, skew: int | None) -> int:
+def row_length(
+    p: ThreadPrinter, elements: int, itemsize: int, skew: int | None, stepped: bool = False
+) -> int:
     """The length of a row of `elements` of `itemsize` bytes of a tile in shared memory
     in the kernel being printed: for the tensor cores' operands, whole 16-byte pieces
     and `skew` elements more (`tile_boxes`), so that every row an `ldmatrix` reads
     starts on 16 bytes and the rows it (or a warp's tf32 fragments) reads at once
-    fall in distinct banks; else `_row_length`."""
+    fall in distinct banks; for an operand the threads read along its rows several
+    steps at a time (`stepped`, `MappedKernel.stepped`), `_stepped_row`; else
+    `_row_length`."""
     assert p.kernel is not None
     if skew is not None:
         piece = 16 // itemsize
         return -(-elements // piece) * piece + skew
+    if stepped and itemsize == VECTOR_BYTES // VECTOR_LANES:
+        return _stepped_row(elements)
     return _row_length(elements, p.kernel.runs, itemsize)
+
+
+def _stepped_row(elements: int) -> int:
+    """The length of a row of 4-byte elements read 4 at a time as vectors: whole
+    vectors, an odd number of them, so that every vector starts on 16 bytes and the
+    8 lanes a vector load serves at once, reading 8 consecutive rows, fall in 32
+    distinct banks (rows of 16 words take 20)."""
+    vectors = -(-elements // VECTOR_LANES)
+    return (vectors + (vectors % 2 == 0)) * VECTOR_LANES
+
+
+def _stepped_rows_fit(
+    p: ThreadPrinter, boxes: list[tuple[PackedBox, int | None]], stages: int
+) -> bool:
+    """Whether the kernel's operands read several steps at a time (`MappedKernel.stepped`)
+    among `boxes` get rows of `_stepped_row`: where, with `stages` buffers each, the
+    boxes still fit the shared memory the options allow beside what the kernel declared
+    already (the mapping's budget allows only `_row_length`'s padding)."""
+    assert p.kernel is not None
+    if not any(b.tensor in p.kernel.stepped and skew is None for b, skew in boxes):
+        return False
+    total = p.shared_bytes
+    for b, skew in boxes:
+        itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+        padded = _padded(p, b.sizes, itemsize, skew, b.tensor in p.kernel.stepped)
+        total += stages * _stage_elements(math.prod(padded), itemsize) * itemsize
+    limit = min(p.options.max_shared_memory or STATIC_SHARED, STATIC_SHARED)
+    return total <= limit
 
 
 def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
@@ -473,6 +511,7 @@ def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
 
 
 VECTOR_LANES = 4
+VECTOR_BYTES = 16
 COPY_BATCH = 4
 """The elements (or vectors) each thread of a cooperative copy loads before storing
 them (`unroll_copy_shared`). One at a time, each load waits for the store of the one

@@ -3,7 +3,8 @@ computes one after another, which the mapping marks on its point loops
 (`tcpy.mapping.marks.ThreadRegisters`, with the most registers it may hold), read from the
 isl AST under that mark (`find_thread_tile`) and printed as a register array kept
 across their reduction (`print_thread_tile`), each step combining all of them, the
-operand values they share loaded once."""
+operand values they share loaded once (as vectors where they are adjacent:
+`tcpy.codegen.thread_vectors`)."""
 
 from __future__ import annotations
 
@@ -17,24 +18,26 @@ from tcpy.codegen.exprs import Read, StatementParts
 from tcpy.codegen.isl_exprs import expr_args, expr_id, expr_ids, expr_int, sum_terms
 from tcpy.codegen.loops import FOR, IF, Header
 from tcpy.codegen.printer import Instance, Printer
+from tcpy.codegen.thread_vectors import (
+    VECTOR_ELEMENTS,
+    Strided,
+    array_type,
+    combination,
+    declare_indices,
+    loop_steps,
+    open_steps,
+    read_runs,
+    read_steps,
+    run_access,
+    step_value,
+    steps_run,
+)
 from tcpy.mapping.gpu import MappedKernel
 from tcpy.mapping.marks import Mark, Shared, ThreadRegisters, of_ast
-from tcpy.naming import THREAD_PARAMS, tensor_name
+from tcpy.naming import THREAD_PARAMS
 from tcpy.poly.isl_helpers import list_items
 from tcpy.poly.scop import Kind
 from tcpy.types import ScalarType
-
-
-@dataclass(frozen=True)
-class Strided:
-    """A loop strided by the block: `first` (a thread index), then every `step`th value,
-    `trips` values at most; `whole` when every thread of the block runs them all."""
-
-    loop: Header
-    first: str
-    step: int
-    trips: int
-    whole: bool
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class ThreadTile:
     # the nest initialises each output first (`initialisation`): it starts at the
     # identity in its register, and is never loaded
     initialised: bool = False
+    # the innermost reduction loop's steps taken at a time (`ThreadRegisters.steps`)
+    steps: int = 1
 
 
 @dataclass
@@ -153,41 +158,72 @@ def _run_start(e: isl.AstExpr, runs: int) -> bool:
     )
 
 
-def _shared_reads(printer: ThreadPrinter, tile: ThreadTile) -> tuple[list[Read], list[Read], str]:
+@dataclass
+class StepLoads:
+    """The loads of a step of a thread tile's reduction made once for all its outputs
+    (`_step_loads`), and the step (`tc_acc[tc_j] = ...`) reading them from locals."""
+
+    shared: list[Read]  # `tc_o<k>`: no output of the thread's changes them
+    along: list[Read]  # `tc_r<k>[...]`: only the thread's run changes them
+    # `tc_k<k>[...][tc_u]`: loaded for the tile's steps at a time, with the strided loops
+    # each uses (`tcpy.codegen.thread_vectors.read_steps`)
+    stepped: list[tuple[Read, tuple[Strided, ...]]]
+    step: str
+
+
+def _step_loads(printer: ThreadPrinter, tile: ThreadTile) -> StepLoads:
     """The loads of a step of `tile`'s reduction that no output of the thread's changes
     (B's value at k, shared by a column of outputs), those only the thread's run
-    changes (`run_of`: B's values at k along the run, read as one vector), and the step
-    reading them from locals `tc_o<k>` and `tc_r<k>[...]` loaded once per step
-    instead. Only where every output of the tile runs the step unconditionally: a
-    load under `?:`, `&&` or `||`, or in a thread that lacks some outputs, may not be
-    made where it was not."""
+    changes (`run_of`: B's values at k along the run, read as one vector), and, where
+    the tile takes its innermost reduction loop several steps at a time, those that
+    change along it (A's values at k..k+3 for each of the thread's rows, read as one
+    vector each): each loaded into locals once per step (per steps) instead. Only
+    where every output of the tile runs the step unconditionally: a load under `?:`,
+    `&&` or `||`, or in a thread that lacks some outputs, may not be made where it
+    was not."""
     parts = tile.parts
     if not all(s.whole for s in tile.strided) or parts.conditional:
-        return [], [], parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};")
+        return StepLoads([], [], [], parts.wrap(f"tc_acc[tc_j] = {parts.combine('tc_acc[tc_j]')};"))
     run = run_of(tile)
     names = {s.loop.id for s in tile.strided}
-    reads: list[Read] = []
-    along: list[Read] = []
+    loads = StepLoads([], [], [], "")
     taken: dict[int, Read] = {}  # by position in `parts.reads`
     for k in _in_text_order(parts.reads):
         r = parts.reads[k]
         if _within_taken(parts.reads, k, taken) or any(t.text == r.text for t in taken.values()):
             continue  # a gather's index, read with it, or a read taken already
         used = names & r.ids
-        if not used:
-            reads.append(r)
-            taken[k] = r
-        elif run is not None and used == {run.loop.id}:
-            along.append(r)
-            taken[k] = r
-    substitute = {r.text: f"tc_o{k}" for k, r in enumerate(reads)}
+        if run is not None and used == {run.loop.id}:
+            loads.along.append(r)
+        elif _steps_along(printer, tile, r):
+            loads.stepped.append((r, tuple(s for s in tile.strided if s.loop.id in used)))
+        elif not used:
+            loads.shared.append(r)
+        else:
+            continue
+        taken[k] = r
+    substitute = {r.text: f"tc_o{k}" for k, r in enumerate(loads.shared)}
     trips = run.trips if run else 1
-    substitute |= {r.text: f"tc_r{k}[tc_j % {trips}]" for k, r in enumerate(along)}
+    substitute |= {r.text: f"tc_r{k}[tc_j % {trips}]" for k, r in enumerate(loads.along)}
+    for k, (r, used_loops) in enumerate(loads.stepped):
+        substitute[r.text] = f"tc_k{k}[{combination(tile.strided, used_loops, 'tc_j')}][tc_u]"
     instance = tile.instance
     shared = printer.bodies.parts(
         instance.source, instance.values, ids=instance.ids(), substitute=substitute
     )
-    return reads, along, shared.wrap(f"tc_acc[tc_j] = {shared.combine('tc_acc[tc_j]')};")
+    loads.step = shared.wrap(f"tc_acc[tc_j] = {shared.combine('tc_acc[tc_j]')};")
+    return loads
+
+
+def _steps_along(printer: ThreadPrinter, tile: ThreadTile, read: Read) -> bool:
+    """Whether `read` is loaded for the tile's steps at a time: the tile takes several,
+    the read changes along them, with an affine, unchecked index of its own (no
+    gather) into an array of a vector type other than the output's."""
+    if tile.steps == 1 or tile.reductions[-1].id not in read.ids:
+        return False
+    if read.gathers or read.nested or read.checked or not read.plain:
+        return False
+    return read.array != tile.parts.array and array_type(printer, read.array) in VECTOR_ELEMENTS
 
 
 def _in_text_order(reads: tuple[Read, ...]) -> list[int]:
@@ -219,80 +255,11 @@ def _within_taken(reads: tuple[Read, ...], k: int, taken: dict[int, Read]) -> bo
     return False
 
 
-_VECTOR_ELEMENTS = ("float", "int")
-"""The C types a run is moved as one vector of (`float2`, `float4`, `int2`, `int4`)."""
-
-
 def run_of(tile: ThreadTile) -> Strided | None:
     """The thread's run of adjacent outputs (`MappedKernel.runs`), when it is the tile's
     innermost loop and whole: each output's element then follows the one before."""
     last = tile.strided[-1]
     return last if last.step == 1 and last.trips in (2, 4) and last.whole else None
-
-
-def _array_type(printer: ThreadPrinter, array: str) -> str | None:
-    """The C type of the elements of `array`: a tensor's, or that of a copy of one."""
-    for t in printer.scop.cdef.tensors:
-        copy = printer.bodies.copies.get(t.name)
-        if array == tensor_name(t.name) or (copy is not None and copy.buffer == array):
-            return CUDA.ctype(t.scalar)
-    return None
-
-
-_MACROS = {"load": "TC_LD", "readonly_load": "TC_LDG", "copy_load": "TC_SLD"}
-"""The access macro of each form of load (`tcpy.codegen.cuda.ACCESS_MACROS`)."""
-
-
-def _run_access(
-    printer: ThreadPrinter, run: Strided, macro: str, array: str, index: str, at: int
-) -> tuple[str, str, str] | None:
-    """For the access `macro` (a load, or `TC_ST`) of one element of `array` at
-    `index` along a run (its index changing with `run`'s loop only), declares `tc_a`,
-    the element's index at the run's first value, and `tc_b`, its last element's, and
-    returns the vector type, the C condition under which the run's elements are
-    adjacent from `tc_a` on and aligned to that vector (checked at run time: the
-    tensor's address and row length are known only then), and the macro moving it.
-    None when the array's elements have no vector type."""
-    ctype = _array_type(printer, array)
-    if ctype not in _VECTOR_ELEMENTS:
-        return None
-    vector = f"{ctype}{run.trips}"
-    i = run.loop.iterator
-    printer.emit(at, "int tc_a, tc_b;")
-    printer.emit(at, f"{{ const int {i} = {run.first}; tc_a = {index}; }}")
-    printer.emit(at, f"{{ const int {i} = {run.first} + {run.trips - 1}; tc_b = {index}; }}")
-    adjacent = f"tc_b - tc_a == {run.trips - 1}"
-    if macro == "TC_SLD":  # a shared array starts on 16 bytes (`__align__(16)`)
-        aligned = f"(tc_a & {run.trips - 1}) == 0"
-    else:
-        aligned = f"((unsigned long long)&{array}[tc_a] & {run.trips * 4 - 1}) == 0"
-    moved = {"TC_SLD": "TC_SLDV", "TC_ST": "TC_STV"}.get(macro, "TC_LDV")
-    return vector, f"{adjacent} && {aligned}", f"{moved}({vector}, {array}, tc_a)"
-
-
-def _read_runs(printer: ThreadPrinter, run: Strided, reads: list[Read], at: int) -> None:
-    """Declares `tc_r<k>`, the values of each read of `reads` along the thread's run:
-    one vector load where they are adjacent and aligned, else one load each."""
-    lanes = "xyzw"[: run.trips]
-    for k, read in enumerate(reads):
-        printer.emit(at, f"{_array_type(printer, read.array)} tc_r{k}[{run.trips}];")
-        printer.emit(at, "{")
-        found = None
-        if not read.gathers:
-            macro = _MACROS[read.form]
-            found = _run_access(printer, run, macro, read.array, read.index, at + 1)
-        if found is not None:
-            vector, condition, load = found
-            printer.emit(at + 1, f"if ({condition}) {{")
-            printer.emit(at + 2, f"const {vector} tc_v = {load};")
-            printer.emit(at + 2, " ".join(f"tc_r{k}[{n}] = tc_v.{c};" for n, c in enumerate(lanes)))
-            printer.emit(at + 1, "} else {")
-        for n in range(run.trips):
-            value = f"const int {run.loop.iterator} = {run.first} + {n};"
-            printer.emit(at + 1 + (found is not None), f"{{ {value} tc_r{k}[{n}] = {read.text}; }}")
-        if found is not None:
-            printer.emit(at + 1, "}")
-        printer.emit(at, "}")
 
 
 def _alone_in_some(name: str, names: set[str], subscripts: list[isl.AstExpr]) -> bool:
@@ -308,7 +275,9 @@ def _alone_in_some(name: str, names: set[str], subscripts: list[isl.AstExpr]) ->
     return False
 
 
-def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) -> ThreadTile | None:
+def find_thread_tile(
+    printer: ThreadPrinter, node: isl.AstNode, outputs: int, steps: int = 1
+) -> ThreadTile | None:
     """The outputs a thread computes one after another, to be kept in registers
     across their reduction instead (under a `ThreadRegisters` mark of `outputs`): no more
     than `outputs` of them, from a perfect nest of loops
@@ -355,7 +324,8 @@ def find_thread_tile(printer: ThreadPrinter, node: isl.AstNode, outputs: int) ->
     if not all(_alone_in_some(n, names, subscripts) for n in names):
         return None
     parts = printer.bodies.parts(reduced.source, reduced.values, ids=reduced.ids())
-    return ThreadTile(tuple(strided), tuple(reductions), reduced, parts, update is not None)
+    steps = loop_steps(reductions[-1], steps)
+    return ThreadTile(tuple(strided), tuple(reductions), reduced, parts, update is not None, steps)
 
 
 def initialisation(
@@ -432,18 +402,26 @@ def print_thread_tile(
     else:
         printer.emit(depth + 1, f"{parts.compute} tc_acc[{n}];")
         move_outputs(printer, tile, depth + 1, store=False)
-    for k, loop in enumerate(tile.reductions):
+    loads = _step_loads(printer, tile)
+    steps, innermost = (tile.steps if loads.stepped else 1), tile.reductions[-1]
+    for k, loop in enumerate(tile.reductions[:-1]):
         printer.open_loop(depth + 1 + k, loop.text)
-    at = depth + 1 + len(tile.reductions)
-    shared, along, step = _shared_reads(printer, tile)
-    for k, read in enumerate(shared):
-        printer.emit(at, f"const auto tc_o{k} = {read.text};")
+    at = depth + len(tile.reductions)
+    if steps > 1:
+        open_steps(printer, innermost, steps, at)
+        read_steps(printer, steps_run(innermost, steps), loads.stepped, at + 1)
+        step_value(printer, innermost, steps, at + 1)
+        at += 1
+    else:
+        printer.open_loop(at, innermost.text)
+    for k, read in enumerate(loads.shared):
+        printer.emit(at + 1, f"const auto tc_o{k} = {read.text};")
     run = run_of(tile)
-    if along and run is not None:
-        _read_runs(printer, run, along, at)
-    each_output(printer, tile, step, at)
-    for k in reversed(range(len(tile.reductions))):
-        printer.emit(depth + 1 + k, "}")
+    if loads.along and run is not None:
+        read_runs(printer, run, loads.along, at + 1)
+    each_output(printer, tile, loads.step, at + 1)
+    for k in reversed(range(depth + 1, at + 1)):
+        printer.emit(k, "}")
     if not held:
         move_outputs(printer, tile, depth + 1, store=True)
     printer.emit(depth, "}")
@@ -462,27 +440,12 @@ def each_output(printer: ThreadPrinter, tile: ThreadTile, line: str, at: int) ->
     declared (an unrolled loop)."""
     printer.emit(at, "#pragma unroll")
     printer.emit(at, f"for (int tc_j = 0; tc_j < {tile_size(tile)}; tc_j++) {{")
-    _declare(printer, tile.strided, "tc_j", 1, at + 1)
+    declare_indices(printer, tile.strided, "tc_j", 1, at + 1)
     guards = [s.loop.cond for s in tile.strided if not s.whole]
     if guards:
         line = f"if ({' && '.join(guards)}) {line}"
     printer.emit(at + 1, line)
     printer.emit(at, "}")
-
-
-def _declare(
-    printer: ThreadPrinter, strided: tuple[Strided, ...], j: str, inner: int, at: int
-) -> None:
-    """The indices of `strided` loops at output `j` of a tile (the last varying
-    fastest, after `inner` outputs of loops inside them)."""
-    for s in reversed(strided):
-        if len(strided) == 1 and inner == 1:
-            at_j = j
-        else:
-            at_j = f"{j} / {inner} % {s.trips}" if inner > 1 else f"{j} % {s.trips}"
-        index = f"{s.first} + ({at_j}) * {s.step}"
-        printer.emit(at, f"const {printer.dialect.index_type} {s.loop.iterator} = {index};")
-        inner *= s.trips
 
 
 def move_outputs(printer: ThreadPrinter, tile: ThreadTile, at: int, store: bool) -> None:
@@ -497,8 +460,8 @@ def move_outputs(printer: ThreadPrinter, tile: ThreadTile, at: int, store: bool)
         return
     printer.emit(at, "#pragma unroll")
     printer.emit(at, f"for (int tc_q = 0; tc_q < {tile_size(tile)}; tc_q += {run.trips}) {{")
-    _declare(printer, tile.strided[:-1], "tc_q", run.trips, at + 1)
-    found = _run_access(printer, run, macro, parts.array, parts.element, at + 1)
+    declare_indices(printer, tile.strided[:-1], "tc_q", run.trips, at + 1)
+    found = run_access(printer, run, macro, parts.array, parts.element, at + 1)
     lanes = "xyzw"[: run.trips]
     if found is not None:
         vector, condition, moved = found

@@ -133,6 +133,29 @@ def runs_along(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str] | No
     return read
 
 
+def walked_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
+    """The tensors some statement reads along band member `member` in their last
+    subscript alone, with coefficient 1 (`A(m,k)` along `k`): consecutive values of
+    it reach adjacent elements, which a thread may read as one vector."""
+    found = set()
+    for stmt_name, position in member_variables(node, member).items():
+        stmt = scop.statement(stmt_name)
+        if position is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        var = stmt.dims[position]
+        for access in ast.walk(stmt.source(scop.cdef).rhs):
+            if isinstance(access, ast.Access) and access.args:
+                subscripts = [_subscript(a) for a in access.args]
+                last = subscripts[-1]
+                if (
+                    _stride(subscripts, var) > 0
+                    and isinstance(last, Linear)
+                    and last.coeff(var) == 1
+                ):
+                    found.add(access.tensor)
+    return found
+
+
 def is_window_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
     """Whether band member `member` walks a window: a reduction index that some
     subscript adds to an output index (`kh` in a convolution's `I(n,c,h+kh,w+kw)`, or

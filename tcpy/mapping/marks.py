@@ -24,8 +24,9 @@ GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
   shared memory (into a ring of `stages` buffers);
 - `Scratch(tensors, stored)`, `scratch:T,A>`: a row kernel's temporaries in shared memory,
   and outputs there stored to global memory once its rows are done (`A>`);
-- `ThreadRegisters(outputs)`, `thread_registers:16`: a thread's point loops, whose
-  outputs (16 at most) it keeps in registers across their reduction;
+- `ThreadRegisters(outputs, steps)`, `thread_registers:16` or `thread_registers:16x4`: a
+  thread's point loops, whose outputs (16 at most) it keeps in registers across their
+  reduction (4 of its steps at a time);
 - `Private()`, `private`: where a thread's register tile is loaded and stored;
 - `MatrixTile(kind, tile, warps, tensors)`, `matrix/bf16:64x64x32:2x2:A,B`: a block's
   point loops of a contraction, run by its warps on the tensor cores;
@@ -42,6 +43,7 @@ dataclass here, with its `name` and a case in `parse`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -203,13 +205,17 @@ class Scratch:
 class ThreadRegisters:
     """A thread's point loops, with a register tile: the outputs the thread computes
     one after another (`outputs` at most) are kept in registers across the loops of
-    their reduction, where the loops have that shape (`tcpy.codegen.thread_tile`)."""
+    their reduction, where the loops have that shape (`tcpy.codegen.thread_tile`);
+    `steps` of the innermost reduction loop at a time, each operand read along it
+    as one vector of that many values where adjacent (1: a step at a time)."""
 
     outputs: int
+    steps: int = 1
 
     @property
     def name(self) -> str:
-        return f"thread_registers:{self.outputs}"
+        steps = f"x{self.steps}" if self.steps > 1 else ""
+        return f"thread_registers:{self.outputs}{steps}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +314,9 @@ def parse(name: str) -> Mark:
             return RegisterBlock(tuple(int(s) for s in rest.split("x")))
         case "jam" if rest.isdigit():
             return Jam(int(rest))
-        case "thread_registers" if rest.isdigit():
-            return ThreadRegisters(int(rest))
+        case "thread_registers" if re.fullmatch(r"\d+(x\d+)?", rest):
+            outputs, _, steps = rest.partition("x")
+            return ThreadRegisters(int(outputs), int(steps or 1))
         case "pack" if tensors:
             phased = [t.partition(PHASED) for t in tensors]
             split = [name.partition(TRANSPOSED) for name, _, _ in phased]

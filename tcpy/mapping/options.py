@@ -282,7 +282,9 @@ class MappingOptions:
     run time its rows start on one, element by element elsewhere; and where a thread
     computes 2 or 4 outputs along x (`register_tile`, `use_private_memory`), make
     them adjacent, loaded, stored and read from shared memory as one `float2` or
-    `float4` where the accesses allow (`tcpy.mapping.gpu.placement.thread_runs`)."""
+    `float4` where the accesses allow (`tcpy.mapping.gpu.placement.thread_runs`); and
+    take such a thread's reduction 4 (or 2) steps at a time, each of its rows of an
+    operand read along them as one vector (`placement.reduction_steps`)."""
     fuse_rows: bool = dataclasses.field(
         default=True, metadata=_tuned(TuningKind.CHOICE, ("cpu", "cuda"), *_BOOLS)
     )

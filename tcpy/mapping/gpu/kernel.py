@@ -30,6 +30,9 @@ class MappedKernel:
     # statements of later nests applied to each output as it is stored (a bias, an
     # activation: `tcpy.mapping.gpu.matrix.absorb_epilogues`), in order
     epilogue: tuple[str, ...] = ()
+    # tensors its threads read several steps of a reduction at a time, along their rows
+    # (`marks.ThreadRegisters.steps`): their copies' rows hold whole vectors
+    stepped: tuple[str, ...] = ()
 
     @property
     def threads(self) -> int:

@@ -13,8 +13,10 @@ import islpy as isl
 from tcpy.mapping import marks
 from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.mapping.gpu.shared import shared_tensors, worth_sharing
+from tcpy.mapping.locality import walked_reads
 from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import box_at, within_budget
+from tcpy.poly.schedule import member_extent
 from tcpy.poly.scop import Scop
 from tcpy.poly.transforms import is_band
 
@@ -27,17 +29,44 @@ MAX_THREAD_TILE = 64
 more would spill them to local memory."""
 
 
-def thread_tile(tiles: list[int | None], block: list[int]) -> marks.ThreadRegisters | None:
+VECTOR_STEPS = (4, 2)
+"""The steps of its innermost reduction loop a thread may take at a time, reading an
+operand along them as a `float4` or a `float2`."""
+
+
+def thread_tile(
+    tiles: list[int | None], block: list[int], steps: int = 1
+) -> marks.ThreadRegisters | None:
     """The register tile of a thread of a block of `block` threads (x first) over
     point loops of `tiles` values (None: known at the call only), each strided by
     the block along its member: the outputs the thread computes one after another,
-    at most `MAX_THREAD_TILE`; None where they are more or not known."""
+    at most `MAX_THREAD_TILE`, its reduction taken `steps` at a time
+    (`reduction_steps`); None where they are more or not known."""
     outputs = 1
     for values, threads in zip(tiles, block, strict=False):  # members beyond the block: none
         if values is None:
             return None
         outputs *= -(-values // threads)
-    return marks.ThreadRegisters(outputs) if outputs <= MAX_THREAD_TILE else None
+    return marks.ThreadRegisters(outputs, steps) if outputs <= MAX_THREAD_TILE else None
+
+
+def reduction_steps(
+    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, member: int, tile: int | None
+) -> tuple[int, tuple[str, ...]]:
+    """How many steps of a thread's innermost reduction loop, band `member` of `node`
+    (untiled), it takes at a time (`marks.ThreadRegisters.steps`), and the tensors it
+    then reads as vectors along them (`locality.walked_reads`: `A(m,k)` along `k`, a
+    thread's rows of A as `float4`s where adjacent and aligned): with `vectorize`,
+    where some tensor is so read and the loop runs `tile` values (None, or a tile
+    beyond it: the member's whole extent; 0: one) that divide the extent, so that its
+    bounds are constant, and divide into 4 (or 2) steps. Else 1 and none."""
+    extent = member_extent(node, member)
+    steps = extent if tile is None or extent is None or tile >= extent else tile
+    if not options.vectorize or not steps or extent is None or extent % steps:
+        return 1, ()
+    walked = walked_reads(node, member, scop)
+    found = next((s for s in VECTOR_STEPS if steps % s == 0), 1)
+    return (found, tuple(sorted(walked))) if walked and found > 1 else (1, ())
 
 
 def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:

@@ -69,6 +69,7 @@ from tcpy.mapping.gpu.placement import (
     copy_stages,
     hold_registers,
     plan_copies,
+    reduction_steps,
     thread_runs,
     thread_tile,
     wanted_stages,
@@ -235,7 +236,15 @@ def _map_nests(
     if not bind:
         choices.append(choice)
     kernels.append(
-        MappedKernel(len(kernels), domain, mapped.grid, mapped.block, mapped.runs, mapped.matrix)
+        MappedKernel(
+            len(kernels),
+            domain,
+            mapped.grid,
+            mapped.block,
+            mapped.runs,
+            mapped.matrix,
+            stepped=mapped.stepped,
+        )
     )
     return mapped.node
 
@@ -271,6 +280,7 @@ class Mapped(NamedTuple):
     block: tuple[int, ...]
     runs: int
     matrix: bool = False  # its contraction runs on the tensor cores (`matrix`)
+    stepped: tuple[str, ...] = ()  # `MappedKernel.stepped`
 
 
 def map_band(
@@ -451,6 +461,7 @@ def tile_and_bind(
         if trial_tile is not None and plan.lanes is None
         else None
     )
+    steps, walked = _steps(node, scop, plan, sizes)
     # 6. tiles
     leading: list[int] = []  # the sizes of the members tiled (none: no tile band)
     if sizes is not None and (any(sizes.tile) or plan.lanes is not None):
@@ -466,18 +477,20 @@ def tile_and_bind(
     if bind:
         node = bind_members(node, on_grid, grid, BLOCK_PARAMS)
     runs, complete = (copies.runs if copies is not None else 1), True
+    registers = None
     if block:
         assert sizes is not None
         if copies is None and trial_tile is not None:
             point = node.child(0) if leading else node
             runs = _runs(point, scop, plan, sizes, extents, read_along_x)
-        registers = _registers(plan, sizes, extents, split, node.band_n_member())
+        registers = _registers(plan, sizes, extents, split, node.band_n_member(), steps)
         node, copies, complete = _threads(
             node, scop, plan, sizes, leading, runs, split, bind, copies, trial_tile, registers
         )
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
-    return Bound(Mapped(node, tuple(grid), tuple(block), runs), copies, complete)
+    stepped = walked if registers is not None and registers.steps > 1 else ()  # their rows
+    return Bound(Mapped(node, tuple(grid), tuple(block), runs, stepped=stepped), copies, complete)
 
 
 def _sizes(
@@ -521,17 +534,30 @@ def _runs(
 
 
 def _registers(
-    plan: Plan, sizes: Sizes, extents: list[int | None], split: int | None, n: int
+    plan: Plan, sizes: Sizes, extents: list[int | None], split: int | None, n: int, steps: int
 ) -> marks.ThreadRegisters | None:
     """Step 9's register tile of a thread (`placement.thread_tile`), for a band of `n`
     members with a reduction (members past the parallel ones) with `use_private_memory`,
-    neither spread over lanes nor `split`; `extents`: those of the plan's members."""
+    neither spread over lanes nor `split`; `extents`: those of the plan's members;
+    `steps` of the innermost reduction loop at a time (`placement.reduction_steps`)."""
     if not plan.options.use_private_memory or plan.lanes is not None or split is not None:
         return None
     if plan.prefix == n:
         return None
     tiles = [sizes.tile[m] or e for m, e in zip(plan.members, extents, strict=True)]
-    return thread_tile(tiles, sizes.block)
+    return thread_tile(tiles, sizes.block, steps)
+
+
+def _steps(
+    node: isl.ScheduleNode, scop: Scop, plan: Plan, sizes: Sizes | None
+) -> tuple[int, tuple[str, ...]]:
+    """The steps of a thread's innermost reduction loop (the last member of the untiled
+    band `node`) taken at a time, and the operands read along them as vectors
+    (`placement.reduction_steps`); 1 and none for a band without a reduction."""
+    last = node.band_n_member() - 1
+    if sizes is None or last < plan.prefix:
+        return 1, ()
+    return reduction_steps(node, scop, plan.options, last, sizes.tile[last])
 
 
 def _threads(

@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
   /* C(m,n) +=! A(m,k) * B(k,n) */
   {
     __syncthreads();
-    __shared__ __align__(16) float tc_shared0[1568];
+    __shared__ __align__(16) float tc_shared0[1664];
     const int tc_shared0_o0 = 32 * (int)blockIdx.y;
     const int tc_shared0_o1 = 0;
     if ((tc_shared0_o1) % 4 == 0 && e_A_1 % 4 == 0 && ((unsigned long long)t_A & 15) == 0) {
@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
           const int tc_i0 = tc_e / 12 % 32;
           if (tc_e < 384 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
             const float4 tc_x = tc_v[tc_u];
-            const int tc_w = ((int)(tc_i0) * 49 + (tc_i1));
+            const int tc_w = ((int)(tc_i0) * 52 + (tc_i1));
             const int tc_r = (tc_e >> 3) - tc_w;
             { const int tc_c = (0 + tc_r) & 3;
               TC_SST(tc_shared0, tc_w + tc_c) = tc_c == 0 ? tc_x.x : tc_c == 1 ? tc_x.y : tc_c == 2 ? tc_x.z : tc_x.w; }
@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
           const int tc_i1 = tc_e % 48;
           const int tc_i0 = tc_e / 48 % 32;
           if (tc_e < 1536 && tc_shared0_o0 + tc_i0 >= 0 && tc_shared0_o0 + tc_i0 < e_A_0 && tc_shared0_o1 + tc_i1 >= 0 && tc_shared0_o1 + tc_i1 < e_A_1) {
-            TC_SST(tc_shared0, ((int)(tc_i0) * 49 + (tc_i1))) = tc_v[tc_u];
+            TC_SST(tc_shared0, ((int)(tc_i0) * 52 + (tc_i1))) = tc_v[tc_u];
           }
         }
       }
@@ -171,12 +171,52 @@ extern "C" __global__ void __launch_bounds__(256) tc_kernel_1(long long tc_size0
           const int c3 = (int)threadIdx.y + (tc_j) * 8;
           tc_acc[tc_j] = TC_LD(t_C, ((int)((32 * (int)blockIdx.y) + c3) * e_C_1 + ((32 * (int)blockIdx.x) + (int)threadIdx.x)));
         }
-        for (int c5 = 0; c5 <= 47; c5++) {
-          const auto tc_o0 = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1)));
+        for (int tc_k = 0; tc_k <= 47; tc_k += 4) {
+          float tc_k0[4][4];
           #pragma unroll
-          for (int tc_j = 0; tc_j < 4; tc_j++) {
-            const int c3 = (int)threadIdx.y + (tc_j) * 8;
-            tc_acc[tc_j] = tc_acc[tc_j] + (TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 49 + ((c5) - tc_shared0_o1))) * tc_o0);
+          for (int tc_p = 0; tc_p < 4; tc_p++) {
+            const int c3 = (int)threadIdx.y + (tc_p) * 8;
+            {
+              int tc_a, tc_b;
+              { const int c5 = tc_k; tc_a = ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1)); }
+              { const int c5 = tc_k + 3; tc_b = ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1)); }
+              if (tc_b - tc_a == 3 && (tc_a & 3) == 0) {
+                const float4 tc_v = TC_SLDV(float4, tc_shared0, tc_a);
+                tc_k0[tc_p][0] = tc_v.x; tc_k0[tc_p][1] = tc_v.y; tc_k0[tc_p][2] = tc_v.z; tc_k0[tc_p][3] = tc_v.w;
+              } else {
+                { const int c5 = tc_k + 0; tc_k0[tc_p][0] = TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1))); }
+                { const int c5 = tc_k + 1; tc_k0[tc_p][1] = TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1))); }
+                { const int c5 = tc_k + 2; tc_k0[tc_p][2] = TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1))); }
+                { const int c5 = tc_k + 3; tc_k0[tc_p][3] = TC_SLD(tc_shared0, ((int)(((32 * (int)blockIdx.y) + c3) - tc_shared0_o0) * 52 + ((c5) - tc_shared0_o1))); }
+              }
+            }
+          }
+          float tc_k1[1][4];
+          #pragma unroll
+          for (int tc_p = 0; tc_p < 1; tc_p++) {
+            {
+              int tc_a, tc_b;
+              { const int c5 = tc_k; tc_a = ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1)); }
+              { const int c5 = tc_k + 3; tc_b = ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1)); }
+              if (tc_b - tc_a == 3 && (tc_a & 3) == 0) {
+                const float4 tc_v = TC_SLDV(float4, tc_shared1, tc_a);
+                tc_k1[tc_p][0] = tc_v.x; tc_k1[tc_p][1] = tc_v.y; tc_k1[tc_p][2] = tc_v.z; tc_k1[tc_p][3] = tc_v.w;
+              } else {
+                { const int c5 = tc_k + 0; tc_k1[tc_p][0] = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1))); }
+                { const int c5 = tc_k + 1; tc_k1[tc_p][1] = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1))); }
+                { const int c5 = tc_k + 2; tc_k1[tc_p][2] = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1))); }
+                { const int c5 = tc_k + 3; tc_k1[tc_p][3] = TC_SLD(tc_shared1, ((int)((c5) - tc_shared1_o0) * 33 + (((32 * (int)blockIdx.x) + (int)threadIdx.x) - tc_shared1_o1))); }
+              }
+            }
+          }
+          #pragma unroll
+          for (int tc_u = 0; tc_u < 4; tc_u++) {
+            const int c5 = tc_k + tc_u;
+            #pragma unroll
+            for (int tc_j = 0; tc_j < 4; tc_j++) {
+              const int c3 = (int)threadIdx.y + (tc_j) * 8;
+              tc_acc[tc_j] = tc_acc[tc_j] + (tc_k0[(tc_j % 4)][tc_u] * tc_k1[0][tc_u]);
+            }
           }
         }
         #pragma unroll
