@@ -8,9 +8,11 @@ defaults, its PTX (NVRTC, compute_90) counted, and ptxas's report for sm_90 read
 
 Per kernel of each def: `cp.async` copies (`cp_async`, of which 16-byte `cp_async_16`),
 commit groups and waits, `ld.shared`, `st.shared` and `ld.global` instructions (vectors
-counted once), barriers (`bar.sync`), `mma` and `ldmatrix` instructions, and ptxas's
-registers, spill stores and loads and static shared bytes; `matrix`, whether the
-kernel runs on the tensor cores. `--type` retypes the defs (float16, bfloat16: their
+counted once; `ld_shared_vector`: the shared loads of 2 or 4 values), `fma.rn.f32`
+(`fma`: the CUDA cores' multiply-adds, against which the shared loads count),
+barriers (`bar.sync`), `mma` and `ldmatrix` instructions, and ptxas's registers,
+spill stores and loads and static shared bytes; `matrix`, whether the kernel runs on
+the tensor cores. `--type` retypes the defs (float16, bfloat16: their
 contractions on `mma.sync`). Counts are of the
 instructions in the PTX text, not of those executed. Results go to
 `bench/results/ptx-stats-<date>[-<tag>].json`. `--smoke` checks that the count still

@@ -7,6 +7,8 @@ over thread tiles of every shape, fixed or parametric sizes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -101,6 +103,12 @@ MLP = """def f(float(B,K) I, float(N,K) W, float(N) bias) -> (O) {
     O(b, n) = fmax(O(b, n) + bias(n), 0)
 }"""
 
+TRANSPOSED = "def f(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }"
+LEFT_TRANSPOSED = "def f(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
+BATCHED_TRANSPOSED = (
+    "def f(float(B,K,M) X, float(B,K,N) Y) -> (Z) { Z(b,m,n) +=! X(b,k,m) * Y(b,k,n) }"
+)
+
 STEPPED = {  # def, input shapes, options changed on the CUDA defaults, vectors of A's copy
     "8x4": (THREAD_TILES["matmul"], ((128, 64), (64, 256)), {"register_tile": (8, 4)}, "float4"),
     "4x1": (THREAD_TILES["matmul"], ((64, 128), (128, 64)), {"register_tile": (4, 1)}, "float4"),
@@ -108,6 +116,10 @@ STEPPED = {  # def, input shapes, options changed on the CUDA defaults, vectors 
     "integers": (THREAD_TILES["integers"], ((64, 32), (32, 128)), {}, "int4"),
     "batched": (THREAD_TILES["batched"], ((2, 64, 32), (2, 32, 64)), {}, "float4"),
     "mlp": (MLP, ((256, 256), (512, 256), (512,)), {"reduce_across_threads": False}, "float4"),
+    # A read along its rows' first dimension: its copy turned, rows along k
+    "A^T B^T": (TRANSPOSED, ((64, 128), (128, 64)), {"reduce_across_threads": False}, "float4"),
+    "A^T B": (LEFT_TRANSPOSED, ((64, 128), (64, 256)), {}, "float4"),
+    "batched A^T": (BATCHED_TRANSPOSED, ((2, 32, 64), (2, 32, 64)), {}, "float4"),
 }
 
 
@@ -116,8 +128,10 @@ def test_a_threads_steps_of_k_read_as_vectors_match_the_reference(name: str) -> 
     """A thread tile takes 4 steps of k at a time (`ThreadRegisters.steps`), reading
     each of its rows of A (and of W, rows along k) at those 4 steps as one vector from
     the copy, whose rows hold an odd number of whole vectors; an operand whose values
-    along k are not adjacent (B's column, at 4x1) is read element by element: right
-    under the emulator's race and bounds checks, and with no bank conflict."""
+    along k are not adjacent (B's column, at 4x1) is read element by element; `A(k,m)`
+    is copied turned, its rows along k (`MappedKernel.turned`): right under the
+    emulator's race and bounds checks, and with no bank conflict in the reads (a
+    turned copy's 4-byte fills, a column of it each, meet some)."""
     source, shapes, changes, vector = STEPPED[name]
     rng = np.random.default_rng(len(name))
     if name == "integers":
@@ -131,7 +145,13 @@ def test_a_threads_steps_of_k_read_as_vectors_match_the_reference(name: str) -> 
     assert f"TC_SLDV({vector}, tc_shared0, tc_a)" in text
     got, want = compiled(*inputs), reference.run("f", *inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-    assert sum(launch["bank_conflicts"] for launch in compiled.profile(*inputs)) == 0
+    # a turned copy's buffer holds the tile's last dimension first (`tc_i1`, `tc_i2`)
+    turned = "A^T" in name
+    first = "tc_i2" if name.startswith("batched A") else "tc_i1"
+    filled = re.search(r"(TC_CP_ASYNC|TC_SST)\(tc_shared0, [^;]*", text)
+    assert filled is not None and (f"((int)({first}) * " in filled.group(0)) is turned
+    if not turned:
+        assert sum(launch["bank_conflicts"] for launch in compiled.profile(*inputs)) == 0
 
 
 def test_gather_out_of_range_on_cuda_emu() -> None:

@@ -240,33 +240,44 @@ def test_register_tiles_load_the_shared_operands_once_per_step() -> None:
 
 TRANSPOSED = "def mtt(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }"
 BOTH_ALONG_K = "def abt(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+LEFT_TRANSPOSED = "def atb(float(K,M) A, float(K,N) B) -> (C) { C(m,n) +=! A(k,m) * B(k,n) }"
 
 
 @pytest.mark.parametrize(
-    ("source", "entry", "k", "changes", "mark", "stepped"),
+    ("source", "entry", "k", "changes", "mark", "stepped", "turned"),
     [
-        (GOLDENS["matmul"][0], "matmul", 256, {}, "4x4", ("A",)),
-        (BOTH_ALONG_K, "abt", 256, {"reduce_across_threads": False}, "4x4", ("A", "B")),
-        (TRANSPOSED, "mtt", 256, {}, "4x4", ("B",)),
-        (GOLDENS["matmul"][0], "matmul", 256, {"vectorize": False}, "4", ()),
-        (GOLDENS["matmul"][0], "matmul", 96, {"tile": (32, 32, 6)}, "4x2", ("A",)),
-        (GOLDENS["matmul"][0], "matmul", 36, {}, "4x4", ("A",)),  # k's tile of 64 past K
-        (GOLDENS["matmul"][0], "matmul", 100, {}, "4", ()),  # tiles of 64 do not divide K
-        (GOLDENS["matmul"][0], "matmul", 90, {}, "4", ()),  # K, under the tile, is no 4 or 2
+        (GOLDENS["matmul"][0], "matmul", 256, {}, "4x4", ("A",), ()),
+        (BOTH_ALONG_K, "abt", 256, {"reduce_across_threads": False}, "4x4", ("A", "B"), ()),
+        (TRANSPOSED, "mtt", 256, {}, "4x4", ("A", "B"), ("A",)),
+        (LEFT_TRANSPOSED, "atb", 256, {}, "4x4", ("A",), ("A",)),
+        (GOLDENS["matmul"][0], "matmul", 256, {"vectorize": False}, "4", (), ()),
+        (GOLDENS["matmul"][0], "matmul", 96, {"tile": (32, 32, 6)}, "4x2", ("A",), ()),
+        (GOLDENS["matmul"][0], "matmul", 36, {}, "4x4", ("A",), ()),  # k's tile of 64 past K
+        (GOLDENS["matmul"][0], "matmul", 100, {}, "4", (), ()),  # tiles of 64 do not divide K
+        (GOLDENS["matmul"][0], "matmul", 90, {}, "4", (), ()),  # K, under the tile, no 4 or 2
     ],
 )
 def test_the_mapping_decides_the_steps_of_k_a_thread_takes_at_a_time(
-    source: str, entry: str, k: int, changes: dict[str, object], mark: str, stepped: tuple
+    source: str,
+    entry: str,
+    k: int,
+    changes: dict[str, object],
+    mark: str,
+    stepped: tuple[str, ...],
+    turned: tuple[str, ...],
 ) -> None:
     """With `vectorize`, a thread tile takes 4 (or 2) steps of its innermost reduction
     loop at a time where the loop's bounds are constant (the tile divides the extent, or
-    is the extent) and some operand is read along it in its last subscript: the mark
-    says how many (`thread_registers:<outputs>x<steps>`) and the kernel which operands
-    (`MappedKernel.stepped`), whose copies' rows hold whole vectors."""
+    is the extent) and some operand is read along it in its last subscript, or in the
+    one before with the thread's rows in its last (`A(k,m)`: its copy then turned, the
+    copy's rows along k): the mark says how many (`thread_registers:<outputs>x<steps>`)
+    and the kernel which operands (`MappedKernel.stepped`, `turned`), whose copies'
+    rows hold whole vectors."""
     options = MappingOptions.cuda().replace(**changes)
     lowered = _lower(source, entry, {"M": 128, "K": k, "N": 128}, options)
     assert f'"thread_registers:{mark}"' in str(lowered.mapping.schedule)
     assert lowered.mapping.kernels[1].stepped == stepped
+    assert lowered.mapping.kernels[1].turned == turned
     assert ("for (int tc_k = " in lowered.source) == bool(stepped)
 
 

@@ -65,12 +65,17 @@ class LocalCopy:
         local = [f"({s}) - {o}" for s, o in zip(subscripts, self.offsets, strict=True)]
         if held is not None:
             local[-1] = held
+        flat = self.place(d, local)
+        return f"{self.base} + {flat}" if self.base else flat
+
+    def place(self, d: Dialect, local: list[str]) -> str:
+        """The buffer's offset, from the tile's start, of the element at `local`, its
+        place in the tile per dimension of the tensor."""
         extents = [str(n) for n in self.sizes]
         if self.turns:
             local = innermost_first(local, self.turns)
             extents = innermost_first(extents, self.turns)
-        flat = flat_index(d, local, extents)
-        return f"{self.base} + {flat}" if self.base else flat
+        return flat_index(d, local, extents)
 
 
 @dataclass(frozen=True)

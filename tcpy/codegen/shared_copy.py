@@ -76,7 +76,9 @@ def print_pipelined_loop(
     copies = {}
     for b, buffer, padded, stage in rings:
         offsets = box_offsets(p, depth + 2, buffer, b)
-        copies[b.tensor] = LocalCopy(buffer, offsets, padded, base=f"tc_stage * {stage}")
+        copies[b.tensor] = LocalCopy(
+            buffer, offsets, padded, _turns(p, b), base=f"tc_stage * {stage}"
+        )
     _compute_from(p, copies, body.mark_get_node(), depth + 2, marks)
     p.emit(depth + 2, f"tc_stage = tc_stage == {stages - 1} ? 0 : tc_stage + 1;")
     p.emit(depth + 1, "}")
@@ -99,7 +101,7 @@ def _rings(
         p.copies += 1
         scalar = p.scop.cdef.tensor(b.tensor).scalar
         itemsize = scalar.dtype.itemsize
-        padded = _padded(p, b.sizes, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
+        padded = _padded(p, b, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
         stage = _stage_elements(math.prod(padded), itemsize)
         p.declare_shared(depth, scalar, buffer, stages * stage)
         rings.append((b, buffer, padded, stage))
@@ -121,7 +123,7 @@ def _fill(
     p.emit(depth + 1, f"if (!({loop.cond})) return;")
     for b, buffer, padded, stage in rings:
         p.emit(depth + 1, "{")
-        copy = LocalCopy(buffer, box_offsets(p, depth + 2, buffer, b), padded)
+        copy = LocalCopy(buffer, box_offsets(p, depth + 2, buffer, b), padded, _turns(p, b))
         _async_copy(p, depth + 2, b, copy, max(1, p.kernel.threads), f"tc_s * {stage}")
         p.emit(depth + 1, "}")
     p.emit(depth, "};")
@@ -166,8 +168,8 @@ def _async_copy(
     alike; else element by element, a `cp.async` of each element of 4 bytes or more,
     a load and a store of a 2-byte one."""
     itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-    widths = [16 // itemsize] if p.options.vectorize else []
-    widths += [2] if itemsize == 2 else []
+    widths = [16 // itemsize] if p.options.vectorize and not copy.turns else []
+    widths += [2] if itemsize == 2 and not copy.turns else []
     last = len(b.sizes) - 1
     opened = 0
     for lanes in widths:
@@ -196,7 +198,7 @@ def _async_loop(
     total = math.prod(sizes)
     p.open_loop(depth, f"for (int tc_e = {THREAD}; tc_e < {total}; tc_e += {threads}) {{")
     local, inside, index = _element(p, depth + 1, b, copy, sizes, lanes)
-    target = f"{base} + {flat_index(p.dialect, local, [str(s) for s in copy.sizes])}"
+    target = f"{base} + {copy.place(p.dialect, local)}"
     array = tensor_name(b.tensor)
     p.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
     if lanes * itemsize >= 4:
@@ -285,9 +287,9 @@ def print_shared_copy(
         buffer = f"tc_shared{p.copies}"
         p.copies += 1
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = _padded(p, b.sizes, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
+        padded = _padded(p, b, itemsize, skew, stepped and b.tensor in p.kernel.stepped)
         p.declare_shared(depth + 1, p.scop.cdef.tensor(b.tensor).scalar, buffer, math.prod(padded))
-        copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded)
+        copy = LocalCopy(buffer, box_offsets(p, depth + 1, buffer, b), padded, _turns(p, b))
         _cooperative_copy(p, depth + 1, b, copy, threads)
         copies[b.tensor] = copy
     p.emit(depth + 1, p.barrier)
@@ -302,7 +304,7 @@ def store_box(p: ThreadPrinter, depth: int, b: PackedBox, copy: LocalCopy, threa
     total = math.prod(sizes)
     p.open_loop(depth, f"for (int tc_e = {THREAD}; tc_e < {total}; tc_e += {threads}) {{")
     local, inside, index = _element(p, depth + 1, b, copy, sizes, 1)
-    source = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
+    source = copy.place(p.dialect, local)
     p.emit(depth + 1, f"if ({' && '.join(inside)}) {{")
     store = CUDA.store.format(array=tensor_name(b.tensor), index=index)
     p.emit(depth + 2, f"{store} = TC_SLD({copy.buffer}, {source});")
@@ -320,7 +322,7 @@ def _cooperative_copy(
     address all allow it: the same for the whole block), else one element at a
     time."""
     vector = _VECTOR_TYPES.get(p.scop.cdef.tensor(b.tensor).scalar)
-    if not p.options.vectorize or vector is None or b.sizes[-1] % VECTOR_LANES:
+    if not p.options.vectorize or vector is None or b.sizes[-1] % VECTOR_LANES or copy.turns:
         _copy_loop(p, depth, b, copy, threads, None)
         return
     last = len(b.sizes) - 1
@@ -374,7 +376,7 @@ def _copy_element(
     lanes = VECTOR_LANES if vector else 1
     p.emit(depth, f"const int tc_e = tc_e0 + tc_u * {threads};")
     local, inside, index = _element(p, depth, b, copy, sizes, lanes)
-    target = flat_index(p.dialect, local, [str(s) for s in copy.sizes])
+    target = copy.place(p.dialect, local)
     if storing and _zero_filled(p):  # every element of a vector outside the tensor
         zero = _zero(p, b)
         p.emit(depth, f"if (tc_e < {math.prod(sizes)} && !({' && '.join(inside)})) {{")
@@ -432,14 +434,16 @@ def _element(
 
 
 def _padded(
-    p: ThreadPrinter, sizes: tuple[int, ...], itemsize: int, skew: int | None, stepped: bool
+    p: ThreadPrinter, b: PackedBox, itemsize: int, skew: int | None, stepped: bool
 ) -> tuple[int, ...]:
-    """The extents of a buffer holding a box of `sizes`: its rows lengthened
-    (`row_length`), the rows along the last dimension, or for a tensor-core operand
+    """The extents of a buffer holding box `b`: its rows lengthened (`row_length`), the
+    rows along the last dimension (the one before it where the copy is turned,
+    `_turns`: the buffer then holds the last first), or for a tensor-core operand
     (`skew` given) along the last dimension longer than 1 (batch dimensions have
     tiles of 1), so that its row and reduction indices are the tile's rows and
     columns."""
-    last = len(sizes) - 1
+    sizes = b.sizes
+    last = len(sizes) - 1 - _turns(p, b)
     if skew is not None:
         last = max((d for d, n in enumerate(sizes) if n > 1), default=last)
     row = row_length(p, sizes[last], itemsize, skew, stepped)
@@ -465,6 +469,14 @@ def row_length(
     return _row_length(elements, p.kernel.runs, itemsize)
 
 
+def _turns(p: ThreadPrinter, b: PackedBox) -> int:
+    """How many of box `b`'s innermost dimensions its copy holds first: 1 for an
+    operand the threads read along the dimension before its last
+    (`MappedKernel.turned`: `A(k,m)`, whose copy's rows then run along k), else 0."""
+    assert p.kernel is not None
+    return int(b.tensor in p.kernel.turned and len(b.sizes) > 1)
+
+
 def _stepped_row(elements: int) -> int:
     """The length of a row of 4-byte elements read 4 at a time as vectors: whole
     vectors, an odd number of them, so that every vector starts on 16 bytes and the
@@ -487,7 +499,7 @@ def _stepped_rows_fit(
     total = p.shared_bytes
     for b, skew in boxes:
         itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
-        padded = _padded(p, b.sizes, itemsize, skew, b.tensor in p.kernel.stepped)
+        padded = _padded(p, b, itemsize, skew, b.tensor in p.kernel.stepped)
         total += stages * _stage_elements(math.prod(padded), itemsize) * itemsize
     limit = min(p.options.max_shared_memory or STATIC_SHARED, STATIC_SHARED)
     return total <= limit

@@ -156,6 +156,42 @@ def walked_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
     return found
 
 
+def turned_reads(node: isl.ScheduleNode, member: int, rows: int, scop: Scop) -> set[str]:
+    """The tensors some statement reads with band member `member` in their
+    second-to-last subscript and `rows` in their last, each alone with coefficient 1
+    and in no other subscript (`A(k,m)` along `k`, a thread's rows `m`): a copy of
+    their tile holding its innermost dimension first has `member`'s consecutive
+    values adjacent (`walked_reads` of the copy)."""
+    found = set()
+    along = member_variables(node, member)
+    across = member_variables(node, rows)
+    for stmt_name, position in along.items():
+        stmt = scop.statement(stmt_name)
+        row = across.get(stmt_name)
+        if position is None or row is None or stmt.kind is not Kind.COMPUTE:
+            continue
+        var, row_var = stmt.dims[position], stmt.dims[row]
+        for access in ast.walk(stmt.source(scop.cdef).rhs):
+            if not isinstance(access, ast.Access) or len(access.args) < 2:
+                continue
+            subscripts = [_subscript(a) for a in access.args]
+            inner, last = subscripts[-2], subscripts[-1]
+            if _alone(inner, var) and _alone(last, row_var) and _used(subscripts, var) == 1:
+                found.add(access.tensor)
+    return found
+
+
+def _alone(s: Subscript, var: str) -> bool:
+    """Whether subscript `s` is `var` plus terms of other indices or sizes, `var`'s
+    coefficient 1."""
+    return isinstance(s, Linear) and s.coeff(var) == 1
+
+
+def _used(subscripts: list[Subscript], var: str) -> int:
+    """How many of `subscripts` use `var`."""
+    return sum(var in s if isinstance(s, frozenset) else bool(s.coeff(var)) for s in subscripts)
+
+
 def is_window_member(node: isl.ScheduleNode, member: int, scop: Scop) -> bool:
     """Whether band member `member` walks a window: a reduction index that some
     subscript adds to an output index (`kh` in a convolution's `I(n,c,h+kh,w+kw)`, or

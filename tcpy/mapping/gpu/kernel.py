@@ -33,6 +33,9 @@ class MappedKernel:
     # tensors its threads read several steps of a reduction at a time, along their rows
     # (`marks.ThreadRegisters.steps`): their copies' rows hold whole vectors
     stepped: tuple[str, ...] = ()
+    # among them, tensors whose copies hold their tile's innermost dimension first (a
+    # thread's rows of `A(k,m)`: the copy's rows then run along k)
+    turned: tuple[str, ...] = ()
 
     @property
     def threads(self) -> int:

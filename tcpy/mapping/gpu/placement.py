@@ -13,7 +13,7 @@ import islpy as isl
 from tcpy.mapping import marks
 from tcpy.mapping.gpu.device import DeviceProfile
 from tcpy.mapping.gpu.shared import shared_tensors, worth_sharing
-from tcpy.mapping.locality import walked_reads
+from tcpy.mapping.locality import turned_reads, walked_reads
 from tcpy.mapping.options import MappingOptions
 from tcpy.mapping.promotion import box_at, within_budget
 from tcpy.poly.schedule import member_extent
@@ -51,22 +51,32 @@ def thread_tile(
 
 
 def reduction_steps(
-    node: isl.ScheduleNode, scop: Scop, options: MappingOptions, member: int, tile: int | None
-) -> tuple[int, tuple[str, ...]]:
+    node: isl.ScheduleNode,
+    scop: Scop,
+    options: MappingOptions,
+    member: int,
+    tile: int | None,
+    rows: int | None,
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
     """How many steps of a thread's innermost reduction loop, band `member` of `node`
-    (untiled), it takes at a time (`marks.ThreadRegisters.steps`), and the tensors it
-    then reads as vectors along them (`locality.walked_reads`: `A(m,k)` along `k`, a
-    thread's rows of A as `float4`s where adjacent and aligned): with `vectorize`,
-    where some tensor is so read and the loop runs `tile` values (None, or a tile
-    beyond it: the member's whole extent; 0: one) that divide the extent, so that its
-    bounds are constant, and divide into 4 (or 2) steps. Else 1 and none."""
+    (untiled), it takes at a time (`marks.ThreadRegisters.steps`), the tensors it then
+    reads as vectors along them (`locality.walked_reads`: `A(m,k)` along `k`, a
+    thread's rows of A as `float4`s where adjacent and aligned), and those whose
+    copies are turned to make them so (`locality.turned_reads`: `A(k,m)`, whose last
+    subscript walks the thread's rows, member `rows`): with `vectorize`, where some
+    tensor is so read and the loop runs `tile` values (None, or a tile beyond it: the
+    member's whole extent; 0: one) that divide the extent, so that its bounds are
+    constant, and divide into 4 (or 2) steps. Else 1 and none."""
     extent = member_extent(node, member)
     steps = extent if tile is None or extent is None or tile >= extent else tile
     if not options.vectorize or not steps or extent is None or extent % steps:
-        return 1, ()
+        return 1, (), ()
     walked = walked_reads(node, member, scop)
+    turned = turned_reads(node, member, rows, scop) - walked if rows is not None else set()
     found = next((s for s in VECTOR_STEPS if steps % s == 0), 1)
-    return (found, tuple(sorted(walked))) if walked and found > 1 else (1, ())
+    if found == 1 or not walked | turned:
+        return 1, (), ()
+    return found, tuple(sorted(walked | turned)), tuple(sorted(turned))
 
 
 def hold_registers(band: isl.ScheduleNode, depth: int, first: int) -> isl.ScheduleNode:

@@ -244,6 +244,7 @@ def _map_nests(
             mapped.runs,
             mapped.matrix,
             stepped=mapped.stepped,
+            turned=mapped.turned,
         )
     )
     return mapped.node
@@ -281,6 +282,7 @@ class Mapped(NamedTuple):
     runs: int
     matrix: bool = False  # its contraction runs on the tensor cores (`matrix`)
     stepped: tuple[str, ...] = ()  # `MappedKernel.stepped`
+    turned: tuple[str, ...] = ()  # `MappedKernel.turned`
 
 
 def map_band(
@@ -461,7 +463,7 @@ def tile_and_bind(
         if trial_tile is not None and plan.lanes is None
         else None
     )
-    steps, walked = _steps(node, scop, plan, sizes)
+    steps, walked, turned = _steps(node, scop, plan, sizes)
     # 6. tiles
     leading: list[int] = []  # the sizes of the members tiled (none: no tile band)
     if sizes is not None and (any(sizes.tile) or plan.lanes is not None):
@@ -489,8 +491,10 @@ def tile_and_bind(
         )
     if bind and on_grid:
         node = node.parent()  # the block filter, now at the band's old position
-    stepped = walked if registers is not None and registers.steps > 1 else ()  # their rows
-    return Bound(Mapped(node, tuple(grid), tuple(block), runs, stepped=stepped), copies, complete)
+    stepping = registers is not None and registers.steps > 1
+    stepped, turned = (walked, turned) if stepping else ((), ())  # their copies' rows
+    mapped = Mapped(node, tuple(grid), tuple(block), runs, stepped=stepped, turned=turned)
+    return Bound(mapped, copies, complete)
 
 
 def _sizes(
@@ -550,14 +554,16 @@ def _registers(
 
 def _steps(
     node: isl.ScheduleNode, scop: Scop, plan: Plan, sizes: Sizes | None
-) -> tuple[int, tuple[str, ...]]:
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
     """The steps of a thread's innermost reduction loop (the last member of the untiled
-    band `node`) taken at a time, and the operands read along them as vectors
-    (`placement.reduction_steps`); 1 and none for a band without a reduction."""
+    band `node`) taken at a time, the operands read along them as vectors and those
+    whose copies are turned for it (`placement.reduction_steps`); 1 and none for a
+    band without a reduction."""
     last = node.band_n_member() - 1
     if sizes is None or last < plan.prefix:
-        return 1, ()
-    return reduction_steps(node, scop, plan.options, last, sizes.tile[last])
+        return 1, (), ()
+    rows = plan.members[1] if len(plan.members) > 1 else None
+    return reduction_steps(node, scop, plan.options, last, sizes.tile[last], rows)
 
 
 def _threads(
