@@ -29,6 +29,9 @@ MAX_THREAD_TILE = 64
 more would spill them to local memory."""
 
 
+WORD = 4
+"""The bytes of the elements a thread reads as `float4`/`int4` vectors."""
+
 VECTOR_STEPS = (4, 2)
 """The steps of its innermost reduction loop a thread may take at a time, reading an
 operand along them as a `float4` or a `float2`."""
@@ -73,6 +76,8 @@ def reduction_steps(
         return 1, (), ()
     walked = walked_reads(node, member, scop)
     turned = turned_reads(node, member, rows, scop) - walked if rows is not None else set()
+    # a turned copy goes an element at a time: only where the reads become `float4`s
+    turned = {t for t in turned if scop.cdef.tensor(t).scalar.dtype.itemsize == WORD}
     found = next((s for s in VECTOR_STEPS if steps % s == 0), 1)
     if found == 1 or not walked | turned:
         return 1, (), ()
