@@ -7,6 +7,7 @@ and aligned, and element by element elsewhere."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tcpy.codegen.dialect import CUDA
@@ -107,13 +108,13 @@ def read_runs(printer: Printer, run: Strided, reads: list[Read], at: int) -> Non
 def loop_steps(loop: Header, asked: int) -> int:
     """The steps of `loop` taken at a time: `asked` (`ThreadRegisters.steps`) where the
     loop steps by 1 between constant bounds over a multiple of them, else 1."""
-    found = loop.bound()
-    first = loop.start
-    last = expr_int(found[1]) if found is not None else None
-    if asked < 2 or loop.step != 1 or first is None or last is None or found is None:
+    found, first = loop.bound(), loop.start
+    if asked < 2 or loop.step != 1 or first is None or found is None:
         return 1
-    trips = last - first + found[0]
-    return asked if trips > 0 and trips % asked == 0 else 1
+    inclusive, bound = found
+    last = expr_int(bound)
+    trips = None if last is None else last - first + inclusive
+    return asked if trips is not None and trips > 0 and trips % asked == 0 else 1
 
 
 def steps_run(loop: Header, steps: int) -> Strided:
@@ -147,9 +148,7 @@ def read_steps(
     `STEP` on (`run`, `steps_run`), for each combination of the values of the thread's
     strided loops it uses (given with it, outermost first)."""
     for k, (read, loops) in enumerate(reads):
-        count = 1
-        for s in loops:
-            count *= s.trips
+        count = math.prod(s.trips for s in loops)
         printer.emit(at, f"{array_type(printer, read.array)} tc_k{k}[{count}][{run.trips}];")
         printer.emit(at, "#pragma unroll")
         printer.emit(at, f"for (int tc_p = 0; tc_p < {count}; tc_p++) {{")
