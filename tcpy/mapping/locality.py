@@ -6,6 +6,8 @@ Shared by the CPU mapping (which loop becomes the vector loop) and the GPU mappi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import islpy as isl
 
 from tcpy.mapping.marks import EMPTY, Turns, innermost_first
@@ -82,20 +84,28 @@ def strided_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
     """The tensors that some statement reads across memory along band member `member`
     (`_stride` -2: the member's index in a subscript other than the last, or in the
     last with a coefficient other than 1, as `I(n,c,2*h+kh,2*w+kw)` along `w`)."""
-    found = set()
+    return {t for t, subs, var, _ in _reads(node, member, scop) if _stride(subs, var) < 0}
+
+
+def _reads(
+    node: isl.ScheduleNode, member: int, scop: Scop, other: int | None = None
+) -> Iterator[tuple[str, list[Subscript], str, str | None]]:
+    """Each read of a computing statement under band member `member` (one walking a
+    statement index; and `other`, where given, walking another): its tensor, its
+    subscripts, the index `member` walks and the one `other` walks."""
+    across = member_variables(node, other) if other is not None else {}
     for stmt_name, position in member_variables(node, member).items():
         stmt = scop.statement(stmt_name)
+        second = across.get(stmt_name)
         if position is None or stmt.kind is not Kind.COMPUTE:
             continue
+        if other is not None and second is None:
+            continue
         var = stmt.dims[position]
+        second_var = stmt.dims[second] if second is not None else None
         for access in ast.walk(stmt.source(scop.cdef).rhs):
-            if (
-                isinstance(access, ast.Access)
-                and access.args
-                and _stride([_subscript(a) for a in access.args], var) < 0
-            ):
-                found.add(access.tensor)
-    return found
+            if isinstance(access, ast.Access) and access.args:
+                yield access.tensor, [_subscript(a) for a in access.args], var, second_var
 
 
 def runs_along(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str] | None:
@@ -137,48 +147,28 @@ def walked_reads(node: isl.ScheduleNode, member: int, scop: Scop) -> set[str]:
     """The tensors some statement reads along band member `member` in their last
     subscript alone, with coefficient 1 (`A(m,k)` along `k`): consecutive values of
     it reach adjacent elements, which a thread may read as one vector."""
-    found = set()
-    for stmt_name, position in member_variables(node, member).items():
-        stmt = scop.statement(stmt_name)
-        if position is None or stmt.kind is not Kind.COMPUTE:
-            continue
-        var = stmt.dims[position]
-        for access in ast.walk(stmt.source(scop.cdef).rhs):
-            if isinstance(access, ast.Access) and access.args:
-                subscripts = [_subscript(a) for a in access.args]
-                last = subscripts[-1]
-                if (
-                    _stride(subscripts, var) > 0
-                    and isinstance(last, Linear)
-                    and last.coeff(var) == 1
-                ):
-                    found.add(access.tensor)
-    return found
+    return {
+        t
+        for t, subscripts, var, _ in _reads(node, member, scop)
+        if _stride(subscripts, var) > 0 and _alone(subscripts[-1], var)
+    }
 
 
 def turned_reads(node: isl.ScheduleNode, member: int, rows: int, scop: Scop) -> set[str]:
     """The tensors some statement reads with band member `member` in their
-    second-to-last subscript and `rows` in their last, each alone with coefficient 1
-    and in no other subscript (`A(k,m)` along `k`, a thread's rows `m`): a copy of
-    their tile holding its innermost dimension first has `member`'s consecutive
-    values adjacent (`walked_reads` of the copy)."""
-    found = set()
-    along = member_variables(node, member)
-    across = member_variables(node, rows)
-    for stmt_name, position in along.items():
-        stmt = scop.statement(stmt_name)
-        row = across.get(stmt_name)
-        if position is None or row is None or stmt.kind is not Kind.COMPUTE:
-            continue
-        var, row_var = stmt.dims[position], stmt.dims[row]
-        for access in ast.walk(stmt.source(scop.cdef).rhs):
-            if not isinstance(access, ast.Access) or len(access.args) < 2:
-                continue
-            subscripts = [_subscript(a) for a in access.args]
-            inner, last = subscripts[-2], subscripts[-1]
-            if _alone(inner, var) and _alone(last, row_var) and _used(subscripts, var) == 1:
-                found.add(access.tensor)
-    return found
+    second-to-last subscript and `rows` in their last, each with coefficient 1,
+    `member`'s index in no other subscript (`A(k,m)` along `k`, a thread's rows
+    `m`): a copy of their tile holding its innermost dimension first has
+    `member`'s consecutive values adjacent (`walked_reads` of the copy)."""
+    return {
+        t
+        for t, subscripts, var, row_var in _reads(node, member, scop, rows)
+        if len(subscripts) > 1
+        and row_var is not None
+        and _alone(subscripts[-2], var)
+        and _alone(subscripts[-1], row_var)
+        and _used(subscripts, var) == 1
+    }
 
 
 def _alone(s: Subscript, var: str) -> bool:
