@@ -451,20 +451,21 @@ def _padded(
 
 
 def row_length(
-    p: ThreadPrinter, elements: int, itemsize: int, skew: int | None, stepped: bool = False
+    p: ThreadPrinter, elements: int, itemsize: int, skew: int | None, stepped: bool
 ) -> int:
     """The length of a row of `elements` of `itemsize` bytes of a tile in shared memory
     in the kernel being printed: for the tensor cores' operands, whole 16-byte pieces
     and `skew` elements more (`tile_boxes`), so that every row an `ldmatrix` reads
     starts on 16 bytes and the rows it (or a warp's tf32 fragments) reads at once
     fall in distinct banks; for an operand the threads read along its rows several
-    steps at a time (`stepped`, `MappedKernel.stepped`), `_stepped_row`; else
+    steps at a time (`stepped`, `MappedKernel.stepped`: 4-byte elements),
+    `_stepped_row`; else
     `_row_length`."""
     assert p.kernel is not None
     if skew is not None:
         piece = 16 // itemsize
         return -(-elements // piece) * piece + skew
-    if stepped and itemsize == VECTOR_BYTES // VECTOR_LANES:
+    if stepped:
         return _stepped_row(elements)
     return _row_length(elements, p.kernel.runs, itemsize)
 
@@ -474,7 +475,7 @@ def _turns(p: ThreadPrinter, b: PackedBox) -> int:
     operand the threads read along the dimension before its last
     (`MappedKernel.turned`: `A(k,m)`, whose copy's rows then run along k), else 0."""
     assert p.kernel is not None
-    return int(b.tensor in p.kernel.turned and len(b.sizes) > 1)
+    return int(b.tensor in p.kernel.turned)
 
 
 def _stepped_row(elements: int) -> int:
@@ -523,7 +524,6 @@ def _row_length(elements: int, runs: int, itemsize: int = 4) -> int:
 
 
 VECTOR_LANES = 4
-VECTOR_BYTES = 16
 COPY_BATCH = 4
 """The elements (or vectors) each thread of a cooperative copy loads before storing
 them (`unroll_copy_shared`). One at a time, each load waits for the store of the one

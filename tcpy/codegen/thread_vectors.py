@@ -163,10 +163,7 @@ def declare_indices(
     """The indices of `strided` loops at output `j` of a tile (the last varying
     fastest, after `inner` outputs of loops inside them)."""
     for s in reversed(strided):
-        if len(strided) == 1 and inner == 1:
-            at_j = j
-        else:
-            at_j = f"{j} / {inner} % {s.trips}" if inner > 1 else f"{j} % {s.trips}"
+        at_j = j if len(strided) == 1 and inner == 1 else _position(j, inner, s.trips)
         index = f"{s.first} + ({at_j}) * {s.step}"
         printer.emit(at, f"const {printer.dialect.index_type} {s.loop.iterator} = {index};")
         inner *= s.trips
@@ -179,8 +176,14 @@ def combination(strided: tuple[Strided, ...], used: tuple[Strided, ...], j: str)
     inner, inner_used = 1, 1
     for s in reversed(strided):
         if s in used:
-            position = f"{j} / {inner} % {s.trips}" if inner > 1 else f"{j} % {s.trips}"
+            position = _position(j, inner, s.trips)
             terms.append(f"({position}) * {inner_used}" if inner_used > 1 else f"({position})")
             inner_used *= s.trips
         inner *= s.trips
     return " + ".join(reversed(terms)) or "0"
+
+
+def _position(j: str, inner: int, trips: int) -> str:
+    """The C expression of a loop's position at output `j` of a tile, `inner` outputs of
+    the loops inside it apart, over `trips` values."""
+    return f"{j} / {inner} % {trips}" if inner > 1 else f"{j} % {trips}"

@@ -64,9 +64,10 @@ def reduction_steps(
     """How many steps of a thread's innermost reduction loop, band `member` of `node`
     (untiled), it takes at a time (`marks.ThreadRegisters.steps`), the tensors it then
     reads as vectors along them (`locality.walked_reads`: `A(m,k)` along `k`, a
-    thread's rows of A as `float4`s where adjacent and aligned), and those whose
-    copies are turned to make them so (`locality.turned_reads`: `A(k,m)`, whose last
-    subscript walks the thread's rows, member `rows`): with `vectorize`, where some
+    thread's rows of A as `float4`s where adjacent and aligned; 4-byte elements
+    only), and those whose copies are turned to make them so
+    (`locality.turned_reads`: `A(k,m)`, whose last subscript walks the thread's rows,
+    member `rows`): with `vectorize`, where some
     tensor is so read and the loop runs `tile` values (None, or a tile beyond it: the
     member's whole extent; 0: one) that divide the extent, so that its bounds are
     constant, and divide into 4 (or 2) steps. Else 1 and none."""
@@ -74,10 +75,11 @@ def reduction_steps(
     steps = extent if tile is None or extent is None or tile >= extent else tile
     if not options.vectorize or not steps or extent is None or extent % steps:
         return 1, (), ()
-    walked = walked_reads(node, member, scop)
-    turned = turned_reads(node, member, rows, scop) - walked if rows is not None else set()
-    # a turned copy goes an element at a time: only where the reads become `float4`s
-    turned = {t for t in turned if scop.cdef.tensor(t).scalar.dtype.itemsize == WORD}
+    # only 4-byte elements are read as `float4`s (a turned copy, an element at a time,
+    # pays only for them; a half operand's copy keeps its pairs)
+    words = {t.name for t in scop.cdef.tensors if t.scalar.dtype.itemsize == WORD}
+    walked = walked_reads(node, member, scop) & words
+    turned = set() if rows is None else (turned_reads(node, member, rows, scop) & words) - walked
     found = next((s for s in VECTOR_STEPS if steps % s == 0), 1)
     if found == 1 or not walked | turned:
         return 1, (), ()
