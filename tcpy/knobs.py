@@ -20,6 +20,9 @@
 - `TCPY_NUM_THREADS`: the threads a `cpu` kernel runs on, read at each call (default:
   `OMP_NUM_THREADS`'s first value, else the cores this process may run on that other
   processes do not keep busy); `MappingOptions.threads` overrides both.
+- `TCPY_OPENMP`: `own` (default) or `shared`: whether `cpu` kernels run on tcpy's own
+  copy of the compiler's OpenMP runtime, which waits as tcpy says whatever other
+  library brought its own in first (PyTorch does), or on the process's.
 - `TCPY_ISL_SECONDS`: how long one isl analysis (dependences, scheduling) may run
   before tcpy stops it and falls back to a cheaper one (default 2; all of a compile's
   isl analyses stop after two and a half times that).
@@ -109,6 +112,15 @@ def vector_bits() -> int | None:
 
 def c_compiler() -> str:
     return os.environ.get("TCPY_CC", "cc")
+
+
+def openmp_runtime() -> str:
+    """`TCPY_OPENMP`: `own` (tcpy's copy of the OpenMP runtime, the default) or `shared`
+    (the process's)."""
+    value = os.environ.get("TCPY_OPENMP", "own").strip() or "own"
+    if value not in ("own", "shared"):
+        raise TCError(f"TCPY_OPENMP={value!r}: the OpenMP runtime must be 'own' or 'shared'")
+    return value
 
 
 def verify_schedules() -> bool:

@@ -11,7 +11,6 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -380,26 +379,6 @@ def test_results_are_the_same_bits_on_any_thread_count(name: str) -> None:
     ]
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
-
-
-@pytest.mark.parametrize("chosen", [{}, {"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "5"}])
-def test_libgomp_starts_with_a_short_spin_unless_the_environment_chose(
-    monkeypatch: pytest.MonkeyPatch, chosen: dict[str, str]
-) -> None:
-    """The library that brings libgomp in is loaded with `GOMP_SPINCOUNT` at
-    `SPIN_COUNT`, which libgomp reads as it starts, and the environment is put back;
-    a choice the environment made is kept."""
-    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in chosen.items():
-        monkeypatch.setenv(name, value)
-    seen: list[str | None] = []
-    monkeypatch.setattr(
-        threads.ctypes, "CDLL", lambda path: seen.append(os.environ.get("GOMP_SPINCOUNT"))
-    )
-    threads.load_openmp(Path("kernel.so"))
-    assert seen == [chosen.get("GOMP_SPINCOUNT", None if chosen else str(threads.SPIN_COUNT))]
-    assert os.environ.get("GOMP_SPINCOUNT") == chosen.get("GOMP_SPINCOUNT")
 
 
 def test_beside_busy_threads_the_faster_count_is_kept() -> None:

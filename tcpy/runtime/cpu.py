@@ -29,10 +29,10 @@ from tcpy import knobs
 from tcpy.codegen.c import CONSERVATIVE_MACRO, KERNEL_SYMBOL
 from tcpy.errors import TCCompileError, TCLaunchError, TCWarning
 from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES
-from tcpy.runtime import toolchain
+from tcpy.runtime import openmp, toolchain
 from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
-from tcpy.runtime.threads import Trials, load_openmp, threads_now
+from tcpy.runtime.threads import Trials, threads_now
 
 FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-w",
@@ -59,7 +59,10 @@ def compiler() -> str:
 
 def compiler_identity() -> str:
     """The compiler's version line and flags: part of every CPU cache key."""
-    return f"{toolchain.version_line(compiler())} {' '.join(flags())} libmvec={vector_math()}"
+    return (
+        f"{toolchain.version_line(compiler())} {' '.join(flags())} libmvec={vector_math()} "
+        f"{openmp.identity()}"
+    )
 
 
 @functools.cache
@@ -150,7 +153,7 @@ def build(source_path: Path, library_path: Path) -> None:
     fails on generated code (an internal error, a rejected pragma) is a tcpy bug; the
     build is then tried once more with conservative flags, with a warning that keeps
     the source for a report, before it raises."""
-    libs = ["-lmvec", "-lm"] if vector_math() else ["-lm"]
+    libs = [*openmp.link_flags(), *(["-lmvec", "-lm"] if vector_math() else ["-lm"])]
     failed = _compile(flags(), source_path, library_path, libs)
     if failed is None:
         return
@@ -197,7 +200,7 @@ class CpuKernel:
         work: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         try:
-            self._lib = load_openmp(library_path)
+            self._lib = openmp.load(library_path)
             fn = getattr(self._lib, KERNEL_SYMBOL)
         except (OSError, AttributeError) as e:
             raise TCLaunchError(f"cannot load the compiled kernel {library_path}: {e}") from None

@@ -7,7 +7,8 @@ libraries' threads in this one: OpenBLAS's or PyTorch's, which keep spinning for
 while after their calls) and leaves their cores to them, or, where a kernel at its
 sizes ran faster on all cores in that state, takes them all (`threads_now`, `Trials`).
 Its own threads wait for the next call by spinning for a short while only
-(`SPIN_COUNT`), then sleep, so that the next library's call finds its cores free.
+(`openmp.SPIN_COUNT`), then sleep, so that the next library's call finds its cores
+free.
 Woken at the next call, a sleeping thread may be put on the core of the thread that
 woke it and stay there, the two taking turns while another core idles; so a team that
 has a core for each of its threads gets one each (`Teams.place`).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -31,21 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tcpy import knobs
-from tcpy.runtime import toolchain
+from tcpy.runtime import openmp, toolchain
 
 SERIAL_WORK = 1 << 15
 """Fewer statement instances than this run on one thread unless more are given:
 starting an OpenMP team and its barriers cost more than they share (measured on 2
 cores: an addition of 16 or 4,096 elements took 11-12 us on one thread and 15-16 on
 two; at 65,536 both took 32; at 2^20, two threads 140 against 242)."""
-
-SPIN_COUNT = 10_000
-"""How long an idle thread of a kernel's team spins before it sleeps, in libgomp's
-spins (`GOMP_SPINCOUNT`; about 0.1 ms here), unless the environment sets
-`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`. libgomp's own default (300,000, a few
-milliseconds) kept both cores busy after each call: a NumPy call right after a tcpy
-call ran up to 40x slower. Sleeping at once (0) costs a wake-up at every call and
-barrier instead: small kernels ran 2-3x slower back to back."""
 
 
 def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None = None) -> int:
@@ -314,33 +308,16 @@ def _team_function() -> Callable[[int, ctypes.Array[ctypes.c_long]], int] | None
     source, library = directory / "team.c", directory / "team.so"
     source.write_text(_TEAM_C)
     command = [compiler, "-O1", "-fopenmp", "-shared", "-fPIC", "-o", str(library), str(source)]
+    command += openmp.link_flags()
     try:
         done = subprocess.run(command, capture_output=True, timeout=120)
         if done.returncode != 0:
             return None
-        fn = load_openmp(library).tc_team
+        fn = openmp.load(library).tc_team
     except (OSError, AttributeError, subprocess.TimeoutExpired):
         return None
+    finally:  # a loaded library stays loaded
+        shutil.rmtree(directory, ignore_errors=True)
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_long)]
     fn.restype = ctypes.c_int
     return fn
-
-
-# --- how the threads wait -------------------------------------------------------------
-
-_ENV_LOCK = threading.Lock()
-
-
-def load_openmp(library: Path) -> ctypes.CDLL:
-    """`library` loaded; where it is the first to bring libgomp into this process,
-    libgomp reads `GOMP_SPINCOUNT` = `SPIN_COUNT` as it starts (unless the environment
-    chose how OpenMP threads wait), and the environment is put back as it was."""
-    with _ENV_LOCK:
-        chosen = any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
-        if not chosen:
-            os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-        try:
-            return ctypes.CDLL(os.fspath(library))
-        finally:
-            if not chosen:
-                del os.environ["GOMP_SPINCOUNT"]
