@@ -157,3 +157,17 @@ def test_a_libgomp_starts_with_a_short_spin_unless_the_environment_chose(
     openmp._waiting_briefly(load)
     assert seen == [chosen.get("GOMP_SPINCOUNT", None if chosen else str(openmp.SPIN_COUNT))]
     assert os.environ.get("GOMP_SPINCOUNT") == chosen.get("GOMP_SPINCOUNT")
+
+
+@needs_libgomp
+def test_the_copy_is_written_again_where_it_was_removed() -> None:
+    """A cleaner of /tmp may take the copy from a long-running process: the next build
+    writes it again, so kernels keep linking tcpy's copy (the linker would otherwise
+    find the system's libgomp)."""
+    runtime = openmp.own_runtime()
+    assert runtime is not None
+    shutil.rmtree(runtime.directory)
+    flags = openmp.link_flags()
+    assert flags == (f"-L{runtime.directory}",)
+    assert (runtime.directory / "libgomp.so").read_bytes() == runtime.data
+    assert runtime.directory.stat().st_mode & 0o077 == 0

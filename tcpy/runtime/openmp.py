@@ -50,9 +50,10 @@ _DEEP = os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
 @dataclass(frozen=True)
 class Runtime:
     """tcpy's loaded copy of libgomp: `directory` holds it as `libgomp.so` for the
-    linker's `-lgomp`; `digest` names its bytes in the cache keys."""
+    linker's `-lgomp`; `digest` names its bytes (`data`) in the cache keys."""
 
     directory: Path
+    data: bytes
     digest: str
     handle: ctypes.CDLL
 
@@ -60,7 +61,10 @@ class Runtime:
 def link_flags() -> tuple[str, ...]:
     """What a kernel's link adds so that `-fopenmp` links tcpy's copy of libgomp."""
     runtime = own_runtime()
-    return (f"-L{runtime.directory}",) if runtime is not None else ()
+    if runtime is None:
+        return ()
+    _written(runtime.directory, runtime.data)  # again where a cleaner of /tmp took it
+    return (f"-L{runtime.directory}",)
 
 
 def identity() -> str:
@@ -77,10 +81,20 @@ def load(library: Path) -> ctypes.CDLL:
     return _waiting_briefly(lambda: ctypes.CDLL(os.fspath(library)))
 
 
-@functools.cache
+_RUNTIME_LOCK = threading.Lock()
+
+
 def own_runtime() -> Runtime | None:
     """tcpy's copy of the compiler's libgomp, made and loaded once per process (in a
-    directory of its own, removed at exit); None where kernels use the process's."""
+    directory of its own, removed when the process that made it exits); None where
+    kernels use the process's. Two copies loaded would be two runtimes of one name:
+    one thread makes it."""
+    with _RUNTIME_LOCK:
+        return _own_runtime()
+
+
+@functools.cache
+def _own_runtime() -> Runtime | None:
     if knobs.openmp_runtime() == "shared" or not hasattr(os, "RTLD_DEEPBIND"):
         return None
     source = _compiler_libgomp()
@@ -88,17 +102,28 @@ def own_runtime() -> Runtime | None:
         return None
     try:
         data = renamed(source.read_bytes(), SONAME)
+        directory = Path(tempfile.mkdtemp(prefix="tcpy-openmp-"))
+        atexit.register(_remove, directory, os.getpid())
+        library = _written(directory, data)
+        handle = _waiting_briefly(lambda: ctypes.CDLL(os.fspath(library), mode=_DEEP))
     except (OSError, ValueError):
         return None
-    directory = Path(tempfile.mkdtemp(prefix="tcpy-openmp-"))
-    atexit.register(shutil.rmtree, directory, True)
+    return Runtime(directory, data, hashlib.sha256(data).hexdigest()[:16], handle)
+
+
+def _written(directory: Path, data: bytes) -> Path:
+    """`directory`/libgomp.so, written with `data` unless it is there."""
     library = directory / "libgomp.so"
-    try:
+    if not library.exists():
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         library.write_bytes(data)
-        handle = _waiting_briefly(lambda: ctypes.CDLL(os.fspath(library), mode=_DEEP))
-    except OSError:
-        return None
-    return Runtime(directory, hashlib.sha256(data).hexdigest()[:16], handle)
+    return library
+
+
+def _remove(directory: Path, maker: int) -> None:
+    """At exit, `directory`, by the process that made it (not a forked child)."""
+    if os.getpid() == maker:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _compiler_libgomp() -> Path | None:
