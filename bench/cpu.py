@@ -23,7 +23,8 @@ and one call of its NumPy peer, as code mixing the two libraries does: tcpy's ca
 right after NumPy's and NumPy's right after tcpy's, against their quiet times, and
 tcpy's at each thread count (the best thread count in that state); and each library's
 calls made one at a time after a pause (`SPORADIC_S`), as a program that does other
-work between its calls makes them, against their quiet times.
+work between its calls makes them, against their quiet times; and tcpy's calls
+alternating with PyTorch's peer, each against its quiet time.
 `--loaded` runs one single-threaded busy process at normal priority beside everything,
 as another user of the machine would. `--smoke` checks that the benchmark still runs:
 the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
@@ -273,11 +274,12 @@ def measure(  # type: ignore[type-arg]
     }
 
 
-def interleaved(kernel: Kernel, blocks: Blocks, quiet: dict) -> dict:  # type: ignore[type-arg]
+def interleaved(kernel: Kernel, blocks: Blocks, quiet: dict, torch=None) -> dict:  # type: ignore[no-untyped-def,type-arg]
     """The kernel in a loop alternating one tcpy call and one call of its NumPy peer
     (`blocks.rounds` blocks of about `blocks.block_s` seconds after a pause): the median
     of each, with tcpy's threads chosen at each call and at each fixed count, against
-    the quiet medians of `quiet` (`measure`'s row)."""
+    the quiet medians of `quiet` (`measure`'s row); and, given `torch`, alternating with
+    its PyTorch peer (whose OpenMP threads spin for milliseconds after each call)."""
     inputs = kernel.inputs(np.random.default_rng(0), kernel.sizes)
     engine = tcpy.ExecutionEngine("cpu")
     engine.define(kernel.tc)
@@ -298,7 +300,21 @@ def interleaved(kernel: Kernel, blocks: Blocks, quiet: dict) -> dict:  # type: i
         "tcpy": sporadic(functools.partial(compiled, *inputs), blocks),
         "numpy": sporadic(lambda: kernel.numpy(*inputs), blocks),
     }
+    beside_torch: dict[str, float] = {}
+    if torch is not None:
+        tensors = [torch.from_numpy(x) if isinstance(x, np.ndarray) else float(x) for x in inputs]
+        peer = torch_peer(torch, kernel)
+        ours, theirs = _alternating(
+            functools.partial(compiled, *inputs), lambda: peer(*tensors), blocks
+        )
+        beside_torch = {
+            "tcpy_after_torch_ms": round(ours, 4),
+            "torch_after_tcpy_ms": round(theirs, 4),
+            "tcpy_over_quiet_beside_torch": round(ours / quiet["tcpy_ms"], 3),
+            "torch_over_quiet": round(theirs / quiet["torch_ms"], 3),
+        }
     return {
+        **beside_torch,
         "tcpy_after_numpy_ms": tcpy_ms,
         "numpy_after_tcpy_ms": numpy_ms,
         "tcpy_over_quiet": round(tcpy_ms["chosen"] / quiet["tcpy_ms"], 3),
@@ -351,8 +367,10 @@ def _interleaved_summary(rows: list[dict]) -> dict[str, float | None]:  # type: 
         "numpy_over_quiet",
         "tcpy_sporadic_over_quiet",
         "numpy_sporadic_over_quiet",
+        "tcpy_over_quiet_beside_torch",
+        "torch_over_quiet",
     ):
-        values = [r["interleaved"][key] for r in rows]
+        values = [r["interleaved"][key] for r in rows if key in r["interleaved"]]
         out[f"interleaved_{key}_geomean"] = _geomean(values)
         out[f"interleaved_{key}_worst"] = max(values, default=None)
     return out
@@ -438,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row = measure(kernel, blocks, torch, limits, generic=args.generic)
             if args.interleaved:
-                row["interleaved"] = interleaved(kernel, blocks, row)
+                row["interleaved"] = interleaved(kernel, blocks, row, torch)
                 print(_interleaved_line(row), flush=True)
             rows.append(row)
             print(_line(row), flush=True)
@@ -526,6 +544,12 @@ def _interleaved_line(row: dict) -> str:  # type: ignore[type-arg]
         f"  numpy {i['numpy_after_tcpy_ms']:8.3f} ms (x{i['numpy_over_quiet']:.2f} quiet);"
         f" one at a time: tcpy x{i['tcpy_sporadic_over_quiet']:.2f},"
         f" numpy x{i['numpy_sporadic_over_quiet']:.2f} quiet"
+        + (
+            f"; with PyTorch: tcpy x{i['tcpy_over_quiet_beside_torch']:.2f},"
+            f" torch x{i['torch_over_quiet']:.2f} quiet"
+            if "torch_over_quiet" in i
+            else ""
+        )
     )
 
 

@@ -13,6 +13,7 @@ tests, and without a GPU their arguments are parsed and their kernels built (bel
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -117,7 +118,8 @@ def test_cpu(tmp_path: Path, bench: Any) -> None:
 
 def test_cpu_users_interleaved(tmp_path: Path) -> None:
     """Kernels of bench/users.py, each also timed right after a NumPy call (and NumPy's
-    right after tcpy's), at every thread count, and each library's calls one at a time."""
+    right after tcpy's), at every thread count, each library's calls one at a time,
+    and, with PyTorch, alternating with PyTorch's call."""
     result = smoke(tmp_path, "cpu.py", "--users", "--interleaved", "--only", "gemm,mvt")
     assert [row["kernel"] for row in result["kernels"]] == ["mvt", "gemm"]  # users.py's order
     for row in result["kernels"]:
@@ -128,6 +130,9 @@ def test_cpu_users_interleaved(tmp_path: Path) -> None:
         assert positive(*mixed["tcpy_after_numpy_ms"].values(), mixed["numpy_after_tcpy_ms"])
         assert positive(mixed["tcpy_over_quiet"], mixed["numpy_over_quiet"])
         assert positive(mixed["tcpy_sporadic_ms"], mixed["numpy_sporadic_over_quiet"])
+        if importlib.util.find_spec("torch") is not None:
+            assert positive(mixed["tcpy_after_torch_ms"], mixed["torch_after_tcpy_ms"])
+            assert positive(mixed["tcpy_over_quiet_beside_torch"], mixed["torch_over_quiet"])
     assert positive(result["summary"]["interleaved_numpy_over_quiet_worst"])
 
 
