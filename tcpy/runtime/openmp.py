@@ -63,7 +63,10 @@ def link_flags() -> tuple[str, ...]:
     runtime = own_runtime()
     if runtime is None:
         return ()
-    _written(runtime.directory, runtime.data)  # again where a cleaner of /tmp took it
+    try:
+        _written(runtime.directory, runtime.data)  # again where a cleaner of /tmp took it
+    except OSError:  # the process's libgomp, which the kernel still runs on
+        return ()
     return (f"-L{runtime.directory}",)
 
 
@@ -103,6 +106,7 @@ def _own_runtime() -> Runtime | None:
     try:
         data = renamed(source.read_bytes(), SONAME)
         directory = Path(tempfile.mkdtemp(prefix="tcpy-openmp-"))
+        directory.chmod(0o755)  # readable where the process changes its user; ours to write
         atexit.register(_remove, directory, os.getpid())
         library = _written(directory, data)
         handle = _waiting_briefly(lambda: ctypes.CDLL(os.fspath(library), mode=_DEEP))
@@ -115,7 +119,7 @@ def _written(directory: Path, data: bytes) -> Path:
     """`directory`/libgomp.so, written with `data` unless it is there."""
     library = directory / "libgomp.so"
     if not library.exists():
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         library.write_bytes(data)
     return library
 

@@ -54,25 +54,37 @@ def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None =
     given = knobs.cpu_threads(asked)
     if trials is not None:
         trials.chosen = None
+    before = getattr(_LAST, "count", 1)
     if given is not None:
         count = given
     elif work is not None and work < SERIAL_WORK:
+        _LAST.count = 1
         return 1
     else:
         count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
         if trials is not None and count < _LOAD.cores:
-            count = trials.choose(count, _LOAD.cores)
+            count = trials.choose(count, _LOAD.cores, before)
     _TEAMS.know(count)
     _TEAMS.place(count)
+    _LAST.count = count
     return count
+
+
+_LAST = threading.local()
+"""The thread count of the calling thread's last kernel call (`count`)."""
 
 
 class Trials:
     """How fast a kernel at given sizes ran on each thread count while other threads
-    kept some cores busy: `choose` tries the free cores and all of them `TRIALS`
-    times each, then keeps the faster (by the median), trying the other again every
-    `RETRY` calls; `record` takes the time of the call `choose` chose for. Calls on
-    a quiet machine are not recorded: they run on all cores."""
+    kept some cores busy: `choose` tries the free cores and all of them until each
+    has `TRIALS` times, then keeps the faster (by the median), trying the other
+    again every `RETRY` calls, two calls in a row; `record` takes the time of the
+    call `choose` chose for. A call on more threads than the caller's last call
+    wakes threads that slept, their caches cold, and is not recorded: timed, it
+    stood for the count's cost only at a switch, so that once the free cores won,
+    every retry of all the cores was such a switch, and they never won back (beside
+    NumPy's threads, a 512^3 matmul then stayed on 1 thread at 2.5 ms, against 1.4
+    ms on 2). Calls on a quiet machine are not recorded: they run on all cores."""
 
     TRIALS = 3
     RETRY = 50
@@ -80,9 +92,11 @@ class Trials:
     def __init__(self) -> None:
         self._seconds: dict[int, deque[float]] = {}
         self._calls = 0
+        self._timed = False  # whether the chosen call is recorded
         self.chosen: int | None = None
 
-    def choose(self, free: int, cores: int) -> int:
+    def choose(self, free: int, cores: int, before: int = 1) -> int:
+        """The count for this call: `free` or `cores`; `before`, the caller's last."""
         self._calls += 1
         few, many = self._times(free), self._times(cores)
         if len(few) < self.TRIALS:
@@ -92,8 +106,9 @@ class Trials:
         else:  # the faster by the median (the free cores on a tie), or the other to retry
             faster = sorted(few)[self.TRIALS // 2] <= sorted(many)[self.TRIALS // 2]
             best = free if faster else cores
-            if self._calls % self.RETRY == 0:
+            if self._calls % self.RETRY in (0, 1):
                 best = free if best == cores else cores
+        self._timed = best <= before
         self.chosen = best
         return best
 
@@ -104,7 +119,7 @@ class Trials:
         return times
 
     def record(self, seconds: float) -> None:
-        if self.chosen is not None:
+        if self.chosen is not None and self._timed:
             self._seconds[self.chosen].append(seconds)
 
 
