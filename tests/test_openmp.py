@@ -65,8 +65,9 @@ def test_the_runtime_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 _BESIDE = """
-import ctypes, os, sys
+import ctypes, os, subprocess, sys
 from pathlib import Path
+from tcpy import knobs
 from tcpy.runtime import openmp
 # another library's libgomp, loaded first and global, as `import torch` loads PyTorch's
 first = ctypes.CDLL(os.fspath(openmp._compiler_libgomp()), mode=os.RTLD_GLOBAL)
@@ -75,11 +76,10 @@ directory = Path(sys.argv[1])
 (directory / "probe.c").write_text(
     "#include <omp.h>\\nint probe(void) { omp_display_env(1); return omp_get_max_threads(); }\\n"
 )
-command = ["cc", "-O1", "-fopenmp", "-shared", "-fPIC", "-o", str(directory / "probe.so"),
-           str(directory / "probe.c"), *openmp.link_flags()]
-import subprocess
-subprocess.run(command, check=True)
-print(openmp.load(directory / "probe.so").probe(), flush=True)
+library, source = directory / "probe.so", directory / "probe.c"
+command = [knobs.c_compiler(), "-O1", "-fopenmp", "-shared", "-fPIC", "-o", str(library)]
+subprocess.run([*command, str(source), *openmp.link_flags()], check=True)
+print(openmp.load(library).probe(), flush=True)
 """
 
 
