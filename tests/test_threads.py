@@ -419,6 +419,26 @@ def test_a_switch_to_more_threads_is_not_what_the_count_costs() -> None:
     assert picks[-threads.Trials.RETRY :].count(2) >= threads.Trials.RETRY - 2
 
 
+def test_a_count_fast_but_for_runs_of_slow_calls_is_kept() -> None:
+    """Two threads right after another library's calls: fast (1.3 ms) but for runs of
+    slow calls (6 ms, that library's thread still spinning), one thread steady at 2.6
+    ms. The trials compare the least of their last times, so two threads are kept;
+    a median of three would land in a run of slow calls and move to one thread."""
+    trials = threads.Trials()
+    slow = [False, True, True, False, False, False, False, False]  # a run of two in eight
+    picks: list[int] = []
+    twos = 0
+    for _ in range(4 * threads.Trials.RETRY):
+        count = trials.choose(1, 2, picks[-1] if picks else 1)
+        picks.append(count)
+        if count == 2:
+            trials.record(0.006 if slow[twos % len(slow)] else 0.0013)
+            twos += 1
+        else:
+            trials.record(0.0026)
+    assert picks[-3 * threads.Trials.RETRY :].count(1) <= 6  # the retries alone
+
+
 def test_threads_now_consults_the_trials_only_beside_busy_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -77,14 +77,19 @@ _LAST = threading.local()
 class Trials:
     """How fast a kernel at given sizes ran on each thread count while other threads
     kept some cores busy: `choose` tries the free cores and all of them until each
-    has `TRIALS` times, then keeps the faster (by the median), trying the other
-    again every `RETRY` calls, two calls in a row; `record` takes the time of the
-    call `choose` chose for. A call on more threads than the caller's last call
-    wakes threads that slept, their caches cold, and is not recorded: timed, it
-    stood for the count's cost only at a switch, so that once the free cores won,
-    every retry of all the cores was such a switch, and they never won back (beside
-    NumPy's threads, a 512^3 matmul then stayed on 1 thread at 2.5 ms, against 1.4
-    ms on 2). Calls on a quiet machine are not recorded: they run on all cores."""
+    has `TRIALS` times, then keeps the faster by the least of its last `TRIALS`
+    times, trying the other again every `RETRY` calls, two calls in a row; `record`
+    takes the time of the call `choose` chose for. A call on more threads than the
+    caller's last call wakes threads that slept, their caches cold, and is not
+    recorded: timed, it stood for the count's cost only at a switch, so that once the
+    free cores won, every retry of all the cores was such a switch, and they never
+    won back. The least, not the median: right after NumPy's calls a 512^3 matmul on
+    2 threads took 1.3-1.5 ms but for one call in three or four at 3.6-7 ms (OpenBLAS's
+    thread still spinning), in runs, against 2.5-2.8 ms on 1; by the median of three
+    it spent most calls on 1 thread (2.5 ms, 1.45x the best fixed count), by the
+    least 0.98x. Beside a busy process, where 2 threads are slow at every call, the
+    least chose as the median did. Calls on a quiet machine are not recorded: they
+    run on all cores."""
 
     TRIALS = 3
     RETRY = 50
@@ -103,8 +108,8 @@ class Trials:
             best = free
         elif len(many) < self.TRIALS:
             best = cores
-        else:  # the faster by the median (the free cores on a tie), or the other to retry
-            faster = sorted(few)[self.TRIALS // 2] <= sorted(many)[self.TRIALS // 2]
+        else:  # the faster by the least (the free cores on a tie), or the other to retry
+            faster = min(few) <= min(many)
             best = free if faster else cores
             if self._calls % self.RETRY in (0, 1):
                 best = free if best == cores else cores
