@@ -54,7 +54,7 @@ declarations, no target-specific code, little optimisation."""
 
 
 def compiler() -> str:
-    return toolchain.require(knobs.c_compiler(), "C compiler", "TCPY_CC", "gcc")
+    return toolchain.c_compiler()
 
 
 def compiler_identity() -> str:

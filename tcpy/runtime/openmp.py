@@ -132,7 +132,7 @@ def _remove(directory: Path, maker: int) -> None:
 
 def _compiler_libgomp() -> Path | None:
     """The libgomp the C compiler links with `-fopenmp`, or None where it has none."""
-    compiler = toolchain.require(knobs.c_compiler(), "C compiler", "TCPY_CC", "gcc")
+    compiler = toolchain.c_compiler()
     try:
         done = subprocess.run(
             [compiler, "-print-file-name=libgomp.so.1"], capture_output=True, text=True, timeout=60

@@ -6,6 +6,7 @@ import functools
 import shutil
 import subprocess
 
+from tcpy import knobs
 from tcpy.errors import TCCompileError
 
 
@@ -16,6 +17,11 @@ def require(program: str, what: str, variable: str, package: str) -> str:
             f"the {what} {program!r} was not found; install {package} or set {variable}"
         )
     return program
+
+
+def c_compiler() -> str:
+    """The C compiler of the `cpu` target (`TCPY_CC`), which must be on the PATH."""
+    return require(knobs.c_compiler(), "C compiler", "TCPY_CC", "gcc")
 
 
 @functools.cache
