@@ -6,14 +6,17 @@ half tensors in and out of NumPy and PyTorch."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import warnings
 from functools import cache
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import tcpy
+from tcpy.codegen import halves
 from tcpy.codegen.dialect import CUDA
 from tcpy.mapping.gpu import cuda_defaults
 from tcpy.mapping.gpu.device import named
@@ -22,7 +25,7 @@ from tcpy.parser import ast as tc
 from tcpy.parser import check_source
 from tcpy.parser.parse import retyped
 from tcpy.pipeline import lower_to_cuda
-from tcpy.runtime import nvrtc
+from tcpy.runtime import cpu, nvrtc, toolchain
 from tcpy.types import ScalarType as T
 from tcpy.types import builtin_result, promote
 
@@ -153,7 +156,10 @@ def test_conversions_are_bit_exact(target: str) -> None:
     hf, bf = _engine(target, WIDEN).widen(h, b)
     np.testing.assert_array_equal(hf, h.astype(np.float32))
     np.testing.assert_array_equal(bf, b.astype(np.float32))
-    x = np.concatenate([_narrowing_cases(), np.float32([np.nan, -np.nan])])
+    # NaNs quiet and signalling, with payloads in the kept and the dropped bits: none
+    # may round to an infinity or carry into the sign
+    nans = np.uint32([0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000])
+    x = np.concatenate([_narrowing_cases(), np.float32([np.nan, -np.nan]), nans.view(np.float32)])
     hs, bs = _engine(target, NARROW).narrow(x)
     assert hs.dtype == np.float16 and bs.dtype == ml_dtypes.bfloat16
     nan = np.isnan(x)  # NaN stays NaN; its payload is not compared
@@ -162,6 +168,44 @@ def test_conversions_are_bit_exact(target: str) -> None:
             want = x[~nan].astype(ty).view(np.uint16)
         np.testing.assert_array_equal(got.view(np.uint16)[~nan], want)
         assert np.isnan(got[nan].astype(np.float32)).all()
+
+
+EVERY_FLOAT32 = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+%s
+/* the rounding written as the definition reads: a NaN keeps its upper half, made
+   quiet; any other value rounds to the nearer bfloat16, to the even one at a tie */
+static uint16_t nearest(uint32_t u) {
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  uint32_t kept = u >> 16, dropped = u & 0xffffu;
+  if (dropped > 0x8000u || (dropped == 0x8000u && (kept & 1u))) kept += 1;
+  return (uint16_t)kept;
+}
+int main(void) {
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < (1ull << 32); i++) {
+    uint32_t u = (uint32_t)i;
+    float f;
+    memcpy(&f, &u, 4);
+    wrong += tc_float_to_bfloat16(f) != nearest(u);
+  }
+  printf("%%llu\n", (unsigned long long)wrong);
+  return 0;
+}
+"""
+
+
+def test_cpu_bfloat16_rounding_on_every_float32(tmp_path: Path) -> None:
+    """The CPU's bfloat16 rounding, built as kernels are, agrees with round-to-nearest-
+    even written out on all 2^32 float32 bit patterns (NaNs made quiet)."""
+    c = tmp_path / "every.c"
+    c.write_text(EVERY_FLOAT32 % halves.c_helpers([T.BFLOAT16]))
+    exe = tmp_path / "every"
+    flags = [f for f in cpu.FLAGS if f not in ("-shared", "-fPIC", "-fopenmp")]
+    subprocess.run([toolchain.c_compiler(), *flags, str(c), "-o", str(exe)], check=True)
+    assert subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout == "0\n"
 
 
 # --- one rounding ---------------------------------------------------------------------
@@ -203,6 +247,39 @@ def test_a_store_rounds_once() -> None:
     for target in TARGETS:
         got = _engine(target, source).f(x)
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16), err_msg=target)
+
+
+EXACT = """
+def pick(bfloat16(N) X, bfloat16(N) Y) -> (M, R, A, S, Q, P, H) {
+    M(i) = max(X(i), Y(i))
+    R(i) = fmax(X(i), 0)
+    A(i) = -fabs(X(i))
+    S(i) = X(i) > Y(i) ? X(i) : Y(i)
+    Q(i) = min(X(i), 0.5)
+    P(i) max=! X(2 * i + k) where k in 0:2, i in 0:N/2
+    H(i) = max(X(i), 0.1)
+}
+"""
+
+
+def test_values_already_bfloat16_are_stored_as_they_are() -> None:
+    """On `cpu` a value that is a bfloat16 by construction (a minimum, maximum, ReLU,
+    negated magnitude or choice of bfloat16 reads, a literal bfloat16 holds, a max
+    pool) is stored as its upper 16 bits, not rounded; `max(X(i), 0.1)` still rounds.
+    Every bfloat16 bit pattern (NaNs, infinities, subnormals, signed zeros) gives what
+    `reference` gives."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    y = np.random.default_rng(3).permutation(x)
+    compiled = _engine("cpu", EXACT).compile("pick", x, y)
+    for name in "MRASQPH":
+        stores = [s for s in compiled.source.splitlines() if s.strip().startswith(f"t_{name}[")]
+        assert stores and all(("tc_exact_bfloat16(" in s) == (name != "H") for s in stores)
+    got = _engine("cpu", EXACT).pick(x, y)
+    want = _engine("reference", EXACT).pick(x, y)
+    for name, g, w in zip("MRASQPH", got, want, strict=True):
+        nan = np.isnan(w.astype(np.float32))
+        np.testing.assert_array_equal(np.isnan(g.astype(np.float32)), nan, err_msg=name)
+        np.testing.assert_array_equal(g.view(np.uint16)[~nan], w.view(np.uint16)[~nan], name)
 
 
 # --- the corpus in half precision -----------------------------------------------------

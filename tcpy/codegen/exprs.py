@@ -187,6 +187,15 @@ class BodyPrinter:
         bits = reduction is None and tensor.scalar.is_half and _read_of(st.rhs, tensor.scalar)
         value = "" if init else ctx.expr(st.rhs, tensor.scalar if bits else compute)
         stored = tensor.scalar if bits else compute
+        store = functools.partial(_convert, have=stored, want=tensor.scalar, dialect=self.dialect)
+        exact = halves.exact_from_float(tensor.scalar) if self.dialect.name == "c" else None
+        if (
+            exact
+            and not bits
+            and reduction in _EXACT_REDUCTIONS
+            and halves.exact(st.rhs, tensor.scalar)
+        ):
+            store = functools.partial(_call, exact)  # its value is the tensor type's already
 
         def merge(a: str, b: str) -> str:
             return b if reduction is None else ctx.combine(reduction, a, b, compute)
@@ -210,9 +219,7 @@ class BodyPrinter:
             prelude=tuple(ctx.prelude),
             reads=tuple(ctx.reads),
             conditional=_conditional(st.rhs),
-            stored=functools.partial(
-                _convert, have=stored, want=tensor.scalar, dialect=self.dialect
-            ),
+            stored=store,
         )
 
 
@@ -534,6 +541,14 @@ def extremum_helper(smallest: bool, ty: ScalarType) -> str:
 def numeric_extremum_helper(smallest: bool, ty: ScalarType) -> str:
     """The inline helper printed for C's `fmin` or `fmax` (`c_helpers`)."""
     return f"tc_f{'min' if smallest else 'max'}_{ty.value}"
+
+
+# reductions whose result is one of the values reduced (or the identity, an infinity)
+_EXACT_REDUCTIONS = (None, ast.Reduction.MIN, ast.Reduction.MAX)
+
+
+def _call(fn: str, value: str) -> str:
+    return f"{fn}({value})"
 
 
 def _read_of(e: ast.Expr, ty: ScalarType) -> bool:
