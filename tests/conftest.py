@@ -1,5 +1,6 @@
 """Shared test setup: the tests directory on sys.path (for corpus_cases), the golden
-accept switch, and the skipping of `gpu` tests where there is no GPU."""
+accept switch, a vector width chosen for one test, and the skipping of `gpu` tests
+where there is no GPU."""
 
 from __future__ import annotations
 
@@ -39,6 +40,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def accept(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--accept")) or os.environ.get("TCPY_ACCEPT") == "1"
+
+
+@pytest.fixture
+def vector_width(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Sets `TCPY_VECTOR_BITS` for one test (the width is read once per process): for
+    tests of the code printed at a width, whatever vectors the machine has. Skips where
+    the compiler takes no width."""
+    from tcpy.runtime import cpu
+
+    def choose(bits: str) -> None:
+        if "-mprefer-vector-width=" not in cpu._target_report():
+            pytest.skip("this compiler takes no vector width")
+        monkeypatch.setenv("TCPY_VECTOR_BITS", bits)
+        monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # kernels of this width only
+        cpu.vector_bytes.cache_clear()
+
+    yield choose
+    monkeypatch.undo()
+    cpu.vector_bytes.cache_clear()
 
 
 def _has_gpu() -> bool:

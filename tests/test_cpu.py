@@ -149,29 +149,12 @@ def test_a_read_under_a_condition_in_bounds_over_its_ranges_is_not_checked() -> 
     assert "t_A[(int64_t)(((c1) - 1))]" in line, line
 
 
-@pytest.fixture
-def vector_width(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """Sets `TCPY_VECTOR_BITS` for one test; the width is read once per process."""
-    from tcpy.runtime import cpu
-
-    def choose(bits: str) -> None:
-        monkeypatch.setenv("TCPY_VECTOR_BITS", bits)
-        monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # kernels of this width only
-        cpu.vector_bytes.cache_clear()
-
-    yield choose
-    monkeypatch.undo()
-    cpu.vector_bytes.cache_clear()
-
-
 @pytest.mark.parametrize("bits", ["128", "256", "512"])
 def test_kernels_built_at_each_vector_width_match_the_reference(vector_width, bits: str) -> None:  # type: ignore[no-untyped-def]
     """The width reaches the compiler, the cache key and the register blocks; a row
     sum (partial sums in lanes) and a matmul (register blocks) are right at each."""
     from tcpy.runtime import cpu
 
-    if "-mprefer-vector-width=" not in cpu._target_report():
-        pytest.skip("this compiler takes no vector width")
     vector_width(bits)
     assert cpu.vector_bytes() == int(bits) // 8
     assert f"-mprefer-vector-width={bits}" in cpu.compiler_identity()
@@ -190,8 +173,6 @@ def test_kernels_built_at_each_vector_width_match_the_reference(vector_width, bi
 def test_a_vector_width_that_is_not_one_is_refused(vector_width) -> None:  # type: ignore[no-untyped-def]
     from tcpy.runtime import cpu
 
-    if "-mprefer-vector-width=" not in cpu._target_report():
-        pytest.skip("this compiler takes no vector width")
     vector_width("384")
     with pytest.raises(tcpy.TCError, match="128, 256 or 512"):
         cpu.vector_bytes()

@@ -406,10 +406,11 @@ def test_a_copy_held_in_phases_gives_the_reference(
         np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-def test_a_phased_copy_reads_unit_stride_in_the_vector_loop() -> None:
+def test_a_phased_copy_reads_unit_stride_in_the_vector_loop(vector_width) -> None:  # type: ignore[no-untyped-def]
     """The printed kernel fills each phase from the tensor's every other element and
     reads it with the vector loop's iterator alone, without a factor: the load is a
     vector's, not a gather's (the stride-2 read ran 2x slower)."""
+    vector_width("512")  # the vectors of 16 lanes it was written for
     source = _lower(STRIDED_CONV, CONV_SIZES).source
     assert "tc_p < 2" in source
     (load,) = re.findall(r"tc_pack0\[[^;]*tc_floord[^;]*\]\s*\*", source)

@@ -144,7 +144,7 @@ def test_a_reduction_vector_loop_keeps_partial_sums_per_lane() -> None:
     assert not any("t_C[" in ln for ln in lines[start:total])
 
 
-def test_lanes_bounded_by_a_reduction_loop_run_under_constant_bounds() -> None:
+def test_lanes_bounded_by_a_reduction_loop_run_under_constant_bounds(vector_width) -> None:  # type: ignore[no-untyped-def]
     """A weight gradient reduces rows of 30 in lanes: the last tile of lanes along the
     row is partial, and the row is a reduction loop, so the block cannot be tested
     once outside it. Every tile runs the lane loop under constant bounds (the block,
@@ -152,6 +152,7 @@ def test_lanes_bounded_by_a_reduction_loop_run_under_constant_bounds() -> None:
     row adds the identity (`?:` around the value, masked loads once vectorised; an
     `if` around the update, or a second path for the full tiles, left the block in
     memory: 1.2-1.3x slower)."""
+    vector_width("512")  # the vectors of 16 lanes it was written for
     source, (sizes, _) = CONTRACTIONS["weight_gradient"]
     # without copies: no transposed copy makes the output channels the vector loop
     lines = [ln.strip() for ln in _source(source, sizes, pack_operands=False).splitlines()]
@@ -216,11 +217,12 @@ def _peeled_loops(lines: list[str]) -> tuple[int, int]:
     return whole, rest
 
 
-def test_short_ragged_rows_take_vectors_of_output_channels() -> None:
+def test_short_ragged_rows_take_vectors_of_output_channels(vector_width) -> None:  # type: ignore[no-untyped-def]
     """A 3x3 convolution's rows of 30 are no whole number of vectors, its 32 output
     channels are: the channels are the vector loop of the block, the filters copied
     with their channels innermost, each image value broadcast. Rows of 32 keep the
     rows as the vector loop; without copies, so do rows of 30."""
+    vector_width("512")  # the vectors of 16 lanes it was written for
     source, (sizes, _) = CONTRACTIONS["conv2d_channels"]
     turned = r"(tc_pack\d+)\[[^=]*\* 32 \+ \(tc_i0\)\)\] = t_Wt\["
     text = _source(source, sizes)

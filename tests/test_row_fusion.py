@@ -205,10 +205,11 @@ def test_a_matmul_alone_is_not_a_row_nest() -> None:
 # --- the passes around it ---------------------------------------------------------------
 
 
-def test_a_row_reduction_gets_a_loop_of_its_own_and_vector_lanes() -> None:
+def test_a_row_reduction_gets_a_loop_of_its_own_and_vector_lanes(vector_width) -> None:  # type: ignore[no-untyped-def]
     """A layer norm fused per row by isl (`Max`): the sum's loop is split from the
     statement before it, so its partial sums live in vector lanes (`tc_lane`) instead
     of one chain of additions through memory."""
+    vector_width("512")  # the vectors of 16 lanes it was written for
     source = LAYER_NORM.replace("(n,s,d)", "(s,d)").replace("(n,s)", "(s)")
     source = source.replace("float(B,S,D) X, float(B,S,D) R", "float(S,D) X, float(S,D) R")
     sizes = {"S": 37, "D": 300}

@@ -187,15 +187,7 @@ class BodyPrinter:
         bits = reduction is None and tensor.scalar.is_half and _read_of(st.rhs, tensor.scalar)
         value = "" if init else ctx.expr(st.rhs, tensor.scalar if bits else compute)
         stored = tensor.scalar if bits else compute
-        store = functools.partial(_convert, have=stored, want=tensor.scalar, dialect=self.dialect)
-        exact = halves.exact_from_float(tensor.scalar) if self.dialect.name == "c" else None
-        if (
-            exact
-            and not bits
-            and reduction in _EXACT_REDUCTIONS
-            and halves.exact(st.rhs, tensor.scalar)
-        ):
-            store = functools.partial(_call, exact)  # its value is the tensor type's already
+        exact = not bits and reduction in _EXACT_REDUCTIONS and halves.exact(st.rhs, tensor.scalar)
 
         def merge(a: str, b: str) -> str:
             return b if reduction is None else ctx.combine(reduction, a, b, compute)
@@ -219,8 +211,17 @@ class BodyPrinter:
             prelude=tuple(ctx.prelude),
             reads=tuple(ctx.reads),
             conditional=_conditional(st.rhs),
-            stored=store,
+            stored=self._storing(stored, tensor.scalar, exact),
         )
+
+    def _storing(self, have: ScalarType, want: ScalarType, exact: bool) -> Callable[[str], str]:
+        """How a value of type `have` is stored into a tensor of type `want`: rounded to
+        a half type, or, on the CPU, taken as it is where it is `exact`ly one of that
+        type's values already."""
+        helper = halves.exact_from_float(want) if self.dialect.name == "c" and exact else None
+        if helper is not None:
+            return functools.partial(_call, helper)
+        return functools.partial(_convert, have=have, want=want, dialect=self.dialect)
 
 
 @dataclass
