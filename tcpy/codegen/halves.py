@@ -41,7 +41,7 @@ def from_float(ty: ScalarType) -> str:
 # lowest kept bit (ties to even), or to a NaN its quiet bit where it lacks it, and keeps
 # the upper half. One select of the addend, in 32 bits: GCC 12 narrows a select of the
 # two 16-bit results to 16 bits, packing both and the mask, and the row kernels' stores
-# took 1.4x as long (a bfloat16 softmax 3.2 against 2.7 ms on one thread, Zen 4); the
+# took 1.4x as long (a bfloat16 softmax 3.2 against 2.7 ms on one thread, Zen 3); the
 # two forms agree on all 2^32 inputs.
 _BFLOAT16 = """\
 static inline float tc_bfloat16_to_float(uint16_t x) {
