@@ -529,6 +529,34 @@ def run_defect(
     return a, out
 
 
+def test_kernels_read_the_header_precompiled_for_their_flags(tmp_path: Path) -> None:
+    """One precompiled header per set of flags and process, which the compiler finds
+    valid for a kernel of those flags (`-H` marks it `!`); where it is gone, the
+    header's text is written beside the kernel, which still builds and runs right."""
+    import subprocess
+
+    plain = tuple(emulator.FLAGS)
+    headers = emulator.precompiled_header(plain)
+    assert headers is not None and (headers / "tc_emu.h.gch").exists()
+    instrumented = emulator.precompiled_header((*plain, emulator.INSTRUMENT_FLAG))
+    assert instrumented is not None and instrumented != headers
+    unit = tmp_path / "unit.cpp"
+    unit.write_text('#include "tc_emu.h"\n')
+    for flags, directory in ((plain, headers), ((*plain, emulator.INSTRUMENT_FLAG), instrumented)):
+        cmd = [emulator.compiler(), *flags, "-fsyntax-only", "-H", f"-I{directory}", str(unit)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        assert done.stderr.startswith(f"! {directory / 'tc_emu.h.gch'}"), done.stderr[:200]
+    (headers / "tc_emu.h.gch").unlink()
+    try:
+        assert emulator.precompiled_header(plain) is None
+        library = build_library(tmp_path, CHECK_SOURCE, CHECK_PARAMS, 3, instrumented=False)
+        defect = DEFECTS[CHECK_CASES.index("race_ww")]
+        a, out = run_defect(library, defect, defective=False, instrumented=False)
+        np.testing.assert_array_equal(out, defect.expected(a))
+    finally:
+        emulator._precompiled.cache_clear()  # the next kernel makes a new one
+
+
 @pytest.mark.parametrize("defect", DEFECTS, ids=lambda d: d.case)
 def test_defect_is_reported(checks: Path, defect: Defect) -> None:
     with pytest.raises(TCEmulationError) as caught:

@@ -15,15 +15,12 @@ the process's, which gets `SPIN_COUNT` only where a kernel is the first to bring
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import hashlib
 import os
-import shutil
 import struct
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,9 +102,7 @@ def _own_runtime() -> Runtime | None:
         return None
     try:
         data = renamed(source.read_bytes(), SONAME)
-        directory = Path(tempfile.mkdtemp(prefix="tcpy-openmp-"))
-        directory.chmod(0o755)  # readable where the process changes its user; ours to write
-        atexit.register(_remove, directory, os.getpid())
+        directory = toolchain.scratch_directory("tcpy-openmp-")
         library = _written(directory, data)
         handle = _waiting_briefly(lambda: ctypes.CDLL(os.fspath(library), mode=_DEEP))
     except (OSError, ValueError):
@@ -122,12 +117,6 @@ def _written(directory: Path, data: bytes) -> Path:
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         library.write_bytes(data)
     return library
-
-
-def _remove(directory: Path, maker: int) -> None:
-    """At exit, `directory`, by the process that made it (not a forked child)."""
-    if os.getpid() == maker:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _compiler_libgomp() -> Path | None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 from tcpy import knobs
 from tcpy.errors import TCCompileError
@@ -32,3 +36,18 @@ def version_line(program: str) -> str:
     except (OSError, subprocess.SubprocessError):
         return program
     return done.stdout.splitlines()[0] if done.stdout else program
+
+
+def scratch_directory(prefix: str) -> Path:
+    """A new temporary directory for this process's own files (0755: readable where the
+    process changes its user), removed at exit by the process that made it, not by a
+    forked child."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    directory.chmod(0o755)
+    atexit.register(_remove, directory, os.getpid())
+    return directory
+
+
+def _remove(directory: Path, maker: int) -> None:
+    if os.getpid() == maker:
+        shutil.rmtree(directory, ignore_errors=True)
