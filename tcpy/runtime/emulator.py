@@ -55,7 +55,11 @@ from tcpy.runtime import toolchain
 from tcpy.runtime.loop_counts import loop_counters
 from tcpy.runtime.status import check_status
 
-FLAGS = ("-O2", "-fopenmp", "-shared", "-fPIC", "-std=gnu++17", "-w")
+FLAGS = ("-O1", "-fopenmp", "-shared", "-fPIC", "-std=gnu++17", "-w")
+"""How emulated kernels are built. -O1: the emulator runs small launches under its
+checks, where compiling is most of a kernel's time; against -O2, 160 of its tests took
+53 against 71 s. Values are IEEE's at either level (no -ffast-math, and no FMA to
+contract into without -march)."""
 INSTRUMENT_FLAG = "-DTC_EMU_INSTRUMENT"
 
 # what makes the threads of a block wait for one another
@@ -191,7 +195,7 @@ _HEADER_LOCK = threading.Lock()
 def precompiled_header(flags: tuple[str, ...]) -> Path | None:
     """A directory of this process's holding `tc_emu.h` and its precompiled form for
     `flags` (a kernel built with them reads the header's 1,600 lines parsed once: 0.62
-    against 0.82 s per kernel); None where it cannot be made, and a kernel includes
+    against 0.82 s per kernel at -O2); None where it cannot be made, and a kernel includes
     the header's text. The compiler checks that the precompiled form matches a
     kernel's flags, and reads the text where it does not."""
     with _HEADER_LOCK:
