@@ -213,11 +213,10 @@ def _precompiled(flags: tuple[str, ...]) -> Path | None:
     except OSError:
         return None
     own = [f for f in flags if f != "-shared"]
-    cmd = [compiler(), *own, "-x", "c++-header", str(headers / "tc_emu.h"), "-o"]
+    text, precompiled = headers / "tc_emu.h", headers / "tc_emu.h.gch"
+    cmd = [compiler(), *own, "-x", "c++-header", str(text), "-o", str(precompiled)]
     try:
-        done = subprocess.run(
-            [*cmd, str(headers / "tc_emu.h.gch")], capture_output=True, timeout=600
-        )
+        done = subprocess.run(cmd, capture_output=True, timeout=600)
     except (OSError, subprocess.SubprocessError):
         return None
     return headers if done.returncode == 0 else None
