@@ -101,23 +101,31 @@ def _rows_tile(cores: int, m: int, monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 @pytest.mark.parametrize(
-    ("cores", "m", "tile"),
+    ("bits", "cores", "m", "tile"),
     [
-        (2, 800, 400),  # not 256 + 256 rows for one core and 256 + 32 for the other
-        (2, 600, 304),
-        (2, 2048, 512),
-        (2, 1000, 504),  # 504 and 496
-        (4, 800, 200),
-        (2, 384, 192),
-        (2, 40, 32),  # at least OUTER_TILE: a tile copies its operands again
+        ("512", 2, 800, 400),  # not 256 + 256 rows for one core and 256 + 32 for the other
+        ("512", 2, 600, 304),
+        ("512", 2, 2048, 512),
+        ("512", 2, 1000, 504),  # 504 and 496
+        ("512", 4, 800, 200),
+        ("512", 2, 384, 192),
+        ("512", 2, 40, 32),  # at least OUTER_TILE: a tile copies its operands again
+        # blocks of 6 rows with 16 vector registers: whole blocks in every tile
+        ("256", 2, 800, 402),
+        ("256", 2, 600, 300),
+        ("256", 2, 2048, 516),  # 4 tiles, one block past 512 rather than 5 tiles
+        ("256", 4, 800, 204),
+        ("256", 2, 40, 36),  # OUTER_TILE rounded up to whole blocks
     ],
 )
 def test_a_contractions_rows_are_cut_into_equal_tiles_for_the_cores(
-    cores: int, m: int, tile: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    bits: str, cores: int, m: int, tile: int, monkeypatch: pytest.MonkeyPatch, vector_width
+) -> None:  # type: ignore[no-untyped-def]
     """A contraction's rows tile: as few tiles as can be of 512 rows at most, their
-    number a multiple of the cores, of equal size (a multiple of 8): the threads take
-    equal runs of tiles, so equal rows."""
+    number a multiple of the cores, of equal size (a multiple of the register block's
+    rows: 8 with AVX-512, 6 below): the threads take equal runs of tiles, so equal
+    rows, and every block of a tile is whole."""
+    vector_width(bits)
     assert _rows_tile(cores, m, monkeypatch) == tile
 
 

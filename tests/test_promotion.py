@@ -85,8 +85,9 @@ def test_operands_with_rows_far_apart_are_packed_by_default() -> None:
     # 256 x 256 tile, read by broadcasts, exceeds the budget (packing it too measured
     # no faster)
     assert _pack_marks(MATMUL, big) == ["pack:B"]
-    # rows of 2 KB do not alias enough to pay (measured): left in place
-    assert _pack_marks(MATMUL, {"M": 512, "K": 512, "N": 512}) == []
+    # rows of 2 KB alias too (measured), rows of 1 KB not enough to pay: left in place
+    assert _pack_marks(MATMUL, {"M": 512, "K": 512, "N": 512}) == ["pack:B"]
+    assert _pack_marks(MATMUL, {"M": 256, "K": 256, "N": 256}) == []
     assert _pack_marks(MATMUL, big, pack_operands=False) == []
     assert _pack_marks(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True) == ["pack:A,B"]
 

@@ -317,11 +317,12 @@ def test_the_tuner_searches_register_blocks() -> None:
 EDGE_SIZES = {"M": 37, "K": 30, "N": 53}  # blocks of 8 x 32: 5 rows, 21 columns at the edges
 
 
-def test_a_block_at_the_edge_runs_whole_with_masked_loads() -> None:
+def test_a_block_at_the_edge_runs_whole_with_masked_loads(vector_width) -> None:  # type: ignore[no-untyped-def]
     """A block partly outside the domain, at least half inside along each loop, runs
     under constant bounds, its loads outside the domain masked, the B row it shares
     loaded once per step for its rows, and only its elements inside stored; a block
     less than half inside keeps isl's bounds."""
+    vector_width("512")  # the blocks of 8 x 32 of EDGE_SIZES
     source = _source(renamed(MATMUL, "f"), EDGE_SIZES)
     paths = re.split(r"\} else (?:if \((.*)\) )?\{", source)
     assert len(paths) >= 3, source

@@ -258,7 +258,11 @@ def _print_block(
         element = f"tc_reg{index}"
         test = mask.test if mask else ""
         current = f"({test}) ? {parts.current} : {parts.identity}" if test else parts.current
-        _nest(p, depth + 1, levels, [f"{element} = {current};"])
+        # the loads and stores unrolled whole, not `omp simd` loops: GCC 12 vectorised
+        # those on their own and then kept 3 of a 6 x 16 block's 12 vectors in memory
+        # across the reduction loops (a 512^3 matmul on AVX2: 3.4 -> 6.3 ms)
+        moves = [*levels[:-1], ([f"#pragma GCC unroll {sizes[len(block) - 1]}"], levels[-1][1])]
+        _nest(p, depth + 1, moves, [f"{element} = {current};"])
         update = [parts.wrap(f"{element} = {parts.combine(element)};")]
         if mask and mask.shared:
             inside = depth + 1 + len(plan.reductions)
@@ -273,7 +277,7 @@ def _print_block(
         else:
             _nest(p, depth + 1, [*plan.reductions, *levels], update)
         store = f"{parts.target} = {parts.store(element)};"
-        _nest(p, depth + 1, levels, [f"if ({test}) {store}" if test else store])
+        _nest(p, depth + 1, moves, [f"if ({test}) {store}" if test else store])
     else:
         _print_lanes(p, plan, depth + 1, levels, index, arrays, lane, split)
     p.emit(depth, "}")

@@ -52,9 +52,11 @@ from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import has_band_below, is_band, map_outermost_bands
 
-LARGE_STRIDE = 4096
-"""Bytes between the rows of a box above which its rows alias in the cache: measured
-on matmul, one thread: rows of 4 KB 1.75x faster packed, rows of 2 KB no faster)."""
+LARGE_STRIDE = 2048
+"""Bytes between the rows of a box from which its rows alias in the cache, measured on
+matmul: rows of 4 KB 1.75x faster packed on one thread of a Zen 4 (L2 of 1 MB), rows of
+2 KB no faster there; on a Zen 3 (L2 of 512 KB, 8 ways) a 512^3 matmul's rows of 2 KB
+ran 1.25x faster packed (2.2 -> 1.75 ms on two threads), rows of 1 KB no faster."""
 
 
 def pack_operands(

@@ -30,7 +30,7 @@ from tcpy.mapping.cpu.packing import (
     scratch_temporaries,
     transposed_operands,
 )
-from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, register_block
+from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, block_rows, register_block
 from tcpy.mapping.cpu.tiles import auto_tile, order_band
 from tcpy.mapping.marks import Turns, Vectors
 from tcpy.mapping.options import Fusion, MappingOptions
@@ -82,12 +82,13 @@ def _map(
     vectors: Vectors,
 ) -> isl.Schedule:
     tiled: frozenset[str] = frozenset()  # contractions tiled inside a fused run
+    rows = block_rows(vector_bytes)  # a contraction's rows tile: whole register blocks
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:
         if options.fuse_epilogues:
-            schedule, tiled = fuse_epilogues(schedule, scop, deps, transposed)
-        schedule = map_outermost_bands(schedule, lambda b: auto_tile(b, scop, transposed))
+            schedule, tiled = fuse_epilogues(schedule, scop, deps, transposed, rows)
+        schedule = map_outermost_bands(schedule, lambda b: auto_tile(b, scop, transposed, rows))
     if options.intra_tile_schedule_fusion is Fusion.MIN:
         # Distributing point loops reorders statements inside a tile; a dependence from
         # a later statement back to an earlier one at a later point would forbid it.

@@ -45,9 +45,15 @@ CONTRACTION_ROWS_TILE = 256  # where the rows' extent is known only at the call
 # Where it is known, the rows are cut into tiles of equal size, each
 # CONTRACTION_MAX_ROWS_TILE at most, that the cores share evenly (`_rows_tile`).
 CONTRACTION_MAX_ROWS_TILE = 512
+BLOCK_ROWS = 8
+"""The register block's rows (`tcpy.mapping.cpu.registers.block_rows`) a contraction's
+rows tile is a multiple of, where the caller gives none: a tile of 32 rows in blocks of
+6 ended in a block of 2 on the slow path of a partial block."""
 
 
-def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> isl.ScheduleNode:
+def auto_tile(
+    node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY, block_rows: int = BLOCK_ROWS
+) -> isl.ScheduleNode:
     """Tile sizes from the loop extents when the options give none: the loop that
     walks memory with unit stride by VECTOR_TILE, reduction loops by REDUCTION_TILE,
     the innermost other parallel loop (the two innermost when the vector loop is a
@@ -59,12 +65,12 @@ def auto_tile(node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY) -> 
     whose tiles are the only parallel loop is cut so that they keep the cores busy:
     one tile per core's share of a column reduction's (`_column_tile`), else
     `_shared_vector_tile`."""
-    sizes = tile_sizes(node, scop, transposed)
+    sizes = tile_sizes(node, scop, transposed, block_rows)
     return node if sizes is None else tile_band(node, sizes)
 
 
 def tile_sizes(
-    node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY
+    node: isl.ScheduleNode, scop: Scop, transposed: Turns = EMPTY, block_rows: int = BLOCK_ROWS
 ) -> tuple[int, ...] | None:
     """The tile size of each member of band `node` that `auto_tile` chooses (0: not
     tiled); None where it leaves the band as it is."""
@@ -113,7 +119,7 @@ def tile_sizes(
         elif k in tiled_rows:
             columns_tile = fit(vector, CONTRACTION_VECTOR_TILE)
             outer = math.prod(extents[j] or 1 for j in rows if j != k)
-            rows_tile = _rows_tile(extent, extents[vector], columns_tile, outer)
+            rows_tile = _rows_tile(extent, extents[vector], columns_tile, outer, block_rows)
             sizes[k] = fit(k, rows_tile if contraction else OUTER_TILE)
     return tuple(sizes)
 
@@ -212,12 +218,17 @@ def _sharing(node: isl.ScheduleNode, scop: Scop, vector: int, member: int) -> in
 
 
 def _rows_tile(
-    extent: int | None, columns: int | None = None, columns_tile: int = 0, outer: int = 1
+    extent: int | None,
+    columns: int | None = None,
+    columns_tile: int = 0,
+    outer: int = 1,
+    block: int = BLOCK_ROWS,
 ) -> int:
     """A contraction's rows tile: the rows cut into tiles of equal size (a multiple of
-    8, the register block's rows; at least OUTER_TILE), as few as can be of
-    CONTRACTION_MAX_ROWS_TILE at most, so that the threads, sharing the tiles of rows
-    and of `columns` (the vector loop's extent, in tiles of `columns_tile`), `outer`
+    `block`, the register block's rows; at least OUTER_TILE), as few as can be of
+    CONTRACTION_MAX_ROWS_TILE at most (then rounded up to whole blocks), so that the
+    threads, sharing the tiles of rows and of `columns` (the vector loop's extent, in
+    tiles of `columns_tile`), `outer`
     times over (the other parallel loops: a projection's heads), in equal runs, get
     equal work (`_balance`, 0.9 at least). Fewer tiles copy the operands less often: a
     projection's 384 rows of 36 heads in one tile, 7.25 -> 6.9 ms. Tiles of 256 left
@@ -225,15 +236,16 @@ def _rows_tile(
     matmul on 2 cores 10.8 ms, in 2 tiles of 400 8.0 (NumPy 8.4); 600 x 512 x 512 2.14
     -> 1.64 ms."""
     if extent is None:
-        return CONTRACTION_ROWS_TILE
+        return -(-CONTRACTION_ROWS_TILE // block) * block
+    least = -(-OUTER_TILE // block) * block
     cores = max(2, knobs.cores())
     fewest = -(-extent // CONTRACTION_MAX_ROWS_TILE)
-    best: tuple[float, int] = (0.0, CONTRACTION_ROWS_TILE)
+    best: tuple[float, int] = (0.0, least)
     for count in range(fewest, fewest + 4 * cores + 1):  # a few tries: a bounded search
         share = -(-extent // count)
-        size = max(OUTER_TILE, -(-share // 8) * 8)
+        size = max(least, -(-share // block) * block)
         balance = _balance(extent, size, columns, columns_tile, cores, outer)
-        if size == OUTER_TILE or balance >= 0.9:
+        if size == least or balance >= 0.9:
             return size
         best = max(best, (balance, size))
     return best[1]
