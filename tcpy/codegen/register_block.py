@@ -258,10 +258,11 @@ def _print_block(
         element = f"tc_reg{index}"
         test = mask.test if mask else ""
         current = f"({test}) ? {parts.current} : {parts.identity}" if test else parts.current
-        # the loads and stores unrolled whole, not `omp simd` loops: GCC 12 vectorised
-        # those on their own and then kept 3 of a 6 x 16 block's 12 vectors in memory
-        # across the reduction loops (a 512^3 matmul on AVX2: 3.4 -> 6.3 ms)
-        moves = [*levels[:-1], ([f"#pragma GCC unroll {sizes[len(block) - 1]}"], levels[-1][1])]
+        # the loads and stores not `omp simd` loops (GCC unrolls and vectorises them
+        # anyway): GCC 12 vectorised those on their own and then kept 3 of a 6 x 16
+        # block's 12 vectors in memory across the reduction loops (a 512^3 matmul on
+        # AVX2: 3.4 -> 6.3 ms); `GCC unroll` on them compiled 1.3x slower
+        moves = [*levels[:-1], ([], levels[-1][1])]
         _nest(p, depth + 1, moves, [f"{element} = {current};"])
         update = [parts.wrap(f"{element} = {parts.combine(element)};")]
         if mask and mask.shared:
