@@ -92,6 +92,51 @@ def test_operands_with_rows_far_apart_are_packed_by_default() -> None:
     assert _pack_marks(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True) == ["pack:A,B"]
 
 
+TRANSPOSED_BOTH = "def f(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }"
+WEIGHT_GRADIENT = "def f(float(B,K) X, float(B,N) G) -> (W) { W(k,n) +=! X(b,k) * G(b,n) }"
+
+
+def test_an_operand_a_blocks_rows_read_in_short_runs_is_copied_for_each_block_of_rows() -> None:
+    """A block of 6 rows of `A^T B^T` reads 24 bytes of each row of A, rows 2 KB apart:
+    A is copied below the loop over blocks of rows, once for all the blocks of columns
+    that share it; where its runs are rows of 1 KB (A B), or its rows 280 bytes apart,
+    it is read in place."""
+    big = {"M": 512, "K": 512, "N": 512}
+    assert _pack_marks(TRANSPOSED_BOTH, big) == ["pack:B^T", "pack:A"]
+    text = _lower(TRANSPOSED_BOTH, big).schedule.get_root().to_str()
+    # below the outer copy of B: the rows' loop, then A's copy, then the columns' loop
+    assert text.index('"pack:B^T"') < text.index('"register_tile') > text.index('"pack:A"')
+    assert _pack_marks(TRANSPOSED_BOTH, {"M": 100, "K": 70, "N": 90}) == ["pack:B^T"]
+    assert _pack_marks(MATMUL, big) == ["pack:B"]
+    # a weight gradient's X(b,k), rows of 2 KB: X for each block of its rows k
+    assert _pack_marks(WEIGHT_GRADIENT, {"B": 1024, "K": 512, "N": 512}) == ["pack:G", "pack:X"]
+
+
+@pytest.mark.parametrize(
+    ("source", "sizes", "copies"),
+    [
+        (TRANSPOSED_BOTH, {"M": 515, "K": 517, "N": 530}, ["pack:B^T", "pack:A"]),
+        (WEIGHT_GRADIENT, {"B": 600, "K": 515, "N": 529}, ["pack:G", "pack:X"]),
+    ],
+    ids=["transposed_both", "weight_gradient"],
+)
+def test_operands_copied_for_each_block_of_rows_compute_the_reference(
+    source: str, sizes: dict[str, int], copies: list[str]
+) -> None:
+    """With edges on every side (rows and columns past whole blocks, reductions past
+    whole tiles), at fixed sizes and size-generic, NaN included."""
+    cpu, reference = engines("cpu", source, quiet=True)
+    first, second = _inputs(cpu, sizes, seed=3)
+    first[5, -1] = np.nan  # the last row of the block at the rows' edge
+    assert _pack_marks(source, sizes) == copies
+    want = reference.run("f", first, second)
+    for generic in (False, True):
+        options = MappingOptions.cpu().replace(fix_parameters_before_scheduling=not generic)
+        got = cpu.run("f", first, second, options=options)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3, err_msg=f"generic {generic}")
+        assert np.isnan(got[-1]).all() and not np.isnan(got[:-1]).any()
+
+
 def test_only_tensors_read_affinely_and_not_written_are_packed() -> None:
     gather = (
         "def f(float(E,D) T, int32(B) I, float(D,F) W) -> (O) { O(b,f) +=! T(I(b),d) * W(d,f) }"

@@ -52,6 +52,10 @@ from tcpy.poly.schedule import member_variables
 from tcpy.poly.scop import Kind, Scop
 from tcpy.poly.transforms import has_band_below, is_band, map_outermost_bands
 
+LINE = 64  # bytes of a cache line
+ROWS_COPY_BYTES = 16 * 1024
+"""The buffer of a register block's rows (`_block_rows_copy`): with the vector loop's
+operand, in the L1 cache."""
 LARGE_STRIDE = 2048
 """Bytes between the rows of a box from which its rows alias in the cache, measured on
 matmul: rows of 4 KB 1.75x faster packed on one thread of a Zen 4 (L2 of 1 MB), rows of
@@ -123,11 +127,74 @@ def _copy_site(
         if options.pack_operands or turned or _pays(point, t, scop, phases[t])
     ]
     chosen = within_budget(point, chosen, scop)
+    point = _block_rows_copy(point, scop, options, {*chosen, *(written or set())})
     if not chosen:
         return point
     turned = tuple((t, turns[t]) for t in chosen if turns[t])
     phased = tuple((t, phases[t]) for t in chosen if phases[t] > 1)
     return marks.insert(point, marks.Pack(tuple(chosen), turned, phased)).parent()
+
+
+def _block_rows_copy(
+    point: isl.ScheduleNode, scop: Scop, options: MappingOptions, taken: set[str]
+) -> isl.ScheduleNode:
+    """`point`, a register block's loops (`tcpy.mapping.cpu.registers`), split before
+    its vector loop's blocks with a `pack:` mark there, where an operand the block's
+    rows broadcast (invariant along the vector loop), not in `taken`, is read in runs
+    shorter than a cache line far apart (`_sparse_rows`; with `pack_operands` True,
+    every such operand): `A(k,m)` in `C(m,n) +=! A(k,m) * B(n,k)`, where a block of 6
+    rows reads 24 bytes of each row of A, rows 2 KB apart that alias in the cache, as a
+    weight gradient's `X(b,k)` in `dW(k,n) +=! X(b,k) * dY(b,n)` does. The copy holds
+    those elements together for every block of the rows. Returns the node at `point`'s
+    position; `point` as it is where there is no such operand."""
+    n = point.band_n_member() if is_band(point) else 0
+    if n < 2 or not isinstance(marks.of(point.child(0)), marks.RegisterBlock):
+        return point
+    # the block loops are the parallel members, the vector loop's last; where the
+    # vector loop is a reduction instead, the blocks hold lanes
+    vectors = _vector_indices(point, scop)
+    below = statement_indices(point, scop)
+    if any(vectors.get(k) not in scop.cdef.statements[k].indices for k in below):
+        return point
+
+    def broadcast(tensor: str) -> bool:  # read by no statement along its vector loop
+        for k in below:
+            used = subscript_indices(scop.cdef.statements[k], tensor)
+            if used is not None and vectors[k] in used:
+                return False
+        return True
+
+    inner = point.band_split(n - 1).child(0)
+    found = [
+        t
+        for t in candidates(inner, scop)
+        if t not in taken
+        and broadcast(t)
+        and reuse(inner, t, scop) >= MIN_REUSE
+        and (options.pack_operands or _sparse_rows(inner, t, scop))
+    ]
+    chosen = within_budget(inner, found, scop, budget=ROWS_COPY_BYTES)
+    if not chosen:
+        return point
+    return marks.insert(inner, marks.Pack(tuple(chosen))).parent().parent()
+
+
+def _sparse_rows(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether the box of `tensor` at `node` is runs of fewer bytes than a cache line
+    (`LINE`), LARGE_STRIDE or more apart (or at a distance known only at the call)."""
+    b = box_at(node, tensor, scop)
+    if b is None:
+        return False
+    info = scop.cdef.tensor(tensor)
+    shape = tuple(extent_value(scop, e) for e in info.shape)
+    itemsize = info.scalar.dtype.itemsize
+    run = itemsize
+    for d in reversed(range(len(shape))):
+        run *= b.sizes[d]
+        if shape[d] is None or b.sizes[d] < shape[d]:
+            break
+    stride = run_stride(b, shape, itemsize)
+    return run < LINE and (stride is None or stride >= LARGE_STRIDE)
 
 
 def _phases(point: isl.ScheduleNode, tensor: str, scop: Scop) -> int:

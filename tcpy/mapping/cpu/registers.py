@@ -137,9 +137,13 @@ def _plan(
     return (parallel, reductions, sizes) if sizes else None
 
 
-def block_rows(vector_bytes: int) -> int:
-    """The rows of an automatic block over a parallel vector loop, for the compiler's
-    vectors of `vector_bytes` (the tiles of rows are multiples of it)."""
+def block_rows(vector_bytes: int, asked: tuple[int, ...] = ()) -> int:
+    """The rows of a block over a parallel vector loop (the tiles of rows are multiples
+    of it): those `asked` (`options.register_tile`, rows then columns) gives, or the
+    automatic choice for the compiler's vectors of `vector_bytes`; 8 where the options
+    give the block one row or turn it off."""
+    if asked:
+        return asked[-2] if len(asked) >= 2 and asked[-2] > 1 else 8
     return WIDE_ROWS if vector_bytes >= 64 else ROWS
 
 

@@ -82,7 +82,8 @@ def _map(
     vectors: Vectors,
 ) -> isl.Schedule:
     tiled: frozenset[str] = frozenset()  # contractions tiled inside a fused run
-    rows = block_rows(vector_bytes)  # a contraction's rows tile: whole register blocks
+    # a contraction's rows tile: whole register blocks
+    rows = block_rows(vector_bytes, options.register_tile)
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:

@@ -49,7 +49,6 @@ int tc_kernel(const int64_t *restrict tc_sizes,
             float tc_reg[4][16];
             #pragma GCC unroll 4
             for (int64_t c7 = 0; c7 <= 3; c7++) {
-              #pragma omp simd
               for (int64_t c8 = 0; c8 <= 15; c8++) {
                 tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
               }
@@ -65,7 +64,6 @@ int tc_kernel(const int64_t *restrict tc_sizes,
             }
             #pragma GCC unroll 4
             for (int64_t c7 = 0; c7 <= 3; c7++) {
-              #pragma omp simd
               for (int64_t c8 = 0; c8 <= 15; c8++) {
                 t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))] = tc_reg[c7][c8];
               }
