@@ -190,9 +190,9 @@ def _sparse_rows(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
     shape = tuple(extent_value(scop, e) for e in info.shape)
     itemsize = info.scalar.dtype.itemsize
     run = itemsize
-    for d in reversed(range(len(shape))):
-        run *= b.sizes[d]
-        if shape[d] is None or b.sizes[d] < shape[d]:
+    for size, extent in reversed(list(zip(b.sizes, shape, strict=True))):
+        run *= size
+        if extent is None or size < extent:
             break
     stride = run_stride(b, shape, itemsize)
     return run < LINE and (stride is None or stride >= LARGE_STRIDE)

@@ -49,7 +49,8 @@ from tcpy.poly.transforms import permute_band, tile_band
 ROWS = 6
 """Rows of a block with 16 vector registers (SSE, AVX2): 6 x 2 accumulators, the two
 vectors of the operand the rows share and one broadcast take 15. On a Zen 3 (AVX2) a
-512^3 matmul ran 2.0x faster than with 4 x 2, a 3x3 convolution 1.3x."""
+512^3 matmul ran 1.6-1.9x faster than with 4 x 2 (8 accumulators: as many FMAs as two
+units hold in flight, none to spare), a 3x3 convolution 1.2x."""
 WIDE_ROWS = 8  # with 64-byte vectors (AVX-512: 32 registers): 8 x 2 accumulators
 VECTORS = 2  # vectors of a block's row: with its rows, enough FMAs in flight
 LANE_ROWS = 4  # with a reduction vector loop: 4 x 2 vectors of partial sums
@@ -140,10 +141,10 @@ def _plan(
 def block_rows(vector_bytes: int, asked: tuple[int, ...] = ()) -> int:
     """The rows of a block over a parallel vector loop (the tiles of rows are multiples
     of it): those `asked` (`options.register_tile`, rows then columns) gives, or the
-    automatic choice for the compiler's vectors of `vector_bytes`; 8 where the options
-    give the block one row or turn it off."""
+    automatic choice for the compiler's vectors of `vector_bytes`; WIDE_ROWS where the
+    options give the block one row or turn it off (tiles of rows as before blocks of 6)."""
     if asked:
-        return asked[-2] if len(asked) >= 2 and asked[-2] > 1 else 8
+        return asked[-2] if len(asked) >= 2 and asked[-2] > 1 else WIDE_ROWS
     return WIDE_ROWS if vector_bytes >= 64 else ROWS
 
 
