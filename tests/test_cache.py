@@ -303,15 +303,19 @@ def unprivileged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         parent = Path("/tmp")
         if not _reachable_by_others(parent):
             pytest.skip("no directory that nobody can reach")
+    # Import what compiling imports while its files are readable (and what the tests'
+    # inputs do: numpy.random imports on first use), and let the process make its own
+    # files (tcpy's OpenMP runtime, removed at exit) before the temporary directory
+    # moves, whichever test of this worker ran first.
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")
+    _compile_twice()
+    _inputs()
     base = Path(tempfile.mkdtemp(prefix="cache-test-", dir=parent))
     scratch = base / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.setenv("TMPDIR", str(scratch))
     if root:
-        # Import what compiling imports while its files are readable.
-        monkeypatch.setenv("TCPY_CACHE_DIR", "off")
-        _compile_twice()
         for path in (base, scratch):
             os.chown(path, NOBODY, NOBODY)
         os.setegid(NOBODY)
@@ -371,8 +375,15 @@ def test_cache_that_turns_read_only_builds_in_temporary_directories(
 def test_cache_off_leaves_no_temporary_directories(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
 ) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TCPY_CACHE_DIR", "off")
+    # The process's own files (tcpy's copy of the OpenMP runtime, the emulator's
+    # precompiled header) are made once, in directories removed at its exit
+    # (`test_process_without_cache_leaves_no_temporary_directories`): made before the
+    # temporary directory moves, whichever test of this worker ran first.
+    warm = tcpy.ExecutionEngine(target)
+    warm.define(MATMUL)
+    warm.mm(np.ones((2, 5), np.float32), np.ones((5, 6), np.float32))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     engine = tcpy.ExecutionEngine(target)
     engine.define(MATMUL)
     kernels = []
