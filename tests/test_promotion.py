@@ -105,7 +105,7 @@ def test_an_operand_a_blocks_rows_read_in_short_runs_is_copied_for_each_block_of
     assert _pack_marks(TRANSPOSED_BOTH, big) == ["pack:B^T", "pack:A"]
     text = _lower(TRANSPOSED_BOTH, big).schedule.get_root().to_str()
     # below the outer copy of B: the rows' loop, then A's copy, then the columns' loop
-    assert text.index('"pack:B^T"') < text.index('"register_tile') > text.index('"pack:A"')
+    assert text.index('"pack:B^T"') < text.index('"pack:A"') < text.index('"register_tile')
     assert _pack_marks(TRANSPOSED_BOTH, {"M": 100, "K": 70, "N": 90}) == ["pack:B^T"]
     assert _pack_marks(MATMUL, big) == ["pack:B"]
     # a weight gradient's X(b,k), rows of 2 KB: X for each block of its rows k

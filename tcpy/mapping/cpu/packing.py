@@ -158,7 +158,9 @@ def _block_rows_copy(
     if any(vectors.get(k) not in scop.cdef.statements[k].indices for k in below):
         return point
 
-    def broadcast(tensor: str) -> bool:  # read by no statement along its vector loop
+    # read by no statement along its vector loop (`stays_along` cannot tell: the block
+    # loop is a tiled member, `16 floor(n/16)`, which it counts as moving everything)
+    def broadcast(tensor: str) -> bool:
         for k in below:
             used = subscript_indices(scop.cdef.statements[k], tensor)
             if used is not None and vectors[k] in used:
