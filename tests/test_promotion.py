@@ -183,7 +183,7 @@ def test_the_packed_kernel_reads_its_buffers() -> None:
     assert "char *tc_mine = tc_arena + (size_t)omp_get_thread_num() * " in text
     assert "free(tc_arena);" in text
     update = next(ln for ln in text.splitlines() if "tc_reg[c" in ln and "] + (" in ln)
-    assert "tc_pack0[" in update and "tc_pack1[" in update
+    assert "tc_pack0_rows[" in update and "tc_pack1[" in update  # A's copy by its rows
     assert "t_A[" not in update and "t_B[" not in update
     # the copies come before the block that reads them, in the tile's scope
     assert text.index("tc_pack1[((int64_t)(tc_i0)") < text.index("float tc_reg[")

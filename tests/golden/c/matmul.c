@@ -53,12 +53,14 @@ int tc_kernel(const int64_t *restrict tc_sizes,
                 tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
               }
             }
+            __typeof__(&t_A[0]) t_A_rows = &t_A[((int64_t)((c0 + c3) + 0) * e_A_1 + (0))];
+            #pragma GCC unroll 1
             for (int64_t c5 = 0; c5 <= 47; c5++) {
               #pragma GCC unroll 4
               for (int64_t c7 = 0; c7 <= 3; c7++) {
                 #pragma omp simd
                 for (int64_t c8 = 0; c8 <= 15; c8++) {
-                  tc_reg[c7][c8] = tc_reg[c7][c8] + (t_A[((int64_t)((c0 + c3) + c7) * e_A_1 + (c5))] * t_B[((int64_t)(c5) * e_B_1 + (c4 + c8))]);
+                  tc_reg[c7][c8] = tc_reg[c7][c8] + (t_A_rows[(((int64_t)((0 + 0) + c7) * e_A_1 + (c5))) - (((int64_t)((0 + 0) + 0) * e_A_1 + (0)))] * t_B[((int64_t)(c5) * e_B_1 + (c4 + c8))]);
                 }
               }
             }
