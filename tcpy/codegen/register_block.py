@@ -88,16 +88,7 @@ def _shape(
     """The plan of a register block under a mark (`print_register_block`), its block
     loops, its lane loop and the reduction loops' iterators (isl ids); None when the
     AST does not have a register block's shape."""
-    loops: list[tuple[isl.AstNode, tuple[Mark, ...]]] = []
-    while node.get_type() in (FOR, isl.ast_node_type.mark):
-        if node.get_type() == FOR:
-            loops.append((node, marks))
-            node = node.for_get_body()
-        else:
-            mark = of_ast(node)
-            assert mark is not None
-            marks = (*marks, mark)
-            node = node.mark_get_node()
+    loops, node = _loops_down(node, marks)
     found = p.reduction_at(node)
     if found is None:
         return None
@@ -126,17 +117,8 @@ def _shape(
     if lane is None:  # the last block loop is the vector loop
         here = loop_marks(loops[-1][1], loop_depth(loops[-1][0]))
         unrolled[-1] = p.pragmas(here, innermost=True, unroll=1)
-    steps = [
-        (p.pragmas(loop_marks(marks, loop_depth(loop)), False, 1), h.text)
-        for (loop, marks), h in zip(loops, headers[:reductions], strict=False)
-    ]
     parts = p.bodies.parts(source, values)
-    # the innermost reduction loop kept a loop: GCC unrolled a 3x3 convolution's 3 steps
-    # of kw and then loaded the image's vectors once per row of the block (44 loads per
-    # 36 FMAs instead of 24; 1.2-1.4x slower on a Zen 3); where an index divides (the
-    # phases of a strided copy), unrolled steps fold the division: left to GCC
-    if lane is None and steps and not any(_divides(r.index) for r in parts.reads):
-        steps[-1] = ([*steps[-1][0], "#pragma GCC unroll 1"], steps[-1][1])
+    steps = _steps(p, loops[:reductions], headers[:reductions], lane is None, parts)
     plan = _Plan(
         instance=found,
         parts=parts,
@@ -151,6 +133,45 @@ def _shape(
         steps=frozenset(h.id for h in headers[:reductions]),
     )
     return plan, block, lane, outer
+
+
+def _loops_down(
+    node: isl.AstNode, marks: tuple[Mark, ...]
+) -> tuple[list[tuple[isl.AstNode, tuple[Mark, ...]]], isl.AstNode]:
+    """The loops from `node` down, each with the marks around it, and the node below
+    them."""
+    loops: list[tuple[isl.AstNode, tuple[Mark, ...]]] = []
+    while node.get_type() in (FOR, isl.ast_node_type.mark):
+        if node.get_type() == FOR:
+            loops.append((node, marks))
+            node = node.for_get_body()
+        else:
+            mark = of_ast(node)
+            assert mark is not None
+            marks = (*marks, mark)
+            node = node.mark_get_node()
+    return loops, node
+
+
+def _steps(
+    p: Printer,
+    loops: list[tuple[isl.AstNode, tuple[Mark, ...]]],
+    headers: list[Header],
+    vector: bool,
+    parts: StatementParts,
+) -> list[tuple[list[str], str]]:
+    """The reduction loops' pragmas and headers. Around a vector loop's block the
+    innermost keeps a loop: GCC unrolled a 3x3 convolution's 3 steps of kw and then
+    loaded the image's vectors once per row of the block (44 loads per 36 FMAs
+    instead of 24; 1.2-1.4x slower on a Zen 3); where an index divides (the phases of
+    a strided copy), unrolled steps fold the division, and GCC decides."""
+    steps = [
+        (p.pragmas(loop_marks(marks, loop_depth(loop)), False, 1), h.text)
+        for (loop, marks), h in zip(loops, headers, strict=True)
+    ]
+    if vector and steps and not any(_divides(r.index) for r in parts.reads):
+        steps[-1] = ([*steps[-1][0], "#pragma GCC unroll 1"], steps[-1][1])
+    return steps
 
 
 @dataclass(frozen=True)
@@ -278,9 +299,7 @@ def _print_block(
         # AVX2: 3.4 -> 6.3 ms); `GCC unroll` on them compiled 1.3x slower
         moves = [*levels[:-1], ([], levels[-1][1])]
         _nest(p, depth + 1, moves, [f"{element} = {current};"])
-        bases, based = ([], parts) if mask else _bases(p, plan)
-        for line in bases:
-            p.emit(depth + 1, line)
+        based = parts if mask else _rebased(p, plan, depth + 1)
         update = [based.wrap(f"{element} = {based.combine(element)};")]
         if mask and mask.shared:
             inside = depth + 1 + len(plan.reductions)
@@ -299,6 +318,15 @@ def _print_block(
     else:
         _print_lanes(p, plan, depth + 1, levels, index, arrays, lane, split)
     p.emit(depth, "}")
+
+
+def _rebased(p: Printer, plan: _Plan, depth: int) -> StatementParts:
+    """The statement's parts reading the block's broadcast loads through pointers
+    (`_bases`), the pointers declared at `depth`."""
+    bases, parts = _bases(p, plan)
+    for line in bases:
+        p.emit(depth, line)
+    return parts
 
 
 def _bases(p: Printer, plan: _Plan) -> tuple[list[str], StatementParts]:
