@@ -186,9 +186,11 @@ class _Plan:
     vector: list[str]  # the pragmas of the lane loop
     reductions: list[tuple[list[str], str]]  # the reduction loops: pragmas, header
     last_reduction: Header | None  # the innermost reduction loop
-    inner: frozenset[str] = frozenset()  # the iterators of the loops under the mark
-    rows: frozenset[str] = frozenset()  # a vector loop's block: its other block loops'
-    steps: frozenset[str] = frozenset()  # the reduction loops'
+    # the isl ids of the loops under the mark, of the block loops other than a vector
+    # loop (none where the block has lanes), and of the reduction loops
+    inner: frozenset[str] = frozenset()
+    rows: frozenset[str] = frozenset()
+    steps: frozenset[str] = frozenset()
 
 
 class _Mask(NamedTuple):
@@ -379,7 +381,7 @@ def _bases(p: Printer, plan: _Plan) -> tuple[list[str], StatementParts]:
 
 def _divides(index: str) -> bool:
     """Whether a printed index divides (a copy's phases of a strided read)."""
-    return "tc_floord(" in index or " % " in index
+    return "tc_floord(" in index or " % " in index or " / " in index
 
 
 def _calls(index: str) -> bool:
