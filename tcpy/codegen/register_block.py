@@ -117,7 +117,7 @@ def _shape(
     if lane is None:  # the last block loop is the vector loop
         here = loop_marks(loops[-1][1], loop_depth(loops[-1][0]))
         unrolled[-1] = p.pragmas(here, innermost=True, unroll=1)
-    parts = p.bodies.parts(source, values)
+    parts = p.bodies.parts(source, values, ids=found.ids())  # its reads' isl ids known
     steps = _steps(p, loops[:reductions], headers[:reductions], lane is None, parts)
     plan = _Plan(
         instance=found,
@@ -233,8 +233,7 @@ def _masked(
         for f, size in zip(full, plan.sizes, strict=False)
         if f is not None and f.test
     )
-    instance = plan.instance
-    parts = p.bodies.parts(instance.source, instance.values, ids=instance.ids())
+    instance, parts = plan.instance, plan.parts
     if not parts.floating or parts.prelude:
         return None
     if any(r.checked or r.nested or r.gathers or not r.plain for r in parts.reads):
@@ -341,8 +340,7 @@ def _bases(p: Printer, plan: _Plan) -> tuple[list[str], StatementParts]:
     kept three of them on the stack, reloaded at each step (a 1000 x 1200 x 1100
     matmul 1.3x slower on a Zen 3, a 1000 x 1100 x 1200 gemm 1.3x). Loads whose index
     is not affine in the loop iterators keep their text."""
-    instance, inner = plan.instance, plan.inner
-    parts = p.bodies.parts(instance.source, instance.values, ids=instance.ids())
+    instance, inner, parts = plan.instance, plan.inner, plan.parts
     if parts.prelude or not all(_affine(e) for e in instance.exprs.values()):
         return [], plan.parts
     outer = frozenset().union(*(r.ids for r in parts.reads)) - inner
@@ -355,6 +353,7 @@ def _bases(p: Printer, plan: _Plan) -> tuple[list[str], StatementParts]:
     views = zip(parts.reads, at_zero(inner), at_zero(outer), at_zero(inner | outer), strict=True)
     bases: list[str] = []
     substitute: dict[str, str] = {}
+    per_array: dict[str, int] = {}  # pointers into each array so far
     for read, start, step, origin in views:
         plain = read.plain and not (read.checked or read.nested or read.gathers or read.hoisted)
         # a load each row of the block reads apart (a broadcast), moving with loops above
@@ -370,7 +369,7 @@ def _bases(p: Printer, plan: _Plan) -> tuple[list[str], StatementParts]:
             continue
         if read.text in substitute:  # a read twice: one pointer for both
             continue
-        taken = sum(line.startswith(f"__typeof__(&{read.array}[0])") for line in bases)
+        taken = per_array[read.array] = per_array.get(read.array, -1) + 1
         name = f"{read.array}_rows{taken or ''}"
         bases.append(f"__typeof__(&{read.array}[0]) {name} = &{read.array}[{start.index}];")
         substitute[read.text] = f"{name}[({step.index}) - ({origin.index})]"
