@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tcpy
+from tcpy.codegen.region import WAIT
 from tcpy.mapping.options import MappingOptions
 
 from differential import engines
@@ -68,9 +69,10 @@ def _outputs(value: object) -> tuple[np.ndarray, ...]:
 
 
 def _nests(source: str) -> list[str]:
-    """The kernel's nests as printed: the text from each worksharing loop on."""
+    """The kernel's nests as printed, split at the barriers between them (the last
+    barrier ends the region)."""
     body = source[source.index("#pragma omp parallel") :]
-    return body.split("#pragma omp barrier")
+    return body.split(WAIT)[:-1]
 
 
 @pytest.mark.parametrize("name", sorted(FUSED) + sorted(NOT_FUSED))

@@ -40,7 +40,7 @@ from tcpy.codegen.jam import print_jam
 from tcpy.codegen.loops import loop_count_declarations
 from tcpy.codegen.pack import ALIGN, ARENA, MINE, arena_bytes, print_pack
 from tcpy.codegen.printer import Printer, buffer_order, def_text
-from tcpy.codegen.region import has_parallel_loop, print_region
+from tcpy.codegen.region import BARRIER_C, has_parallel_loop, print_region
 from tcpy.codegen.register_block import print_register_block
 from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
 from tcpy.mapping.marks import Jam, Mark, Parallel, RegisterBlock, Scratch, Simd
@@ -161,6 +161,7 @@ def print_c(
         "#include <math.h>",
         *(["#include <stdlib.h>"] if arena else []),
         *(["int omp_get_thread_num(void);"] if arena and region else []),
+        *([BARRIER_C] if region else []),
         _guarded(vector_math_declarations(printer.helpers.builtins)) if vector_math else "",
         *([EXACT_ARITHMETIC] if compares_floats(cdef) else []),
         *([loop_count_declarations(printer.counted)] if count_loops else []),

@@ -1,7 +1,15 @@
 """The kernel's one OpenMP parallel region: every nest of a kernel with parallel loops
 runs inside one `#pragma omp parallel` of `tc_threads` threads (chosen at each call),
 so threads are started once per call, not once per nest, and wait for each other only
-where a nest needs what an earlier one wrote."""
+where a nest needs what an earlier one wrote.
+
+They wait at tcpy's own barrier (`BARRIER_C`), not OpenMP's: it spins for about as
+long as libgomp's barriers did (0.1 ms) before it sleeps, while libgomp's own wait,
+which a process sets once for every wait (`openmp.SPIN_COUNT`), is kept short, so that
+the team's threads stop spinning as soon as a call ends and another library's call
+finds its cores free. Every construct is `nowait`; the region ends at this barrier,
+so that its threads reach OpenMP's closing one together.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +24,67 @@ from tcpy.mapping.marks import Mark, Parallel, loop_marks, of_ast
 from tcpy.parser import ast as tc
 from tcpy.poly.isl_helpers import ast_children
 
+SPINS = 10_000
+"""How many times a thread checks the barrier, pausing between checks, before it sleeps:
+about 0.1 ms here, as libgomp's barriers waited when a process set their wait."""
+
+FEW_SPINS = 100
+"""The same, where the team has more threads than the processors: a thread it waits
+for may not be running, and spinning would keep it from its core."""
+
+WAIT = "tc_barrier(&tc_team_barrier, tc_team, tc_spins);"
+"""Where the threads of the region wait for each other."""
+
+BARRIER_C = r"""#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#include <sched.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#define tc_pause() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define tc_pause() __asm__ __volatile__("yield")
+#else
+#define tc_pause() ((void)0)
+#endif
+int omp_get_num_threads(void);
+int omp_get_num_procs(void);
+typedef struct { unsigned arrived, phase, sleeping; } tc_barrier_t;
+/* the team's `team` threads wait here for each other: the last to arrive starts the
+   next phase; the others check for it `spins` times, then sleep until it comes */
+static void tc_barrier(tc_barrier_t *b, int team, int spins) {
+  if (team <= 1) return;
+  const unsigned phase = __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&b->arrived, 1, __ATOMIC_ACQ_REL) == (unsigned)team) {
+    __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->phase, phase + 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_exchange_n(&b->sleeping, 0, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &b->phase, FUTEX_WAKE_PRIVATE, team, NULL, NULL, 0);
+#endif
+    return;
+  }
+  for (int i = 0; __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE) == phase; i++) {
+    if (i < spins) {
+      tc_pause();
+      continue;
+    }
+#if defined(__linux__)
+    __atomic_store_n(&b->sleeping, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &b->phase, FUTEX_WAIT_PRIVATE, phase, NULL, NULL, 0);
+#else
+    sched_yield();
+#endif
+  }
+}
+"""
+"""The barrier of a kernel's region (`WAIT`), with what it needs. A sleeper marks the
+barrier (`sleeping`) before it sleeps on the phase, and the futex sleeps only while
+the phase is the one it saw: whichever of the last arrival and a sleeper comes
+second sees the other's write, so no sleeper is left behind."""
+
 
 def print_region(p: Printer, depth: int, private: tuple[str, ...] = ()) -> None:
     """The nests inside one `omp parallel` region of `tc_threads` threads (read at
@@ -25,55 +94,65 @@ def print_region(p: Printer, depth: int, private: tuple[str, ...] = ()) -> None:
     nest every construct ends at a barrier; between nests there is one only where
     a nest touches a tensor that an earlier nest since the last barrier writes, or
     writes one that it reads. `private` are declarations made in every thread."""
+    p.emit(depth, "tc_barrier_t tc_team_barrier = {0, 0, 0};")
+    p.emit(depth, f"const int tc_spins = tc_threads > omp_get_num_procs() ? {FEW_SPINS} : {SPINS};")
     p.emit(depth, "#pragma omp parallel num_threads(tc_threads)")
     p.emit(depth, "{")
+    p.emit(depth + 1, "const int tc_team = omp_get_num_threads();")
     for line in private:
         p.emit(depth + 1, line)
     unordered: list[_Touches] = []
     for nest in p.nests():
         touches = _touches(p, nest)
         if any(touches.conflicts(t) for t in unordered):
-            p.emit(depth + 1, "#pragma omp barrier")
+            p.emit(depth + 1, WAIT)
             unordered = []
         unordered.append(touches)
         for comment in p.comments(nest):
             p.emit(depth + 1, comment)
-        _replicated(p, nest, depth + 1, (), " nowait")
+        _replicated(p, nest, depth + 1, (), wait=False)
+    p.emit(depth + 1, WAIT)
     p.emit(depth, "}")
 
 
 def _replicated(
-    p: Printer, node: isl.AstNode, depth: int, marks: tuple[Mark, ...], end: str
+    p: Printer, node: isl.AstNode, depth: int, marks: tuple[Mark, ...], wait: bool
 ) -> None:
     """`node`, run by every thread of the region: its parallel loop shared among
-    them, the rest of its code in one of them. `end` is the clause of the last
-    construct (`" nowait"` at the end of a nest, else nothing: a barrier)."""
+    them, the rest of its code in one of them; `wait`: the threads wait for each
+    other after its last construct (not at the end of a nest)."""
     kind = node.get_type()
     if not has_parallel_loop(p, node, marks):
-        p.emit(depth, f"#pragma omp single{end}")
+        p.emit(depth, "#pragma omp single nowait")
         p.emit(depth, "{")
         p.node(node, depth + 1, marks)
         p.emit(depth, "}")
     elif kind == FOR:
         if _parallel(node, marks):
-            p.for_(node, depth, marks, shared=end)
+            p.for_(node, depth, marks, shared=" nowait")
+        else:
+            p.open_loop(depth, p.loop_header(node).text)
+            _replicated(p, node.for_get_body(), depth + 1, marks, wait=True)
+            p.emit(depth, "}")
             return
-        p.open_loop(depth, p.loop_header(node).text)
-        _replicated(p, node.for_get_body(), depth + 1, marks, "")
-        p.emit(depth, "}")
     elif kind == isl.ast_node_type.block:
         children = list(ast_children(node))
         for k, child in enumerate(children):
-            _replicated(p, child, depth, marks, end if k == len(children) - 1 else "")
+            _replicated(p, child, depth, marks, wait or k < len(children) - 1)
+        return
     elif kind == IF:
         p.emit(depth, f"if ({isl_expr(node.if_get_cond(), p.names, top=True)}) {{")
-        _replicated(p, node.if_get_then_node(), depth + 1, marks, end)
+        _replicated(p, node.if_get_then_node(), depth + 1, marks, wait)
         if node.if_has_else_node():
             p.emit(depth, "} else {")
-            _replicated(p, node.if_get_else_node(), depth + 1, marks, end)
+            _replicated(p, node.if_get_else_node(), depth + 1, marks, wait)
         p.emit(depth, "}")
+        return
     else:  # a mark (a register block with a parallel loop inside is not blocked)
-        _replicated(p, node.mark_get_node(), depth, (*marks, _mark(node)), end)
+        _replicated(p, node.mark_get_node(), depth, (*marks, _mark(node)), wait)
+        return
+    if wait:
+        p.emit(depth, WAIT)
 
 
 def has_parallel_loop(p: Printer, node: isl.AstNode, marks: tuple[Mark, ...]) -> bool:

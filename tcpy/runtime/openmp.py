@@ -29,13 +29,18 @@ from pathlib import Path
 from tcpy import knobs
 from tcpy.runtime import toolchain
 
-SPIN_COUNT = 10_000
+SPIN_COUNT = 1_000
 """How long an idle thread of a kernel's team spins before it sleeps, in libgomp's
-spins (`GOMP_SPINCOUNT`; about 0.1 ms here), unless the environment sets
-`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`. libgomp's own default (300,000, a few
+spins (`GOMP_SPINCOUNT`; about 10 us here), unless the environment sets
+`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`. libgomp waits so between calls and at its own
+barriers; the kernels' barriers are their own (`tcpy.codegen.region`) and spin for
+0.1 ms, so this wait is the one after a call. libgomp's default (300,000, a few
 milliseconds) kept both cores busy after each call: a NumPy call right after a tcpy
-call ran up to 40x slower. Sleeping at once (0) costs a wake-up at every call and
-barrier instead: small kernels ran 2-3x slower back to back."""
+call ran up to 40x slower. At 10,000 (0.1 ms), NumPy's 0.11 ms matrix-vector product
+right after a tcpy call still ran 3.3x slower, and a tcpy call right after NumPy's
+1.2-1.9x; at 1,000, 1.0-1.2x and 0.8-1.0x. Shorter waits cost a wake-up at each call
+of calls made back to back (a 65,536-element addition on 2 threads: 27 us at 1,000 or
+10,000, 54-58 us at 300)."""
 
 SONAME = b"libtcgomp.so"
 """The name tcpy's copy of libgomp goes by (no longer than libgomp's own, which it

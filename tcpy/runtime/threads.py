@@ -7,8 +7,9 @@ libraries' threads in this one: OpenBLAS's or PyTorch's, which keep spinning for
 while after their calls) and leaves their cores to them, or, where a kernel at its
 sizes ran faster on all cores in that state, takes them all (`threads_now`, `Trials`).
 Its own threads wait for the next call by spinning for a short while only
-(`openmp.SPIN_COUNT`), then sleep, so that the next library's call finds its cores
-free.
+(`openmp.SPIN_COUNT`, 10 us), then sleep, so that the next library's call finds its
+cores free; within a call they wait at the kernel's own barriers
+(`tcpy.codegen.region`), which spin longer.
 Woken at the next call, a sleeping thread may be put on the core of the thread that
 woke it and stay there, the two taking turns while another core idles; so a team that
 has a core for each of its threads gets one each (`Teams.place`).

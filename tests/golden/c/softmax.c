@@ -10,6 +10,51 @@
 #include <math.h>
 #include <stdlib.h>
 int omp_get_thread_num(void);
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#include <sched.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#define tc_pause() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define tc_pause() __asm__ __volatile__("yield")
+#else
+#define tc_pause() ((void)0)
+#endif
+int omp_get_num_threads(void);
+int omp_get_num_procs(void);
+typedef struct { unsigned arrived, phase, sleeping; } tc_barrier_t;
+/* the team's `team` threads wait here for each other: the last to arrive starts the
+   next phase; the others check for it `spins` times, then sleep until it comes */
+static void tc_barrier(tc_barrier_t *b, int team, int spins) {
+  if (team <= 1) return;
+  const unsigned phase = __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&b->arrived, 1, __ATOMIC_ACQ_REL) == (unsigned)team) {
+    __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->phase, phase + 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_exchange_n(&b->sleeping, 0, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &b->phase, FUTEX_WAKE_PRIVATE, team, NULL, NULL, 0);
+#endif
+    return;
+  }
+  for (int i = 0; __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE) == phase; i++) {
+    if (i < spins) {
+      tc_pause();
+      continue;
+    }
+#if defined(__linux__)
+    __atomic_store_n(&b->sleeping, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &b->phase, FUTEX_WAIT_PRIVATE, phase, NULL, NULL, 0);
+#else
+    sched_yield();
+#endif
+  }
+}
+
 
 
 static inline int64_t tc_floord(int64_t a, int64_t b) { return (a >= 0) ? a / b : -((-a + b - 1) / b); }
@@ -71,8 +116,11 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   int *tc_status = &tc_status_value;
   char *tc_arena = (char *)aligned_alloc(64, (size_t)tc_threads * 320);
   if (!tc_arena) return 3;
+  tc_barrier_t tc_team_barrier = {0, 0, 0};
+  const int tc_spins = tc_threads > omp_get_num_procs() ? 100 : 10000;
   #pragma omp parallel num_threads(tc_threads)
   {
+    const int tc_team = omp_get_num_threads();
     char *tc_mine = tc_arena + (size_t)omp_get_thread_num() * 320;
     /* maxVal(n) max=! I(n, d)  [initialisation] */
     /* maxVal(n) max=! I(n, d) */
@@ -122,6 +170,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
         }
       }
     }
+    tc_barrier(&tc_team_barrier, tc_team, tc_spins);
   }
   free(tc_arena);
   return tc_status_value;
