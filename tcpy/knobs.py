@@ -208,6 +208,15 @@ def cpu_threads(asked: int = 0) -> int | None:
     return None
 
 
+def openmp_binds() -> bool:
+    """Whether the environment binds OpenMP's threads to cores itself (`OMP_PROC_BIND`,
+    `OMP_PLACES`, `GOMP_CPU_AFFINITY` set); read at each call."""
+    return any(_call_knob(name, name.encode()) for name in _BINDING)
+
+
+_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+
+
 def cores() -> int:
     """The cores this process may run on."""
     try:

@@ -255,7 +255,7 @@ class Teams:
         team and the caller's core are as at the last call, nor where the
         environment binds OpenMP's threads itself (`OMP_PROC_BIND`, `OMP_PLACES`,
         `GOMP_CPU_AFFINITY`)."""
-        if not self.placing or any(v in os.environ for v in _BINDING):
+        if not self.placing:
             return
         caller = threading.get_native_id()
         with self._lock:
@@ -265,7 +265,7 @@ class Teams:
         allowed = os.sched_getaffinity(0)
         core = _core_function()
         around = core() if core is not None and count == len(allowed) else None
-        if caller in self._placed and self._placed[caller] == around:
+        if (caller in self._placed and self._placed[caller] == around) or knobs.openmp_binds():
             return
         others = sorted(ids - {caller})
         cores = sorted(allowed - {around}) if around is not None else []
@@ -298,10 +298,6 @@ class Teams:
             for caller, (_, ids) in list(self._teams.items()):
                 if not ids <= alive:
                     del self._teams[caller]
-
-
-_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
-"""Variables with which the environment binds OpenMP's threads to cores itself."""
 
 
 @functools.cache
