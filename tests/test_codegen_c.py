@@ -12,6 +12,7 @@ import pytest
 
 import tcpy
 from tcpy import pipeline
+from tcpy.codegen.region import SHARING
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.parser import check_source
 from tcpy.pipeline import lower_to_c
@@ -85,7 +86,7 @@ def test_statement_comments_and_pragmas() -> None:
     assert "/* C(m,n) +=! A(m,k) * B(k,n) */" in text
     assert "/* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */" in text
     assert "#pragma omp parallel num_threads(tc_threads)" in text
-    assert "#pragma omp for nowait" in text
+    assert f"#pragma omp for{SHARING}" in text
     assert "#pragma omp simd" in text
     for line in text.splitlines():
         if line.strip().startswith("for ("):
@@ -292,7 +293,7 @@ def test_a_size_generic_contraction_shares_rows_and_columns_among_the_threads() 
     text = engine.compile("mlp", x, W, bias, options=options)._kernel.source
     lines = [ln.strip() for ln in text.splitlines()]
     shared = [k for k, ln in enumerate(lines) if ln.startswith("#pragma omp for")]
-    assert shared and all(lines[k] == "#pragma omp for collapse(2) nowait" for k in shared)
+    assert shared and all(lines[k] == f"#pragma omp for collapse(2){SHARING}" for k in shared)
     for k in shared:  # the two loops, directly nested, over the rows and the columns
         assert lines[k + 1].startswith("for (int64_t c0 = 0; c0 < s_B;")
         assert lines[k + 2].startswith("for (int64_t c1 = 0; c1 < s_N;")

@@ -78,7 +78,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   {
     const int tc_team = omp_get_num_threads();
     /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
-    #pragma omp for nowait
+    #pragma omp for schedule(guided) nowait
     for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
       for (int64_t c2 = 0; c2 <= 31; c2++) {
         #pragma omp simd
@@ -89,7 +89,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
     }
     tc_barrier(&tc_team_barrier, tc_team, tc_spins);
     /* C(m,n) +=! A(m,k) * B(k,n) */
-    #pragma omp for nowait
+    #pragma omp for schedule(guided) nowait
     for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
       for (int64_t c3 = 0; c3 <= 31; c3 += 4) {
         for (int64_t c4 = 0; c4 <= 79; c4 += 16) {

@@ -128,7 +128,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
     /* expSum(n) +=! expDist(n, d)  [initialisation] */
     /* expSum(n) +=! expDist(n, d) */
     /* O(n, d) = expDist(n, d) / expSum(n) */
-    #pragma omp for nowait
+    #pragma omp for schedule(guided) nowait
     for (int64_t c0 = 0; c0 <= 15; c0++) {
       {
         const int64_t tc_pack0_o0 = c0;
