@@ -49,9 +49,10 @@ WAIT = "tc_barrier(&tc_team_barrier, tc_team, tc_spins);"
 """Where the threads of the region wait for each other."""
 
 BARRIER_C = r"""#if defined(__linux__)
-#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#define TC_FUTEX_WAIT 128 /* FUTEX_WAIT | FUTEX_PRIVATE_FLAG */
+#define TC_FUTEX_WAKE 129 /* FUTEX_WAKE | FUTEX_PRIVATE_FLAG */
 #else
 #include <sched.h>
 #endif
@@ -75,7 +76,7 @@ static void tc_barrier(tc_barrier_t *b, int team, int spins) {
     __atomic_store_n(&b->phase, phase + 1, __ATOMIC_SEQ_CST);
 #if defined(__linux__)
     if (__atomic_exchange_n(&b->sleeping, 0, __ATOMIC_SEQ_CST))
-      syscall(SYS_futex, &b->phase, FUTEX_WAKE_PRIVATE, team, NULL, NULL, 0);
+      syscall(SYS_futex, &b->phase, TC_FUTEX_WAKE, team, NULL, NULL, 0);
 #endif
     return;
   }
@@ -86,17 +87,18 @@ static void tc_barrier(tc_barrier_t *b, int team, int spins) {
     }
 #if defined(__linux__)
     __atomic_store_n(&b->sleeping, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, &b->phase, FUTEX_WAIT_PRIVATE, phase, NULL, NULL, 0);
+    syscall(SYS_futex, &b->phase, TC_FUTEX_WAIT, phase, NULL, NULL, 0);
 #else
     sched_yield();
 #endif
   }
 }
 """
-"""The barrier of a kernel's region (`WAIT`), with what it needs. A sleeper marks the
-barrier (`sleeping`) before it sleeps on the phase, and the futex sleeps only while
-the phase is the one it saw: whichever of the last arrival and a sleeper comes
-second sees the other's write, so no sleeper is left behind."""
+"""The barrier of a kernel's region (`WAIT`), with what it needs (the futex operations
+by their values, which need no kernel headers). A sleeper marks the barrier
+(`sleeping`) before it sleeps on the phase, and the futex sleeps only while the phase
+is the one it saw: whichever of the last arrival and a sleeper comes second sees the
+other's write, so no sleeper is left behind."""
 
 
 def print_region(p: Printer, depth: int, private: tuple[str, ...] = ()) -> None:
@@ -108,7 +110,8 @@ def print_region(p: Printer, depth: int, private: tuple[str, ...] = ()) -> None:
     a nest touches a tensor that an earlier nest since the last barrier writes, or
     writes one that it reads. `private` are declarations made in every thread."""
     p.emit(depth, "tc_barrier_t tc_team_barrier = {0, 0, 0};")
-    p.emit(depth, f"const int tc_spins = tc_threads > omp_get_num_procs() ? {FEW_SPINS} : {SPINS};")
+    spins = f"tc_threads > omp_get_num_procs() ? {FEW_SPINS} : {SPINS}"
+    p.emit(depth, f"const int tc_spins = {spins};")
     p.emit(depth, "#pragma omp parallel num_threads(tc_threads)")
     p.emit(depth, "{")
     p.emit(depth + 1, "const int tc_team = omp_get_num_threads();")

@@ -38,7 +38,7 @@ barriers; the kernels' barriers are their own (`tcpy.codegen.region`) and spin f
 milliseconds) kept both cores busy after each call: a NumPy call right after a tcpy
 call ran up to 40x slower. At 10,000 (0.1 ms), NumPy's 0.11 ms matrix-vector product
 right after a tcpy call still ran 3.3x slower, and a tcpy call right after NumPy's
-1.2-1.9x; at 1,000, 1.0-1.2x and 0.8-1.0x; at 2,000, 1.2-1.4x. A call whose threads
+1.2-1.9x; at 1,000, 1.0-1.2x and 0.7-1.0x; at 2,000, 1.3-1.4x. A call whose threads
 slept pays their wake-up (25-30 us here): shorter waits cost it at every call made
 back to back (a 65,536-element addition on 2 threads: 27 us at 1,000 or 10,000, 54-58
 us at 300), and this one where a call's own Python work outlasts it (gesummv's 0.15

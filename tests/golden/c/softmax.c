@@ -11,9 +11,10 @@
 #include <stdlib.h>
 int omp_get_thread_num(void);
 #if defined(__linux__)
-#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#define TC_FUTEX_WAIT 128 /* FUTEX_WAIT | FUTEX_PRIVATE_FLAG */
+#define TC_FUTEX_WAKE 129 /* FUTEX_WAKE | FUTEX_PRIVATE_FLAG */
 #else
 #include <sched.h>
 #endif
@@ -37,7 +38,7 @@ static void tc_barrier(tc_barrier_t *b, int team, int spins) {
     __atomic_store_n(&b->phase, phase + 1, __ATOMIC_SEQ_CST);
 #if defined(__linux__)
     if (__atomic_exchange_n(&b->sleeping, 0, __ATOMIC_SEQ_CST))
-      syscall(SYS_futex, &b->phase, FUTEX_WAKE_PRIVATE, team, NULL, NULL, 0);
+      syscall(SYS_futex, &b->phase, TC_FUTEX_WAKE, team, NULL, NULL, 0);
 #endif
     return;
   }
@@ -48,7 +49,7 @@ static void tc_barrier(tc_barrier_t *b, int team, int spins) {
     }
 #if defined(__linux__)
     __atomic_store_n(&b->sleeping, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, &b->phase, FUTEX_WAIT_PRIVATE, phase, NULL, NULL, 0);
+    syscall(SYS_futex, &b->phase, TC_FUTEX_WAIT, phase, NULL, NULL, 0);
 #else
     sched_yield();
 #endif
