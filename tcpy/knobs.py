@@ -211,10 +211,12 @@ def cpu_threads(asked: int = 0) -> int | None:
 def openmp_binds() -> bool:
     """Whether the environment binds OpenMP's threads to cores itself (`OMP_PROC_BIND`,
     `OMP_PLACES`, `GOMP_CPU_AFFINITY` set); read at each call."""
-    return any(_call_knob(name, name.encode()) for name in _BINDING)
+    return any(_call_knob(name, key) for name, key in _BINDING)
 
 
-_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+_BINDING = tuple(
+    (name, name.encode()) for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+)
 
 
 def cores() -> int:

@@ -346,7 +346,7 @@ def test_a_team_with_a_core_for_each_thread_gets_one_each(
     on a core of its own, none on the caller's; a team larger than the cores lets
     them run anywhere again, and an environment that binds OpenMP's threads itself
     is left to do so."""
-    for name in knobs._BINDING:
+    for name, _ in knobs._BINDING:
         monkeypatch.delenv(name, raising=False)
     cores, allowed = knobs.cores(), os.sched_getaffinity(0)
     placed = _placed(cores)
