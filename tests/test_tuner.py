@@ -10,12 +10,14 @@ import random
 import statistics
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import tcpy
 from tcpy.genetic import evaluate as evaluation
+from tcpy.genetic import tasks
 from tcpy.genetic.evaluate import Evaluator
 from tcpy.genetic.search import Measured, SearchResult, random_search, search
 from tcpy.genetic.space import AUTO, MAX_THREADS, WARP, build_space
@@ -285,6 +287,42 @@ def test_settling_without_a_valid_start_or_a_final_timing() -> None:
     assert seen == [[2, 4]]
     start = MappingOptions.cpu().replace(unroll=4)
     assert settle(found, [start], lambda c, r: None) == (found.best, 5.0, 0.0)
+
+
+class _Cold:
+    """A kernel on a clock of its own: its calls in the first 10 ms after its first take
+    `cold` seconds (as a cold kernel's do), the later ones `warm`."""
+
+    def __init__(self, clock: list[float], cold: float, warm: float) -> None:
+        self.clock, self.cold, self.warm = clock, cold, warm
+        self.began: float | None = None
+
+    def __call__(self) -> None:
+        if self.began is None:
+            self.began = self.clock[0]
+        early = self.clock[0] - self.began < 0.01
+        self.clock[0] += self.cold if early else self.warm
+
+
+def test_candidates_are_timed_warm_in_runs_of_many_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel slow for its first 10 ms of calls is timed at its warm speed, alone and
+    side by side, where one warm-up call and single calls timed its cold ones: a
+    candidate that ran on one thread (no threads to wake) ranked first so."""
+    clock = [0.0]
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    cold = _Cold(clock, cold=0.002, warm=0.0001)
+    assert tasks._median_time(cold, (), runs=3, best_s=math.inf) == pytest.approx(0.0001)
+    steady = _Cold(clock, cold=0.00015, warm=0.00015)
+    again = _Cold(clock, cold=0.002, warm=0.0001)
+    times = tasks._side_by_side([steady, again], (), runs=2, rounds=2)
+    assert times == pytest.approx([0.00015, 0.0001])
+    # a first call slower than a pruned run is that run: no warm-up after it
+    slow = _Cold(clock, cold=5.0, warm=5.0)
+    start = clock[0]
+    assert tasks._median_time(slow, (), runs=3, best_s=0.01) == 5.0
+    assert clock[0] - start == 5.0
 
 
 def test_the_evaluator_times_valid_candidates_side_by_side(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
