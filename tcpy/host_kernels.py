@@ -21,7 +21,7 @@ from tcpy.kernels import Iterations, Outputs
 from tcpy.mapping.options import MappingOptions
 from tcpy.parser.checked import CheckedDef, TensorInfo
 from tcpy.poly.scop import instances
-from tcpy.runtime.cpu import address
+from tcpy.runtime.cpu import address, addresses
 from tcpy.runtime.host_pool import POOL
 from tcpy.runtime.loop_counts import LoopCounters
 
@@ -250,6 +250,11 @@ class Steady:
             for shape, (dtype, written) in zip(prepared.shapes, kernel._kinds, strict=True)
         ]
         self._infos = cdef.outputs
+        # how each new output is made: uninitialised where the kernel writes it whole
+        self._fresh = [
+            (POOL.empty if written else np.zeros, shape, dtype)
+            for shape, dtype, written in self._outputs
+        ]
         self._temporaries = prepared.temporaries
         # each input's dtype where it is a scalar, None for an array
         self._scalars = [None if info.shape else info.scalar.dtype for info in cdef.inputs]
@@ -259,28 +264,34 @@ class Steady:
     def __call__(self, inputs: Sequence[Any], out: Outputs = None) -> tuple[np.ndarray, ...]:
         """The outputs of a call on `inputs`: new arrays, or `out`'s (of the outputs'
         shapes and dtypes, C-contiguous, apart from the inputs: not checked)."""
-        kernel = self._kernel
         poison = knobs.poison_buffers()
         if out is not None or poison:
             dests = out or (None,) * len(self._infos)
             outputs = tuple(
-                kernel._output(t, shape, d, poison)
+                self._kernel._output(t, shape, d, poison)
                 for t, (shape, _, _), d in zip(self._infos, self._outputs, dests, strict=True)
             )
         else:
-            outputs = tuple(
-                POOL.empty(shape, dtype) if written else np.zeros(shape, dtype)
-                for shape, dtype, written in self._outputs
-            )
+            outputs = tuple([make(shape, dtype) for make, shape, dtype in self._fresh])
         if self._any_scalar:
-            addresses = self._scalar_slots().addresses(inputs)
-            addresses += map(address, outputs)
+            found = self._scalar_slots().addresses(inputs)
+            found += addresses(outputs)
         else:
-            addresses = [*map(address, inputs), *map(address, outputs)]
+            found = addresses((*inputs, *outputs))
         if self._temporaries:
-            addresses += map(address, kernel._temporaries(self._temporaries, poison))
-        self._call(addresses)
+            found += self._scratch(poison)
+        self._call(found)
         return outputs
+
+    def _scratch(self, poison: bool) -> list[int]:
+        """The addresses of the calling thread's temporaries, made ready for a call
+        (`HostKernel._temporaries`)."""
+        held = self._held
+        scratch = self._kernel._temporaries(self._temporaries, poison)
+        if getattr(held, "scratch", None) is not scratch:  # new buffers: new addresses
+            held.scratch, held.addresses = scratch, [address(b) for b in scratch]
+        addresses: list[int] = held.addresses
+        return addresses
 
     def _scalar_slots(self) -> _Scalars:
         try:

@@ -65,11 +65,15 @@ def threads_now(asked: int = 0, work: int | None = None, trials: Trials | None =
         count = _LOAD.free_cores(time.monotonic(), runnable_elsewhere)
         if trials is not None and count < _LOAD.cores:
             count = trials.choose(count, _LOAD.cores, before)
-    _TEAMS.know(count)
-    _TEAMS.place(count)
+    caller = threading.get_native_id()
+    _TEAMS.know(count, caller)
+    _TEAMS.place(count, caller)
     _LAST.count = count
     return count
 
+
+ALLOWED_SECONDS = 0.05
+"""How long the cores a caller may run on are taken as read (`Teams.place`)."""
 
 _LAST = threading.local()
 """The thread count of the calling thread's last kernel call (`count`)."""
@@ -228,13 +232,15 @@ class Teams:
     def __init__(self) -> None:
         self._teams: dict[int, tuple[int, frozenset[int]]] = {}  # caller -> size, ids
         self._placed: dict[int, int | None] = {}  # caller -> the core placed around
+        self._cores: dict[int, tuple[float, set[int]]] = {}  # caller -> when read, its cores
         self._lock = threading.Lock()
         self.known = True
         self.placing = hasattr(os, "sched_setaffinity") and _core_function() is not None
 
-    def know(self, count: int) -> None:
-        """Record the team of `count` threads the calling thread is about to run."""
-        caller = threading.get_native_id()
+    def know(self, count: int, caller: int | None = None) -> None:
+        """Record the team of `count` threads the calling thread (`caller`, its native
+        id) is about to run."""
+        caller = threading.get_native_id() if caller is None else caller
         if count <= 1 or not self.known or self._teams.get(caller, (1,))[0] == count:
             return
         team = _team_function()
@@ -247,22 +253,23 @@ class Teams:
             self._teams[caller] = (count, frozenset(int(i) for i in ids[:got] if i))
             self._placed.pop(caller, None)  # its threads are where they were: not known
 
-    def place(self, count: int) -> None:
+    def place(self, count: int, caller: int | None = None) -> None:
         """Where the calling thread's team of `count` threads has a core for each
         (the cores the caller may run on), put each of its other threads on a core
         of its own, none on the caller's (which stays free to move); where it has
         not, let them run on any of the caller's cores. Nothing is done when the
         team and the caller's core are as at the last call, nor where the
         environment binds OpenMP's threads itself (`OMP_PROC_BIND`, `OMP_PLACES`,
-        `GOMP_CPU_AFFINITY`)."""
+        `GOMP_CPU_AFFINITY`). The cores the caller may run on are read again every
+        `ALLOWED_SECONDS`: at every call, the system call was a sixth of a call's
+        Python work."""
         if not self.placing:
             return
-        caller = threading.get_native_id()
-        with self._lock:
-            size, ids = self._teams.get(caller, (1, frozenset()))
+        caller = threading.get_native_id() if caller is None else caller
+        size, ids = self._teams.get(caller, (1, frozenset()))  # a dict read: no lock
         if size != count:  # one thread, or a team not known
             return
-        allowed = os.sched_getaffinity(0)
+        allowed = self._allowed(caller)
         core = _core_function()
         around = core() if core is not None and count == len(allowed) else None
         if (caller in self._placed and self._placed[caller] == around) or knobs.openmp_binds():
@@ -280,6 +287,14 @@ class Teams:
             self.placing = False
             return
         self._placed[caller] = around
+
+    def _allowed(self, caller: int) -> set[int]:
+        """The cores `caller` may run on, as read at most `ALLOWED_SECONDS` ago."""
+        now = time.monotonic()
+        read = self._cores.get(caller)
+        if read is None or now - read[0] >= ALLOWED_SECONDS:
+            read = self._cores[caller] = (now, os.sched_getaffinity(0))
+        return read[1]
 
     def team(self) -> frozenset[int]:
         """The threads of the calling thread's team, itself among them (empty: none
