@@ -71,6 +71,7 @@ runs), each after a pause: on a small machine the threads of one library keep sp
 for a while after a call and would otherwise slow down the next. The first runs after
 a pause are slow for every contender (the cores wake up: 3x on a 0.5 ms kernel here),
 so a block must be long enough for its median to be the steady state."""
+WARM_S = 0.05  # each contender's runs before the blocks are sized (`warm_run`)
 
 
 # --- the machine's limits ---------------------------------------------------------------
@@ -157,9 +158,10 @@ class Blocks:
     block_s: float = BLOCK_S
     pause_s: float = GAP_S
     most: int = 2000
+    warm_s: float = WARM_S
 
 
-SMOKE_BLOCKS = Blocks(least=1, rounds=1, block_s=0.0, pause_s=0.0)
+SMOKE_BLOCKS = Blocks(least=1, rounds=1, block_s=0.0, pause_s=0.0, warm_s=0.0)
 """One run of each contender, no pause: whether the timing runs, not what it says."""
 
 
@@ -170,10 +172,13 @@ def alternating_blocks(
 ) -> dict[str, float]:
     """The median milliseconds of each contender, timed in alternating blocks (tcpy and
     its peers take turns, so that a noisy machine disturbs all of them alike). A
-    block's runs are fixed before the first round from one run of each contender.
-    `seconds` times one run (default: wall time; a GPU's caller synchronises in it)."""
+    block's runs are fixed before the first round from each contender's runs warm
+    (`warm_run`). `seconds` times one run (default: wall time; a GPU's caller
+    synchronises in it)."""
     runs = {
-        name: max(blocks.least, min(blocks.most, round(blocks.block_s / seconds(fn))))
+        name: max(
+            blocks.least, min(blocks.most, round(blocks.block_s / warm_run(fn, blocks, seconds)))
+        )
         for name, fn in contenders.items()
     }
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -182,6 +187,20 @@ def alternating_blocks(
             time.sleep(blocks.pause_s)
             times[name] += [seconds(fn) for _ in range(runs[name])]
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def warm_run(
+    fn: Callable[[], object], blocks: Blocks, seconds: Callable[[Callable[[], object]], float]
+) -> float:
+    """The seconds of a run of `fn`: the median of its runs for `blocks.warm_s` (one at
+    least). Sized from a single run, a block of a contender whose one run was cold (after
+    another library's call, or the first of its kind) was a few runs, all cold: two
+    compilations of one kernel with the same options measured 0.16 and 0.24 ms."""
+    took = [seconds(fn)]
+    began = time.perf_counter()
+    while time.perf_counter() - began < blocks.warm_s:
+        took.append(seconds(fn))
+    return statistics.median(took)
 
 
 # --- one kernel -----------------------------------------------------------------------------
