@@ -96,6 +96,8 @@ def tune_one(
         "numpy_ms": round(ms["numpy"], 4),
         "torch_ms": round(ms["torch"], 4) if "torch" in ms else None,
         "speedup": round(ms["default"] / ms["tuned"], 3),
+        # the tuner kept options compiled the same as the defaults: their ratio is noise
+        "same_as_default": tuned.source == default.source,
         "tuner_speedup": round(result.speedup, 3),  # the session's own side-by-side times
         "tuned_vs_numpy": round(ms["numpy"] / ms["tuned"], 3),
         "default_vs_numpy": round(ms["numpy"] / ms["default"], 3),
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['kernel']:18} default {row['default_ms']:9.3f} ms  tuned {row['tuned_ms']:9.3f}"
             f" ms  x{row['speedup']:5.2f}  vs best peer {row['default_vs_best']:6.2f}"
             f" -> {row['tuned_vs_best']:6.2f}"
+            f"{' (same code)' if row['same_as_default'] else ''}"
             f"  {row['trials']:3d} trials  {row['tuning_wall_s']:6.1f} s tuning"
             f"  90% at {row['seconds_to_90pct']} s  ({time.monotonic() - start:.0f} s)",
             flush=True,
@@ -224,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "geomean_speedup": _geomean([r["speedup"] for r in rows]),
         "min_speedup": min((r["speedup"] for r in rows), default=None),
+        "geomean_speedup_changed": _geomean(
+            [r["speedup"] for r in rows if not r["same_as_default"]]
+        ),
         "geomean_default_vs_best": _geomean([r["default_vs_best"] for r in rows]),
         "geomean_tuned_vs_best": _geomean([r["tuned_vs_best"] for r in rows]),
         "ga_beats_random": [v["ga_median_ms"] <= v["random_median_ms"] for v in versus],
