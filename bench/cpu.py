@@ -30,7 +30,7 @@ as another user of the machine would. `--smoke` checks that the benchmark still 
 the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
 measured briefly (what CI runs, tests/test_bench.py). Results go to
 `bench/results/cpu-<date>[-<tag>].json` (the tag defaults to `loaded` under --loaded;
-`smoke` is added under --smoke).
+`users` is put first under --users, `smoke` added under --smoke).
 """
 
 from __future__ import annotations
@@ -504,7 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         ("generic", args.generic),
         ("interleaved", args.interleaved),
     )
-    tag = smoke_tag(args.tag or "-".join(mode for mode, on in modes if on), args.smoke)
+    named = args.tag or "-".join(mode for mode, on in modes[1:] if on)
+    if args.users and not named.startswith("users"):  # apart from the suite's of that tag
+        named = "-".join(filter(None, ("users", named)))
+    tag = smoke_tag(named, args.smoke)
     result = {
         "date": datetime.date.today().isoformat(),
         "target": "cpu",
