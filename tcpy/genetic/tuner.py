@@ -44,7 +44,8 @@ MARGIN = 0.02  # how much faster than the start a finalist must be to replace it
 class TunerConfig:
     """How a tuning session searches. Budgets: `generations`, `max_trials` candidates,
     `max_time_s` seconds; the search also stops when the best has not improved for
-    `patience` generations. `runs` timed runs per candidate (their median counts),
+    `patience` generations. `runs` timed runs per candidate (their median counts; each
+    run the mean of calls lasting `tasks.RUN_S`, after `tasks.WARM_S` of warm-up),
     `timeout_s` per compile and per timing, `workers` compile processes, `seed` for
     reproducibility (up to timing noise), `executor` a `dask.distributed.Client` or a
     scheduler address to evaluate on Dask workers instead of local processes."""
