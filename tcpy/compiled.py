@@ -217,11 +217,7 @@ class Compiled:
         checked before, at that call's `sizes`; the outputs new NumPy arrays. A
         fixed-size host kernel runs by its `Steady` (made at the first such call),
         others through a binding."""
-        steady = (
-            self._steady
-            if self._steady_tried
-            else self._steady_made(lambda: Binding(plain_arrays(self.input_dtypes, inputs), sizes))
-        )
+        steady = self._steady_made(lambda: Binding(plain_arrays(self.input_dtypes, inputs), sizes))
         if steady is None:
             return self.call(Binding(plain_arrays(self.input_dtypes, inputs), sizes), inputs, None)
         try:

@@ -225,12 +225,21 @@ class Prepared:
         kernel, shapes, mine = self.kernel, self.temporaries, threading.local()
 
         def with_scratch(addresses: Sequence[int]) -> None:
-            scratch = kernel._temporaries(shapes, poison=False)
-            if getattr(mine, "scratch", None) is not scratch:  # new buffers: new addresses
-                mine.scratch, mine.addresses = scratch, [address(b) for b in scratch]
-            call([*addresses, *mine.addresses])
+            call([*addresses, *scratch_addresses(kernel, shapes, False, mine)])
 
         return with_scratch
+
+
+def scratch_addresses(
+    kernel: HostKernel, shapes: list[tuple[int, ...]], poison: bool, held: threading.local
+) -> list[int]:
+    """The addresses of the calling thread's temporaries of `shapes`, made ready for a
+    call (`HostKernel._temporaries`); `held` keeps them while the buffers stay."""
+    scratch = kernel._temporaries(shapes, poison)
+    if getattr(held, "scratch", None) is not scratch:  # new buffers: new addresses
+        held.scratch, held.addresses = scratch, [address(b) for b in scratch]
+    addresses: list[int] = held.addresses
+    return addresses
 
 
 class Steady:
@@ -279,19 +288,9 @@ class Steady:
         else:
             found = addresses((*inputs, *outputs))
         if self._temporaries:
-            found += self._scratch(poison)
+            found += scratch_addresses(self._kernel, self._temporaries, poison, self._held)
         self._call(found)
         return outputs
-
-    def _scratch(self, poison: bool) -> list[int]:
-        """The addresses of the calling thread's temporaries, made ready for a call
-        (`HostKernel._temporaries`)."""
-        held = self._held
-        scratch = self._kernel._temporaries(self._temporaries, poison)
-        if getattr(held, "scratch", None) is not scratch:  # new buffers: new addresses
-            held.scratch, held.addresses = scratch, [address(b) for b in scratch]
-        addresses: list[int] = held.addresses
-        return addresses
 
     def _scalar_slots(self) -> _Scalars:
         try:
