@@ -31,7 +31,7 @@ def _lower(source: str, sizes: dict[str, int], **options: object):  # type: igno
 
 def _pack_marks(source: str, sizes: dict[str, int], **options: object) -> list[str]:
     text = _lower(source, sizes, **options).schedule.get_root().to_str()
-    return re.findall(r'mark: "(pack:[^"]*)"', text)
+    return re.findall(r'mark: "(pack(?:_once)?:[^"]*)"', text)
 
 
 # --- the analysis -----------------------------------------------------------------------
@@ -89,7 +89,9 @@ def test_operands_with_rows_far_apart_are_packed_by_default() -> None:
     assert _pack_marks(MATMUL, {"M": 512, "K": 512, "N": 512}) == ["pack:B"]
     assert _pack_marks(MATMUL, {"M": 256, "K": 256, "N": 256}) == []
     assert _pack_marks(MATMUL, big, pack_operands=False) == []
-    assert _pack_marks(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True) == ["pack:A,B"]
+    # B's tile is the whole of B here: copied once, above the nest
+    small = {"M": 64, "K": 48, "N": 80}
+    assert _pack_marks(MATMUL, small, pack_operands=True) == ["pack_once:B", "pack:A"]
 
 
 TRANSPOSED_BOTH = "def f(float(K,M) A, float(N,K) B) -> (C) { C(m,n) +=! A(k,m) * B(n,k) }"
@@ -106,7 +108,7 @@ def test_an_operand_a_blocks_rows_read_in_short_runs_is_copied_for_each_block_of
     text = _lower(TRANSPOSED_BOTH, big).schedule.get_root().to_str()
     # below the outer copy of B: the rows' loop, then A's copy, then the columns' loop
     assert text.index('"pack:B^T"') < text.index('"pack:A"') < text.index('"register_tile')
-    assert _pack_marks(TRANSPOSED_BOTH, {"M": 100, "K": 70, "N": 90}) == ["pack:B^T"]
+    assert _pack_marks(TRANSPOSED_BOTH, {"M": 100, "K": 70, "N": 90}) == ["pack_once:B^T"]
     assert _pack_marks(MATMUL, big) == ["pack:B"]
     # a weight gradient's X(b,k), rows of 2 KB: X for each block of its rows k
     assert _pack_marks(WEIGHT_GRADIENT, {"B": 1024, "K": 512, "N": 512}) == ["pack:G", "pack:X"]
@@ -181,15 +183,54 @@ def test_the_packed_kernel_reads_its_buffers() -> None:
     text = _lower(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True).source
     assert "aligned_alloc(64, (size_t)tc_threads * " in text
     assert "char *tc_mine = tc_arena + (size_t)omp_get_thread_num() * " in text
+    assert "char *tc_shared = tc_arena + (size_t)tc_threads * " in text
     assert "free(tc_arena);" in text
     update = next(ln for ln in text.splitlines() if "tc_reg[c" in ln and "] + (" in ln)
-    assert "tc_pack0_rows[" in update and "tc_pack1[" in update  # A's copy by its rows
+    assert "tc_pack1_rows[" in update and "tc_pack0[" in update  # A's copy by its rows
     assert "t_A[" not in update and "t_B[" not in update
-    # the copies come before the block that reads them, in the tile's scope
-    assert text.index("tc_pack1[((int64_t)(tc_i0)") < text.index("float tc_reg[")
+    # B's copy (all of B) is made once, shared out among the threads, who wait for
+    # each other before the nest's worksharing loop; A's in the tile's scope
+    shared = text.index("float *restrict tc_pack0 = (float *)(tc_shared + 0);")
+    copy = text.index("#pragma omp for schedule(static) nowait", shared)
+    wait = text.index("tc_barrier(&tc_team_barrier", copy)
+    assert wait < text.index("#pragma omp for schedule(guided)", copy)
+    assert text.index("(float *)(tc_mine + ") < text.index("float tc_reg[")
     serial = _lower(MATMUL, {"M": 64, "K": 48, "N": 80}, pack_operands=True, parallel=False)
     assert "char *tc_mine = tc_arena;" in serial.source
-    assert "omp_get_thread_num" not in serial.source
+    assert "char *tc_shared = tc_arena + 1 * " in serial.source
+    assert "omp_get_thread_num" not in serial.source and "omp for" not in serial.source
+
+
+def test_a_convolutions_filters_are_copied_once_and_its_blocks_added_in() -> None:
+    """A strided convolution whose output channels are whole vectors runs them as its
+    vector loop: the filters' box is the same for every row of output, so it is copied
+    once, above the nest, by the threads together into a buffer they share; the image,
+    read by broadcast, is read in place; each block of 6 pixels x 16 channels (rows of
+    the output far apart) starts at zero and is added into the output at the end,
+    channel after channel, never loaded first. Results as the reference's, and the same
+    on 1, 2 and 3 threads."""
+    source = STRIDED_CONV
+    sizes = {"N": 2, "C": 4, "H": 17, "W": 29, "F": 32, "KH": 3, "KW": 3}
+    lowered = _lower(source, sizes)
+    tree = lowered.schedule.get_root().to_str()
+    assert _pack_marks(source, sizes) == ["pack_once:K^T3"]  # no copy of I
+    assert "register_tile:across/" in tree
+    text = lowered.source
+    shared = text.index("float *restrict tc_pack0 = (float *)(tc_shared + 0);")
+    copy = text.index("#pragma omp for schedule(static) nowait", shared)
+    assert "tc_pack0[" in text[copy : text.index("tc_barrier(&tc_team_barrier", copy)]
+    assert re.search(r"tc_reg\[c\d+\]\[c\d+\] = 0\.0f;", text)
+    assert re.search(r"(t_O\[[^;]*\]) = \1 \+ tc_reg\[", text)
+    assert not re.search(r"tc_reg\[c\d+\]\[c\d+\] = t_O\[", text)
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=5)
+    want = reference.run("f", *inputs)
+    runs = [
+        cpu.run("f", *inputs, options=MappingOptions.cpu().replace(threads=n)) for n in (1, 2, 3)
+    ]
+    np.testing.assert_allclose(runs[0], want, rtol=1e-5)
+    for got in runs[1:]:
+        np.testing.assert_array_equal(got, runs[0])
 
 
 def test_pack_operands_is_validated_and_tuned() -> None:
@@ -388,7 +429,9 @@ def test_a_copy_with_the_innermost_dimension_first_is_right(tile: tuple[int, ...
 STRIDED_CONV = """def f(float(N,C,H,W) I, float(F,C,KH,KW) K) -> (O) {
     O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * K(f,c,kh,kw)
 }"""
-CONV_SIZES = {"N": 2, "C": 16, "H": 33, "W": 65, "F": 16, "KH": 3, "KW": 3}
+CONV_SIZES = {"N": 2, "C": 16, "H": 33, "W": 65, "F": 10, "KH": 3, "KW": 3}
+"""Filters of no whole number of vectors: with whole vectors, a strided convolution runs
+its output channels as the vector loop instead (`channel_vectors`, tested below)."""
 
 
 def _phased(marks: list[str]) -> set[str]:
@@ -416,9 +459,7 @@ def _phased(marks: list[str]) -> set[str]:
 )
 def test_which_copies_are_held_in_phases(source: str, expected: set[str]) -> None:
     """A copy whose vector loop reads its rows at one stride of 2 or more holds each
-    row's phases one after the other; other copies are as they were. (Rows of outputs
-    of 64 or more: shorter ragged ones run the channels as the vector loop instead,
-    `channel_vectors`.)"""
+    row's phases one after the other; other copies are as they were."""
     sizes = {**CONV_SIZES, "H": 40, "W": 200}
     assert _phased(_pack_marks(source, sizes)) == expected
 
@@ -430,7 +471,7 @@ def test_which_copies_are_held_in_phases(source: str, expected: set[str]) -> Non
         ({}, {**CONV_SIZES, "W": 66, "H": 21}),  # rows of an even length: phases of 33
         ({"2*": "3*"}, {**CONV_SIZES, "W": 195, "KW": 4}),  # a window wider than the stride
         ({"2*w+kw": "2*w+kw+1"}, {**CONV_SIZES, "W": 66}),  # shifted by one
-        ({}, {**CONV_SIZES, "N": 1, "C": 3, "W": 200, "F": 32}),  # rows split into tiles
+        ({}, {**CONV_SIZES, "N": 1, "C": 3, "W": 200, "F": 34}),  # rows split into tiles
     ],
     ids=["odd", "even", "stride3", "shifted", "tiled"],
 )
@@ -459,6 +500,6 @@ def test_a_phased_copy_reads_unit_stride_in_the_vector_loop(vector_width) -> Non
     vector_width("512")  # the vectors of 16 lanes it was written for
     source = _lower(STRIDED_CONV, CONV_SIZES).source
     assert "tc_p < 2" in source
-    (load,) = re.findall(r"tc_pack0\[[^;]*tc_floord[^;]*\]\s*\*", source)
+    loads = re.findall(r"tc_pack0\[[^;]*tc_floord[^;]*\]\s*\*", source)  # full and edge blocks
     vector = re.findall(r"#pragma omp simd\n\s*for \(int64_t (c\d+) = ", source)[-1]
-    assert f"+ ({vector})" in load and f"2 * ({vector})" not in load
+    assert loads and all(f"+ ({vector})" in ld and f"2 * ({vector})" not in ld for ld in loads)

@@ -7,21 +7,25 @@ before any work starts (`arena_bytes` per thread; a failed allocation returns a
 status, so no thread is left without its buffers inside the parallel region). They
 are reached through pointers: GCC keeps a register block in registers beside a
 pointer, not beside a large local array (measured: 2.4x slower with the buffers on
-the stack).
+the stack). A copy made once above a nest (`pack_once:`) has its buffers after every
+thread's part, in one part the threads share (`shared_starts`); inside the parallel
+region the threads share out its copy loop and wait for each other before reading it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import islpy as isl
 
 from tcpy.codegen.ast_build import Ast, PackedBox
 from tcpy.codegen.exprs import LocalCopy, flat_index
 from tcpy.codegen.isl_exprs import isl_expr
+from tcpy.codegen.loops import walk
 from tcpy.codegen.printer import Printer
-from tcpy.mapping.marks import Mark, innermost_first
+from tcpy.mapping.marks import Mark, Pack, innermost_first, of_ast
 from tcpy.naming import extent_name, tensor_name
 from tcpy.parser.checked import CheckedDef
 from tcpy.poly.isl_helpers import ast_children
@@ -29,6 +33,7 @@ from tcpy.poly.isl_helpers import ast_children
 ALIGN = 64  # a cache line: each buffer starts on one
 ARENA = "tc_arena"  # every thread's buffers, allocated once per call
 MINE = "tc_mine"  # the calling thread's part of the arena
+SHARED = "tc_shared"  # the part of the arena of the copies made once, which every thread reads
 
 
 def arena_bytes(ast: Ast, cdef: CheckedDef) -> int:
@@ -39,7 +44,7 @@ def arena_bytes(ast: Ast, cdef: CheckedDef) -> int:
     def held(node: isl.AstNode) -> int:
         kind = node.get_type()
         if kind == isl.ast_node_type.mark:
-            boxes = ast.packed(node)
+            boxes = () if _once(node) else ast.packed(node)
             own = _site_bytes(boxes, cdef)[-1] if boxes else 0
             return own + held(node.mark_get_node())
         if kind == isl.ast_node_type.for_:  # type: ignore[attr-defined]
@@ -52,6 +57,25 @@ def arena_bytes(ast: Ast, cdef: CheckedDef) -> int:
         return 0
 
     return held(ast.root)
+
+
+def shared_starts(ast: Ast, cdef: CheckedDef) -> dict[str, int]:
+    """Where the buffers of each copy made once (`pack_once:`) start in the shared
+    part of the arena, by the mark's key, and under "" the bytes of that part: each
+    copy has its own buffers (a thread may still read one nest's copy while another
+    fills the next nest's)."""
+    starts, end = {}, 0
+    for node, _ in walk(ast.root):
+        if node.get_type() == isl.ast_node_type.mark and _once(node) and ast.packed(node):
+            starts[node.get_annotation().get_name()] = end
+            end += _site_bytes(ast.packed(node), cdef)[-1]
+    return {**starts, "": end}
+
+
+def _once(node: isl.AstNode) -> bool:
+    """Whether a mark node is a copy made once above a nest (`pack_once:`)."""
+    mark = of_ast(node)
+    return isinstance(mark, Pack) and mark.once
 
 
 def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
@@ -70,16 +94,24 @@ def print_pack(
     depth: int,
     marks: tuple[Mark, ...],
     copy_in: bool = True,
+    once: str | None = None,
+    body: Callable[[isl.AstNode, int, tuple[Mark, ...]], None] | None = None,
+    wait: str | None = None,
 ) -> None:
-    """The copies of `boxes`, then `inner` reading them, in a scope of their own (the
-    buffers live as long as the tile). The box of a tile at the edge of the domain may
-    reach past the tensor: only the part inside it is copied, which holds every
-    element the statements read (their reads are proven in bounds). Without
-    `copy_in` (a `scratch:` mark: temporaries that live and die in the tile) the
-    buffers are only placed: `inner` writes them before it reads them."""
+    """The copies of `boxes`, then `inner` reading them (printed by `body`, by default
+    `p.node`), in a scope of their own (the buffers live as long as the tile). The box
+    of a tile at the edge of the domain may reach past the tensor: only the part
+    inside it is copied, which holds every element the statements read (their reads
+    are proven in bounds). Without `copy_in` (a `scratch:` mark: temporaries that live
+    and die in the tile) the buffers are only placed: `inner` writes them before it
+    reads them. `once`, the key of a `pack_once:` mark: the buffers are the shared
+    ones of that mark (`shared_starts`); with `wait`, inside the parallel region, the
+    threads share out the copy loops and meet at `wait` before `inner`."""
     p.emit(depth, "{")
     copies = {}
-    starts = [p.arena_at + start for start in _site_bytes(boxes, p.scop.cdef)]
+    base, first = (SHARED, p.shared_starts[once]) if once is not None else (MINE, p.arena_at)
+    starts = [first + start for start in _site_bytes(boxes, p.scop.cdef)]
+    shared = once is not None and wait is not None
     for b, start in zip(boxes, starts, strict=False):
         buffer = f"tc_pack{p.copies}"
         p.copies += 1
@@ -88,21 +120,30 @@ def print_pack(
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
         copy = LocalCopy(buffer, offsets, b.held, turns=b.turns, phases=b.phases)
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
-        p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({MINE} + {start});")
+        p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({base} + {start});")
         if copy_in:
-            _copy(p, depth + 1, b.tensor, copy)
+            _copy(p, depth + 1, b.tensor, copy, WORKSHARING if shared else None)
         copies[b.tensor] = copy
+    if shared and wait is not None:
+        p.emit(depth + 1, wait)
     saved, outside = p.bodies, p.arena_at
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
-    p.arena_at = starts[-1]  # the sites inside take the buffers after these
-    p.node(inner, depth + 1, marks)
+    if once is None:
+        p.arena_at = starts[-1]  # the sites inside take the buffers after these
+    (body or p.node)(inner, depth + 1, marks)
     p.bodies, p.arena_at = saved, outside
     p.emit(depth, "}")
 
 
-def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
+WORKSHARING = "#pragma omp for schedule(static) nowait"
+"""The outermost loop of a copy made once inside the parallel region: its iterations
+shared out among the threads, who then wait for each other before reading."""
+
+
+def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy, outer: str | None = None) -> None:
     """The loops filling a buffer: one loop per dimension, from the first element
-    inside the tensor to the last inside both box and tensor."""
+    inside the tensor to the last inside both box and tensor; `outer`, a pragma of the
+    outermost loop (`WORKSHARING`)."""
     n = len(copy.sizes)
     local = [f"tc_i{d}" for d in range(n)]
     for d, (o, size) in enumerate(zip(copy.offsets, copy.sizes, strict=True)):
@@ -116,13 +157,15 @@ def _copy(p: Printer, depth: int, tensor: str, copy: LocalCopy) -> None:
     read = flat_index(p.dialect, source, extents)
     assignment = f"{copy.buffer}[{within}] = {tensor_name(tensor)}[{read}];"
     if copy.turns:
-        _transposing_copy(p, depth, copy, local, assignment)
+        _transposing_copy(p, depth, copy, local, assignment, outer)
         return
+    if outer is not None:
+        p.emit(depth, outer)
     if copy.phases > 1:
         _phased_copy(p, depth, copy, tensor)
         return
     for d, i in enumerate(local):
-        if d == n - 1 and p.options.vectorize:
+        if d == n - 1 and p.options.vectorize and not (d == 0 and outer is not None):
             p.emit(depth + d, "#pragma omp simd")
         bounds = f"{i} = {copy.buffer}_l{d}; {i} < {copy.buffer}_u{d}"
         p.open_loop(depth + d, f"for (int64_t {bounds}; {i}++) {{")
@@ -168,19 +211,29 @@ in cache across the rows of the block."""
 
 
 def _transposing_copy(
-    p: Printer, depth: int, copy: LocalCopy, local: list[str], assignment: str
+    p: Printer,
+    depth: int,
+    copy: LocalCopy,
+    local: list[str],
+    assignment: str,
+    shared: str | None = None,
 ) -> None:
     """The loops filling a buffer that holds a tile with its innermost dimension first:
     blocks of TRANSPOSE_BLOCK along the tensor's rows, each copied row after row (the
-    rows in the tensor's order)."""
+    rows in the tensor's order); `shared`, the pragma of the loop over the rows' first
+    dimension (over the blocks where the tile has rows of one dimension)."""
     *outer, inner = local
     lo, hi, last, block = f"{copy.buffer}_l", f"{copy.buffer}_u", len(outer), TRANSPOSE_BLOCK
+    if shared is not None and not outer:
+        p.emit(depth, shared)
     p.open_loop(depth, f"for (int64_t tc_b = {lo}{last}; tc_b < {hi}{last}; tc_b += {block}) {{")
     p.emit(
         depth + 1,
         f"const int64_t tc_e = tc_b + {block} < {hi}{last} ? tc_b + {block} : {hi}{last};",
     )
     for d, i in enumerate(outer):
+        if d == 0 and shared is not None:
+            p.emit(depth + 1, shared)
         p.open_loop(depth + 1 + d, f"for (int64_t {i} = {lo}{d}; {i} < {hi}{d}; {i}++) {{")
     if p.options.vectorize:  # distinct elements of the buffer: no check of overlap needed
         p.emit(depth + 1 + last, "#pragma omp simd")

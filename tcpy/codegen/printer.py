@@ -130,6 +130,7 @@ class Printer:
         self.substitute: dict[str, str] = {}  # reads loaded into locals (`invariant_reads`)
         self.copies = 0  # packed tiles so far: tc_pack0, tc_pack1, ...
         self.arena_at = 0  # bytes of the thread's buffers the copy sites outside hold
+        self.shared_starts: dict[str, int] = {"": 0}  # the copies made once (`pack.shared_starts`)
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)

@@ -19,8 +19,9 @@ import islpy as isl
 
 from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.loops import FOR, IF, loop_depth, user_statements, walk
+from tcpy.codegen.pack import print_pack
 from tcpy.codegen.printer import Printer
-from tcpy.mapping.marks import Mark, Parallel, loop_marks, of_ast
+from tcpy.mapping.marks import Mark, Pack, Parallel, loop_marks, of_ast
 from tcpy.parser import ast as tc
 from tcpy.poly.isl_helpers import ast_children
 
@@ -165,6 +166,18 @@ def _replicated(
         p.emit(depth, "}")
         return
     else:  # a mark (a register block with a parallel loop inside is not blocked)
+        mark = _mark(node)
+        if isinstance(mark, Pack) and mark.once and p.ast.packed(node):
+            # a copy made once above the nest: shared out, then read by every thread
+            key = node.get_annotation().get_name()
+
+            def body(inner: isl.AstNode, at: int, above: tuple[Mark, ...]) -> None:
+                _replicated(p, inner, at, above, wait)
+
+            print_pack(
+                p, p.ast.packed(node), node.mark_get_node(), depth, marks, True, key, body, WAIT
+            )
+            return
         _replicated(p, node.mark_get_node(), depth, (*marks, _mark(node)), wait)
         return
     if wait:

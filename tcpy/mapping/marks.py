@@ -11,12 +11,14 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 - `Parallel(d)`, `omp_parallel@d`: the worksharing loop (`#pragma omp for`);
 - `Collapse(d)`, `omp_collapse@d`: a loop shared out with the one outside it;
 - `Simd(d)`, `omp_simd@d`: a vector loop;
-- `RegisterBlock(sizes)`, `register_tile:4x16`: a block of outputs in registers;
+- `RegisterBlock(sizes, across)`, `register_tile:4x16`: a block of outputs in registers
+  (`register_tile:across/6x16`: started at the identity, added into the output at the end);
 - `Jam(size)`, `jam:4`: a vector loop of outputs, each reduced over `size` steps of a
   reduction loop inside it;
 - `Pack(tensors, transposed, phased)`, `pack:A,W^T`: operand tiles in a thread's buffers
   (`W^T2`: W's last two dimensions first; `I%2`: I's innermost dimension held as its
-  even elements, then its odd ones).
+  even elements, then its odd ones); `pack_once:W^T` (`once`), above a nest: copied
+  once per call, by the threads together, into a buffer they share.
 
 GPU (`tcpy.mapping.gpu`, `rows`, `placement`):
 
@@ -62,6 +64,7 @@ Vectors = Mapping[int, str]
 by the statement's position in the definition (`tcpy.mapping.cpu.packing.channel_vectors`)."""
 NO_VECTORS: Vectors = MappingProxyType({})
 TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first (`^T2`: two)
+ACROSS = "across/"  # `register_tile:across/6x16`: `RegisterBlock.across`
 PHASED = "%"  # `pack:I%2`: I's copy holds its innermost dimension in 2 phases (`Pack.phased`)
 
 T = TypeVar("T")
@@ -115,13 +118,18 @@ LoopMark = Parallel | Collapse | Simd
 @dataclass(frozen=True, slots=True)
 class RegisterBlock:
     """A block of outputs kept in registers across the reduction loops below
-    (`tcpy.mapping.cpu.registers`): its sizes along the blocked members, in order."""
+    (`tcpy.mapping.cpu.registers`): its sizes along the blocked members, in order.
+    `across`: its vectors run across rows of the output, far apart in memory (a
+    convolution's output channels), so the block starts at the reduction's identity
+    and is added into the output once at the end, a row of the output at a time,
+    instead of being loaded at the start."""
 
     sizes: tuple[int, ...]
+    across: bool = False  # the vector loop runs across the output's rows: see the class
 
     @property
     def name(self) -> str:
-        return f"register_tile:{'x'.join(map(str, self.sizes))}"
+        return f"register_tile:{ACROSS if self.across else ''}{'x'.join(map(str, self.sizes))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +151,15 @@ class Pack:
     (`innermost_first`); `phased`, those whose innermost dimension is held in phases,
     with how many: with 2, the elements at even positions of the tile's rows, then
     those at odd ones (a stride-2 convolution's vector loop then reads each phase
-    unit-stride)."""
+    unit-stride). `once`: the boxes are the same at every iteration of the loops
+    around the nest below (a convolution's filters), so they are copied once, before
+    the nest, by the threads together into one buffer they share, and read there by
+    every thread (`tcpy.mapping.cpu.packing.pack_operands`)."""
 
     tensors: tuple[str, ...]
     transposed: tuple[tuple[str, int], ...] = ()
     phased: tuple[tuple[str, int], ...] = ()
+    once: bool = False
 
     def turns(self, tensor: str) -> int:
         """How many innermost dimensions of `tensor`'s copy come first (0: none)."""
@@ -165,7 +177,8 @@ class Pack:
                 return f"{t}{PHASED}{phases}"
             return t if not turns else t + TRANSPOSED + (str(turns) if turns > 1 else "")
 
-        return f"pack:{','.join(shown(t) for t in self.tensors)}"
+        kind = "pack_once" if self.once else "pack"
+        return f"{kind}:{','.join(shown(t) for t in self.tensors)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,20 +323,21 @@ def parse(name: str) -> Mark:
     kind, _, rest = name.partition(":")
     tensors = tuple(rest.split(",")) if rest else ()
     match kind:
-        case "register_tile" if rest:
-            return RegisterBlock(tuple(int(s) for s in rest.split("x")))
+        case "register_tile" if re.fullmatch(rf"({re.escape(ACROSS)})?\d+(x\d+)*", rest):
+            sizes = rest.removeprefix(ACROSS)
+            return RegisterBlock(tuple(int(s) for s in sizes.split("x")), sizes != rest)
         case "jam" if rest.isdigit():
             return Jam(int(rest))
         case "thread_registers" if re.fullmatch(r"\d+(x\d+)?", rest):
             outputs, _, steps = rest.partition("x")
             return ThreadRegisters(int(outputs), int(steps or 1))
-        case "pack" if tensors:
+        case "pack" | "pack_once" if tensors:
             phased = [t.partition(PHASED) for t in tensors]
             split = [name.partition(TRANSPOSED) for name, _, _ in phased]
             plain = tuple(name for name, _, _ in split)
             transposed = tuple((name, int(turns or 1)) for name, mark, turns in split if mark)
             phases = tuple((name, int(n)) for name, mark, n in phased if mark)
-            return Pack(plain, transposed, phases)
+            return Pack(plain, transposed, phases, once=kind == "pack_once")
         case "shared" if tensors:
             return Shared(tensors)
         case staged if staged.startswith("shared/") and staged[7:].isdigit() and tensors:

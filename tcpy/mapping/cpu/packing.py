@@ -44,7 +44,7 @@ from tcpy.mapping.promotion import (
     within_budget,
 )
 from tcpy.parser import ast
-from tcpy.parser.checked import contraction
+from tcpy.parser.checked import CheckedStatement, contraction
 from tcpy.parser.linear import linear_form
 from tcpy.parser.ranges import guarded_accesses
 from tcpy.poly.isl_helpers import statement_names
@@ -87,6 +87,7 @@ def pack_operands(
             # a window loop above the copy would copy nearly the same box again at each
             # of its steps (a size-generic conv2d ran 2.5x slower copying)
             return band
+        once: dict[str, tuple[int, int]] = {}
         point = band.child(0)
         if point.get_type() == isl.schedule_node_type.sequence:
             # a row-fused nest (`tcpy.mapping.rows`): a site above each statement's
@@ -103,7 +104,8 @@ def pack_operands(
                     branch = _copy_site(branch, scop, options, transposed, written)
                     point = branch.parent().parent()
             return point.parent()
-        return _copy_site(point, scop, options, transposed).parent()
+        point = _copy_site(point, scop, options, transposed, top=band, once=once)
+        return _copied_once(point.parent(), once)
 
     return map_outermost_bands(schedule, site)
 
@@ -114,10 +116,14 @@ def _copy_site(
     options: MappingOptions,
     transposed: Turns,
     written: set[str] | None = None,
+    top: isl.ScheduleNode | None = None,
+    once: dict[str, tuple[int, int]] | None = None,
 ) -> isl.ScheduleNode:
     """A `pack:` mark above `point` where a tile is worth copying there (see
     `pack_operands`), of none of the tensors `written`; returns the node at `point`'s
-    position (the mark, if any)."""
+    position (the mark, if any). A tile whose box is the whole of what the nest at
+    `top` reads of its tensor is left out of the mark and added to `once`, with its
+    turns and phases, to be copied once above the nest (`_copied_once`)."""
     tensors = [t for t in candidates(point, scop) if t not in (written or set())]
     turns = {t: _site_turns(point, t, transposed, scop) for t in tensors}
     phases = {t: 1 if turns[t] else _phases(point, t, scop) for t in tensors}
@@ -127,12 +133,40 @@ def _copy_site(
         if options.pack_operands or turned or _pays(point, t, scop, phases[t])
     ]
     chosen = within_budget(point, chosen, scop)
-    point = _block_rows_copy(point, scop, options, {*chosen, *(written or set())})
+    if top is not None and once is not None:
+        for t in [t for t in chosen if _same_box(top, point, t, scop)]:
+            once[t] = (turns[t], phases[t])
+            chosen.remove(t)
+    point = _block_rows_copy(point, scop, options, {*chosen, *(once or {}), *(written or set())})
     if not chosen:
         return point
     turned = tuple((t, turns[t]) for t in chosen if turns[t])
     phased = tuple((t, phases[t]) for t in chosen if phases[t] > 1)
     return marks.insert(point, marks.Pack(tuple(chosen), turned, phased)).parent()
+
+
+def _same_box(top: isl.ScheduleNode, point: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
+    """Whether the box of `tensor` a tile at `point` reads is as large as the box the
+    whole nest at `top` reads: the same at every iteration of the loops between them
+    (a convolution's filters under its loops over images and rows)."""
+    whole, tile = box_at(top, tensor, scop), box_at(point, tensor, scop)
+    return whole is not None and tile is not None and whole.elements <= tile.elements
+
+
+def _copied_once(band: isl.ScheduleNode, once: dict[str, tuple[int, int]]) -> isl.ScheduleNode:
+    """`band` with a `pack_once:` mark above it holding the tensors of `once` (each
+    with its turns and phases), where there are any; returns the node at `band`'s
+    position. Their copies are made once per call, before the nest, by the threads
+    together (`marks.Pack.once`), where a mark at the tile would copy the same box at
+    every tile: the 32 x 32 x 3 x 3 filters of a strided convolution, read across
+    their output channels, were copied transposed for each of its 256 rows of output
+    (2x slower than copying none)."""
+    if not once:
+        return band
+    tensors = tuple(sorted(once))
+    turned = tuple((t, once[t][0]) for t in tensors if once[t][0])
+    phased = tuple((t, once[t][1]) for t in tensors if once[t][1] > 1)
+    return marks.insert(band, marks.Pack(tensors, turned, phased, once=True)).parent()
 
 
 def _block_rows_copy(
@@ -158,21 +192,12 @@ def _block_rows_copy(
     if any(vectors.get(k) not in scop.cdef.statements[k].indices for k in below):
         return point
 
-    # read by no statement along its vector loop (`stays_along` cannot tell: the block
-    # loop is a tiled member, `16 floor(n/16)`, which it counts as moving everything)
-    def broadcast(tensor: str) -> bool:
-        for k in below:
-            used = subscript_indices(scop.cdef.statements[k], tensor)
-            if used is not None and vectors[k] in used:
-                return False
-        return True
-
     inner = point.band_split(n - 1).child(0)
     found = [
         t
         for t in candidates(inner, scop)
         if t not in taken
-        and broadcast(t)
+        and _broadcast(vectors, t, scop)
         and reuse(inner, t, scop) >= MIN_REUSE
         and (options.pack_operands or _sparse_rows(inner, t, scop))
     ]
@@ -180,6 +205,20 @@ def _block_rows_copy(
     if not chosen:
         return point
     return marks.insert(inner, marks.Pack(tuple(chosen))).parent().parent()
+
+
+def _broadcast(vectors: dict[int, str], tensor: str, scop: Scop) -> bool:
+    """Whether no statement of `vectors` (`_vector_indices`: the index each runs as
+    its vector loop) reads `tensor` along its vector loop, and one reads it: each of
+    its values is broadcast to a vector. (`stays_along` cannot tell: a block's vector
+    loop is a tiled member, `16 floor(n/16)`, which it counts as moving everything.)"""
+    reading = False
+    for k, index in vectors.items():
+        used = subscript_indices(scop.cdef.statements[k], tensor)
+        if used is not None and index in used:
+            return False
+        reading = reading or used is not None
+    return reading
 
 
 def _sparse_rows(node: isl.ScheduleNode, tensor: str, scop: Scop) -> bool:
@@ -241,15 +280,18 @@ def _vector_indices(node: isl.ScheduleNode, scop: Scop) -> dict[int, str]:
 def channel_vectors(scop: Scop, options: MappingOptions, vector_bytes: int) -> dict[int, str]:
     """The contractions, at fixed sizes, whose rows are short and ragged (the output's
     innermost index runs fewer than four vectors of `vector_bytes` and no whole number
-    of them: a 3x3 convolution's rows of 30) and which have another output index whose
+    of them: a 3x3 convolution's rows of 30) or read in a window (`_windowed`: every
+    convolution), and which have another output index whose
     extent is whole vectors, read only by operands that a transposed copy makes
     unit-stride along it (a convolution's filters `Wt(f,c,kh,kw)`, along its output
     channels `f`) and not read by another (the image, whose values the vectors then
     share by broadcast): that index, by statement, to run as the vector loop. A block
     of output pixels times vectors of channels then has only whole vectors (rows of 30
     in lanes of 16 left 14 to half-empty registers: a 3x3 convolution of 16 channels on
-    32 x 32 images ran 2x faster so). None where copies are off (`pack_operands`
-    False) or a size is known only at the call."""
+    32 x 32 images ran 2x faster so; with rows of 32 at a stride of 2, 1.3x, and
+    rows of 62 at a stride of 1, 1.1x, the filters copied once per call and the image
+    read in place). None where copies are off (`pack_operands` False) or a size is
+    known only at the call."""
     if options.pack_operands is False or scop.sizes is None:
         return {}
     found: dict[int, str] = {}
@@ -259,7 +301,7 @@ def channel_vectors(scop: Scop, options: MappingOptions, vector_bytes: int) -> d
         extent = {r.var: r.hi.evaluate(scop.sizes) - r.lo.evaluate(scop.sizes) for r in st.ranges}
         lanes = max(1, vector_bytes // scop.cdef.tensor(st.tensor).scalar.dtype.itemsize)
         inner = extent[st.indices[-1]]
-        if inner % lanes == 0 or inner >= 4 * lanes:
+        if (inner % lanes == 0 or inner >= 4 * lanes) and not _windowed(st, st.indices[-1]):
             continue
         reads = [
             _index_names(access)
@@ -327,6 +369,19 @@ def _site_turns(node: isl.ScheduleNode, tensor: str, transposed: Turns, scop: Sc
     }
     turns = {transposed.get((k, tensor), 0) for k in below}
     return turns.pop() if len(turns) == 1 else 0
+
+
+def _windowed(st: CheckedStatement, index: str) -> bool:
+    """Whether an operand of `st` reads along `index` together with another index in
+    one subscript: a window's `w + kw` or `2*w + kw`."""
+    for e in st.expressions:
+        for access, _ in guarded_accesses(e):
+            for arg in access.args:
+                form = linear_form(arg)
+                coeffs = {} if form is None else {i: c for i, c in form.coeffs if c}
+                if index in coeffs and len(coeffs) > 1:
+                    return True
+    return False
 
 
 def _index_names(access: ast.Access) -> list[str | None]:
@@ -432,12 +487,23 @@ def _pays(node: isl.ScheduleNode, tensor: str, scop: Scop, phases: int = 1) -> b
     """Whether copying `tensor` at `node` pays: its elements are reused and its box
     is strided (a size known only at run time counts as large) or its vector loops
     read it strided, `phases` > 1 (a stride-2 convolution whose channels are 3.6 KB
-    apart, 32 of 7 x 130: 1.4x faster copied in phases than read in place)."""
+    apart, 32 of 7 x 130: 1.4x faster copied in phases than read in place). Not where
+    every vector loop below reads it by broadcast (`_broadcast`): the layout of its
+    values, one per row of a block, serves no vector load (a convolution's image under
+    a vector loop of output channels; copying its rows for each row of output took
+    10% of a stride-2 convolution's time), where every vector loop runs across the
+    output's rows (`channel_vectors`: the image's box is whole rows of the window);
+    `_block_rows_copy` handles broadcast rows that alias in the cache."""
     b = box_at(node, tensor, scop)
     if b is None or reuse(node, tensor, scop) < MIN_REUSE:
         return False
     if phases > 1:
         return True
+    vectors = _vector_indices(node, scop)
+    across = all(index not in scop.cdef.statements[k].indices[-1:] for k, index in vectors.items())
+    below = set(statement_indices(node, scop))
+    if vectors and vectors.keys() == below and across and _broadcast(vectors, tensor, scop):
+        return False
     info = scop.cdef.tensor(tensor)
     shape = tuple(extent_value(scop, e) for e in info.shape)
     stride = run_stride(b, shape, info.scalar.dtype.itemsize)

@@ -77,12 +77,12 @@ def register_block(
     plan = _plan(node, scop, options, vector_bytes)
     if plan is None:
         return node if options.register_tile else jam(node, scop)
-    parallel, reductions, sizes = plan
+    parallel, reductions, sizes, across = plan
     node = permute_band(node, parallel + reductions)
     order = parallel + reductions
     tiles = tuple(sizes.get(k, 1) for k in order)
     node = tile_band(node, tiles).band_split(len(parallel))
-    mark = marks.RegisterBlock(tuple(sizes[k] for k in order if k in sizes))
+    mark = marks.RegisterBlock(tuple(sizes[k] for k in order if k in sizes), across)
     point = marks.insert(node.child(0), mark).child(0)
     blocked = [i for i, k in enumerate(order) if k in sizes]  # the lanes last
     rest = [i for i in range(len(order)) if i not in blocked]
@@ -92,9 +92,11 @@ def register_block(
 
 def _plan(
     node: isl.ScheduleNode, scop: Scop, options: MappingOptions, vector_bytes: int
-) -> tuple[list[int], list[int], dict[int, int]] | None:
-    """The parallel members, the reduction members and the block size of each blocked
-    member; None when the band is not blocked."""
+) -> tuple[list[int], list[int], dict[int, int], bool] | None:
+    """The parallel members, the reduction members, the block size of each blocked
+    member and whether the vector loop runs across the output's rows
+    (`marks.RegisterBlock.across`: a parallel member that is not the output's
+    innermost index); None when the band is not blocked."""
     stmt = _one_statement(node, scop)
     if stmt is None:
         return None
@@ -135,7 +137,8 @@ def _plan(
     sizes = _within_budget(sizes, inner)
     if not coincident[inner] and (inner not in sizes or len(sizes) < 2):
         return None
-    return (parallel, reductions, sizes) if sizes else None
+    across = coincident[inner] and variables[inner] not in source.indices[-1:]
+    return (parallel, reductions, sizes, across) if sizes else None
 
 
 def block_rows(vector_bytes: int, asked: tuple[int, ...] = ()) -> int:
