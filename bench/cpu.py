@@ -3,7 +3,8 @@ target against NumPy and PyTorch eager (when installed), in the same run, on the
 inputs.
 
     python bench/cpu.py [--reps 6] [--only softmax,gelu] [--no-sweep] [--loaded] [--generic]
-                        [--users] [--interleaved] [--tag NAME] [--out bench/results] [--smoke]
+                        [--users] [--convs] [--interleaved] [--tag NAME] [--out bench/results]
+                        [--smoke]
 
 First the machine's limits are measured: the FP32 FMA peak (a C loop of independent
 vector FMAs on every core, at each vector width the compiler offers) and the copy
@@ -18,13 +19,15 @@ and the copy bandwidth.
 
 `--users` times the kernels of `bench/users.py` (what users write beyond the suite:
 PolyBench's linear algebra, BERT layer blocks, element-wise kernels) instead of the
-suite. `--interleaved` also times each kernel in a loop that alternates one tcpy call
-and one call of its NumPy peer, as code mixing the two libraries does: tcpy's call
-right after NumPy's and NumPy's right after tcpy's, against their quiet times, and
-tcpy's at each thread count (the best thread count in that state); and each library's
-calls made one at a time after a pause (`SPORADIC_S`), as a program that does other
-work between its calls makes them, against their quiet times; and tcpy's calls
-alternating with PyTorch's peer, each against its quiet time.
+suite; `--convs`, the suite's convolutions at a ResNet's layer shapes
+(`bench.suite.conv_sweep`), each against PyTorch's `conv2d`. `--interleaved` also
+times each kernel in a loop that alternates one tcpy call and one call of its NumPy
+peer, as code mixing the two libraries does: tcpy's call right after NumPy's and
+NumPy's right after tcpy's, against their quiet times, and tcpy's at each thread count
+(the best thread count in that state); and each library's calls made one at a time
+after a pause (`SPORADIC_S`), as a program that does other work between its calls
+makes them, against their quiet times; and tcpy's calls alternating with PyTorch's
+peer, each against its quiet time.
 `--loaded` runs one single-threaded busy process at normal priority beside everything,
 as another user of the machine would. `--smoke` checks that the benchmark still runs:
 the kernels at `bench.suite.smoke_sized` sizes, each timed once, the machine's limits
@@ -57,7 +60,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tcpy
-from bench.suite import SUITE, Kernel, matmul_sweep, smoke_sized, smoke_tag, torch_peer
+from bench.suite import (
+    SUITE,
+    Kernel,
+    conv_sweep,
+    matmul_sweep,
+    smoke_sized,
+    smoke_tag,
+    torch_peer,
+)
 from bench.users import USERS, smoke_user
 from tcpy.binding import bind
 from tcpy.runtime import cpu as runtime
@@ -451,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--users", action="store_true", help="bench/users.py's kernels")
     parser.add_argument(
+        "--convs", action="store_true", help="convolutions at a ResNet's layer shapes"
+    )
+    parser.add_argument(
         "--interleaved", action="store_true", help="also each call right after NumPy's"
     )
     args = parser.parse_args(argv)
@@ -469,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         kernels = suite if args.no_sweep else (*suite, *sweep)
         if args.users:
             kernels = tuple(map(smoke_user, USERS)) if args.smoke else USERS
+        if args.convs:
+            kernels = conv_sweep(smoke=args.smoke)
         rows = []
         for kernel in kernels:
             if wanted and kernel.name not in wanted:
@@ -505,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         ("interleaved", args.interleaved),
     )
     named = args.tag or "-".join(mode for mode, on in modes[1:] if on)
-    if args.users and not named.startswith("users"):  # apart from the suite's of that tag
-        named = "-".join(filter(None, ("users", named)))
+    for kind, on in (("users", args.users), ("convs", args.convs)):
+        if on and not named.startswith(kind):  # apart from the suite's of that tag
+            named = "-".join(filter(None, (kind, named)))
     tag = smoke_tag(named, args.smoke)
     result = {
         "date": datetime.date.today().isoformat(),

@@ -303,6 +303,37 @@ def matmul_sweep(sizes: tuple[int, ...] = (256, 512, 1024, 2048)) -> tuple[Kerne
     )  # fmt: skip
 
 
+CONV_SHAPES: tuple[tuple[str, int, dict[str, int]], ...] = (
+    # name, stride, sizes: a ResNet's 3x3 layers at batch 1 (inputs without padding, so
+    # that the outputs are the layers' 56, 28, 14 and 7), its strided ones, and a 1x1
+    ("conv3x3_56_64", 1, {"N": 1, "C": 64, "H": 58, "W": 58, "F": 64, "KH": 3, "KW": 3}),
+    ("conv3x3_28_128", 1, {"N": 1, "C": 128, "H": 30, "W": 30, "F": 128, "KH": 3, "KW": 3}),
+    ("conv3x3_14_256", 1, {"N": 1, "C": 256, "H": 16, "W": 16, "F": 256, "KH": 3, "KW": 3}),
+    ("conv3x3_7_512", 1, {"N": 1, "C": 512, "H": 9, "W": 9, "F": 512, "KH": 3, "KW": 3}),
+    ("conv3x3s2_28_128", 2, {"N": 1, "C": 64, "H": 57, "W": 57, "F": 128, "KH": 3, "KW": 3}),
+    ("conv3x3s2_14_256", 2, {"N": 1, "C": 128, "H": 29, "W": 29, "F": 256, "KH": 3, "KW": 3}),
+    ("conv1x1_28_64", 1, {"N": 1, "C": 256, "H": 28, "W": 28, "F": 64, "KH": 1, "KW": 1}),
+)
+SMOKE_CONV = {"N": 1, "C": 8, "H": 11, "W": 11, "F": 8}  # each shape's sizes under --smoke
+
+
+def conv_sweep(smoke: bool = False) -> tuple[Kernel, ...]:
+    """The suite's convolutions (`conv2d`, `conv2d_strided`) at each shape of
+    `CONV_SHAPES`, against PyTorch's `conv2d` at its stride; at a few channels of
+    11 x 11 with `smoke`."""
+    by_stride = {1: "conv2d", 2: "conv2d_strided"}
+    kernels = []
+    for name, stride, sizes in CONV_SHAPES:
+        (base,) = [k for k in SUITE if k.name == by_stride[stride]]
+        shape = {**sizes, **SMOKE_CONV} if smoke else sizes
+
+        def peer(torch: Any, stride: int = stride) -> Callable[..., object]:
+            return lambda I, K: torch.nn.functional.conv2d(I, K, stride=stride)
+
+        kernels.append(replace(base, name=name, sizes=shape, torch=peer))
+    return tuple(kernels)
+
+
 # The suite at sizes the emulator profiles in seconds (`bench/emu_profile.py`), the same
 # for the GPU emulator's baseline and the GPU mapping's progress against it. Each keeps
 # the shape's character (rows of a reduction longer than a warp, more than one tile per

@@ -136,6 +136,21 @@ def test_cpu_users_interleaved(tmp_path: Path) -> None:
     assert positive(result["summary"]["interleaved_numpy_over_quiet_worst"])
 
 
+def test_cpu_convs(tmp_path: Path) -> None:
+    """The convolution shapes (`bench.suite.conv_sweep`), strided and 1x1 among them, at
+    smoke sizes, in a file of their own, checked against NumPy and timed beside PyTorch."""
+    names = "conv3x3_56_64,conv3x3s2_28_128,conv1x1_28_64"
+    result = smoke(tmp_path, "cpu.py", "--convs", "--only", names)
+    assert [row["kernel"] for row in result["kernels"]] == names.split(",")
+    (path,) = (tmp_path / "out").glob("*.json")
+    assert path.name.startswith("cpu-") and "-convs" in path.name
+    for row in result["kernels"]:
+        assert row["max_rel_error"] < 1e-4 and positive(*times(row))
+        assert row["sizes"]["C"] == 8 and row["sizes"]["H"] == 11
+        if importlib.util.find_spec("torch") is not None:
+            assert positive(row["torch_ms"], row["ratio_vs_torch"])
+
+
 def test_tune(tmp_path: Path, bench: Any) -> None:
     """A tuning session, the default and tuned kernels side by side (checked against
     NumPy by the script), one seed of genetic against random search, and the plot."""

@@ -299,44 +299,58 @@ def _print_block(
     for array in arrays:
         p.emit(depth + 1, f"{parts.compute} {array}{''.join(f'[{n}]' for n in declared)};")
     if lane is None:
-        element = f"tc_reg{index}"
-        test = mask.test if mask else ""
-        current = f"({test}) ? {parts.current} : {parts.identity}" if test else parts.current
-        # the loads and stores not `omp simd` loops (GCC unrolls and vectorises them
-        # anyway): GCC 12 vectorised those on their own and then kept 3 of a 6 x 16
-        # block's 12 vectors in memory across the reduction loops (a 512^3 matmul on
-        # AVX2: 3.4 -> 6.3 ms); `GCC unroll` on them compiled 1.3x slower
-        moves = [*levels[:-1], ([], levels[-1][1])]
-        if plan.across:
-            # each of the output's rows once, in turn: a 6 x 16 block of a strided
-            # convolution, whose 16 rows 4 KB apart share a set of the L1 cache, loaded
-            # at the start and stored at the end ran 1.9 ms against 0.99 started at zero
-            # and stored row after row (1.03 added in so)
-            _nest(p, depth + 1, moves, [f"{element} = {parts.identity};"])
-            moves = [([], levels[-1][1]), *levels[:-1]]
-            current = parts.merge(parts.current, element)
-        else:
-            _nest(p, depth + 1, moves, [f"{element} = {current};"])
-            current = element
-        based = parts if mask else _rebased(p, plan, depth + 1)
-        update = [based.wrap(f"{element} = {based.combine(element)};")]
-        if mask and mask.shared:
-            inside = depth + 1 + len(plan.reductions)
-            _open(p, depth + 1, plan.reductions)
-            p.emit(inside, "{")
-            for local, _ in mask.shared:
-                p.emit(inside + 1, f"{parts.compute} {local}[{sizes[-1]}];")
-            _nest(p, inside + 1, levels[-1:], [fill for _, fill in mask.shared])
-            _nest(p, inside + 1, levels, update)
-            p.emit(inside, "}")
-            _close(p, depth + 1, len(plan.reductions))
-        else:
-            _nest(p, depth + 1, [*plan.reductions, *levels], update)
-        store = f"{parts.target} = {parts.store(current)};"
-        _nest(p, depth + 1, moves, [f"if ({test}) {store}" if test else store])
+        _print_outputs(p, plan, depth + 1, levels, f"tc_reg{index}", mask)
     else:
         _print_lanes(p, plan, depth + 1, levels, index, arrays, lane, split)
     p.emit(depth, "}")
+
+
+def _print_outputs(
+    p: Printer,
+    plan: _Plan,
+    depth: int,
+    levels: list[tuple[list[str], str]],
+    element: str,
+    mask: _Mask | None,
+) -> None:
+    """A block without lanes (`_print_block`): its `element` of `tc_reg` loaded from
+    the output (or, `plan.across`, started at the identity), updated across the
+    reduction loops and stored (added in), the block loops `levels` around each."""
+    parts, sizes = plan.parts, plan.sizes
+    test = mask.test if mask else ""
+    current = f"({test}) ? {parts.current} : {parts.identity}" if test else parts.current
+    # the loads and stores not `omp simd` loops (GCC unrolls and vectorises them
+    # anyway): GCC 12 vectorised those on their own and then kept 3 of a 6 x 16
+    # block's 12 vectors in memory across the reduction loops (a 512^3 matmul on
+    # AVX2: 3.4 -> 6.3 ms); `GCC unroll` on them compiled 1.3x slower
+    moves = [*levels[:-1], ([], levels[-1][1])]
+    if plan.across:
+        # each of the output's rows once, in turn: a 6 x 16 block of a strided
+        # convolution, whose 16 rows 4 KB apart share a set of the L1 cache, loaded
+        # at the start and stored at the end ran 1.9 ms against 0.99 started at zero
+        # and stored row after row (1.03 added in so)
+        _nest(p, depth, moves, [f"{element} = {parts.identity};"])
+        moves = [([], levels[-1][1]), *levels[:-1]]
+        current = parts.merge(parts.current, element)
+    else:
+        _nest(p, depth, moves, [f"{element} = {current};"])
+        current = element
+    based = parts if mask else _rebased(p, plan, depth)
+    update = [based.wrap(f"{element} = {based.combine(element)};")]
+    if mask and mask.shared:
+        inside = depth + len(plan.reductions)
+        _open(p, depth, plan.reductions)
+        p.emit(inside, "{")
+        for local, _ in mask.shared:
+            p.emit(inside + 1, f"{parts.compute} {local}[{sizes[-1]}];")
+        _nest(p, inside + 1, levels[-1:], [fill for _, fill in mask.shared])
+        _nest(p, inside + 1, levels, update)
+        p.emit(inside, "}")
+        _close(p, depth, len(plan.reductions))
+    else:
+        _nest(p, depth, [*plan.reductions, *levels], update)
+    store = f"{parts.target} = {parts.store(current)};"
+    _nest(p, depth, moves, [f"if ({test}) {store}" if test else store])
 
 
 def _rebased(p: Printer, plan: _Plan, depth: int) -> StatementParts:
