@@ -233,6 +233,18 @@ def test_a_convolutions_filters_are_copied_once_and_its_blocks_added_in() -> Non
         np.testing.assert_array_equal(got, runs[0])
 
 
+def test_filters_larger_than_a_threads_buffers_are_copied_once() -> None:
+    """Filters of 64 x 96 x 3 x 3 (216 KB, more than a thread's buffers for a tile,
+    `PACK_BYTES`) are still copied once above the nest (`ONCE_BYTES`), so the output
+    channels stay the vector loop; results as the reference's."""
+    source = STRIDED_CONV.replace("2*", "")
+    sizes = {"N": 1, "C": 96, "H": 30, "W": 30, "F": 64, "KH": 3, "KW": 3}
+    assert _pack_marks(source, sizes) == ["pack_once:K^T3"]
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=7)
+    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=1e-5)
+
+
 def test_pack_operands_is_validated_and_tuned() -> None:
     with pytest.raises(TCMappingError, match="pack_operands"):
         MappingOptions(pack_operands=1)  # type: ignore[arg-type]

@@ -56,6 +56,10 @@ LINE = 64  # bytes of a cache line
 ROWS_COPY_BYTES = 16 * 1024
 """The buffer of a register block's rows (`_block_rows_copy`): with the vector loop's
 operand, in the L1 cache."""
+ONCE_BYTES = 16 << 20
+"""The buffers of the copies made once per call above a nest (`_copied_once`), which
+the threads share: a copy made once need not fit a thread's cache, as a tile copied at
+every step of the loops around it must (`PACK_BYTES`)."""
 LARGE_STRIDE = 2048
 """Bytes between the rows of a box from which its rows alias in the cache, measured on
 matmul: rows of 4 KB 1.75x faster packed on one thread of a Zen 4 (L2 of 1 MB), rows of
@@ -132,11 +136,12 @@ def _copy_site(
         for t, turned in turns.items()
         if options.pack_operands or turned or _pays(point, t, scop, phases[t])
     ]
-    chosen = within_budget(point, chosen, scop)
     if top is not None and once is not None:
-        for t in [t for t in chosen if _same_box(top, point, t, scop)]:
+        whole = [t for t in chosen if _same_box(top, point, t, scop)]
+        for t in within_budget(point, whole, scop, budget=ONCE_BYTES):
             once[t] = (turns[t], phases[t])
             chosen.remove(t)
+    chosen = within_budget(point, chosen, scop)
     point = _block_rows_copy(point, scop, options, {*chosen, *(once or {}), *(written or set())})
     if not chosen:
         return point
