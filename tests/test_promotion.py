@@ -245,6 +245,24 @@ def test_filters_larger_than_a_threads_buffers_are_copied_once() -> None:
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=1e-5)
 
 
+def test_rows_of_a_copy_made_once_that_alias_in_the_cache_are_padded() -> None:
+    """Filters of 128 output channels, copied once with the channels innermost, make
+    rows of 512 bytes, whose reads by a block alias in the cache: each row is held
+    with a cache line more (144 floats); rows of 64 channels (256 bytes) are not.
+    Results as the reference's."""
+    source = STRIDED_CONV.replace("2*", "")
+    sizes = {"N": 1, "C": 64, "H": 30, "W": 30, "F": 128, "KH": 3, "KW": 3}
+    assert _pack_marks(source, sizes) == ["pack_once:K^T3"]
+    text = _lower(source, sizes).source
+    assert re.search(r"tc_pack0\[[^=]*\* 144 \+ \(tc_i0\)\)\] = t_K\[", text)
+    assert "* 144 + ((c" in text  # the reads of the block too
+    narrow = _lower(source, {**sizes, "C": 96, "F": 64}).source
+    assert re.search(r"tc_pack0\[[^=]*\* 64 \+ \(tc_i0\)\)\] = t_K\[", narrow)
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=8)
+    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=1e-5)
+
+
 def test_pack_operands_is_validated_and_tuned() -> None:
     with pytest.raises(TCMappingError, match="pack_operands"):
         MappingOptions(pack_operands=1)  # type: ignore[arg-type]

@@ -208,11 +208,12 @@ def _body(printer: CPrinter, region: bool, arena: int, shared: int) -> None:
     if arena or shared:
         # before any work: a thread without its buffers could not keep to the barriers
         threads = "(size_t)tc_threads" if region else "1"
-        total = f"{threads} * {arena}" + (f" + {shared}" if shared else "")
+        total = " + ".join([f"{threads} * {arena}"] * bool(arena) + [str(shared)] * bool(shared))
         printer.emit(1, f"char *{ARENA} = (char *)aligned_alloc({ALIGN}, {total});")
         printer.emit(1, f"if (!{ARENA}) return {STATUS_OUT_OF_MEMORY};")
     if shared:
-        printer.emit(1, f"char *{SHARED} = {ARENA} + {threads} * {arena};")
+        after = f" + {threads} * {arena}" if arena else ""
+        printer.emit(1, f"char *{SHARED} = {ARENA}{after};")
     if region:
         mine = f"(size_t)omp_get_thread_num() * {arena}"
         print_region(printer, 1, (f"char *{MINE} = {ARENA} + {mine};",) if arena else ())

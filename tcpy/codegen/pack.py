@@ -68,7 +68,7 @@ def shared_starts(ast: Ast, cdef: CheckedDef) -> dict[str, int]:
     for node, _ in walk(ast.root):
         if node.get_type() == isl.ast_node_type.mark and _once(node) and ast.packed(node):
             starts[node.get_annotation().get_name()] = end
-            end += _site_bytes(ast.packed(node), cdef)[-1]
+            end += _site_bytes(ast.packed(node), cdef, once=True)[-1]
     return {**starts, "": end}
 
 
@@ -78,13 +78,34 @@ def _once(node: isl.AstNode) -> bool:
     return isinstance(mark, Pack) and mark.once
 
 
-def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef) -> list[int]:
-    """Where each box's buffer starts in the thread's part of the arena, then the end."""
+def _site_bytes(boxes: tuple[PackedBox, ...], cdef: CheckedDef, once: bool = False) -> list[int]:
+    """Where each box's buffer starts in the thread's part of the arena (`once`: in the
+    shared part, `_held`), then the end."""
     starts = [0]
     for b in boxes:
-        size = math.prod(b.held) * cdef.tensor(b.tensor).scalar.dtype.itemsize
+        itemsize = cdef.tensor(b.tensor).scalar.dtype.itemsize
+        size = math.prod(_held(b, itemsize, once)) * itemsize
         starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
     return starts
+
+
+ALIASING_ROWS = 512
+"""Bytes of which a copy's rows may not be a multiple (`_held`)."""
+
+
+def _held(b: PackedBox, itemsize: int, once: bool) -> tuple[int, ...]:
+    """The extents of `b`'s buffer: its held extents, and, for a copy made once whose
+    rows (its innermost dimension as held) are a multiple of ALIASING_ROWS bytes, a
+    cache line more in each row. A block reads a vector from each row of such a copy
+    (a convolution's filters, `[c][kh][kw][f]`, 16 channels at a time): rows of 1 KB
+    put all 2,304 of a block's reads in 64 of the L2 cache's 1,024 sets, 8 ways each,
+    and every block read them again from L3; rows of 1,088 bytes spread them over all."""
+    held = b.held
+    n = len(held)
+    inner = innermost_first(list(range(n)), b.turns)[-1] if b.turns else n - 1
+    if not once or n < 2 or b.phases > 1 or (held[inner] * itemsize) % ALIASING_ROWS:
+        return held
+    return tuple(e + ALIGN // itemsize if d == inner else e for d, e in enumerate(held))
 
 
 def print_pack(
@@ -110,7 +131,7 @@ def print_pack(
     p.emit(depth, "{")
     copies = {}
     base, first = (SHARED, p.shared_starts[once]) if once is not None else (MINE, p.arena_at)
-    starts = [first + start for start in _site_bytes(boxes, p.scop.cdef)]
+    starts = [first + start for start in _site_bytes(boxes, p.scop.cdef, once is not None)]
     shared = once is not None and wait is not None
     for b, start in zip(boxes, starts, strict=False):
         buffer = f"tc_pack{p.copies}"
@@ -118,7 +139,9 @@ def print_pack(
         offsets = tuple(f"{buffer}_o{d}" for d in range(len(b.sizes)))
         for name, expr in zip(offsets, b.offsets, strict=True):
             p.emit(depth + 1, f"const int64_t {name} = {isl_expr(expr, p.names, top=True)};")
-        copy = LocalCopy(buffer, offsets, b.held, turns=b.turns, phases=b.phases)
+        itemsize = p.scop.cdef.tensor(b.tensor).scalar.dtype.itemsize
+        held = _held(b, itemsize, once is not None)
+        copy = LocalCopy(buffer, offsets, held, turns=b.turns, phases=b.phases)
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({base} + {start});")
         if copy_in:
