@@ -260,8 +260,8 @@ def test_convolutions_take_vectors_of_output_channels(vector_width) -> None:  # 
     """A 3x3 convolution's 32 output channels are whole vectors: the channels are the
     vector loop of the block, the filters copied with their channels innermost, each
     image value broadcast, for rows of 30 (no whole number of vectors) and of 32 (a
-    convolution's rows are read in a window) alike; without copies, the rows are the
-    vector loop."""
+    convolution's rows are read in a window) alike, the latter where the channels make
+    two vectors at least; without copies, the rows are the vector loop."""
     vector_width("512")  # the vectors of 16 lanes it was written for
     source, (sizes, _) = CONTRACTIONS["conv2d_channels"]
     turned = r"(tc_pack\d+)\[[^=]*\* 32 \+ \(tc_i0\)\)\] = t_Wt\["
@@ -280,6 +280,10 @@ def test_convolutions_take_vectors_of_output_channels(vector_width) -> None:  # 
         assert lane is not None and f"(({lane.group(1)}) - {name}_o0))]" in update, update
     assert re.search(turned, _source(source, {**sizes, "W": 34})) is not None
     assert "= t_Wt[" not in _source(source, sizes, pack_operands=False)
+    # rows of 32 and 16 channels, one vector: the rows stay the vector loop
+    one = r"(tc_pack\d+)\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_Wt\["
+    assert re.search(one, _source(source, {**sizes, "W": 34, "F": 16})) is None
+    assert re.search(one, _source(source, {**sizes, "F": 16})) is not None  # rows of 30
 
 
 def test_an_input_read_across_the_output_rows_is_copied_transposed() -> None:
