@@ -504,12 +504,12 @@ def _pays(node: isl.ScheduleNode, tensor: str, scop: Scop, phases: int = 1) -> b
     is strided (a size known only at run time counts as large) or its vector loops
     read it strided, `phases` > 1 (a stride-2 convolution whose channels are 3.6 KB
     apart, 32 of 7 x 130: 1.4x faster copied in phases than read in place). Not where
-    every vector loop below reads it by broadcast (`_broadcast`): the layout of its
-    values, one per row of a block, serves no vector load (a convolution's image under
-    a vector loop of output channels; copying its rows for each row of output took
-    10% of a stride-2 convolution's time), where every vector loop runs across the
-    output's rows (`channel_vectors`: the image's box is whole rows of the window);
-    `_block_rows_copy` handles broadcast rows that alias in the cache."""
+    every vector loop below runs across the output's rows (`channel_vectors`) and
+    reads it by broadcast (`_broadcast`): a convolution's image under a vector loop of
+    output channels, whose box is whole rows of the window and whose values, one per
+    row of a block, serve no vector load (copying its rows for each row of output took
+    10% of a stride-2 convolution's time); `_block_rows_copy` handles broadcast rows
+    that alias in the cache."""
     b = box_at(node, tensor, scop)
     if b is None or reuse(node, tensor, scop) < MIN_REUSE:
         return False
