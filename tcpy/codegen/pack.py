@@ -132,7 +132,7 @@ def print_pack(
     copies = {}
     base, first = (SHARED, p.shared_starts[once]) if once is not None else (MINE, p.arena_at)
     starts = [first + start for start in _site_bytes(boxes, p.scop.cdef, once is not None)]
-    shared = once is not None and wait is not None
+    wait = wait if once is not None else None  # only a copy made once is shared out
     for b, start in zip(boxes, starts, strict=False):
         buffer = f"tc_pack{p.copies}"
         p.copies += 1
@@ -145,9 +145,9 @@ def print_pack(
         ctype = p.dialect.ctype(p.scop.cdef.tensor(b.tensor).scalar)
         p.emit(depth + 1, f"{ctype} *restrict {buffer} = ({ctype} *)({base} + {start});")
         if copy_in:
-            _copy(p, depth + 1, b.tensor, copy, WORKSHARING if shared else None)
+            _copy(p, depth + 1, b.tensor, copy, WORKSHARING if wait else None)
         copies[b.tensor] = copy
-    if shared and wait is not None:
+    if wait:
         p.emit(depth + 1, wait)
     saved, outside = p.bodies, p.arena_at
     p.bodies = dataclasses.replace(saved, copies={**saved.copies, **copies})
