@@ -13,6 +13,7 @@ from test_registers import CONTRACTIONS, _inputs
 
 from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
 from tcpy.errors import TCLaunchError, TCMappingError
+from tcpy.mapping.cpu.packing import ONCE_BYTES
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.promotion import Box, box, footprint, run_stride
 from tcpy.parser import check_source
@@ -423,15 +424,26 @@ def test_which_inputs_are_copied_transposed(source: str, expected: set[str]) -> 
     assert not any("^T" in m for m in _pack_marks(source, sizes, pack_operands=False))
 
 
-@pytest.mark.parametrize("tile", [(), (64, 256, 512)], ids=["fits", "too-large"])
+@pytest.mark.parametrize(
+    ("sizes", "tile", "expected"),
+    [
+        ({"M": 70, "K": 600, "N": 300}, (), "pack"),
+        # a tile of 256 x 512 (512 KB) too large for a thread: the whole of B, once
+        ({"M": 70, "K": 600, "N": 300}, (64, 256, 512), "pack_once"),
+        # the whole of B (17.6 MB) too large for the copies made once as well
+        ({"M": 6, "K": 2100, "N": 2100}, (64, 256, 512), None),
+    ],
+    ids=["fits", "tile-too-large", "too-large"],
+)
 def test_a_transposed_copy_that_cannot_be_placed_leaves_the_nest_as_it_was(
-    tile: tuple[int, ...],
+    sizes: dict[str, int], tile: tuple[int, ...], expected: str | None
 ) -> None:
-    """A tile of B too large for the thread's buffers is not copied, and the nest is
+    """A tile of B too large for the thread's buffers is copied once above the nest,
+    whole, where it fits ONCE_BYTES; where it does not, B is not copied, and the nest is
     then mapped as if no copy were planned: k stays its vector loop (n would gather)."""
-    sizes = {"M": 70, "K": 600, "N": 300}
     marks = _pack_marks(DOT_ROWS, sizes, tile=tile)
-    assert any("B^T" in m for m in marks) is (tile == ())
+    assert [m.split(":")[0] for m in marks if "B^T" in m] == ([expected] if expected else [])
+    assert ONCE_BYTES < 2100 * 2100 * 4
     cpu, reference = engines("cpu", DOT_ROWS, quiet=True)
     inputs = _inputs(cpu, sizes, seed=len(tile))
     options = MappingOptions.cpu().replace(tile=tile)
