@@ -234,13 +234,23 @@ def test_a_convolutions_filters_are_copied_once_and_its_blocks_added_in() -> Non
         np.testing.assert_array_equal(got, runs[0])
 
 
-def test_filters_larger_than_a_threads_buffers_are_copied_once() -> None:
-    """Filters of 64 x 96 x 3 x 3 (216 KB, more than a thread's buffers for a tile,
-    `PACK_BYTES`) are still copied once above the nest (`ONCE_BYTES`), so the output
-    channels stay the vector loop; results as the reference's."""
+@pytest.mark.parametrize(("filters", "expected"), [(64, "pack:K^T3"), (72, "pack_once:K^T3")])
+def test_filters_larger_than_a_threads_buffers(filters: int, expected: str) -> None:
+    """Filters of 64 x 96 x 3 x 3 (216 KB, more than a thread's copy, `PACK_BYTES`)
+    are tiled by blocks of 16 output channels, each tile's filters copied with rows of
+    16 (`[c][kh][kw][16]`), the blocks of channels the outermost loop the threads share;
+    72 channels (not whole blocks) are copied once above the nest (`ONCE_BYTES`), so
+    the output channels stay the vector loop either way. Results as the reference's."""
     source = STRIDED_CONV.replace("2*", "")
-    sizes = {"N": 1, "C": 96, "H": 30, "W": 30, "F": 64, "KH": 3, "KW": 3}
-    assert _pack_marks(source, sizes) == ["pack_once:K^T3"]
+    sizes = {"N": 1, "C": 96, "H": 30, "W": 30, "F": filters, "KH": 3, "KW": 3}
+    assert _pack_marks(source, sizes) == [expected]
+    if expected.startswith("pack:"):
+        text = _lower(source, sizes).source
+        assert re.search(r"tc_pack0\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_K\[", text)
+        nest = text[text.index("tc_barrier") :]
+        assert re.search(
+            r"#pragma omp for[^\n]*\n\s*for \(int64_t c0 = 0; c0 <= 63; c0 \+= 16\)", nest
+        )
     cpu, reference = engines("cpu", source, quiet=True)
     inputs = _inputs(cpu, sizes, seed=7)
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=1e-5)
@@ -252,12 +262,12 @@ def test_rows_of_a_copy_made_once_that_alias_in_the_cache_are_padded() -> None:
     with a cache line more (144 floats); rows of 64 channels (256 bytes) are not.
     Results as the reference's."""
     source = STRIDED_CONV.replace("2*", "")
-    sizes = {"N": 1, "C": 64, "H": 30, "W": 30, "F": 128, "KH": 3, "KW": 3}
+    sizes = {"N": 1, "C": 32, "H": 30, "W": 30, "F": 128, "KH": 3, "KW": 3}
     assert _pack_marks(source, sizes) == ["pack_once:K^T3"]
     text = _lower(source, sizes).source
     assert re.search(r"tc_pack0\[[^=]*\* 144 \+ \(tc_i0\)\)\] = t_K\[", text)
     assert "* 144 + ((c" in text  # the reads of the block too
-    narrow = _lower(source, {**sizes, "C": 96, "F": 64}).source
+    narrow = _lower(source, {**sizes, "C": 64, "F": 64}).source
     assert re.search(r"tc_pack0\[[^=]*\* 64 \+ \(tc_i0\)\)\] = t_K\[", narrow)
     cpu, reference = engines("cpu", source, quiet=True)
     inputs = _inputs(cpu, sizes, seed=8)

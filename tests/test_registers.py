@@ -286,6 +286,28 @@ def test_convolutions_take_vectors_of_output_channels(vector_width) -> None:  # 
     assert re.search(one, _source(source, {**sizes, "F": 16})) is not None  # rows of 30
 
 
+@pytest.mark.parametrize(("width", "rows"), [(16, 7), (34, 6), (9, 7)])
+def test_blocks_across_short_rows(vector_width, width: int, rows: int) -> None:  # type: ignore[no-untyped-def]
+    """A convolution whose output channels are its vector loop takes blocks of 7 rows
+    where rows of 7 cover its rows whole and 6 do not (rows of 14; of 7, the image's
+    rows all short, the innermost blocked), 6 otherwise (rows of 32: a last block of 4
+    masked would spill); the blocks of channels run outside the blocks of rows.
+    Results as the reference's."""
+    vector_width("256")  # 16 registers: blocks of 6 rows
+    source, _ = CONTRACTIONS["conv2d_channels"]
+    sizes = {"N": 1, "C": 8, "H": 9, "W": width, "F": 32, "KH": 3, "KW": 3}
+    text = _source(source, sizes)
+    assert f"float tc_reg[{rows}][16];" in text
+    channels = re.search(r"for \(int64_t (c\d+) = 0; \1 <= 31; \1 \+= 16\)", text)
+    pixels = re.search(rf"for \(int64_t (c\d+) = 0; \1 <= {width - 3}; \1 \+= {rows}\)", text)
+    assert channels is not None, text
+    if width - 2 > rows:  # more than one block of rows
+        assert pixels is not None and channels.start() < pixels.start(), text
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=width)
+    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
+
+
 def test_an_input_read_across_the_output_rows_is_copied_transposed() -> None:
     """`C(m,n) +=! A(m,k) * B(n,k)`: B's tile is copied with k outermost, so that n, the
     output's unit-stride index, is the vector loop of an outer-product block; without

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import islpy as isl
 
-from tcpy.mapping.cpu.tiles import BLOCK_ROWS, auto_tile, tile_sizes
+from tcpy.mapping.cpu.tiles import PLAIN, Block, auto_tile, tile_sizes
 from tcpy.mapping.marks import EMPTY, Turns
 from tcpy.mapping.rows import (
     Build,
@@ -60,7 +60,7 @@ def fuse_epilogues(
     scop: Scop,
     deps: Dependences,
     transposed: Turns = EMPTY,
-    block_rows: int = BLOCK_ROWS,
+    block: Block = PLAIN,
 ) -> tuple[isl.Schedule, frozenset[str]]:
     """`schedule` with each qualifying run fused as the module docstring shows, and the
     contractions tiled inside a fused run (by statement name: their copies go above
@@ -70,10 +70,10 @@ def fuse_epilogues(
     if in_program_order is None:
         return schedule, frozenset()
     children, nests = in_program_order
-    runs = _runs(children, nests, scop, deps, transposed, block_rows)
+    runs = _runs(children, nests, scop, deps, transposed, block)
     if not runs:
         return schedule, frozenset()
-    fused = _rebuild(schedule, children, nests, runs, scop, deps, transposed, block_rows)
+    fused = _rebuild(schedule, children, nests, runs, scop, deps, transposed, block)
     if not respects(fused, deps.validity):
         return schedule, frozenset()
     return fused, frozenset(nests[run.contraction][0].name for run in runs)
@@ -95,13 +95,13 @@ def _runs(
     scop: Scop,
     deps: Dependences,
     transposed: Turns,
-    block_rows: int,
+    block: Block,
 ) -> list[_Run]:
     """The qualifying runs: from each contraction, its initialisation's nest before it
     if that is the one just before, and the longest run of epilogues after it."""
     runs: list[_Run] = []
     for k, nest in enumerate(nests):
-        tiles = _contraction_tiles(children[k], nest, scop, transposed, block_rows)
+        tiles = _contraction_tiles(children[k], nest, scop, transposed, block)
         if tiles is None or (runs and k < runs[-1].stop):
             continue
         contraction = nest[0]
@@ -123,7 +123,7 @@ def _contraction_tiles(
     nest: list[PolyStatement],
     scop: Scop,
     transposed: Turns,
-    block_rows: int,
+    block: Block,
 ) -> tuple[int, ...] | None:
     """The tile size of each output dimension of the nest's contraction, as `auto_tile`
     would cut its band; None unless the nest is one reduction's (over reduction
@@ -145,7 +145,7 @@ def _contraction_tiles(
     band = child.child(0)
     if band.get_type() != isl.schedule_node_type.band:
         return None
-    sizes = tile_sizes(band, scop, transposed, block_rows)
+    sizes = tile_sizes(band, scop, transposed, block)
     if sizes is None:
         return None
     tiles = [0] * rank
@@ -178,12 +178,12 @@ def _rebuild(
     scop: Scop,
     deps: Dependences,
     transposed: Turns,
-    block_rows: int,
+    block: Block,
 ) -> isl.Schedule:
     """A schedule of the same domain: the nests in their order, each run fused."""
 
     def builder(run: _Run) -> Build:
-        return lambda leaf: _fused(leaf, children, nests, run, scop, deps, transposed, block_rows)
+        return lambda leaf: _fused(leaf, children, nests, run, scop, deps, transposed, block)
 
     return rebuild_runs(schedule, children, {r.start: (r.stop, builder(r)) for r in runs})
 
@@ -196,7 +196,7 @@ def _fused(
     scop: Scop,
     deps: Dependences,
     transposed: Turns,
-    block_rows: int,
+    block: Block,
 ) -> isl.ScheduleNode:
     """At `leaf`, the band over the contraction's tiles of outputs and each statement's
     loops below it; returns the node at `leaf`'s position."""
@@ -218,7 +218,7 @@ def _fused(
     for i, s in enumerate(statements):
         place = node.child(i).child(0)
         if s is nests[contraction][0]:
-            tiled = auto_tile(children[contraction].child(0), scop, transposed, block_rows)
+            tiled = auto_tile(children[contraction].child(0), scop, transposed, block)
             node = graft(tiled, place).parent().parent()
             continue
         points = [single(within_block(s, d, size)) for d, size in enumerate(tiles) if size]

@@ -30,8 +30,13 @@ from tcpy.mapping.cpu.packing import (
     scratch_temporaries,
     transposed_operands,
 )
-from tcpy.mapping.cpu.registers import DEFAULT_VECTOR_BYTES, block_rows, register_block
-from tcpy.mapping.cpu.tiles import auto_tile, order_band
+from tcpy.mapping.cpu.registers import (
+    DEFAULT_VECTOR_BYTES,
+    VECTORS,
+    block_rows,
+    register_block,
+)
+from tcpy.mapping.cpu.tiles import Block, auto_tile, order_band
 from tcpy.mapping.marks import Turns, Vectors
 from tcpy.mapping.options import Fusion, MappingOptions
 from tcpy.mapping.rows import fuse_rows
@@ -82,14 +87,16 @@ def _map(
     vectors: Vectors,
 ) -> isl.Schedule:
     tiled: frozenset[str] = frozenset()  # contractions tiled inside a fused run
-    # a contraction's rows tile: whole register blocks
-    rows = block_rows(vector_bytes, options.register_tile)
+    # a contraction's rows tile: whole register blocks; blocks of channels with the
+    # automatic blocks only (sizes asked for keep the tiles of rows and columns)
+    row_bytes = 0 if options.register_tile else VECTORS * vector_bytes
+    block = Block(block_rows(vector_bytes, options.register_tile), row_bytes, vectors)
     if options.tile:
         schedule = tile_outermost_bands(schedule, options.tile)
     else:
         if options.fuse_epilogues:
-            schedule, tiled = fuse_epilogues(schedule, scop, deps, transposed, rows)
-        schedule = map_outermost_bands(schedule, lambda b: auto_tile(b, scop, transposed, rows))
+            schedule, tiled = fuse_epilogues(schedule, scop, deps, transposed, block)
+        schedule = map_outermost_bands(schedule, lambda b: auto_tile(b, scop, transposed, block))
     if options.intra_tile_schedule_fusion is Fusion.MIN:
         # Distributing point loops reorders statements inside a tile; a dependence from
         # a later statement back to an earlier one at a later point would forbid it.
