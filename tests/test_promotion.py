@@ -234,23 +234,34 @@ def test_a_convolutions_filters_are_copied_once_and_its_blocks_added_in() -> Non
         np.testing.assert_array_equal(got, runs[0])
 
 
-@pytest.mark.parametrize(("filters", "expected"), [(64, "pack:K^T3"), (72, "pack_once:K^T3")])
-def test_filters_larger_than_a_threads_buffers(filters: int, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        ({"N": 1, "C": 96, "H": 30, "W": 30, "F": 64}, "pack:K^T3"),
+        ({"N": 1, "C": 96, "H": 30, "W": 30, "F": 72}, "pack_once:K^T3"),
+        # 442 KB: the images split among the tiles, the input channels in two
+        ({"N": 2, "C": 384, "H": 9, "W": 9, "F": 32}, "pack:K^T3"),
+    ],
+    ids=["blocks", "not-whole-blocks", "split"],
+)
+def test_filters_larger_than_a_threads_buffers(sizes: dict[str, int], expected: str) -> None:
     """Filters of 64 x 96 x 3 x 3 (216 KB, more than a thread's copy, `PACK_BYTES`)
     are tiled by blocks of 16 output channels, each tile's filters copied with rows of
     16 (`[c][kh][kw][16]`), the blocks of channels the outermost loop the threads share;
     72 channels (not whole blocks) are copied once above the nest (`ONCE_BYTES`), so
     the output channels stay the vector loop either way. Results as the reference's."""
     source = STRIDED_CONV.replace("2*", "")
-    sizes = {"N": 1, "C": 96, "H": 30, "W": 30, "F": filters, "KH": 3, "KW": 3}
+    sizes = {**sizes, "KH": 3, "KW": 3}
     assert _pack_marks(source, sizes) == [expected]
     if expected.startswith("pack:"):
         text = _lower(source, sizes).source
         assert re.search(r"tc_pack0\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_K\[", text)
+    if sizes["N"] == 1 and expected.startswith("pack:"):
         nest = text[text.index("tc_barrier") :]
-        assert re.search(
-            r"#pragma omp for[^\n]*\n\s*for \(int64_t c0 = 0; c0 <= 63; c0 \+= 16\)", nest
+        first = (
+            rf"#pragma omp for[^\n]*\n\s*for \(int64_t c0 = 0; c0 <= {sizes['F'] - 1}; c0 \+= 16\)"
         )
+        assert re.search(first, nest)
     cpu, reference = engines("cpu", source, quiet=True)
     inputs = _inputs(cpu, sizes, seed=7)
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=1e-5)

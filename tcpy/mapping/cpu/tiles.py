@@ -161,16 +161,17 @@ def _channel_tiles(
     reads: the vector's extent times the reductions') exceed a thread's copy
     (`PACK_BYTES`): the vector loop in tiles of one register block's channels
     (`row_bytes`), the members along which the filters stay put (the pixels) whole in
-    the tile, the outer ones split until the tiles number CHANNEL_WORK per core, the
-    windows whole and the other reductions cut so that the tile of the filters fits
-    `PACK_BYTES`. The copy of each tile then holds one block's filters contiguous,
-    `[c][kh][kw][16]` (oneDNN's blocked layout), read once per tile from the tensor
-    and by every block of pixels from the cache: a 3x3 convolution at 7 x 7 x 512 ran
-    6.6 -> 3.1 ms on two threads of a Zen 3 (PyTorch 3.7), at 14 x 14 x 256 3.2 ->
-    2.6, the filters copied once with rows of all channels and the image's rows
-    outside the tiles. None where the filters fit (a 1x1 convolution of 64 channels:
-    its image, read once per tile, is then what costs, 0.26 -> 0.7 ms tiled so), an
-    extent is known only at the call or is not whole blocks."""
+    the tile, those the threads share split until the tiles number CHANNEL_WORK per
+    core, the windows whole and the other reductions cut so that the tile of the
+    filters fits `PACK_BYTES`. The copy of each tile then holds one block's filters
+    contiguous, `[c][kh][kw][16]` (oneDNN's blocked layout), read once per tile from
+    the tensor and by every block of pixels from the cache: a 3x3 convolution at
+    7 x 7 x 512 ran 6.6 -> 3.1 ms on two threads of a Zen 3 (PyTorch 3.7), at
+    14 x 14 x 256 3.2 -> 2.6, against the filters copied once with rows of all
+    channels and the image's rows outside the tiles. None where the filters fit (a 1x1
+    convolution of 64 channels: its image, read once per tile, is then what costs,
+    0.26 -> 0.7 ms tiled so), or an extent is known only at the call or is not whole
+    blocks."""
     n = node.band_n_member()
     known = [member_extent(node, k) for k in range(n)]
     itemsize = _output_itemsize(node, scop)
@@ -190,7 +191,10 @@ def _channel_tiles(
     ]
     work = extents[vector] // channels
     least = CHANNEL_WORK * max(2, knobs.cores())
-    for k in pixels[:-1]:  # the outermost split first; the innermost, the block's rows, whole
+    # the threads share the two outermost loops (`loops.mark_parallel`): the pixels
+    # among them split, the outer first; the innermost, the block's rows, whole
+    shared = [k for k in range(n) if coincident[k] and extents[k] != 1][:2]
+    for k in (k for k in pixels[:-1] if k in shared):
         parts = min(extents[k], -(-least // work))
         tiles[k] = -(-extents[k] // parts)
         work *= -(-extents[k] // tiles[k])
