@@ -153,17 +153,27 @@ def _plan(
     return (parallel, reductions, sizes, across) if sizes else None
 
 
+SPARED_SLOTS = 1.1
+"""How many more outputs blocks of `rows` must compute than blocks of one row more for
+`_short_rows` to take the latter: a block of 7 rows ran 7% slower a row than one of 6
+(a 3x3 convolution at 56 x 56 x 64 in blocks of 7, 56 outputs a row, against 9 blocks
+of 6 and one of 2 run as 6, 60)."""
+
+
 def _short_rows(rows: int, extent: int | None) -> int:
     """The rows of a block across the output's rows (`marks.RegisterBlock.across`)
     along a member of `extent`: `rows`, or one more where that many cover the extent
-    in whole blocks and `rows` do not (rows of 14 in blocks of 6 left a last block of
-    2, run as 6 with 4 masked; in blocks of 7, a 3x3 convolution at 14 x 14 x 256 ran
-    1.2x faster, its 14 vectors of accumulators, the broadcast and the filters' loads
-    folded into the FMAs in 16 registers). Never a last block short of rows + 1: its
-    masked reads spilled the block (rows of 32 in blocks of 7, 4.4x slower)."""
+    in whole blocks and blocks of `rows` would compute SPARED_SLOTS times as many
+    outputs (rows of 14 in blocks of 6 end in a block of 2 run as 6, 4 of them masked;
+    in blocks of 7 a 3x3 convolution at 14 x 14 x 256 ran 1.2x faster, its 14 vectors
+    of accumulators, the broadcast and the filters' loads folded into the FMAs in 16
+    registers). Never a last block short of rows + 1: its masked reads spilled the
+    block (rows of 32 in blocks of 7, 4.4x slower)."""
     if extent is None or extent <= rows:
         return rows if extent is None else extent
-    return rows + 1 if extent % (rows + 1) == 0 and extent % rows else rows
+    more = rows + 1
+    blocks = -(-extent // rows) * rows
+    return more if extent % more == 0 and blocks >= SPARED_SLOTS * extent else rows
 
 
 def block_rows(vector_bytes: int, asked: tuple[int, ...] = ()) -> int:
