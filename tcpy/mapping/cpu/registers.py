@@ -100,7 +100,9 @@ def _plan(
     """The parallel members, the reduction members, the block size of each blocked
     member and whether the vector loop runs across the output's rows
     (`marks.RegisterBlock.across`: a parallel member that is not the output's
-    innermost index); None when the band is not blocked."""
+    innermost index); None when the band is not blocked. Automatic blocks across rows
+    take their rows by `_short_rows` and put the vector member first among the
+    parallel ones: the blocks of channels outside the blocks of pixels."""
     stmt = _one_statement(node, scop)
     if stmt is None:
         return None
