@@ -253,10 +253,10 @@ def test_filters_larger_than_a_threads_buffers(sizes: dict[str, int], expected: 
     source = STRIDED_CONV.replace("2*", "")
     sizes = {**sizes, "KH": 3, "KW": 3}
     assert _pack_marks(source, sizes) == [expected]
-    if expected.startswith("pack:"):
-        text = _lower(source, sizes).source
-        assert re.search(r"tc_pack0\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_K\[", text)
-    if sizes["N"] == 1 and expected.startswith("pack:"):
+    text = _lower(source, sizes).source
+    blocked = expected.startswith("pack:")
+    assert bool(re.search(r"tc_pack0\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_K\[", text)) is blocked
+    if blocked and sizes["N"] == 1:  # the blocks of channels the loop the threads share
         nest = text[text.index("tc_barrier") :]
         first = (
             rf"#pragma omp for[^\n]*\n\s*for \(int64_t c0 = 0; c0 <= {sizes['F'] - 1}; c0 \+= 16\)"
