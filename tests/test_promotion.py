@@ -256,8 +256,12 @@ def test_filters_larger_than_a_threads_buffers(sizes: dict[str, int], expected: 
     text = _lower(source, sizes).source
     blocked = expected.startswith("pack:")
     assert bool(re.search(r"tc_pack0\[[^=]*\* 16 \+ \(tc_i0\)\)\] = t_K\[", text)) is blocked
+    if blocked:  # the tile's image rows (7) inside it: its copy made once per tile
+        nest = text[text.index("tc_barrier(&") :]
+        rows = re.search(r"for \(int64_t (c\d+) = 0; \1 <= 6; \1\+\+\)", nest)
+        assert sizes["H"] != 9 or (rows and nest.index("tc_pack0 = ") < rows.start()), nest
     if blocked and sizes["N"] == 1:  # the blocks of channels the loop the threads share
-        nest = text[text.index("tc_barrier") :]
+        nest = text[text.index("tc_barrier(&") :]
         first = (
             rf"#pragma omp for[^\n]*\n\s*for \(int64_t c0 = 0; c0 <= {sizes['F'] - 1}; c0 \+= 16\)"
         )

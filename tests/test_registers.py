@@ -286,13 +286,14 @@ def test_convolutions_take_vectors_of_output_channels(vector_width) -> None:  # 
     assert re.search(one, _source(source, {**sizes, "F": 16})) is not None  # rows of 30
 
 
-@pytest.mark.parametrize(("width", "rows"), [(16, 7), (34, 6), (9, 7)])
+@pytest.mark.parametrize(("width", "rows"), [(16, 7), (34, 6), (9, 7), (12, 5)])
 def test_blocks_across_short_rows(vector_width, width: int, rows: int) -> None:  # type: ignore[no-untyped-def]
     """A convolution whose output channels are its vector loop takes blocks of 7 rows
     where 7 cover its rows whole and blocks of 6 would compute a tenth more (rows of
-    14; of 7, the image's rows all short, the innermost blocked), 6 otherwise (rows of
-    32: a last block of 4 masked would spill); the blocks of channels run outside the
-    blocks of rows. Results as the reference's."""
+    14; of 7, the image's rows all short, the innermost blocked), of 5 where 5 cover
+    them and 6 do not (rows of 10), 6 otherwise (rows of 32: a last block of 4 masked
+    would spill in blocks of 7); the blocks of channels run outside the blocks of rows.
+    Results as the reference's."""
     vector_width("256")  # 16 registers: blocks of 6 rows
     source, _ = CONTRACTIONS["conv2d_channels"]
     sizes = {"N": 1, "C": 8, "H": 9, "W": width, "F": 32, "KH": 3, "KW": 3}

@@ -164,18 +164,25 @@ of 6 and one of 2 run as 6, 60)."""
 
 def _short_rows(rows: int, extent: int | None) -> int:
     """The rows of a block across the output's rows (`marks.RegisterBlock.across`)
-    along a member of `extent`: `rows`, or one more where that many cover the extent
-    in whole blocks and blocks of `rows` would compute SPARED_SLOTS times as many
-    outputs (rows of 14 in blocks of 6 end in a block of 2 run as 6, 4 of them masked;
-    in blocks of 7 a 3x3 convolution at 14 x 14 x 256 ran 1.2x faster, its 14 vectors
-    of accumulators, the broadcast and the filters' loads folded into the FMAs in 16
-    registers). Never a last block short of rows + 1: its masked reads spilled the
-    block (rows of 32 in blocks of 7, 4.4x slower)."""
+    along a member of `extent`: `rows`, or, where blocks of `rows` leave a last block
+    short (run on a path of its own, its reads masked), one more or one fewer where
+    that many cover the extent in whole blocks: one more where blocks of `rows` would
+    compute SPARED_SLOTS times as many outputs (rows of 14 in blocks of 6 end in a
+    block of 2 run as 6; in blocks of 7 a 3x3 convolution at 14 x 14 x 256 ran 1.2x
+    faster, its 14 vectors of accumulators, the broadcast and the filters' loads folded
+    into the FMAs in 16 registers), else one fewer (rows of 10 in blocks of 5: a 3x3
+    convolution of 192 to 96 channels at 10 x 10, 1.2 -> 0.6 ms). Never a last block
+    short of rows + 1: its masked reads spilled the block (rows of 32 in blocks of 7,
+    4.4x slower)."""
     if extent is None or extent <= rows:
         return rows if extent is None else extent
-    more = rows + 1
+    more, fewer = rows + 1, rows - 1
     blocks = -(-extent // rows) * rows
-    return more if extent % more == 0 and blocks >= SPARED_SLOTS * extent else rows
+    if extent % rows == 0:
+        return rows
+    if extent % more == 0 and blocks >= SPARED_SLOTS * extent:
+        return more
+    return fewer if extent % fewer == 0 and fewer >= 4 else rows
 
 
 def block_rows(vector_bytes: int, asked: tuple[int, ...] = ()) -> int:

@@ -194,12 +194,12 @@ def _channel_tiles(
     # the threads share the two outermost loops (`loops.mark_parallel`): the pixels
     # among them split, the outer first; the innermost, the block's rows, whole
     shared = [k for k in range(n) if coincident[k] and extents[k] != 1][:2]
-    for k in (k for k in pixels[:-1] if k in shared):
-        parts = min(extents[k], -(-least // work))
-        tiles[k] = -(-extents[k] // parts)
-        work *= -(-extents[k] // tiles[k])
-    if pixels:
-        tiles[pixels[-1]] = extents[pixels[-1]]
+    for k in pixels:
+        tiles[k] = extents[k]
+        if k in shared and k != pixels[-1]:
+            parts = min(extents[k], -(-least // work))
+            tiles[k] = -(-extents[k] // parts)
+            work *= -(-extents[k] // tiles[k])
     short = [_short_member(node, k, scop) for k in range(n)]
     window = math.prod(extents[k] for k in reduced if short[k])
     left = max(1, PACK_BYTES // (row_bytes * window))
