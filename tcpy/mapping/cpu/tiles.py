@@ -156,9 +156,10 @@ def _channel_tiles(
     node: isl.ScheduleNode, scop: Scop, vector: int, row_bytes: int
 ) -> tuple[int, ...] | None:
     """The tiles of a contraction whose vector loop, band member `vector`, runs across
-    its output's rows (`tcpy.mapping.cpu.packing.channel_vectors`: a convolution's
-    output channels, `f` in `O(n,f,h,w)`), where its filters (what the vector loop
-    reads: the vector's extent times the reductions') exceed a thread's copy
+    its output's rows (the index `tcpy.mapping.cpu.packing.channel_vectors` chose, never
+    the output's innermost: a convolution's output channels, `f` in `O(n,f,h,w)`),
+    where its filters (what the vector loop reads: the vector's extent times the
+    reductions') exceed a thread's copy
     (`PACK_BYTES`): the vector loop in tiles of one register block's channels
     (`row_bytes`), the members along which the filters stay put (the pixels) whole in
     the tile, those the threads share split until the tiles number CHANNEL_WORK per
@@ -174,7 +175,9 @@ def _channel_tiles(
     blocks."""
     n = node.band_n_member()
     known = [member_extent(node, k) for k in range(n)]
-    itemsize = _output_itemsize(node, scop)
+    (name,) = statement_names(node.get_domain())  # one statement (`_given_vector`)
+    output = scop.cdef.tensor(scop.statement(name).source(scop.cdef).tensor)
+    itemsize = output.scalar.dtype.itemsize
     channels = row_bytes // itemsize
     if any(e is None for e in known):
         return None
@@ -182,7 +185,7 @@ def _channel_tiles(
     coincident = [bool(node.band_member_get_coincident(k)) for k in range(n)]
     reduced = [k for k in range(n) if not coincident[k]]
     filters = extents[vector] * math.prod(extents[k] for k in reduced) * itemsize
-    if extents[vector] % channels or filters <= PACK_BYTES or not _across(node, scop, vector):
+    if extents[vector] % channels or filters <= PACK_BYTES:
         return None
     tiles = [0] * n
     tiles[vector] = channels
@@ -208,30 +211,6 @@ def _channel_tiles(
         tiles[k] = -(-extents[k] // parts)
         left = max(1, left // tiles[k]) if not short[k] else left
     return tuple(tiles)
-
-
-def _across(node: isl.ScheduleNode, scop: Scop, vector: int) -> bool:
-    """Whether band member `vector` is, for every statement it runs, an index of the
-    output other than its innermost (a convolution's channels `f` in `O(n,f,h,w)`)."""
-    found = False
-    for name, position in member_variables(node, vector).items():
-        stmt = scop.statement(name)
-        if position is None or stmt.kind is not Kind.COMPUTE:
-            continue
-        source = stmt.source(scop.cdef)
-        if stmt.dims[position] not in source.indices[:-1]:
-            return False
-        found = True
-    return found
-
-
-def _output_itemsize(node: isl.ScheduleNode, scop: Scop) -> int:
-    """The bytes of an element of the largest type the statements below `node` write."""
-    names = statement_names(node.get_domain())
-    return max(
-        scop.cdef.tensor(scop.statement(name).source(scop.cdef).tensor).scalar.dtype.itemsize
-        for name in names
-    )
 
 
 def _one_sum(node: isl.ScheduleNode, scop: Scop) -> bool:
