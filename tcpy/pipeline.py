@@ -27,7 +27,8 @@ from tcpy.codegen.cuda import (
     one_kernel_threads,
     print_cuda,
 )
-from tcpy.mapping.cpu import map_to_cpu
+from tcpy.codegen.register_block import UnprintedBlock
+from tcpy.mapping.cpu import fresh_blocks, map_to_cpu
 from tcpy.mapping.cpu.packing import without_scratch
 from tcpy.mapping.gpu import GpuMapping, map_to_gpu
 from tcpy.mapping.gpu.device import DeviceProfile
@@ -122,6 +123,29 @@ def _lower_to_c(
             analysis.schedule, scop, deps, options, vector_bytes=runtime.vector_bytes()
         )
         _verify(check, schedule, scop, deps)
+    # register blocks that start at the identity, their initialisations left out
+    # (after the check, which expects every instance)
+    try:
+        schedule, ast, source = _printed(
+            scop, fresh_blocks(schedule, scop), options, fixed, count_loops
+        )
+    except UnprintedBlock:
+        schedule, ast, source = _printed(scop, schedule, options, fixed, count_loops)
+    return Lowered(
+        cdef, options, scop, deps, schedule, ast, source,
+        analysis.fallbacks, analysis.clock_forced,
+    )  # fmt: skip
+
+
+def _printed(
+    scop: Scop,
+    schedule: isl.Schedule,
+    options: MappingOptions,
+    fixed: Mapping[str, int] | None,
+    count_loops: bool,
+) -> tuple[isl.Schedule, Ast, str]:
+    """Steps 5 and 6 of `lower_to_c`: the schedule (without scratch marks where isl
+    split a row), its AST and the C."""
     # 5. isl's AST generator turns the schedule tree into loops.
     with log.stage("ast"):
         ast = build_ast(scop, schedule)
@@ -138,10 +162,7 @@ def _lower_to_c(
             vector_math=runtime.vector_math(), vector_bytes=runtime.vector_bytes(),
             count_loops=count_loops,
         )  # fmt: skip
-    return Lowered(
-        cdef, options, scop, deps, schedule, ast, source,
-        analysis.fallbacks, analysis.clock_forced,
-    )  # fmt: skip
+    return schedule, ast, source
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -84,7 +84,10 @@ def test_statement_comments_and_pragmas() -> None:
     source, sizes, options = GOLDENS["matmul"]
     text = _lower(source, sizes, options).source
     assert "/* C(m,n) +=! A(m,k) * B(k,n) */" in text
-    assert "/* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */" in text
+    # the blocks run each output's whole reduction: no initialisation (`fresh_blocks`)
+    assert "[initialisation]" not in text
+    unblocked = _lower(source, sizes, options.replace(register_tile=(0,))).source
+    assert "/* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */" in unblocked
     assert "#pragma omp parallel num_threads(tc_threads)" in text
     assert f"#pragma omp for{SHARING}" in text
     assert "#pragma omp simd" in text

@@ -94,14 +94,15 @@ def test_fused_and_unfused_runs_compute_the_reference(name: str) -> None:
 def test_a_fused_run_is_one_nest_in_the_contractions_tiles(name: str) -> None:
     """The initialisation, the contraction and its epilogues share one worksharing
     loop over the contraction's tiles of outputs: no barrier between them; with the
-    option off, a nest each."""
+    option off, a nest each (the initialisation's left out where the contraction's
+    register blocks start at the identity, `registers.fresh_blocks`)."""
     cpu, _ = engines("cpu", FUSED[name], quiet=True)
     inputs = _inputs(cpu, SIZES[0], 0)
     fused = cpu.compile("f", *inputs).source
     assert len(_nests(fused)) == 1, fused
     assert fused.count("#pragma omp for") == 1
     unfused = cpu.compile("f", *inputs, options=UNFUSED).source
-    assert len(_nests(unfused)) >= 3, unfused
+    assert len(_nests(unfused)) >= 2, unfused
 
 
 @pytest.mark.parametrize("name", sorted(NOT_FUSED))

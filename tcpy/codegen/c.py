@@ -41,7 +41,7 @@ from tcpy.codegen.loops import loop_count_declarations
 from tcpy.codegen.pack import ALIGN, ARENA, MINE, SHARED, arena_bytes, print_pack, shared_starts
 from tcpy.codegen.printer import Printer, buffer_order, def_text
 from tcpy.codegen.region import BARRIER_C, has_parallel_loop, print_region
-from tcpy.codegen.register_block import print_register_block
+from tcpy.codegen.register_block import UnprintedBlock, print_register_block
 from tcpy.codegen.status import STATUS_OUT_OF_MEMORY
 from tcpy.mapping.marks import Jam, Mark, Pack, Parallel, RegisterBlock, Scratch, Simd
 from tcpy.mapping.options import MappingOptions
@@ -71,8 +71,12 @@ class CPrinter(Printer):
             key = node.get_annotation().get_name() if once else None
             print_pack(self, boxes, inner, depth, marks, not isinstance(mark, Scratch), key)
         elif isinstance(mark, RegisterBlock):
-            if not print_register_block(self, inner, depth, marks, list(mark.sizes), mark.across):
-                super().mark(mark, node, depth, marks)
+            sizes = list(mark.sizes)
+            if print_register_block(self, inner, depth, marks, sizes, mark.across, mark.fresh):
+                return
+            if mark.fresh:
+                raise UnprintedBlock(f"register block {mark.name} has no block's shape")
+            super().mark(mark, node, depth, marks)
         elif not isinstance(mark, Jam) or not print_jam(self, inner, depth, marks, mark.size):
             super().mark(mark, node, depth, marks)
 

@@ -15,8 +15,15 @@ from tcpy.codegen.exprs import Read, StatementParts
 from tcpy.codegen.isl_exprs import expr_args, expr_ids, expr_int, isl_expr
 from tcpy.codegen.loops import FOR, Header, loop_depth
 from tcpy.codegen.printer import Instance, Printer
+from tcpy.errors import InternalError
 from tcpy.mapping.marks import Mark, loop_marks, of_ast
 from tcpy.parser import ast as tc
+
+
+class UnprintedBlock(InternalError):
+    """A fresh register block (`marks.RegisterBlock.fresh`) whose AST does not have a
+    block's shape: printed as plain loops it would read outputs never initialised, so
+    the kernel is printed again from the schedule without fresh blocks."""
 
 
 def print_register_block(
@@ -26,6 +33,7 @@ def print_register_block(
     marks: tuple[Mark, ...],
     sizes: list[int],
     across: bool = False,
+    fresh: bool = False,
 ) -> bool:
     """Print a register-blocked reduction (`tcpy.mapping.cpu.registers`): the loops
     under the mark are the reduction loops, then one loop per blocked member, then
@@ -35,12 +43,14 @@ def print_register_block(
     started at the identity and added into the output at the end (TC lets a
     reduction be reassociated). `across` (`marks.RegisterBlock.across`): a block
     without lanes also starts at the identity, and is added into the output at the
-    end. Returns False, printing nothing, when the AST does not have that shape."""
+    end. `fresh` (`marks.RegisterBlock.fresh`): the output's value before the block is
+    the identity, never loaded. Returns False, printing nothing, when the AST does not
+    have that shape."""
     shape = _shape(p, node, marks, sizes)
     if shape is None:
         return False
     plan, headers, lane_header, outer = shape
-    plan = dataclasses.replace(plan, across=across and lane_header is None)
+    plan = dataclasses.replace(plan, across=across and lane_header is None, fresh=fresh)
     block = [_Loop.of(h) for h in headers]
     lane = None if lane_header is None else _Loop.of(lane_header)
     blocked = [*headers, *([lane_header] if lane_header else [])]
@@ -199,6 +209,11 @@ class _Plan:
     rows: frozenset[str] = frozenset()
     steps: frozenset[str] = frozenset()
     across: bool = False  # started at the identity, added in at the end (`RegisterBlock`)
+    fresh: bool = False  # the output holds the identity before the block (`RegisterBlock`)
+
+    def before(self, parts: StatementParts) -> str:
+        """The output's value before the block: loaded, or the identity where fresh."""
+        return parts.identity if self.fresh else parts.current
 
 
 class _Mask(NamedTuple):
@@ -318,7 +333,8 @@ def _print_outputs(
     reduction loops and stored (added in), the block loops `levels` around each."""
     parts, sizes = plan.parts, plan.sizes
     test = mask.test if mask else ""
-    current = f"({test}) ? {parts.current} : {parts.identity}" if test else parts.current
+    start = plan.before(parts)
+    current = f"({test}) ? {start} : {parts.identity}" if test and not plan.fresh else start
     # the loads and stores not `omp simd` loops (GCC unrolls and vectorises them
     # anyway): GCC 12 vectorised those on their own and then kept 3 of a 6 x 16
     # block's 12 vectors in memory across the reduction loops (a 512^3 matmul on
@@ -331,7 +347,7 @@ def _print_outputs(
         # and stored row after row (1.03 added in so)
         _nest(p, depth, moves, [f"{element} = {parts.identity};"])
         moves = [([], levels[-1][1]), *levels[:-1]]
-        current = parts.merge(parts.current, element)
+        current = parts.merge(plan.before(parts), element)
     else:
         _nest(p, depth, moves, [f"{element} = {current};"])
         current = element
@@ -473,7 +489,7 @@ def _print_lanes(
     # the lanes' partial results, merged in a tree of vector steps: a chain of
     # scalar steps took as long as the reduction loop on short reductions
     merge = [f"#pragma omp simd reduction({plan.add}:tc_sum)"] if plan.vector else []
-    finish = [f"{parts.compute} tc_sum = {parts.current};"]
+    finish = [f"{parts.compute} tc_sum = {plan.before(parts)};"]
     for a in arrays:
         finish += [*merge, lanes, f"  tc_sum = tc_sum {plan.add} {a}{index}[tc_l];", "}"]
     finish.append(f"{parts.target} = {parts.store('tc_sum')};")

@@ -11,8 +11,10 @@ CPU (`tcpy.mapping.cpu`, `registers`, `promotion`):
 - `Parallel(d)`, `omp_parallel@d`: the worksharing loop (`#pragma omp for`);
 - `Collapse(d)`, `omp_collapse@d`: a loop shared out with the one outside it;
 - `Simd(d)`, `omp_simd@d`: a vector loop;
-- `RegisterBlock(sizes, across)`, `register_tile:4x16`: a block of outputs in registers
-  (`register_tile:across/6x16`: started at the identity, added into the output at the end);
+- `RegisterBlock(sizes, across, fresh)`, `register_tile:4x16`: a block of outputs in
+  registers (`register_tile:across/6x16`: started at the identity, added into the output
+  at the end; `register_tile:fresh/4x16`: started at the identity, its outputs'
+  initialisation left out);
 - `Jam(size)`, `jam:4`: a vector loop of outputs, each reduced over `size` steps of a
   reduction loop inside it;
 - `Pack(tensors, transposed, phased)`, `pack:A,W^T`: operand tiles in a thread's buffers
@@ -65,6 +67,7 @@ by the statement's position in the definition (`tcpy.mapping.cpu.packing.channel
 NO_VECTORS: Vectors = MappingProxyType({})
 TRANSPOSED = "^T"  # `pack:A,W^T`: W's copy has its innermost dimension first (`^T2`: two)
 ACROSS = "across/"  # `register_tile:across/6x16`: `RegisterBlock.across`
+FRESH = "fresh/"  # `register_tile:fresh/8x32`: `RegisterBlock.fresh`
 PHASED = "%"  # `pack:I%2`: I's copy holds its innermost dimension in 2 phases (`Pack.phased`)
 
 T = TypeVar("T")
@@ -122,14 +125,19 @@ class RegisterBlock:
     `across`: its vectors run across rows of the output, far apart in memory (a
     convolution's output channels), so the block starts at the reduction's identity
     and is added into the output once at the end, a row of the output at a time,
-    instead of being loaded at the start."""
+    instead of being loaded at the start. `fresh`: each output's whole reduction runs in
+    one visit of the block, which starts at the identity and stores its outputs; their
+    initialisation is left out of the schedule
+    (`tcpy.mapping.cpu.registers.fresh_blocks`)."""
 
     sizes: tuple[int, ...]
     across: bool = False  # the vector loop runs across the output's rows: see the class
+    fresh: bool = False  # started at the identity, no initialisation before: see the class
 
     @property
     def name(self) -> str:
-        return f"register_tile:{ACROSS if self.across else ''}{'x'.join(map(str, self.sizes))}"
+        prefix = (FRESH if self.fresh else "") + (ACROSS if self.across else "")
+        return f"register_tile:{prefix}{'x'.join(map(str, self.sizes))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,9 +331,13 @@ def parse(name: str) -> Mark:
     kind, _, rest = name.partition(":")
     tensors = tuple(rest.split(",")) if rest else ()
     match kind:
-        case "register_tile" if re.fullmatch(rf"({re.escape(ACROSS)})?\d+(x\d+)*", rest):
-            sizes = rest.removeprefix(ACROSS)
-            return RegisterBlock(tuple(int(s) for s in sizes.split("x")), sizes != rest)
+        case "register_tile" if re.fullmatch(
+            rf"({re.escape(FRESH)})?({re.escape(ACROSS)})?\d+(x\d+)*", rest
+        ):
+            settled = rest.removeprefix(FRESH)
+            sizes = settled.removeprefix(ACROSS)
+            blocked = tuple(int(s) for s in sizes.split("x"))
+            return RegisterBlock(blocked, sizes != settled, settled != rest)
         case "jam" if rest.isdigit():
             return Jam(int(rest))
         case "thread_registers" if re.fullmatch(r"\d+(x\d+)?", rest):

@@ -78,17 +78,6 @@ int tc_kernel(const int64_t *restrict tc_sizes,
   #pragma omp parallel num_threads(tc_threads)
   {
     const int tc_team = omp_get_num_threads();
-    /* C(m,n) +=! A(m,k) * B(k,n)  [initialisation] */
-    #pragma omp for schedule(guided) nowait
-    for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
-      for (int64_t c2 = 0; c2 <= 31; c2++) {
-        #pragma omp simd
-        for (int64_t c3 = 0; c3 <= 79; c3++) {
-          t_C[((int64_t)(c0 + c2) * e_C_1 + (c3))] = 0.0f;
-        }
-      }
-    }
-    tc_barrier(&tc_team_barrier, tc_team, tc_spins);
     /* C(m,n) +=! A(m,k) * B(k,n) */
     #pragma omp for schedule(guided) nowait
     for (int64_t c0 = 0; c0 <= 63; c0 += 32) {
@@ -99,7 +88,7 @@ int tc_kernel(const int64_t *restrict tc_sizes,
             #pragma GCC unroll 4
             for (int64_t c7 = 0; c7 <= 3; c7++) {
               for (int64_t c8 = 0; c8 <= 15; c8++) {
-                tc_reg[c7][c8] = t_C[((int64_t)((c0 + c3) + c7) * e_C_1 + (c4 + c8))];
+                tc_reg[c7][c8] = 0.0f;
               }
             }
             __typeof__(&t_A[0]) t_A_rows = &t_A[((int64_t)((c0 + c3) + 0) * e_A_1 + (0))];
