@@ -125,6 +125,7 @@ def _lower_to_c(
         _verify(check, schedule, scop, deps)
     # register blocks that start at the identity, their initialisations left out
     # (after the check, which expects every instance)
+    scop.ctx.reset_operations()
     try:
         schedule, ast, source = _printed(
             scop, fresh_blocks(schedule, scop), options, fixed, count_loops

@@ -553,3 +553,22 @@ def test_a_fresh_block_printed_without_its_shape_keeps_its_initialisation(
     cpu, reference = engines("cpu", source, quiet=True)
     inputs = _inputs(cpu, sizes, seed=3)
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
+
+
+def test_an_isl_failure_leaves_the_blocks_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fresh_blocks` fails in isl (its operation budget, here made to fail): the
+    schedule stays as mapped, the initialisation in it, and the results are right."""
+    import islpy as isl
+
+    from tcpy.mapping.cpu import registers
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise isl.Error("the operation budget")
+
+    monkeypatch.setattr(registers, "_initialised_by", failing)
+    source, (sizes, _) = CONTRACTIONS["batch_matmul"]
+    text = _source(source, sizes)
+    assert "[initialisation]" in text and re.search(r"tc_reg\[\w+\]\[\w+\] = t_Z\[", text)
+    cpu, reference = engines("cpu", source, quiet=True)
+    inputs = _inputs(cpu, sizes, seed=4)
+    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)

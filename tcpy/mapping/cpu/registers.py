@@ -169,7 +169,16 @@ def fresh_blocks(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     identity. Its initialisation is the statement's own (the one just before it in
     program order: no other statement reads or writes the output between the two).
     Outputs the reduction does not reach (an empty range) keep their initialisation.
-    After the schedule's check, which expects every instance."""
+    After the schedule's check, which expects every instance. An isl failure (its
+    operation budget) leaves the schedule as it was: the blocks then load."""
+    try:
+        return _fresh(schedule, scop)
+    except isl.Error:
+        return schedule
+
+
+def _fresh(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
+    """`fresh_blocks`' work; raises isl's errors."""
     dropped = isl.UnionSet.empty(schedule.get_domain().get_space())
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
