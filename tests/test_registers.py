@@ -547,6 +547,7 @@ def test_a_fresh_block_printed_without_its_shape_keeps_its_initialisation(
         return False if kwargs.get("fresh", args[-1]) is True else real(*args, **kwargs)
 
     monkeypatch.setattr(c, "print_register_block", shapeless)
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # not the cached fresh kernel
     source, (sizes, _) = CONTRACTIONS["batch_matmul"]
     text = _source(source, sizes)
     assert "[initialisation]" in text and re.search(r"tc_reg\[\w+\]\[\w+\] = t_Z\[", text)
@@ -566,6 +567,7 @@ def test_an_isl_failure_leaves_the_blocks_loading(monkeypatch: pytest.MonkeyPatc
         raise isl.Error("the operation budget")
 
     monkeypatch.setattr(registers, "_initialised_by", failing)
+    monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # not the cached fresh kernel
     source, (sizes, _) = CONTRACTIONS["batch_matmul"]
     text = _source(source, sizes)
     assert "[initialisation]" in text and re.search(r"tc_reg\[\w+\]\[\w+\] = t_Z\[", text)
