@@ -533,32 +533,20 @@ def test_blocks_across_rows_4kb_apart_load_their_initialised_outputs(  # type: i
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
 
 
-def test_a_fresh_block_printed_without_its_shape_keeps_its_initialisation(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Where the printer cannot print a fresh block as a block (`UnprintedBlock`), the
-    kernel is printed again from the schedule without fresh blocks: the
-    initialisation is back, the block loads its outputs, and the results are right."""
+def _shapeless(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printer finds no block's shape under a fresh mark (`UnprintedBlock`)."""
     from tcpy.codegen import c
 
     real = c.print_register_block
 
     def shapeless(*args, **kwargs):  # type: ignore[no-untyped-def]
-        return False if kwargs.get("fresh", args[-1]) is True else real(*args, **kwargs)
+        return False if args[-1] is True else real(*args, **kwargs)  # `fresh`, passed last
 
     monkeypatch.setattr(c, "print_register_block", shapeless)
-    monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # not the cached fresh kernel
-    source, (sizes, _) = CONTRACTIONS["batch_matmul"]
-    text = _source(source, sizes)
-    assert "[initialisation]" in text and re.search(r"tc_reg\[\w+\]\[\w+\] = t_Z\[", text)
-    cpu, reference = engines("cpu", source, quiet=True)
-    inputs = _inputs(cpu, sizes, seed=3)
-    np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)
 
 
-def test_an_isl_failure_leaves_the_blocks_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`fresh_blocks` fails in isl (its operation budget, here made to fail): the
-    schedule stays as mapped, the initialisation in it, and the results are right."""
+def _isl_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fresh_blocks` fails in isl (its operation budget)."""
     import islpy as isl
 
     from tcpy.mapping.cpu import registers
@@ -567,10 +555,21 @@ def test_an_isl_failure_leaves_the_blocks_loading(monkeypatch: pytest.MonkeyPatc
         raise isl.Error("the operation budget")
 
     monkeypatch.setattr(registers, "_initialised_by", failing)
+
+
+@pytest.mark.parametrize("failure", [_shapeless, _isl_fails], ids=["unprinted", "isl"])
+def test_a_fresh_block_that_cannot_be_had_loads_its_initialised_outputs(
+    monkeypatch: pytest.MonkeyPatch, failure
+) -> None:  # type: ignore[no-untyped-def]
+    """Where the printer cannot print a fresh block as a block, the kernel is printed
+    again from the schedule without fresh blocks; where isl fails in the pass, the
+    schedule stays as mapped. Either way the initialisation is back, the block loads
+    its outputs, and the results are the reference's."""
+    failure(monkeypatch)
     monkeypatch.setenv("TCPY_CACHE_DIR", "off")  # not the cached fresh kernel
     source, (sizes, _) = CONTRACTIONS["batch_matmul"]
     text = _source(source, sizes)
     assert "[initialisation]" in text and re.search(r"tc_reg\[\w+\]\[\w+\] = t_Z\[", text)
     cpu, reference = engines("cpu", source, quiet=True)
-    inputs = _inputs(cpu, sizes, seed=4)
+    inputs = _inputs(cpu, sizes, seed=3)
     np.testing.assert_allclose(cpu.run("f", *inputs), reference.run("f", *inputs), rtol=2e-5)

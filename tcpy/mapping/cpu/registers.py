@@ -184,7 +184,7 @@ def _fresh(schedule: isl.Schedule, scop: Scop) -> isl.Schedule:
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         nonlocal dropped
         mark = marks.of(node)
-        if not isinstance(mark, marks.RegisterBlock) or mark.fresh:
+        if not isinstance(mark, marks.RegisterBlock):
             return node
         covered = _initialised_by(node, scop, mark)
         if covered is None:
