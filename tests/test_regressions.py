@@ -641,6 +641,45 @@ def test_a_reduction_beside_a_conditional_initialisation_is_not_reordered() -> N
         assert_same(*run_both(REINITIALISED, "f", (b, acc), "cpu", opts))
 
 
+# --- a fresh register block around a parallel loop -------------------------------------
+
+FRESH_AROUND_PARALLEL = """
+def f(float16(P) O, int32(Q) V) -> (U, C, tmp) {
+    U(w, r) max=! min(max((V(w) * V(w)), (-9)), 9) where r in 0:P-1
+    C(kw) +=! ((-1.0) + V(s)) where kw in 0:Q
+    tmp(m, c) = min(max(((min(U(2, c), C(m)) - (-V(m))) * (-floor(V(m)))), (-3.0)), 3.0)
+    U(n, b) max= int32(C(2*b + i)) where i in 0:1
+    C(k) min=! min(max((-3), (-9.0)), 9.0)
+}
+"""  # fuzzer pair 6912020930 (cpu): tmp came out NaN
+
+
+def test_a_fresh_block_with_a_parallel_loop_inside_keeps_its_initialisation() -> None:
+    """Tiles of 17 x 32 put C's worksharing loop inside its register block of 3 x 3,
+    which the parallel region prints as plain loops (`codegen.region`): the block,
+    marked fresh, had its initialisation left out and the loops read C unset. The
+    region raises `UnprintedBlock` there too, and the kernel is printed again without
+    fresh blocks."""
+    opts = MappingOptions.cpu().replace(
+        outer_schedule_fusion=Fusion.MIN,
+        intra_tile_schedule_fusion=Fusion.MAX,
+        allow_skewing=True,
+        positive_orthant=False,
+        tile=(17, 32),
+        unroll=8,
+        fuse_rows=False,
+        online_tile=2,
+        threads=1,
+    )
+    rng = np.random.default_rng(6)
+    o = rng.standard_normal(5).astype(np.float16)
+    v = rng.integers(-4, 5, size=3).astype(np.int32)
+    cpu, _ = engines("cpu", FRESH_AROUND_PARALLEL, quiet=True)
+    text = cpu.compile("f", o, v, options=opts).source
+    assert "C(kw) +=! ((-1.0) + V(s)) where kw in 0:Q  [initialisation] */" in text, text
+    assert_same(*run_both(FRESH_AROUND_PARALLEL, "f", (o, v), "cpu", opts))
+
+
 # --- a scalar temporary's buffer -------------------------------------------------------
 
 SCALAR_SCRATCH = """

@@ -21,7 +21,8 @@ from tcpy.codegen.isl_exprs import isl_expr
 from tcpy.codegen.loops import FOR, IF, loop_depth, user_statements, walk
 from tcpy.codegen.pack import print_pack
 from tcpy.codegen.printer import Printer
-from tcpy.mapping.marks import Mark, Pack, Parallel, loop_marks, of_ast
+from tcpy.codegen.register_block import UnprintedBlock
+from tcpy.mapping.marks import Mark, Pack, Parallel, RegisterBlock, loop_marks, of_ast
 from tcpy.parser import ast as tc
 from tcpy.poly.isl_helpers import ast_children
 
@@ -178,6 +179,8 @@ def _replicated(
                 p, p.ast.packed(node), node.mark_get_node(), depth, marks, True, key, body, WAIT
             )
             return
+        if isinstance(mark, RegisterBlock) and mark.fresh:  # its outputs never loaded
+            raise UnprintedBlock(f"register block {mark.name} has a parallel loop inside")
         _replicated(p, node.mark_get_node(), depth, (*marks, _mark(node)), wait)
         return
     if wait:

@@ -22,7 +22,8 @@ from tcpy.parser import ast as tc
 
 class UnprintedBlock(InternalError):
     """A fresh register block (`marks.RegisterBlock.fresh`) whose AST does not have a
-    block's shape: printed as plain loops it would read outputs never initialised, so
+    block's shape, or that has a parallel loop inside (`codegen.region`): printed as
+    plain loops it would read outputs never initialised, so
     the kernel is printed again from the schedule without fresh blocks."""
 
 
